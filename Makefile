@@ -1,0 +1,71 @@
+# slurmrl — every set-up step lives here, so a fresh Debian/Ubuntu machine needs only
+# `make demo` or `make test` (as root).
+#
+# The site install is a virtual environment in $(VENV), outside /root, because services
+# and drivers run as the job's own user and must be able to execute that Python.
+
+VENV      ?= /opt/slurmrl/venv
+STATE     ?= /var/lib/slurmrl-dev
+PY        := $(VENV)/bin/python
+SLURMRL   := $(VENV)/bin/slurmrl
+STAMP     := $(VENV)/.requirements-$(shell sha1sum requirements/ci.txt | cut -c1-12)
+APT_PKGS  := python3 python3-venv python3-dev gcc make libc6-dev
+
+.PHONY: all deps venv install spank lint typecheck unit sim integration test demo \
+        cluster-up cluster-down clean
+
+all: install
+
+deps:
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "make: installing Debian packages:$$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(STAMP): requirements/ci.txt | deps
+	@test -x $(PY) || /usr/bin/python3 -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements/ci.txt
+	@rm -f $(VENV)/.requirements-*; touch $@
+
+venv: $(STAMP)
+
+# Not editable on purpose: processes run as other users import the installed copy,
+# wherever this checkout lives (CI may clone under a directory they cannot read).
+install: venv
+	$(PY) -m pip install -q --no-deps --no-build-isolation --force-reinstall .
+
+lint: install
+	$(VENV)/bin/ruff check slurmrl policies tests benchmarks examples
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+unit: install
+	$(PY) -m pytest -q tests/unit
+
+sim: install
+	$(PY) -m pytest -q tests/sim
+
+cluster-up: install
+	$(SLURMRL) dev-cluster up --state-dir $(STATE)
+
+cluster-down:
+	@if [ -x $(SLURMRL) ]; then $(SLURMRL) dev-cluster down --state-dir $(STATE); fi
+
+# Integration tests run on the real local Slurm; the daemons are stopped whatever happens.
+integration: install
+	@set -e; trap '$(SLURMRL) dev-cluster down --state-dir $(STATE) || true' EXIT; \
+	$(SLURMRL) dev-cluster up --state-dir $(STATE); \
+	SLURMRL_DEV_STATE=$(STATE) $(PY) -m pytest -q -m integration tests/integration
+
+test: lint typecheck unit sim integration
+
+demo: install
+	@set -e; trap '$(SLURMRL) dev-cluster down --state-dir $(STATE) || true' EXIT; \
+	$(SLURMRL) dev-cluster up --state-dir $(STATE); \
+	SLURMRL_DEV_STATE=$(STATE) $(PY) examples/demo.py
+
+clean:
+	rm -rf build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,133 @@
+"""The nouns of slurmrl as value types, shared by every package.
+
+See docs/architecture.md for the vocabulary: RL job, driver, service, pool, group, lease,
+layout, phase, profile, residency, ledger. Value types are frozen dataclasses; state enums
+say which members are terminal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    """What an RL job is doing. GPU phases need a lease; gaps do not."""
+
+    ROLLOUT = "rollout"  #: generation on the rollout service (GPU)
+    TRAIN = "train"  #: log-prob + update on the trainer service (GPU)
+    SYNC = "sync"  #: trainer -> rollout weight transfer (GPU)
+    REWARD = "reward"  #: reward verification / tool calls on CPU (gap)
+    IDLE = "idle"  #: anything else the driver does off GPU (gap)
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self in (Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC)
+
+
+GPU_PHASES: tuple[Phase, ...] = (Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC)
+
+
+class Layout(StrEnum):
+    """How a job uses its GPUs."""
+
+    COLOCATED = "colocated"  #: rollout and trainer share one GPU set
+    DISAGGREGATED = "disaggregated"  #: a rollout set and a trainer set
+
+
+class Mux(StrEnum):
+    """The user's `--rl-mux` choice."""
+
+    AUTO = "auto"  #: share a pool when the pairing policy finds a partner
+    ON = "on"  #: prefer sharing (still bounded by max slowdown)
+    OFF = "off"  #: a dedicated pool, same code
+
+
+class Residency(StrEnum):
+    """Memory state of a service."""
+
+    ACTIVE = "active"  #: on GPU, may run
+    PARKED = "parked"  #: weights in pinned host memory, KV freed
+    DROPPED = "dropped"  #: weights freed; refilled by the next weight sync
+    STOPPED = "stopped"  #: terminal: the process is gone
+
+
+class JobState(StrEnum):
+    """Lifecycle of an RL job in the controller."""
+
+    PENDING = "PD"  #: registered, waiting for placement in a pool
+    RUNNING = "R"  #: placed; services up
+    COMPLETED = "CD"  #: terminal: driver deregistered normally
+    FAILED = "F"  #: terminal: driver or services failed
+    CANCELLED = "CA"  #: terminal: Slurm job cancelled or pool lost
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+
+
+class LeaseState(StrEnum):
+    """Lifecycle of a lease (and of the phase request that becomes one)."""
+
+    WAITING = "waiting"  #: queued on its GPU set
+    HELD = "held"  #: granted; GPUs belong to it until its deadline
+    RELEASED = "released"  #: terminal: the driver released it
+    REVOKED = "revoked"  #: terminal: deadline lapsed, job ended or pool lost
+    CANCELLED = "cancelled"  #: terminal: withdrawn before grant
+
+    @property
+    def terminal(self) -> bool:
+        return self in (LeaseState.RELEASED, LeaseState.REVOKED, LeaseState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class PhasePrior:
+    """`--rl-profile`: the user's prior on phase shares of one step (sum to 1)."""
+
+    shares: tuple[tuple[Phase, float], ...]
+    step_s: float | None = None  #: typical step period in seconds, if known
+
+    def share(self, phase: Phase) -> float:
+        return dict(self.shares).get(phase, 0.0)
+
+
+@dataclass(frozen=True)
+class RlRequest:
+    """What a job asked for through its `#SBATCH --rl-*` directives."""
+
+    gpus: int
+    model: str = "tiny"
+    mem_bytes: int | None = None  #: GPU memory per GPU its resident model set needs
+    mux: Mux = Mux.AUTO
+    group: str | None = None
+    max_slowdown: float | None = None
+    profile: PhasePrior | None = None
+    layout: Layout = Layout.COLOCATED
+    rollout_gpus: int | None = None  #: disaggregated only: size of the rollout set
+
+    def gpu_sets(self) -> dict[str, tuple[int, ...]]:
+        """Job-local GPU sets by name: `all` (colocated) or `rollout` + `trainer`."""
+        if self.layout is Layout.COLOCATED:
+            return {"all": tuple(range(self.gpus))}
+        r = self.rollout_gpus or max(1, self.gpus // 2)
+        return {"rollout": tuple(range(r)), "trainer": tuple(range(r, self.gpus))}
+
+    def gpus_for(self, phase: Phase) -> tuple[int, ...]:
+        """Job-local GPU indices a GPU phase runs on.
+
+        Colocated: every phase on all GPUs. Disaggregated: rollout on the rollout set,
+        train on the trainer set, sync (trainer -> rollout transfer) on both.
+        """
+        sets = self.gpu_sets()
+        if self.layout is Layout.COLOCATED or phase is Phase.SYNC:
+            return tuple(range(self.gpus))
+        return sets["rollout"] if phase is Phase.ROLLOUT else sets["trainer"]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who is calling, as MUNGE (never the caller) says."""
+
+    uid: int
+    gid: int
+    user: str = field(default="")
