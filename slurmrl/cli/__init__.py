@@ -1,0 +1,1 @@
+"""The `slurmrl` command line (click). Only this package prints."""
