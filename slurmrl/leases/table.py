@@ -1,0 +1,260 @@
+"""The lease table of one pool: queue, grant, release, shrink, heartbeat, expire.
+
+A pure state machine. Every method takes `now` (epoch seconds) instead of reading a
+clock, and returns the events it caused, so the controller (which persists them and
+answers waiting drivers) and the simulator (which advances a simulated clock) drive the
+very same code. Not thread-safe: one owner calls it (the controller's event loop).
+
+Scheduling: after every change the slice policy orders the waiting requests; they are
+granted in that order while their GPUs are free. A request that does not fit reserves
+its GPUs, so nothing later in the order overtakes it there (no starvation), while
+requests on other GPUs of the pool still go ahead (a disaggregated job's rollout set and
+trainer set are served independently).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from slurmrl.leases.types import (
+    Event,
+    Grant,
+    JobSliceStats,
+    Lease,
+    PhaseRequest,
+    PoolView,
+    Released,
+    Revoke,
+    Shrunk,
+)
+from slurmrl.model import Phase
+
+if TYPE_CHECKING:
+    from policies.base import SlicePolicy
+
+
+class LeaseError(ValueError):
+    """A lease operation that cannot be done (unknown id, bad GPU set...)."""
+
+
+class LeaseTable:
+    """Leases and waiting phase requests of one pool's GPUs."""
+
+    def __init__(
+        self,
+        pool_id: int,
+        gpus: Iterable[int],
+        policy: SlicePolicy,
+        lease_timeout_s: float,
+        new_id: Callable[[], int] | None = None,
+    ) -> None:
+        self.pool_id = pool_id
+        self.gpus = frozenset(gpus)
+        if not self.gpus:
+            raise LeaseError("a pool needs at least one GPU")
+        self.policy = policy
+        self.lease_timeout_s = lease_timeout_s
+        counter = itertools.count(1)
+        self._new_id = new_id or (lambda: next(counter))
+        self._leases: dict[int, Lease] = {}
+        self._waiting: dict[int, PhaseRequest] = {}  # insertion order = arrival order
+        self._stats: dict[int, JobSliceStats] = {}
+        self._max_slowdown: dict[int, float | None] = {}
+
+    # -- reading -------------------------------------------------------------------
+    @property
+    def leases(self) -> tuple[Lease, ...]:
+        return tuple(self._leases.values())
+
+    @property
+    def waiting(self) -> tuple[PhaseRequest, ...]:
+        return tuple(self._waiting.values())
+
+    def lease(self, lease_id: int) -> Lease | None:
+        return self._leases.get(lease_id)
+
+    def request_of(self, request_id: int) -> PhaseRequest | None:
+        return self._waiting.get(request_id)
+
+    def view(self, now: float) -> PoolView:
+        stats = {
+            job: replace(s, max_slowdown=self._max_slowdown.get(job))
+            for job, s in self._stats.items()
+        }
+        return PoolView(self.pool_id, self.gpus, now, self.leases, self.waiting, stats)
+
+    def next_deadline(self) -> float | None:
+        """The earliest instant at which `expire` would change something."""
+        deadlines = [x.deadline_at for x in self._leases.values()]
+        deadlines += [x.deadline_at for x in self._waiting.values()]
+        return min(deadlines, default=None)
+
+    # -- changing ------------------------------------------------------------------
+    def set_member(self, job_id: int, max_slowdown: float | None = None) -> None:
+        """Tell the table (and its slice policy) about a member job."""
+        self._max_slowdown[job_id] = max_slowdown
+        self._stats.setdefault(job_id, JobSliceStats(job_id))
+
+    def request(
+        self,
+        job_id: int,
+        phase: Phase,
+        gpus: Iterable[int],
+        now: float,
+        min_gpus: int | None = None,
+        request_id: int | None = None,
+    ) -> tuple[PhaseRequest, list[Event]]:
+        """Queue a phase request; returns it and the grants it (or others) got at once."""
+        wanted = frozenset(gpus)
+        if not wanted:
+            raise LeaseError("a phase request needs at least one GPU")
+        if not wanted <= self.gpus:
+            extra = sorted(wanted - self.gpus)
+            raise LeaseError(f"GPUs {extra} are not in pool {self.pool_id}")
+        need = len(wanted) if min_gpus is None else min_gpus
+        if not 1 <= need <= len(wanted):
+            raise LeaseError(f"min_gpus must be between 1 and {len(wanted)}, got {need}")
+        for lease in self._leases.values():
+            if lease.job_id == job_id and lease.gpus & wanted:
+                raise LeaseError(
+                    f"job {job_id} already holds GPUs {sorted(lease.gpus & wanted)} "
+                    f"(lease {lease.lease_id}, {lease.phase}); release it first"
+                )
+        rid = self._new_id() if request_id is None else request_id
+        if rid in self._waiting or rid in self._leases:
+            raise LeaseError(f"request id {rid} is already in use")
+        req = PhaseRequest(rid, job_id, phase, wanted, need, now, now + self.lease_timeout_s)
+        self._waiting[rid] = req
+        self._stats.setdefault(job_id, JobSliceStats(job_id))
+        return req, self._schedule(now)
+
+    def release(self, lease_id: int, now: float) -> list[Event]:
+        """The job is done with the lease: its GPUs go to the next waiters at once."""
+        lease = self._leases.pop(lease_id, None)
+        if lease is None:
+            raise LeaseError(f"lease {lease_id} is not held")
+        self._account(lease, now)
+        events: list[Event] = [Released(lease, now)]
+        return events + self._schedule(now)
+
+    def cancel(self, request_id: int, now: float) -> list[Event]:
+        """Withdraw a waiting request (the driver gave up or disconnected)."""
+        req = self._waiting.pop(request_id, None)
+        if req is None:
+            raise LeaseError(f"request {request_id} is not waiting")
+        return [Revoke(None, req, "cancelled"), *self._schedule(now)]
+
+    def shrink(self, lease_id: int, keep: int, now: float) -> list[Event]:
+        """Give back all but `keep` GPUs of a held lease (the highest indices go first)."""
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise LeaseError(f"lease {lease_id} is not held")
+        if not 1 <= keep <= len(lease.gpus):
+            raise LeaseError(f"keep must be between 1 and {len(lease.gpus)}, got {keep}")
+        if keep == len(lease.gpus):
+            return []
+        kept = frozenset(sorted(lease.gpus)[:keep])
+        smaller = replace(lease, gpus=kept)
+        self._leases[lease_id] = smaller
+        return [Shrunk(smaller, lease.gpus - kept), *self._schedule(now)]
+
+    def heartbeat(self, job_id: int, now: float) -> int:
+        """Renew every lease and waiting request of `job_id`; returns how many."""
+        deadline = now + self.lease_timeout_s
+        n = 0
+        for lid, lease in list(self._leases.items()):
+            if lease.job_id == job_id:
+                self._leases[lid] = replace(lease, deadline_at=deadline)
+                n += 1
+        for rid, req in list(self._waiting.items()):
+            if req.job_id == job_id:
+                self._waiting[rid] = replace(req, deadline_at=deadline)
+                n += 1
+        return n
+
+    def expire(self, now: float) -> list[Event]:
+        """Revoke leases and drop waiters whose deadline has passed."""
+        events: list[Event] = []
+        for lid, lease in list(self._leases.items()):
+            if lease.deadline_at <= now:
+                del self._leases[lid]
+                self._account(lease, now)
+                events.append(Revoke(lease, None, "expired"))
+        for rid, req in list(self._waiting.items()):
+            if req.deadline_at <= now:
+                del self._waiting[rid]
+                events.append(Revoke(None, req, "expired"))
+        return events + self._schedule(now) if events else events
+
+    def remove_job(self, job_id: int, now: float, reason: str) -> list[Event]:
+        """The job left the pool (ended, cancelled): revoke all it holds or waits for."""
+        events: list[Event] = []
+        for lid, lease in list(self._leases.items()):
+            if lease.job_id == job_id:
+                del self._leases[lid]
+                self._account(lease, now)
+                events.append(Revoke(lease, None, reason))
+        for rid, req in list(self._waiting.items()):
+            if req.job_id == job_id:
+                del self._waiting[rid]
+                events.append(Revoke(None, req, reason))
+        self._stats.pop(job_id, None)
+        self._max_slowdown.pop(job_id, None)
+        return events + self._schedule(now)
+
+    def restore(self, leases: Sequence[Lease], waiting: Sequence[PhaseRequest]) -> None:
+        """Load state persisted before a restart. Refuses anything that double-grants."""
+        if self._leases or self._waiting:
+            raise LeaseError("restore needs an empty table")
+        for lease in leases:
+            self._leases[lease.lease_id] = lease
+            self._stats.setdefault(lease.job_id, JobSliceStats(lease.job_id))
+        for req in sorted(waiting, key=lambda r: (r.requested_at, r.request_id)):
+            self._waiting[req.request_id] = req
+            self._stats.setdefault(req.job_id, JobSliceStats(req.job_id))
+        from slurmrl.leases.invariants import check_table
+
+        check_table(self)
+
+    # -- internals -----------------------------------------------------------------
+    def _account(self, lease: Lease, now: float) -> None:
+        s = self._stats.get(lease.job_id, JobSliceStats(lease.job_id))
+        self._stats[lease.job_id] = replace(s, held_s=s.held_s + max(0.0, now - lease.granted_at))
+
+    def _schedule(self, now: float) -> list[Event]:
+        if not self._waiting:
+            return []
+        order = list(self.policy.order(self.view(now)))
+        if sorted(r.request_id for r in order) != sorted(self._waiting):
+            raise LeaseError(
+                f"slice policy {self.policy.name!r} must order every waiting request once"
+            )
+        free = set(self.gpus)
+        for lease in self._leases.values():
+            free -= lease.gpus
+        reserved: set[int] = set()
+        events: list[Event] = []
+        for req in order:
+            avail = (req.gpus & free) - reserved
+            if len(avail) >= req.min_gpus:
+                take = frozenset(avail)
+                del self._waiting[req.request_id]
+                lease = Lease(
+                    req.request_id, req.job_id, req.phase, take, req.requested_at, now,
+                    now + self.lease_timeout_s,
+                )
+                self._leases[lease.lease_id] = lease
+                free -= take
+                s = self._stats.get(req.job_id, JobSliceStats(req.job_id))
+                self._stats[req.job_id] = replace(
+                    s, grants=s.grants + 1, last_grant_at=now, wait_s=s.wait_s + lease.wait_s
+                )
+                events.append(Grant(lease))
+            else:
+                reserved |= req.gpus
+            if not free - reserved:
+                break
+        return events

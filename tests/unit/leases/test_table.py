@@ -1,0 +1,185 @@
+"""The lease table: grants, hand-offs, shrink, expiry, and the no-double-grant invariant."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.slice_fifo import FifoSlice
+from policies.slice_round_robin import RoundRobinSlice
+from slurmrl.leases import Grant, LeaseError, LeaseTable, Revoke
+from slurmrl.leases.invariants import Interval, InvariantViolation, check_history, check_table
+from slurmrl.leases.types import Released, Shrunk
+from slurmrl.model import Phase
+
+ALL = (0, 1, 2, 3)
+
+
+def table(policy: object = None, timeout: float = 10.0) -> LeaseTable:
+    return LeaseTable(1, ALL, policy or FifoSlice(), lease_timeout_s=timeout)  # type: ignore[arg-type]
+
+
+def grants(events: list) -> list:
+    return [e.lease for e in events if isinstance(e, Grant)]
+
+
+def test_free_pool_grants_at_once_and_release_hands_over() -> None:
+    t = table()
+    req_a, ev = t.request(101, Phase.ROLLOUT, ALL, now=0.0)
+    assert [g.job_id for g in grants(ev)] == [101]
+    _req_b, ev = t.request(102, Phase.TRAIN, ALL, now=1.0)
+    assert grants(ev) == []  # B waits: A holds every GPU
+    ev = t.release(req_a.request_id, now=5.0)
+    assert isinstance(ev[0], Released)
+    (lease_b,) = grants(ev)
+    assert lease_b.job_id == 102 and lease_b.gpus == frozenset(ALL)
+    assert lease_b.granted_at == 5.0 and lease_b.wait_s == 4.0
+
+
+def test_disaggregated_sets_are_served_independently() -> None:
+    t = table()
+    rollout, train = (0, 1), (2, 3)
+    a_roll, _ = t.request(1, Phase.ROLLOUT, rollout, now=0.0)
+    # B's rollout waits behind A's, but A's partner can train on the trainer set meanwhile
+    _, ev = t.request(2, Phase.ROLLOUT, rollout, now=1.0)
+    assert grants(ev) == []
+    _, ev = t.request(2, Phase.TRAIN, train, now=1.5)
+    assert [(g.job_id, g.phase) for g in grants(ev)] == [(2, Phase.TRAIN)]
+    ev = t.release(a_roll.request_id, now=3.0)
+    assert [(g.job_id, g.phase) for g in grants(ev)] == [(2, Phase.ROLLOUT)]
+    check_table(t)
+
+
+def test_waiting_request_reserves_its_gpus_against_later_ones() -> None:
+    t = table()
+    a, _ = t.request(1, Phase.TRAIN, (0, 1), now=0.0)
+    t.request(2, Phase.TRAIN, ALL, now=1.0)  # needs all four: waits for A
+    _, ev = t.request(3, Phase.ROLLOUT, (2, 3), now=2.0)
+    # 2 and 3 are free, but job 2 asked first for them: job 3 may not overtake it
+    assert grants(ev) == []
+    ev = t.release(a.request_id, now=3.0)
+    assert [g.job_id for g in grants(ev)] == [2]
+
+
+def test_shrink_hands_freed_gpus_to_a_waiter_at_once() -> None:
+    t = table()
+    a, _ = t.request(1, Phase.ROLLOUT, ALL, now=0.0)
+    _b, ev = t.request(2, Phase.ROLLOUT, ALL, min_gpus=2, now=1.0)
+    assert grants(ev) == []
+    ev = t.shrink(a.request_id, keep=2, now=2.0)
+    shrunk = [e for e in ev if isinstance(e, Shrunk)]
+    assert shrunk and shrunk[0].freed == frozenset({2, 3})
+    (lease_b,) = grants(ev)
+    assert lease_b.gpus == frozenset({2, 3}) and lease_b.job_id == 2
+    check_table(t)
+
+
+def test_shrink_below_a_rigid_request_grants_nothing() -> None:
+    t = table()
+    a, _ = t.request(1, Phase.ROLLOUT, ALL, now=0.0)
+    t.request(2, Phase.TRAIN, ALL, now=1.0)  # needs all four
+    assert grants(t.shrink(a.request_id, keep=1, now=2.0)) == []
+
+
+def test_missed_heartbeats_revoke_and_the_waiter_is_granted() -> None:
+    t = table(timeout=10.0)
+    a, _ = t.request(1, Phase.TRAIN, ALL, now=0.0)
+    t.request(2, Phase.TRAIN, ALL, now=1.0)
+    t.heartbeat(2, now=8.0)  # B is alive, A is not
+    assert t.expire(now=9.0) == []
+    ev = t.expire(now=10.0)
+    revoked = [e for e in ev if isinstance(e, Revoke)]
+    assert revoked and revoked[0].lease is not None and revoked[0].lease.job_id == 1
+    assert [g.job_id for g in grants(ev)] == [2]
+    with pytest.raises(LeaseError, match="not held"):
+        t.release(a.request_id, now=11.0)
+
+
+def test_heartbeat_keeps_a_long_phase() -> None:
+    t = table(timeout=10.0)
+    a, _ = t.request(1, Phase.ROLLOUT, ALL, now=0.0)
+    for now in range(5, 60, 5):
+        t.heartbeat(1, now=float(now))
+        assert t.expire(now=float(now)) == []
+    lease = t.lease(a.request_id)
+    assert lease is not None and lease.deadline_at == 65.0
+
+
+def test_round_robin_serves_the_least_recently_granted_member() -> None:
+    t = table(RoundRobinSlice())
+    a, _ = t.request(1, Phase.TRAIN, ALL, now=0.0)
+    t.request(2, Phase.TRAIN, ALL, now=1.0)  # B waits
+    t.release(a.request_id, now=2.0)  # B granted
+    lease_b = next(x for x in t.leases if x.job_id == 2)
+    t.request(1, Phase.ROLLOUT, ALL, now=3.0)
+    t.request(3, Phase.ROLLOUT, ALL, now=4.0)
+    ev = t.release(lease_b.lease_id, now=5.0)
+    # job 3 has never been granted: it goes before job 1, although job 1 asked first
+    assert [g.job_id for g in grants(ev)] == [3]
+
+
+def test_fifo_serves_the_oldest_request() -> None:
+    t = table(FifoSlice())
+    a, _ = t.request(1, Phase.TRAIN, ALL, now=0.0)
+    t.request(2, Phase.ROLLOUT, ALL, now=3.0)
+    t.request(3, Phase.ROLLOUT, ALL, now=4.0)
+    assert [g.job_id for g in grants(t.release(a.request_id, now=5.0))] == [2]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "min_gpus", "message"),
+    [
+        ((), None, "at least one GPU"),
+        ((0, 7), None, r"GPUs \[7\] are not in pool"),
+        ((0, 1), 3, "min_gpus must be between 1 and 2"),
+        ((0, 1), 0, "min_gpus must be between 1 and 2"),
+    ],
+)
+def test_bad_requests_are_refused_and_change_nothing(
+    gpus: tuple[int, ...], min_gpus: int | None, message: str
+) -> None:
+    t = table()
+    with pytest.raises(LeaseError, match=message):
+        t.request(1, Phase.ROLLOUT, gpus, now=0.0, min_gpus=min_gpus)
+    assert t.leases == () and t.waiting == ()
+
+
+def test_a_job_cannot_wait_for_gpus_it_already_holds() -> None:
+    t = table()
+    t.request(1, Phase.ROLLOUT, ALL, now=0.0)
+    with pytest.raises(LeaseError, match="already holds GPUs"):
+        t.request(1, Phase.TRAIN, (0,), now=1.0)
+
+
+def test_remove_job_revokes_everything_it_had() -> None:
+    t = table()
+    t.request(1, Phase.ROLLOUT, (0, 1), now=0.0)
+    t.request(1, Phase.TRAIN, (2, 3), now=0.0)
+    t.request(2, Phase.TRAIN, ALL, now=1.0)
+    ev = t.remove_job(1, now=2.0, reason="job-ended")
+    assert sum(isinstance(e, Revoke) for e in ev) == 2
+    assert [g.job_id for g in grants(ev)] == [2]
+
+
+def test_restore_refuses_a_double_grant() -> None:
+    t = table()
+    a, _ = t.request(1, Phase.ROLLOUT, (0, 1), now=0.0)
+    b, _ = t.request(2, Phase.ROLLOUT, (2, 3), now=0.0)
+    la, lb = t.lease(a.request_id), t.lease(b.request_id)
+    assert la is not None and lb is not None
+    fresh = table()
+    fresh.restore([la, lb], [])
+    assert {x.lease_id for x in fresh.leases} == {la.lease_id, lb.lease_id}
+    from dataclasses import replace
+
+    broken = table()
+    with pytest.raises(InvariantViolation, match="held by leases"):
+        broken.restore([la, replace(lb, gpus=frozenset({1, 2}))], [])
+
+
+def test_history_checker_finds_an_overlap_and_allows_touching() -> None:
+    ok = [Interval(1, 1, 0, 0.0, 5.0), Interval(2, 1, 0, 5.0, 9.0), Interval(3, 1, 1, 0.0, None)]
+    check_history(ok)
+    with pytest.raises(InvariantViolation, match="overlap"):
+        check_history([*ok, Interval(4, 1, 0, 8.0, 10.0)])
+    with pytest.raises(InvariantViolation, match="overlap"):
+        check_history([Interval(5, 1, 1, 3.0, 4.0), Interval(3, 1, 1, 0.0, None)])

@@ -1,0 +1,104 @@
+"""Hypothesis drives random sequences of lease operations; the invariant holds after each."""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from policies.slice_fifo import FifoSlice
+from policies.slice_round_robin import RoundRobinSlice
+from slurmrl.leases import Grant, LeaseError, LeaseTable
+from slurmrl.leases.invariants import Interval, check_history, check_table
+from slurmrl.leases.types import Released, Revoke, Shrunk
+from slurmrl.model import Phase
+
+GPUS = (0, 1, 2, 3)
+
+
+class LeaseMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.table = LeaseTable(7, GPUS, FifoSlice(), lease_timeout_s=5.0)
+        self.open: dict[tuple[int, int], float] = {}  # (lease, gpu) -> start
+        self.history: list[Interval] = []
+
+    def _record(self, events: list) -> None:
+        for e in events:
+            if isinstance(e, Grant):
+                for g in e.lease.gpus:
+                    self.open[(e.lease.lease_id, g)] = self.now
+            elif isinstance(e, Shrunk):
+                self._close(e.lease.lease_id, e.freed)
+            elif isinstance(e, Released | Revoke) and e.lease is not None:
+                self._close(e.lease.lease_id, e.lease.gpus)
+
+    def _close(self, lease_id: int, gpus: frozenset[int]) -> None:
+        for g in gpus:
+            start = self.open.pop((lease_id, g))
+            self.history.append(Interval(lease_id, 7, g, start, self.now))
+
+    @rule(dt=st.floats(0.0, 3.0))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        self._record(self.table.expire(self.now))
+
+    @rule(
+        job=st.integers(1, 4),
+        phase=st.sampled_from([Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC]),
+        gpus=st.sets(st.sampled_from(GPUS), min_size=1),
+        elastic=st.booleans(),
+    )
+    def request(self, job: int, phase: Phase, gpus: set[int], elastic: bool) -> None:
+        try:
+            _, events = self.table.request(job, phase, gpus, self.now, 1 if elastic else None)
+        except LeaseError:
+            return  # refused (the job already holds some of these GPUs): nothing changed
+        self._record(events)
+
+    @precondition(lambda self: bool(self.table.leases))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        lease = data.draw(st.sampled_from(self.table.leases))
+        self._record(self.table.release(lease.lease_id, self.now))
+
+    @precondition(lambda self: bool(self.table.leases))
+    @rule(data=st.data())
+    def shrink(self, data: st.DataObject) -> None:
+        lease = data.draw(st.sampled_from(self.table.leases))
+        keep = data.draw(st.integers(1, len(lease.gpus)))
+        self._record(self.table.shrink(lease.lease_id, keep, self.now))
+
+    @rule(job=st.integers(1, 4))
+    def heartbeat(self, job: int) -> None:
+        self.table.heartbeat(job, self.now)
+
+    @rule(job=st.integers(1, 4))
+    def job_ends(self, job: int) -> None:
+        self._record(self.table.remove_job(job, self.now, "job-ended"))
+
+    @rule()
+    def switch_policy(self) -> None:
+        fifo = isinstance(self.table.policy, FifoSlice)
+        self.table.policy = RoundRobinSlice() if fifo else FifoSlice()
+
+    @invariant()
+    def never_two_leases_on_one_gpu(self) -> None:
+        check_table(self.table)
+        open_ivs = [Interval(lid, 7, g, s, None) for (lid, g), s in self.open.items()]
+        check_history(self.history + open_ivs)
+
+    @invariant()
+    def no_free_gpu_is_left_to_a_waiter_that_fits(self) -> None:
+        # work conservation: a waiter whose minimum fits in free GPUs it was not
+        # out-queued for would have been granted
+        view = self.table.view(self.now)
+        if view.waiting:
+            head = sorted(view.waiting, key=lambda r: (r.requested_at, r.request_id))[0]
+            if isinstance(self.table.policy, FifoSlice):
+                assert len(head.gpus & view.free()) < head.min_gpus
+
+
+TestLeaseMachine = LeaseMachine.TestCase
+TestLeaseMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
