@@ -7,10 +7,16 @@ objects, so what the simulator shows is what the controller does.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from slurmrl.leases.types import PhaseRequest, PoolView
+from slurmrl.model import RlRequest
+
+if TYPE_CHECKING:
+    from slurmrl.profiles import Profile
 
 
 @runtime_checkable
@@ -25,3 +31,111 @@ class SlicePolicy(Protocol):
     name: str
 
     def order(self, view: PoolView) -> Sequence[PhaseRequest]: ...
+
+
+# -- pairing and admission --------------------------------------------------------------
+# The snapshot types below are built by the controller (from its DB and Slurm) and by the
+# simulator (from its simulated cluster). `slurmrl.profiles.Profile` is the per-job phase
+# statistics type (quantiles of busy and gap durations), owned by slurmrl/profiles.py.
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    """One RL job as a pairing or admission policy sees it."""
+
+    job_id: int
+    user: str
+    request: RlRequest
+    profile: Profile | None  #: None before any observation and with no prior
+    submitted_at: float
+    partition: str = "pools"
+    gpu_type: str | None = None
+
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """One open pool: its size and current members."""
+
+    pool_id: int
+    gpus: int
+    members: tuple[JobSnapshot, ...]
+    partition: str = "pools"
+    gpu_type: str | None = None
+    gpu_mem_bytes: int | None = None  #: per GPU, None when unknown
+    host_mem_free_bytes: int | None = None  #: budget left for parked state on its nodes
+    dedicated: bool = False  #: opened for a `--rl-mux=off` (or forced-dedicated) job
+
+
+@dataclass(frozen=True)
+class SiteLimits:
+    """The site's limits a policy must respect."""
+
+    max_slowdown: float = 1.5  #: site cap on any member's predicted slowdown
+    default_max_slowdown: float = 1.25  #: used when the user gave no --rl-max-slowdown
+    max_gpus_per_job: int = 1024
+    max_jobs_per_pool: int = 2
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """Everything pairing needs, at one instant."""
+
+    now: float
+    pools: tuple[PoolSnapshot, ...]
+    waiting: tuple[JobSnapshot, ...]  #: admitted jobs not yet placed, oldest first
+    free_gpus: Mapping[str, int]  #: partition -> GPUs Slurm could still allocate
+    limits: SiteLimits = field(default_factory=SiteLimits)
+
+
+class Action(StrEnum):
+    JOIN = "join"  #: join pool `pool_id`
+    OPEN = "open"  #: open a new shared pool of `gpus` GPUs (later arrivals may join)
+    DEDICATED = "dedicated"  #: open a pool for this job alone; nobody joins it
+    WAIT = "wait"  #: not now (no GPUs free); reconsidered at the next round
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A pairing decision for one waiting job."""
+
+    job_id: int
+    action: Action
+    pool_id: int | None = None  #: JOIN: the pool; OPEN: a new id chosen by the caller
+    gpus: int | None = None  #: OPEN/DEDICATED: pool size
+    predicted_slowdown: float | None = None
+    reason: str = ""
+
+
+@runtime_checkable
+class PairingPolicy(Protocol):
+    """Places waiting jobs: join an existing pool, open a new one, or run dedicated.
+
+    Called with every waiting job at once (a batch), so a policy may match them among
+    themselves. Returns one placement per waiting job. `OPEN` placements that should
+    share with each other use the same (negative, provisional) `pool_id`.
+    """
+
+    name: str
+
+    def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]: ...
+
+
+class Verdict(StrEnum):
+    ACCEPT = "accept"
+    REJECT = "reject"  #: with a reason the user sees in `slurmrl status`
+    DEDICATED = "dedicated"  #: accepted, but never shared
+
+
+@dataclass(frozen=True)
+class Admission:
+    verdict: Verdict
+    reason: str = ""
+
+
+@runtime_checkable
+class AdmissionPolicy(Protocol):
+    """Decides at registration whether a job may enter, and how."""
+
+    name: str
+
+    def admit(self, job: JobSnapshot, limits: SiteLimits) -> Admission: ...
