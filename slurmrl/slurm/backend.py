@@ -1,0 +1,145 @@
+"""The SlurmBackend protocol and the handle of a launched step.
+
+Every part of slurmrl that needs Slurm takes a `SlurmBackend`; `default_backend()` (in
+`slurmrl.slurm.factory`) picks the implementation. Steps are always launched with
+`srun --jobid=J --overlap -n1 ...` as a child process, whichever backend: pyslurm has no
+step-launch API, and a long-lived srun is what keeps a service step alive.
+"""
+
+from __future__ import annotations
+
+import os
+import signal as _signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import IO, Protocol, runtime_checkable
+
+from slurmrl.slurm.types import BatchSpec, JobInfo, NodeInfo, StepInfo
+
+
+class StepHandle:
+    """A running `srun` that launched one step into an existing allocation.
+
+    `pid` is srun's pid, which Slurm records as the step's `SrunHost:Pid`; that is how
+    `step_id()` finds the step id. Ending srun (terminate/kill) ends the step.
+    """
+
+    def __init__(
+        self, proc: subprocess.Popen[bytes], job_id: int, argv: Sequence[str],
+        stdout_path: str | None, stderr_path: str | None,
+        owned_files: Sequence[IO[bytes]] = (),
+    ) -> None:
+        self._proc = proc
+        self.job_id = job_id
+        self.argv = tuple(argv)
+        self.stdout_path = stdout_path
+        self.stderr_path = stderr_path
+        self._owned = list(owned_files)
+        self._step: str | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
+    def poll(self) -> int | None:
+        """srun's exit status, or None while it runs."""
+        rc = self._proc.poll()
+        if rc is not None:
+            self._close()
+        return rc
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        """Wait for srun to exit; raises subprocess.TimeoutExpired after timeout_s."""
+        rc = self._proc.wait(timeout=timeout_s)
+        self._close()
+        return rc
+
+    def terminate(self) -> None:
+        """SIGTERM srun; srun forwards it to the step's tasks."""
+        if self._proc.poll() is None:
+            self._proc.send_signal(_signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL srun (Slurm then kills the step's tasks)."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+
+    def step_id(self, backend: SlurmBackend) -> str | None:
+        """This step's Slurm step id ("0", "1", ...) once Slurm lists it, else None."""
+        if self._step is None:
+            for s in backend.steps(self.job_id):
+                if s.srun_pid == self.pid:
+                    self._step = s.step
+                    break
+        return self._step
+
+    def stderr_text(self) -> str:
+        """What srun wrote to stderr so far ("" when it went elsewhere)."""
+        if not self.stderr_path or not os.path.exists(self.stderr_path):
+            return ""
+        with open(self.stderr_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def _close(self) -> None:
+        for f in self._owned:
+            f.close()
+        self._owned.clear()
+
+    def __repr__(self) -> str:
+        return f"StepHandle(job_id={self.job_id}, pid={self.pid}, step={self._step})"
+
+
+@runtime_checkable
+class SlurmBackend(Protocol):
+    """What slurmrl asks of Slurm. Implementations: CommandBackend, PyslurmBackend."""
+
+    def submit(self, spec: BatchSpec) -> int:
+        """Submit a batch job; returns its job id. Raises SlurmError on refusal."""
+        ...
+
+    def jobs(
+        self, job_ids: Sequence[int] | None = None, user: str | None = None
+    ) -> list[JobInfo]:
+        """Jobs slurmctld knows (incl. recently ended ones), filtered by id and/or user."""
+        ...
+
+    def job(self, job_id: int) -> JobInfo | None:
+        """One job with its GPU indices, or None when Slurm no longer knows it."""
+        ...
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every node, once each."""
+        ...
+
+    def launch_step(
+        self, job_id: int, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+        gpus: int | None = None, cuda_visible_devices: Sequence[int] | None = None,
+        cpus: int = 1, overlap: bool = True, timeout_s: float = 30.0, retries: int = 3,
+        stdout_path: str | None = None, stderr_path: str | None = None,
+    ) -> StepHandle:
+        """Start `argv` as a step of job `job_id`; returns once the step runs (or ended)."""
+        ...
+
+    def steps(self, job_id: int) -> list[StepInfo]:
+        """Steps of a job (empty when the job has none or is gone)."""
+        ...
+
+    def cancel(self, job_id: int, signal: str | int | None = None) -> None:
+        """scancel the job (optionally with a signal). Cancelling an ended job is a no-op."""
+        ...
+
+    def signal(self, job_id: int, sig: str | int, step: str | int | None = None) -> None:
+        """Send a signal to the batch script and all steps, or to one step."""
+        ...
+
+    def ping(self) -> bool:
+        """True when slurmctld answers."""
+        ...
+
+    def version(self) -> tuple[int, int, int]:
+        """Slurm's version, e.g. (22, 5, 8)."""
+        ...
