@@ -1,0 +1,380 @@
+"""Load the site config: defaults < site file < `SLURMRL_*` environment < overrides.
+
+- **Site file**: the `path` argument (the `--config` flag), else `$SLURMRL_CONFIG`, else
+  `/etc/slurmrl/slurmrl.toml` if it exists, else none (defaults only). A file named
+  explicitly (flag or variable) must exist.
+- **Environment**: `SLURMRL_<SECTION>__<KEY>=value`, a mechanical mapping: the section
+  and key upper-cased, joined by a double underscore, e.g. `SLURMRL_CONTROLLER__PORT=6830`
+  or `SLURMRL_LIMITS__PARKED_HOST_MEM_PER_NODE=256G`. Lists (`controller.admins`) are
+  comma-separated. Only names with a double underscore are config, so the job variables
+  the SPANK plugin exports (`SLURMRL_GPUS`, ...) never collide; an unknown one is an error.
+  `[policies.params]` cannot be set from the environment (policy names contain `-`).
+- **Overrides**: a mapping of dotted keys to values, e.g. `{"controller.port": 6830}`
+  or `{"policies.params.complementary.quantile": 0.9}`, for command-line flags. String
+  values are parsed like environment values.
+
+Every error is a `ConfigError` that names where the value came from (the file, the
+variable, the override), the dotted key, and what was expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import tomllib
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import Field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from slurmrl.config.schema import SECTIONS, Config
+from slurmrl.config.units import check_slurm_time, parse_size
+
+DEFAULT_PATH = Path("/etc/slurmrl/slurmrl.toml")
+ENV_PATH = "SLURMRL_CONFIG"
+ENV_PREFIX = "SLURMRL_"
+#: `known` keys that name policies: a `package.module:Class` value is left to the registry.
+POLICY_KEYS = ("policies.pairing", "policies.slice", "policies.admission")
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+class ConfigError(ValueError):
+    """A site config problem: `source` (file, variable...), dotted `key`, what is wrong."""
+
+    def __init__(self, source: str, key: str, message: str) -> None:
+        self.source, self.key, self.message = source, key, message
+        where = f"{source}: {key}" if key else source
+        super().__init__(f"{where}: {message}")
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+    known: Mapping[str, Iterable[str]] | None = None,
+) -> Config:
+    """Read the site config (see the module docstring for precedence).
+
+    `env` defaults to `os.environ`. `known` maps a key to its valid names, e.g.
+    `{"pairing": [...], "slice": [...], "admission": [...]}` from the policies registry
+    (a bare name means `policies.<name>`; any dotted string key such as
+    `services.rollout_backend` works too); without it names are not checked.
+    """
+    environ = os.environ if env is None else env
+    values: dict[str, dict[str, tuple[object, str, bool]]] = {s: {} for s in SECTIONS}
+    params: dict[str, dict[str, object]] = {}
+
+    file = _resolve_path(path, environ)
+    if file is not None:
+        _read_file(file, values, params)
+    _read_env(environ, values)
+    for dotted, value in (overrides or {}).items():
+        _put(f"override {dotted}", dotted, value, values, params)
+
+    sections: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name, cls in SECTIONS.items():
+        kwargs: dict[str, object] = {}
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            if name == "policies" and f.name == "params":
+                continue
+            if f.name in values[name]:
+                raw, source, textual = values[name][f.name]
+                key = f"{name}.{f.name}"
+                kwargs[f.name] = _coerce(raw, f, hints[f.name], source, key, textual)
+                sources[key] = source
+        if name == "policies":
+            kwargs["params"] = MappingProxyType(
+                {k: MappingProxyType(dict(v)) for k, v in params.items()}
+            )
+        sections[name] = cls(**kwargs)
+    config = Config(**sections, source=str(file) if file else "")
+    _check_cross_fields(config, sources)
+    if known:
+        _check_known(config, known, sources)
+    return config
+
+
+# -- sources ----------------------------------------------------------------------------
+
+
+def _resolve_path(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path | None:
+    if path is not None:
+        chosen, how = Path(path), "--config"
+    elif env.get(ENV_PATH):
+        chosen, how = Path(env[ENV_PATH]), f"${ENV_PATH}"
+    elif DEFAULT_PATH.exists():
+        return DEFAULT_PATH
+    else:
+        return None
+    if not chosen.is_file():
+        raise ConfigError(str(chosen), "", f"site config named by {how} does not exist")
+    return chosen
+
+
+def _read_file(
+    file: Path,
+    values: dict[str, dict[str, tuple[object, str, bool]]],
+    params: dict[str, dict[str, object]],
+) -> None:
+    source = str(file)
+    try:
+        with file.open("rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        # tomllib's message ends with "(at line N, column M)".
+        raise ConfigError(source, "", f"invalid TOML: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(source, "", f"cannot read: {exc.strerror or exc}") from exc
+    for section, table in data.items():
+        if section not in SECTIONS:
+            raise ConfigError(source, section, _unknown("section", section, list(SECTIONS)))
+        if not isinstance(table, dict):
+            raise ConfigError(source, section, f"expected a [{section}] table")
+        for key, value in table.items():
+            _put(source, f"{section}.{key}", value, values, params, textual=False)
+
+
+def _read_env(
+    env: Mapping[str, str], values: dict[str, dict[str, tuple[object, str, bool]]]
+) -> None:
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].partition("__")
+        section, key = section.lower(), key.lower()
+        source = f"environment variable {name}"
+        if section == "policies" and key.startswith("params"):
+            raise ConfigError(
+                source, "policies.params", "cannot be set from the environment; use the site file"
+            )
+        _put(source, f"{section}.{key}", env[name], values, {}, textual=True)
+
+
+def _put(
+    source: str,
+    dotted: str,
+    value: object,
+    values: dict[str, dict[str, tuple[object, str, bool]]],
+    params: dict[str, dict[str, object]],
+    *,
+    textual: bool | None = None,
+) -> None:
+    """Record `value` for `dotted` from `source`, rejecting unknown keys at once."""
+    section, _, rest = dotted.partition(".")
+    if section not in SECTIONS:
+        raise ConfigError(source, dotted, _unknown("section", section, list(SECTIONS)))
+    if section == "policies" and (rest == "params" or rest.startswith("params.")):
+        _put_params(source, rest[len("params") :].lstrip("."), value, params)
+        return
+    names = [f.name for f in fields(SECTIONS[section]) if f.name != "params"]
+    if rest not in names:
+        raise ConfigError(source, dotted, _unknown(f"key in [{section}]", rest, names))
+    is_text = isinstance(value, str) if textual is None else textual
+    values[section][rest] = (value, source, is_text)
+
+
+def _put_params(
+    source: str,
+    rest: str,
+    value: object,
+    params: dict[str, dict[str, object]],
+) -> None:
+    if rest == "":  # the whole [policies.params] table from a file
+        if not isinstance(value, dict):
+            raise ConfigError(source, "policies.params", "expected a table of policy tables")
+        for policy, table in value.items():
+            _put_params(source, policy, table, params)
+        return
+    policy, _, key = rest.partition(".")
+    if key == "":
+        if not isinstance(value, dict):
+            raise ConfigError(source, f"policies.params.{policy}", "expected a table of parameters")
+        params.setdefault(policy, {}).update(value)
+    else:
+        if isinstance(value, str):
+            value = _toml_literal(value)
+        params.setdefault(policy, {})[key] = value
+
+
+def _toml_literal(text: str) -> object:
+    """A flag's text as a TOML value (`0.9`, `true`, `[1, 2]`), else the text itself."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _unknown(what: str, name: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown {what} {name!r}{hint}; valid: {', '.join(valid)}"
+
+
+# -- types and ranges -------------------------------------------------------------------
+
+
+def _coerce(raw: object, f: Field[Any], hint: Any, source: str, key: str, textual: bool) -> object:
+    meta = f.metadata
+    try:
+        if meta.get("size"):
+            value: Any = parse_size(raw.strip() if isinstance(raw, str) else raw)
+        elif hint is bool:
+            value = _as_bool(raw, textual)
+        elif hint is int:
+            value = _as_int(raw, textual)
+        elif hint is float:
+            value = _as_float(raw, textual)
+        elif hint is str:
+            if not isinstance(raw, str):
+                raise ValueError(f"expected a string, got {_describe(raw)}")
+            value = raw
+        elif typing.get_origin(hint) is tuple:
+            value = _as_names(raw, textual)
+        else:  # pragma: no cover - a schema field of a type this loader does not know
+            raise TypeError(f"config field {key} has unsupported type {hint!r}")
+        _check_limits(value, meta)
+    except ValueError as exc:
+        raise ConfigError(source, key, str(exc)) from None
+    return value
+
+
+def _as_bool(raw: object, textual: bool) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if textual and isinstance(raw, str) and raw.strip().lower() in _TRUE + _FALSE:
+        return raw.strip().lower() in _TRUE
+    raise ValueError(f"expected true or false, got {_describe(raw)}")
+
+
+def _as_int(raw: object, textual: bool) -> int:
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    if textual and isinstance(raw, str):
+        try:
+            return int(raw.strip())
+        except ValueError:
+            pass
+    raise ValueError(f"expected an integer, got {_describe(raw)}")
+
+
+def _as_float(raw: object, textual: bool) -> float:
+    value: float | None = None
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        value = float(raw)
+    elif textual and isinstance(raw, str):
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            value = None
+    if value is None or not math.isfinite(value):
+        raise ValueError(f"expected a number, got {_describe(raw)}")
+    return value
+
+
+def _as_names(raw: object, textual: bool) -> tuple[str | int, ...]:
+    """User names or uids: a TOML array, or comma-separated text."""
+    items: list[object]
+    if textual and isinstance(raw, str):
+        words = [w.strip() for w in raw.split(",") if w.strip()]
+        items = [int(w) if w.isdigit() else w for w in words]
+    elif isinstance(raw, list | tuple):
+        items = list(raw)
+    else:
+        raise ValueError(f"expected a list of user names or uids, got {_describe(raw)}")
+    out: list[str | int] = []
+    for item in items:
+        uid_ok = isinstance(item, int) and not isinstance(item, bool) and item >= 0
+        name_ok = isinstance(item, str) and item != "" and not any(c.isspace() for c in item)
+        if uid_ok or name_ok:
+            out.append(item)  # type: ignore[arg-type]
+        else:
+            raise ValueError(f"expected user names or uids, got {_describe(item)} in the list")
+    return tuple(out)
+
+
+def _check_limits(value: Any, meta: Mapping[str, Any]) -> None:
+    lo, hi, above = meta.get("lo"), meta.get("hi"), meta.get("above")
+    if lo is not None and value < lo:
+        raise ValueError(f"must be at least {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ValueError(f"must be at most {hi}, got {value}")
+    if above is not None and value <= above:
+        raise ValueError(f"must be greater than {above}, got {value}")
+    choices = meta.get("choices")
+    if choices and value not in choices:
+        raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+    if meta.get("absolute_path") and not str(value).startswith("/"):
+        raise ValueError(f"expected an absolute path, got {value!r}")
+    if meta.get("slurm_time"):
+        check_slurm_time(value)
+
+
+def _describe(raw: object) -> str:
+    kind = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a table",
+    }.get(type(raw), type(raw).__name__)
+    return f"{kind} ({raw!r})"
+
+
+# -- rules across keys ------------------------------------------------------------------
+
+
+def _check_cross_fields(config: Config, sources: Mapping[str, str]) -> None:
+    def where(*keys: str) -> str:
+        return next((sources[k] for k in keys if k in sources), "defaults")
+
+    c, lim = config.controller, config.limits
+    if c.lease_timeout_s <= c.heartbeat_s:
+        raise ConfigError(
+            where("controller.lease_timeout_s", "controller.heartbeat_s"),
+            "controller.lease_timeout_s",
+            f"must be longer than controller.heartbeat_s ({c.heartbeat_s}), "
+            f"got {c.lease_timeout_s}; a few heartbeats is usual",
+        )
+    if c.metrics_port and c.metrics_port == c.port:
+        raise ConfigError(
+            where("controller.metrics_port", "controller.port"),
+            "controller.metrics_port",
+            f"must differ from controller.port ({c.port}); use 0 to serve /metrics there",
+        )
+    if lim.default_max_slowdown > lim.max_slowdown:
+        raise ConfigError(
+            where("limits.default_max_slowdown", "limits.max_slowdown"),
+            "limits.default_max_slowdown",
+            f"must not exceed limits.max_slowdown ({lim.max_slowdown}), "
+            f"got {lim.default_max_slowdown}",
+        )
+
+
+def _check_known(
+    config: Config, known: Mapping[str, Iterable[str]], sources: Mapping[str, str]
+) -> None:
+    for name, valid_names in known.items():
+        key = name if "." in name else f"policies.{name}"
+        section, _, attr = key.partition(".")
+        if section not in SECTIONS or not hasattr(getattr(config, section), attr):
+            raise ValueError(f"load(known=...): {name!r} is not a config key")
+        value = getattr(getattr(config, section), attr)
+        valid = sorted(valid_names)
+        if key in POLICY_KEYS and ":" in value:
+            continue  # package.module:Class, imported (and checked) by the registry
+        if value not in valid:
+            what = f"{attr} policy" if key in POLICY_KEYS else attr.replace("_", " ")
+            raise ConfigError(
+                sources.get(key, "defaults"),
+                key,
+                f"unknown {what} {value!r}; valid: {', '.join(valid) or '(none)'}",
+            )

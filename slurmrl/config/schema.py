@@ -1,0 +1,197 @@
+"""The site config's shape: one frozen dataclass per TOML section, field by field.
+
+Each field carries its limits in `metadata` (see `opt`): the loader in `load.py` checks
+types and ranges generically from them, so adding a key here is the whole job (plus a
+line in site-configs/slurmrl.toml, which a unit test keeps in step with this file).
+Cross-field rules (lease timeout longer than the heartbeat, default slowdown under the
+site cap) are checked by the loader too, so that an error can name where the value came
+from. Constructing these classes directly (tests, the simulator) skips all checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from slurmrl.config.units import parse_size
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+SLURM_BACKENDS = ("auto", "command", "pyslurm")
+
+
+def opt(
+    default: Any,
+    doc: str,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    above: float | None = None,
+    choices: tuple[str, ...] | None = None,
+    size: bool = False,
+    slurm_time: bool = False,
+    absolute_path: bool = False,
+) -> Any:
+    """A config field with its documentation and limits.
+
+    `lo`/`hi` are inclusive bounds, `above` an exclusive lower bound; `size` accepts
+    "512G"-style strings; `choices` a closed set of strings.
+    """
+    meta = {
+        "doc": doc,
+        "lo": lo,
+        "hi": hi,
+        "above": above,
+        "choices": choices,
+        "size": size,
+        "slurm_time": slurm_time,
+        "absolute_path": absolute_path,
+    }
+    if isinstance(default, tuple | list):
+        value = tuple(default)
+        return field(default_factory=lambda: value, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """`[controller]`: the daemon drivers and `slurmrl status` talk to."""
+
+    host: str = opt("127.0.0.1", "address the RPC server listens on")
+    port: int = opt(6829, "TCP port of the RPC server", lo=1, hi=65535)
+    db_path: str = opt(
+        "/var/lib/slurmrl/slurmrl.db", "colocation database (SQLite, WAL)", absolute_path=True
+    )
+    metrics_enabled: bool = opt(True, "serve Prometheus metrics")
+    metrics_port: int = opt(
+        0, "0: metrics at /metrics on the RPC server; else a separate port", lo=0, hi=65535
+    )
+    heartbeat_s: float = opt(2.0, "how often drivers renew held leases", above=0)
+    lease_timeout_s: float = opt(10.0, "a held lease not renewed for this long is revoked", above=0)
+    reconcile_interval_s: float = opt(
+        5.0, "how often Slurm's view (squeue/scontrol) is compared with the DB", above=0
+    )
+    max_body_bytes: int = opt(
+        parse_size("1M"), "largest RPC request body accepted", lo=1, size=True
+    )
+    admins: tuple[str | int, ...] = opt(
+        (), "user names or uids that may see and act on every job (root always may)"
+    )
+    log_level: str = opt("info", "controller log level", choices=LOG_LEVELS)
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """`[auth]`: MUNGE for the controller RPC, per-job secrets for the data plane."""
+
+    munge_socket: str = opt("", 'munged socket; "" for libmunge\'s default')
+    credential_ttl_s: int = opt(
+        60, "lifetime of the MUNGE credential on each RPC request", lo=1, hi=3600
+    )
+    data_plane_skew_s: float = opt(
+        30.0, "largest clock difference accepted on a signed data-plane call", above=0
+    )
+    data_plane_nonce_cache: int = opt(65536, "nonces a service remembers to refuse replays", lo=16)
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """`[slurm]`: where pools run and how slurmrl talks to Slurm."""
+
+    pool_partition: str = opt("pools", "partition slurmrl submits pool allocations to")
+    driver_partition: str = opt("", 'partition RL jobs (drivers) run in; "" for any')
+    pool_user: str = opt("slurmrl", "service account that owns pool allocations")
+    pool_account: str = opt("", 'Slurm account pools are charged to; "" for the default')
+    pool_time_limit: str = opt(
+        "", 'sbatch --time of a pool; "" for the partition default', slurm_time=True
+    )
+    step_launch_timeout_s: float = opt(60.0, "how long a service step may take to start", above=0)
+    step_launch_retries: int = opt(2, "retries of a failed service step launch", lo=0, hi=20)
+    command_timeout_s: float = opt(30.0, "timeout of one Slurm command (squeue, ...)", above=0)
+    backend: str = opt(
+        "auto",
+        "auto: pyslurm if it matches the installed Slurm, else commands",
+        choices=SLURM_BACKENDS,
+    )
+    slurm_conf: str = opt("", 'SLURM_CONF for Slurm commands; "" for the environment\'s')
+
+
+def _empty_params() -> Mapping[str, Mapping[str, Any]]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class PoliciesConfig:
+    """`[policies]`: site policies by name, and their parameters."""
+
+    pairing: str = opt("complementary", "pairing policy (or package.module:Class)")
+    slice: str = opt("round-robin", "slice policy (or package.module:Class)")
+    admission: str = opt("site-limits", "admission policy (or package.module:Class)")
+    #: `[policies.params.<policy name>]` tables, passed to that policy as keywords.
+    params: Mapping[str, Mapping[str, Any]] = field(
+        default_factory=_empty_params, metadata={"doc": "per-policy parameters"}
+    )
+
+    def params_for(self, name: str) -> Mapping[str, Any]:
+        """The parameters configured for the policy called `name` (empty if none)."""
+        return self.params.get(name, MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """`[limits]`: what the site allows sharing to cost its users."""
+
+    max_slowdown: float = opt(1.5, "site cap on a job's predicted slowdown from sharing", lo=1.0)
+    default_max_slowdown: float = opt(
+        1.3, "slowdown limit of a job that does not set --rl-max-slowdown", lo=1.0
+    )
+    max_gpus_per_job: int = opt(8, "largest --rl-gpus accepted", lo=1)
+    parked_host_mem_per_node: int = opt(
+        parse_size("64G"),
+        "host memory per node that parked (offloaded) services may pin",
+        lo=0,
+        size=True,
+    )
+    max_jobs_per_pool: int = opt(2, "RL jobs one pool may host", lo=1, hi=64)
+
+
+@dataclass(frozen=True)
+class ServicesConfig:
+    """`[services]`: the resident model workers launched in pools."""
+
+    python: str = opt(
+        "/opt/slurmrl/venv/bin/python",
+        "Python that runs services; must be executable by every user",
+        absolute_path=True,
+    )
+    launch_timeout_s: float = opt(
+        120.0, "how long a service may take to load its model and report ready", above=0
+    )
+    rollout_backend: str = opt("tiny", "rollout backend when the job names none")
+    trainer_backend: str = opt("tiny", "trainer backend when the job names none")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole site config. Build it with `slurmrl.config.load()`."""
+
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    policies: PoliciesConfig = field(default_factory=PoliciesConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    services: ServicesConfig = field(default_factory=ServicesConfig)
+    #: where the site file came from ("" when none was read); for messages and `doctor`.
+    source: str = ""
+
+
+#: section name -> its dataclass, in file order.
+SECTIONS: dict[str, type[Any]] = {
+    "controller": ControllerConfig,
+    "auth": AuthConfig,
+    "slurm": SlurmConfig,
+    "policies": PoliciesConfig,
+    "limits": LimitsConfig,
+    "services": ServicesConfig,
+}

@@ -1,0 +1,355 @@
+"""Site config: precedence, every error path, sizes, and the annotated example file."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from slurmrl.config import (
+    Config,
+    ConfigError,
+    format_size,
+    load,
+    parse_size,
+)
+from slurmrl.config.schema import SECTIONS
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "site-configs" / "slurmrl.toml"
+KNOWN = {
+    "pairing": ["complementary", "dedicated", "random"],
+    "slice": ["fifo", "round-robin"],
+    "admission": ["site-limits"],
+}
+
+
+def write(tmp_path: Path, text: str, name: str = "site.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# -- defaults and the example -----------------------------------------------------------
+
+
+def test_no_file_gives_defaults() -> None:
+    cfg = load(env={})
+    assert cfg.controller.host == "127.0.0.1"
+    assert cfg.controller.port == 6829
+    assert cfg.controller.db_path == "/var/lib/slurmrl/slurmrl.db"
+    assert cfg.controller.heartbeat_s == 2.0
+    assert cfg.controller.lease_timeout_s == 10.0
+    assert cfg.slurm.pool_partition == "pools"
+    assert cfg.slurm.pool_user == "slurmrl"
+    assert cfg.slurm.backend == "auto"
+    assert cfg.limits.max_slowdown == 1.5
+    assert cfg.limits.parked_host_mem_per_node == 64 << 30
+    assert cfg.source == ""
+
+
+def test_example_file_documents_every_key_with_its_default() -> None:
+    data = tomllib.loads(EXAMPLE.read_text())
+    assert set(data) == set(SECTIONS)
+    for name, cls in SECTIONS.items():
+        keys = {f.name for f in dataclasses.fields(cls)} - {"params"}
+        assert set(data[name]) == keys, f"[{name}] in {EXAMPLE.name} is out of step"
+    cfg = load(EXAMPLE, env={}, known=KNOWN)
+    assert dataclasses.replace(cfg, source="") == Config()
+    assert cfg.source == str(EXAMPLE)
+
+
+def test_config_is_frozen() -> None:
+    cfg = load(env={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.controller.port = 1  # type: ignore[misc]
+
+
+# -- precedence -------------------------------------------------------------------------
+
+
+def test_precedence_defaults_file_env_overrides(tmp_path: Path) -> None:
+    site = write(
+        tmp_path,
+        '[controller]\nport = 7000\nhost = "10.0.0.1"\nlog_level = "debug"\n'
+        "[limits]\nmax_slowdown = 2.0\n",
+    )
+    env = {"SLURMRL_CONTROLLER__PORT": "7001", "SLURMRL_CONTROLLER__HOST": "10.0.0.2"}
+    cfg = load(site, env=env, overrides={"controller.port": 7002})
+    assert cfg.controller.port == 7002  # override beats env beats file
+    assert cfg.controller.host == "10.0.0.2"  # env beats file
+    assert cfg.controller.log_level == "debug"  # file beats default
+    assert cfg.limits.max_slowdown == 2.0
+    assert cfg.controller.heartbeat_s == 2.0  # default
+
+
+def test_file_from_env_variable_when_no_flag(tmp_path: Path) -> None:
+    site = write(tmp_path, "[controller]\nport = 7100\n")
+    other = write(tmp_path, "[controller]\nport = 7200\n", "other.toml")
+    assert load(env={"SLURMRL_CONFIG": str(site)}).controller.port == 7100
+    # the --config flag wins over $SLURMRL_CONFIG
+    assert load(other, env={"SLURMRL_CONFIG": str(site)}).controller.port == 7200
+
+
+def test_named_file_must_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError, match=r"nope\.toml.*does not exist"):
+        load(missing, env={})
+    with pytest.raises(ConfigError, match=r"\$SLURMRL_CONFIG does not exist"):
+        load(env={"SLURMRL_CONFIG": str(missing)})
+
+
+def test_env_values_are_parsed_by_type() -> None:
+    env = {
+        "SLURMRL_CONTROLLER__METRICS_ENABLED": "no",
+        "SLURMRL_CONTROLLER__HEARTBEAT_S": "0.5",
+        "SLURMRL_CONTROLLER__ADMINS": "alice, 1001 ,bob",
+        "SLURMRL_LIMITS__PARKED_HOST_MEM_PER_NODE": "256G",
+        "SLURMRL_SLURM__STEP_LAUNCH_RETRIES": "5",
+        # job variables exported by the SPANK plugin are not config and are ignored
+        "SLURMRL_GPUS": "4",
+        "SLURMRL_MODEL": "tiny",
+    }
+    cfg = load(env=env)
+    assert cfg.controller.metrics_enabled is False
+    assert cfg.controller.heartbeat_s == 0.5
+    assert cfg.controller.admins == ("alice", 1001, "bob")
+    assert cfg.limits.parked_host_mem_per_node == 256 << 30
+    assert cfg.slurm.step_launch_retries == 5
+
+
+def test_string_overrides_are_parsed_like_env() -> None:
+    cfg = load(env={}, overrides={"controller.port": "6900", "limits.max_slowdown": "1.4"})
+    assert cfg.controller.port == 6900
+    assert cfg.limits.max_slowdown == 1.4
+
+
+def test_policy_params_from_file_and_overrides(tmp_path: Path) -> None:
+    site = write(
+        tmp_path,
+        '[policies]\npairing = "complementary"\n'
+        "[policies.params.complementary]\nquantile = 0.9\nbatch = 8\n",
+    )
+    cfg = load(site, env={}, overrides={"policies.params.complementary.quantile": "0.8"})
+    assert dict(cfg.policies.params_for("complementary")) == {"quantile": 0.8, "batch": 8}
+    assert dict(cfg.policies.params_for("fifo")) == {}
+
+
+def test_admins_accept_names_and_uids(tmp_path: Path) -> None:
+    site = write(tmp_path, '[controller]\nadmins = ["alice", 1001]\n')
+    assert load(site, env={}).controller.admins == ("alice", 1001)
+
+
+# -- errors: each names the source, the key and what was expected -----------------------
+
+
+def error(tmp_path: Path, text: str, **kwargs: object) -> ConfigError:
+    site = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load(site, env={}, **kwargs)  # type: ignore[arg-type]
+    assert str(site) in str(info.value), "the error must name the file"
+    return info.value
+
+
+def test_malformed_toml_names_line(tmp_path: Path) -> None:
+    err = error(tmp_path, '[controller]\nport = 6829\nhost = "unterminated\n')
+    assert "invalid TOML" in str(err)
+    assert "line 3" in str(err)
+
+
+def test_unknown_section(tmp_path: Path) -> None:
+    err = error(tmp_path, "[controler]\nport = 1\n")
+    assert err.key == "controler"
+    assert "unknown section" in str(err) and "did you mean 'controller'" in str(err)
+
+
+def test_unknown_key_lists_valid_ones(tmp_path: Path) -> None:
+    err = error(tmp_path, "[controller]\nprot = 1\n")
+    assert err.key == "controller.prot"
+    assert "did you mean 'port'" in str(err)
+    assert "heartbeat_s" in str(err)
+
+
+def test_section_must_be_a_table(tmp_path: Path) -> None:
+    err = error(tmp_path, "controller = 3\n")
+    assert err.key == "controller" and "table" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "expected"),
+    [
+        ('[controller]\nport = "6829"\n', "controller.port", "expected an integer"),
+        ("[controller]\nport = 6829.5\n", "controller.port", "expected an integer"),
+        ("[controller]\nport = true\n", "controller.port", "expected an integer"),
+        ('[controller]\nheartbeat_s = "fast"\n', "controller.heartbeat_s", "expected a number"),
+        ("[controller]\nmetrics_enabled = 1\n", "controller.metrics_enabled", "true or false"),
+        ("[controller]\nhost = 127\n", "controller.host", "expected a string"),
+        ('[controller]\nadmins = "alice"\n', "controller.admins", "list of user names"),
+        ('[controller]\nadmins = ["al ice"]\n', "controller.admins", "user names or uids"),
+        ("[controller]\nadmins = [-1]\n", "controller.admins", "user names or uids"),
+        (
+            '[limits]\nparked_host_mem_per_node = "lots"\n',
+            "limits.parked_host_mem_per_node",
+            "size such as 512G",
+        ),
+        (
+            "[limits]\nparked_host_mem_per_node = -5\n",
+            "limits.parked_host_mem_per_node",
+            "cannot be negative",
+        ),
+    ],
+)
+def test_wrong_types(tmp_path: Path, text: str, key: str, expected: str) -> None:
+    err = error(tmp_path, text)
+    assert err.key == key
+    assert expected in str(err)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "expected"),
+    [
+        ("[controller]\nport = 0\n", "controller.port", "at least 1"),
+        ("[controller]\nport = 70000\n", "controller.port", "at most 65535"),
+        ("[controller]\nheartbeat_s = 0\n", "controller.heartbeat_s", "greater than 0"),
+        ("[controller]\nmax_body_bytes = 0\n", "controller.max_body_bytes", "at least 1"),
+        ('[controller]\nlog_level = "loud"\n', "controller.log_level", "debug, info"),
+        ('[controller]\ndb_path = "slurmrl.db"\n', "controller.db_path", "absolute path"),
+        ("[limits]\nmax_slowdown = 0.9\n", "limits.max_slowdown", "at least 1.0"),
+        ("[limits]\nmax_gpus_per_job = 0\n", "limits.max_gpus_per_job", "at least 1"),
+        ("[limits]\nmax_jobs_per_pool = 0\n", "limits.max_jobs_per_pool", "at least 1"),
+        ('[slurm]\nbackend = "rest"\n', "slurm.backend", "auto, command, pyslurm"),
+        ('[slurm]\npool_time_limit = "2 days"\n', "slurm.pool_time_limit", "Slurm time limit"),
+        ("[slurm]\nstep_launch_retries = -1\n", "slurm.step_launch_retries", "at least 0"),
+        ("[auth]\ncredential_ttl_s = 0\n", "auth.credential_ttl_s", "at least 1"),
+        ('[services]\npython = "python3"\n', "services.python", "absolute path"),
+    ],
+)
+def test_out_of_range(tmp_path: Path, text: str, key: str, expected: str) -> None:
+    err = error(tmp_path, text)
+    assert err.key == key
+    assert expected in str(err)
+
+
+def test_lease_timeout_must_exceed_heartbeat(tmp_path: Path) -> None:
+    err = error(tmp_path, "[controller]\nheartbeat_s = 5.0\nlease_timeout_s = 5.0\n")
+    assert err.key == "controller.lease_timeout_s"
+    assert "longer than controller.heartbeat_s" in str(err)
+
+
+def test_default_slowdown_under_site_cap(tmp_path: Path) -> None:
+    err = error(tmp_path, "[limits]\nmax_slowdown = 1.2\n")  # default_max_slowdown is 1.3
+    assert err.key == "limits.default_max_slowdown"
+    assert "must not exceed limits.max_slowdown (1.2)" in str(err)
+
+
+def test_metrics_port_must_differ(tmp_path: Path) -> None:
+    err = error(tmp_path, "[controller]\nport = 7000\nmetrics_port = 7000\n")
+    assert err.key == "controller.metrics_port"
+
+
+def test_params_must_be_tables(tmp_path: Path) -> None:
+    err = error(tmp_path, "[policies]\nparams = 3\n")
+    assert err.key == "policies.params"
+    err = error(tmp_path, "[policies.params]\nfifo = 3\n")
+    assert err.key == "policies.params.fifo"
+
+
+def test_env_errors_name_the_variable() -> None:
+    with pytest.raises(ConfigError) as info:
+        load(env={"SLURMRL_CONTROLLER__PORT": "high"})
+    assert info.value.source == "environment variable SLURMRL_CONTROLLER__PORT"
+    assert "controller.port: expected an integer" in str(info.value)
+    with pytest.raises(ConfigError, match=r"SLURMRL_CONTROLLER__PROT.*did you mean 'port'"):
+        load(env={"SLURMRL_CONTROLLER__PROT": "1"})
+    with pytest.raises(ConfigError, match=r"SLURMRL_LIMIT__MAX_SLOWDOWN.*unknown section"):
+        load(env={"SLURMRL_LIMIT__MAX_SLOWDOWN": "1"})
+    with pytest.raises(ConfigError, match="cannot be set from the environment"):
+        load(env={"SLURMRL_POLICIES__PARAMS__FIFO__X": "1"})
+    with pytest.raises(ConfigError, match="expected true or false"):
+        load(env={"SLURMRL_CONTROLLER__METRICS_ENABLED": "maybe"})
+
+
+def test_override_errors_name_the_override() -> None:
+    with pytest.raises(ConfigError, match=r"override controller\.port: controller\.port"):
+        load(env={}, overrides={"controller.port": 0})
+    with pytest.raises(ConfigError, match="unknown key in \\[controller\\] 'nope'"):
+        load(env={}, overrides={"controller.nope": 1})
+
+
+# -- policy names against the registry --------------------------------------------------
+
+
+def test_unknown_policy_lists_valid_names(tmp_path: Path) -> None:
+    err = error(tmp_path, '[policies]\nslice = "lottery"\n', known=KNOWN)
+    assert err.key == "policies.slice"
+    assert "unknown slice policy 'lottery'; valid: fifo, round-robin" in str(err)
+
+
+def test_unknown_default_policy_is_reported_against_defaults() -> None:
+    with pytest.raises(ConfigError) as info:
+        load(env={}, known={"pairing": ["dedicated"]})
+    assert info.value.source == "defaults"
+    assert "valid: dedicated" in str(info.value)
+
+
+def test_import_path_policies_are_left_to_the_registry(tmp_path: Path) -> None:
+    site = write(tmp_path, '[policies]\npairing = "site_policies.pairing:Mine"\n')
+    assert load(site, env={}, known=KNOWN).policies.pairing == "site_policies.pairing:Mine"
+
+
+def test_known_checks_any_dotted_key(tmp_path: Path) -> None:
+    site = write(tmp_path, '[services]\nrollout_backend = "sglang"\n')
+    with pytest.raises(ConfigError, match="unknown rollout backend 'sglang'; valid: tiny, vllm"):
+        load(site, env={}, known={"services.rollout_backend": ["tiny", "vllm"]})
+
+
+# -- sizes ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("4096", 4096),
+        ("512G", 512 << 30),
+        ("512g", 512 << 30),
+        ("64M", 64 << 20),
+        ("64MiB", 64 << 20),
+        ("64MB", 64 << 20),
+        ("1.5T", 3 << 39),
+        ("2K", 2048),
+        (" 1P ", 1 << 50),
+        (123, 123),
+    ],
+)
+def test_parse_size(text: str | int, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("bad", ["", "G", "12X", "1.5", "-1G", "1e3", True, 1.5, None])
+def test_parse_size_rejects(bad: object) -> None:
+    with pytest.raises(ValueError):
+        parse_size(bad)
+
+
+@pytest.mark.parametrize("n", [0, 1, 1023, 1024, 512 << 30, 3 << 39, (1 << 30) + 1])
+def test_format_size_round_trips(n: int) -> None:
+    assert parse_size(format_size(n)) == n
+
+
+def test_size_from_file(tmp_path: Path) -> None:
+    site = write(
+        tmp_path,
+        '[limits]\nparked_host_mem_per_node = "512G"\n[controller]\nmax_body_bytes = 65536\n',
+    )
+    cfg = load(site, env={})
+    assert cfg.limits.parked_host_mem_per_node == 512 * 1024**3
+    assert cfg.controller.max_body_bytes == 65536
+
+
+@pytest.mark.parametrize(
+    "limit", ["", "UNLIMITED", "60", "30:00", "12:00:00", "7-00", "2-12:00", "1-00:00:00"]
+)
+def test_slurm_time_limits_accepted(tmp_path: Path, limit: str) -> None:
+    site = write(tmp_path, f'[slurm]\npool_time_limit = "{limit}"\n')
+    assert load(site, env={}).slurm.pool_time_limit == limit
