@@ -1,0 +1,80 @@
+"""`slurmrl dev-cluster up|down|status`: the local single-node Slurm for tests and the demo.
+
+The only printing layer of slurmrl.devcluster. Errors go to stderr with exit 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from slurmrl.devcluster.cluster import ClusterStatus, DevCluster
+from slurmrl.devcluster.config import DEFAULT_STATE_DIR
+from slurmrl.devcluster.host import DevClusterError
+
+_state_dir = click.option(
+    "--state-dir", type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_STATE_DIR, show_default=True, envvar="SLURMRL_DEV_STATE",
+    help="Directory for config, pid files, logs and Slurm state.",
+)
+
+
+def _print_status(st: ClusterStatus) -> None:
+    for d in st.daemons:
+        pid = str(d.pid) if d.pid is not None else "-"
+        note = "" if d.owned else "  (not started by slurmrl; left running on down)"
+        click.echo(f"{d.name:<10} {'running' if d.running else 'stopped':<8} pid {pid}{note}")
+    click.echo(f"controller {'UP' if st.controller_up else 'DOWN'}")
+    click.echo(f"node       {st.node_state or '-'}")
+    click.echo(st.sinfo)
+
+
+@click.group("dev-cluster")
+def dev_cluster() -> None:
+    """A real single-node Slurm on localhost (root, Debian/Ubuntu)."""
+
+
+@dev_cluster.command()
+@_state_dir
+def up(state_dir: Path) -> None:
+    """Install, configure and start munged, slurmctld and slurmd (idempotent)."""
+    try:
+        report = DevCluster(state_dir).up()
+    except DevClusterError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if report.installed:
+        click.echo(f"installed: {' '.join(report.installed)}")
+    if report.users_created:
+        click.echo(f"created users: {' '.join(report.users_created)}")
+    for path in report.files_changed:
+        click.echo(f"wrote {path}")
+    if report.plugin_built:
+        click.echo("built the SPANK plugin")
+    click.echo(f"started: {' '.join(report.started)}" if report.started
+               else "already running")
+    if report.status is not None:
+        _print_status(report.status)
+    click.echo(f"export SLURM_CONF={state_dir / 'etc' / 'slurm.conf'}")
+
+
+@dev_cluster.command()
+@_state_dir
+@click.option("--keep-jobs", is_flag=True, help="Do not scancel the queue first.")
+def down(state_dir: Path, keep_jobs: bool) -> None:
+    """Cancel the queue and stop the daemons started by `up` (TERM, then KILL)."""
+    try:
+        stopped = DevCluster(state_dir).down(cancel_jobs=not keep_jobs)
+    except DevClusterError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"stopped: {' '.join(stopped)}" if stopped else "nothing was running")
+
+
+@dev_cluster.command()
+@_state_dir
+def status(state_dir: Path) -> None:
+    """Daemon pids and health, and sinfo. Exit 1 if the cluster is not healthy."""
+    st = DevCluster(state_dir).status()
+    _print_status(st)
+    if not st.healthy:
+        raise SystemExit(1)

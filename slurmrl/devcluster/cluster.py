@@ -1,0 +1,326 @@
+"""A real single-node Slurm on localhost for tests, CI and the demo: `DevCluster`.
+
+`DevCluster(state_dir).up()` installs what is missing, writes slurm.conf/gres.conf/
+plugstack.conf under the state dir (never /etc/slurm), builds the SPANK plugin, starts
+munged, slurmctld and slurmd, and waits until the node is usable. It is idempotent: a
+healthy cluster is left alone, a crashed one (stale pid files, stale munge socket) is
+restarted. `down()` cancels the queue and stops what it started by pid. Clients use
+`env()` (SLURM_CONF) to reach the cluster.
+
+munged serves the system default socket (/run/munge/munge.socket.2) so every libmunge
+client works without configuration; a munged already running there (e.g. started by the
+package's postinst) is used and left running on `down`.
+
+Known limits: root on Debian/Ubuntu only; one node; the few Slurm queries here (scontrol
+ping, sinfo, squeue, scancel) are kept minimal on purpose, everything else about Slurm
+belongs to slurmrl.slurm.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurmrl.devcluster import daemons, host
+from slurmrl.devcluster.config import NODE_NAME, ClusterLayout, render_all
+from slurmrl.devcluster.daemons import DaemonStatus
+from slurmrl.devcluster.host import DevClusterError
+
+MUNGE_RUN_DIR = Path("/run/munge")
+MUNGE_PID_FILE = MUNGE_RUN_DIR / "munged.pid"
+MUNGE_KEY = Path("/etc/munge/munge.key")
+QUERY_TIMEOUT_S = 10.0
+READY_TIMEOUT_S = 60.0
+#: Node states (sinfo %T, lower case, no flags) in which the node takes jobs.
+USABLE_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """What `status()` found."""
+
+    daemons: tuple[DaemonStatus, ...]
+    controller_up: bool  #: `scontrol ping` says UP
+    node_state: str | None  #: sinfo %T of the node, e.g. "idle"; None if unknown
+    sinfo: str  #: sinfo's table, or the reason there is none
+
+    @property
+    def healthy(self) -> bool:
+        return (
+            all(d.running for d in self.daemons)
+            and self.controller_up
+            and self.node_state in USABLE_STATES
+        )
+
+
+@dataclass(frozen=True)
+class UpReport:
+    """What `up()` had to do; empty tuples mean the cluster was already healthy."""
+
+    installed: tuple[str, ...] = ()
+    users_created: tuple[str, ...] = ()
+    files_changed: tuple[Path, ...] = ()
+    plugin_built: bool = False
+    started: tuple[str, ...] = ()
+    status: ClusterStatus | None = field(default=None, compare=False)
+
+
+class DevCluster:
+    """One dev cluster, identified by its state directory."""
+
+    def __init__(self, state_dir: Path | str | None = None, *,
+                 layout: ClusterLayout | None = None, plugin_src: Path | None = None) -> None:
+        if layout is None:
+            layout = ClusterLayout() if state_dir is None else ClusterLayout(Path(state_dir))
+        self.layout = layout
+        self.plugin_src = plugin_src
+
+    # ---- what clients need -------------------------------------------------------
+    @property
+    def slurm_conf(self) -> Path:
+        return self.layout.slurm_conf
+
+    def env(self) -> dict[str, str]:
+        """Environment additions for any Slurm client of this cluster."""
+        return {"SLURM_CONF": str(self.layout.slurm_conf)}
+
+    # ---- up ----------------------------------------------------------------------
+    def up(self) -> UpReport:
+        """Bring the cluster up (idempotent); raise DevClusterError saying what failed."""
+        host.check_host()
+        missing = host.missing_packages()
+        if missing:
+            host.install_packages(missing)
+        created = host.ensure_users()
+        self._make_dirs()
+        self._make_gpu_devices()
+        changed = self._write_configs()
+        built = self._build_plugin()
+        if changed:
+            # A running slurmctld/slurmd would keep the old node and GRES definitions.
+            self._stop_slurm_daemons()
+        started = []
+        if self._ensure_munged():
+            started.append("munged")
+        for name in ("slurmctld", "slurmd"):
+            if self._ensure_slurm_daemon(name):
+                started.append(name)
+        self._wait_ready()
+        return UpReport(
+            installed=tuple(missing), users_created=tuple(created),
+            files_changed=tuple(changed), plugin_built=built, started=tuple(started),
+            status=self.status(),
+        )
+
+    def _make_dirs(self) -> None:
+        lay = self.layout
+        for path in (lay.state_dir, lay.etc, lay.run, lay.log, lay.dev, lay.lib,
+                     lay.slurmd_spool.parent):
+            path.mkdir(parents=True, exist_ok=True)
+            path.chmod(0o755)
+        for path in (lay.ctld_state, lay.slurmd_spool):
+            path.mkdir(parents=True, exist_ok=True)
+            path.chmod(0o700)
+
+    def _make_gpu_devices(self) -> None:
+        # Slurm only checks that the device files exist; the null device is harmless.
+        for i in range(self.layout.gpus):
+            dev = self.layout.gpu_device(i)
+            if dev.exists() and not stat.S_ISCHR(dev.stat().st_mode):
+                dev.unlink()
+            if not dev.exists():
+                os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            dev.chmod(0o666)
+
+    def _write_configs(self) -> list[Path]:
+        changed = []
+        for path, text in render_all(self.layout).items():
+            try:
+                old = path.read_text()
+            except OSError:
+                old = None
+            if old != text:
+                tmp = path.with_suffix(path.suffix + ".tmp")
+                tmp.write_text(text)
+                tmp.chmod(0o644)
+                tmp.replace(path)
+                changed.append(path)
+        return changed
+
+    def _build_plugin(self) -> bool:
+        src = host.find_plugin_source(self.plugin_src)
+        so = self.layout.plugin_so
+        if src is None:
+            if so.exists():
+                return False  # an installed copy without the checkout: keep the last build
+            raise DevClusterError(
+                "cannot find spank_plugin/ (slurmrl.c, Makefile) to build the SPANK plugin: "
+                "run from the slurmrl checkout or set SLURMRL_SPANK_SRC"
+            )
+        before = so.stat().st_mtime_ns if so.exists() else None
+        host.build_plugin(src, so)
+        return so.stat().st_mtime_ns != before
+
+    def _ensure_munged(self) -> bool:
+        if daemons.live_pid(MUNGE_PID_FILE, "munged") is not None:
+            return False
+        try:
+            munge = pwd.getpwnam("munge")
+        except KeyError as exc:
+            raise DevClusterError("user `munge` does not exist: is the munge package "
+                                  "installed?") from exc
+        MUNGE_RUN_DIR.mkdir(parents=True, exist_ok=True)
+        os.chown(MUNGE_RUN_DIR, munge.pw_uid, munge.pw_gid)
+        MUNGE_RUN_DIR.chmod(0o755)
+        if not MUNGE_KEY.exists():
+            host.run_checked(["runuser", "-u", "munge", "--", "mungekey", "--create"],
+                             timeout_s=30, what="create the MUNGE key")
+        argv = ["runuser", "-u", "munge", "--", "/usr/sbin/munged"]
+        try:
+            host.run_checked(argv, timeout_s=30, what="start munged")
+        except DevClusterError:
+            # After a kill -9 the socket and its lock file are left behind; --force
+            # makes munged replace them.
+            host.run_checked([*argv, "--force"], timeout_s=30, what="start munged")
+        pid = daemons.wait_for_pid(MUNGE_PID_FILE, "munged")
+        if pid is None:
+            raise DevClusterError("munged did not start; see /var/log/munge/munged.log")
+        self._munge_owner_file.write_text(f"{pid}\n")
+        return True
+
+    @property
+    def _munge_owner_file(self) -> Path:
+        return self.layout.run / "munged.owned"
+
+    def _ensure_slurm_daemon(self, name: str) -> bool:
+        pid_file = self.layout.pid_file(name)
+        if daemons.live_pid(pid_file, name) is not None:
+            return False
+        pid_file.unlink(missing_ok=True)
+        conf = str(self.layout.slurm_conf)
+        argv = [name, "-f", conf] if name == "slurmctld" else [name, "-f", conf, "-N", NODE_NAME]
+        env = dict(os.environ, **self.env())
+        # slurmctld may exit 0 after a fatal error: the pid file is the real answer.
+        host.run_checked(argv, timeout_s=30, what=f"start {name}", env=env)
+        if daemons.wait_for_pid(pid_file, name) is None:
+            raise DevClusterError(f"{name} did not start: {self._log_tail(name)}")
+        return True
+
+    def _log_tail(self, name: str, lines: int = 5) -> str:
+        try:
+            text = self.layout.log_file(name).read_text(errors="replace")
+        except OSError:
+            return f"no log at {self.layout.log_file(name)}"
+        return " | ".join(text.strip().splitlines()[-lines:])
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        resumed = False
+        state: str | None = None
+        while time.monotonic() < deadline:
+            if self._controller_up():
+                state = self._node_state()
+                if state in USABLE_STATES:
+                    return
+                if state is not None and not resumed and state.rstrip("*~#") in (
+                        "down", "drained", "draining", "drain"):
+                    # A node marked down before the restart stays down until resumed.
+                    self._query(["scontrol", "update", f"nodename={NODE_NAME}",
+                                 "state=resume"])
+                    resumed = True
+                if state == "inval":
+                    break
+            time.sleep(0.2)
+        raise DevClusterError(
+            f"node {NODE_NAME} not usable after {READY_TIMEOUT_S:g} s (state {state}); "
+            f"slurmctld: {self._log_tail('slurmctld')}; slurmd: {self._log_tail('slurmd')}"
+        )
+
+    # ---- queries -----------------------------------------------------------------
+    def _query(self, argv: list[str], timeout_s: float = QUERY_TIMEOUT_S) -> str | None:
+        """stdout of a Slurm client command, or None if it failed or hung."""
+        try:
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout_s, check=False,
+                env=dict(os.environ, **self.env()), stdin=subprocess.DEVNULL,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return proc.stdout if proc.returncode == 0 else None
+
+    def _controller_up(self) -> bool:
+        if daemons.live_pid(self.layout.pid_file("slurmctld"), "slurmctld") is None:
+            return False  # clients block for MessageTimeout against a dead controller
+        out = self._query(["scontrol", "ping"], timeout_s=5.0)
+        return out is not None and "is UP" in out
+
+    def _node_state(self) -> str | None:
+        out = self._query(["sinfo", "-h", "-N", "-n", NODE_NAME, "-o", "%T"], timeout_s=5.0)
+        if not out or not out.strip():
+            return None
+        return out.split()[0].strip().lower()
+
+    def daemon_statuses(self) -> tuple[DaemonStatus, ...]:
+        munge_pid = daemons.live_pid(MUNGE_PID_FILE, "munged")
+        owned_pid = daemons.read_pid(self._munge_owner_file)
+        statuses = [DaemonStatus("munged", munge_pid, MUNGE_PID_FILE,
+                                 owned=munge_pid is None or munge_pid == owned_pid)]
+        for name in ("slurmctld", "slurmd"):
+            pid_file = self.layout.pid_file(name)
+            statuses.append(DaemonStatus(name, daemons.live_pid(pid_file, name), pid_file))
+        return tuple(statuses)
+
+    def status(self) -> ClusterStatus:
+        """Daemon pids, controller health and sinfo; never raises for a stopped cluster."""
+        statuses = self.daemon_statuses()
+        up = self._controller_up()
+        node_state = self._node_state() if up else None
+        if up:
+            sinfo = self._query(["sinfo", "-o", "%P %a %D %T %G %N"]) or "sinfo failed"
+        else:
+            sinfo = "slurmctld is not responding"
+        return ClusterStatus(statuses, up, node_state, sinfo.rstrip("\n"))
+
+    # ---- down --------------------------------------------------------------------
+    def down(self, *, cancel_jobs: bool = True) -> tuple[str, ...]:
+        """Stop what `up` started (TERM, then KILL after ~10 s); return the names stopped."""
+        if os.geteuid() != 0:
+            raise DevClusterError("the dev cluster must be managed as root")
+        if cancel_jobs and self._controller_up():
+            self._cancel_all_jobs()
+        stopped = list(self._stop_slurm_daemons())
+        munge_pid = daemons.live_pid(MUNGE_PID_FILE, "munged")
+        if munge_pid is not None and munge_pid == daemons.read_pid(self._munge_owner_file):
+            daemons.stop_pid(munge_pid, "munged")
+            stopped.append("munged")
+        self._munge_owner_file.unlink(missing_ok=True)
+        return tuple(stopped)
+
+    def _stop_slurm_daemons(self) -> list[str]:
+        stopped = []
+        for name in ("slurmd", "slurmctld"):
+            pid_file = self.layout.pid_file(name)
+            pid = daemons.live_pid(pid_file, name)
+            if pid is not None:
+                daemons.stop_pid(pid, name)
+                stopped.append(name)
+            pid_file.unlink(missing_ok=True)
+        return stopped
+
+    def _cancel_all_jobs(self) -> None:
+        out = self._query(["squeue", "-h", "-o", "%A"])
+        ids = out.split() if out else []
+        if not ids:
+            return
+        self._query(["scancel", *ids])
+        deadline = time.monotonic() + 15.0
+        while time.monotonic() < deadline:
+            left = self._query(["squeue", "-h", "-t", "R,CG,S,PD", "-o", "%A"])
+            if left is not None and not left.strip():
+                return
+            time.sleep(0.2)

@@ -1,0 +1,177 @@
+"""Configuration files of the single-node development cluster, rendered as text.
+
+Pure functions of a `ClusterLayout` (paths and sizes): no I/O here, so the rendered files
+can be checked in unit tests and diffed before a restart. The layout is the one checked on
+Debian 12 / Slurm 22.05 in docs (research/slurm.md): one node `localhost` on 127.0.0.1,
+no cgroups, no accounting daemon, jobcomp/filetxt for `sacct -c`, fake GPUs backed by
+character devices, two partitions (`drivers` default for CPU jobs, `pools` for GPU pools).
+
+Known limits: one node only; `config_overrides` makes the node advertise more CPUs and
+memory than the machine has, so the cluster is for functional tests, never for timing
+anything CPU-bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_STATE_DIR = Path("/var/lib/slurmrl-dev")
+DEFAULT_CONTROLLER_URL = "http://127.0.0.1:6829"
+NODE_NAME = "localhost"
+DRIVERS_PARTITION = "drivers"
+POOLS_PARTITION = "pools"
+
+
+@dataclass(frozen=True)
+class ClusterLayout:
+    """Where everything of one dev cluster lives, and what its node advertises."""
+
+    state_dir: Path = DEFAULT_STATE_DIR
+    cpus: int = 16  #: advertised, not real: lets many steps/jobs fit on a 2-core box
+    real_memory_mb: int = 16000
+    gpus: int = 4  #: fake GPUs (null character devices)
+    def_mem_per_cpu_mb: int = 250  #: without it a job with no --mem takes the whole node
+    controller_url: str = DEFAULT_CONTROLLER_URL
+    slurmctld_port: int = 6817
+    slurmd_port: int = 6818
+
+    @property
+    def etc(self) -> Path:
+        return self.state_dir / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    @property
+    def gres_conf(self) -> Path:
+        return self.etc / "gres.conf"
+
+    @property
+    def plugstack_conf(self) -> Path:
+        return self.etc / "plugstack.conf"
+
+    @property
+    def run(self) -> Path:
+        return self.state_dir / "run"
+
+    @property
+    def log(self) -> Path:
+        return self.state_dir / "log"
+
+    @property
+    def dev(self) -> Path:
+        return self.state_dir / "dev"
+
+    @property
+    def lib(self) -> Path:
+        return self.state_dir / "lib"
+
+    @property
+    def plugin_so(self) -> Path:
+        return self.lib / "slurmrl.so"
+
+    @property
+    def ctld_state(self) -> Path:
+        return self.state_dir / "state"
+
+    @property
+    def slurmd_spool(self) -> Path:
+        return self.state_dir / "spool" / "slurmd"
+
+    @property
+    def jobcomp_log(self) -> Path:
+        return self.log / "jobcomp.txt"
+
+    def pid_file(self, daemon: str) -> Path:
+        return self.run / f"{daemon}.pid"
+
+    def log_file(self, daemon: str) -> Path:
+        return self.log / f"{daemon}.log"
+
+    def gpu_device(self, index: int) -> Path:
+        return self.dev / f"nvidia{index}"
+
+
+def render_slurm_conf(layout: ClusterLayout) -> str:
+    """slurm.conf of the dev cluster."""
+    lines = [
+        "# Written by `slurmrl dev-cluster up`; rewritten on every `up`, do not edit.",
+        "ClusterName=slurmrl-dev",
+        f"SlurmctldHost={NODE_NAME}",
+        f"SlurmctldPort={layout.slurmctld_port}",
+        f"SlurmdPort={layout.slurmd_port}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        "MpiDefault=none",
+        # No cgroups in containers/CI: track processes by parent pid, bind nothing.
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "ReturnToService=2",
+        f"SlurmctldPidFile={layout.pid_file('slurmctld')}",
+        f"SlurmdPidFile={layout.pid_file('slurmd')}",
+        f"SlurmctldLogFile={layout.log_file('slurmctld')}",
+        f"SlurmdLogFile={layout.log_file('slurmd')}",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        f"StateSaveLocation={layout.ctld_state}",
+        f"SlurmdSpoolDir={layout.slurmd_spool}",
+        "SchedulerType=sched/backfill",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",
+        f"DefMemPerCPU={layout.def_mem_per_cpu_mb}",
+        # gres/gpu in AccountingStorageTRES is fatal without slurmdbd.
+        "AccountingStorageType=accounting_storage/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "JobCompType=jobcomp/filetxt",
+        f"JobCompLoc={layout.jobcomp_log}",
+        "GresTypes=gpu",
+        f"PlugStackConfig={layout.plugstack_conf}",
+        "SlurmdParameters=config_overrides",
+        # Short timeouts keep tests fast; a single loopback node needs no slack.
+        "KillWait=5",
+        "MessageTimeout=10",
+        "InactiveLimit=0",
+        "MinJobAge=300",
+        "SlurmdTimeout=60",
+        (
+            f"NodeName={NODE_NAME} NodeAddr=127.0.0.1 CPUs={layout.cpus} "
+            f"RealMemory={layout.real_memory_mb} Gres=gpu:{layout.gpus} State=UNKNOWN"
+        ),
+        (
+            f"PartitionName={DRIVERS_PARTITION} Nodes={NODE_NAME} Default=YES "
+            "MaxTime=INFINITE State=UP"
+        ),
+        f"PartitionName={POOLS_PARTITION} Nodes={NODE_NAME} MaxTime=INFINITE State=UP",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_gres_conf(layout: ClusterLayout) -> str:
+    """gres.conf: one fake GPU per device file (a count without files makes the node INVAL)."""
+    last = layout.gpus - 1
+    files = f"{layout.dev}/nvidia[0-{last}]" if last > 0 else str(layout.gpu_device(0))
+    return (
+        "# Written by `slurmrl dev-cluster up`. Fake GPUs: null character devices.\n"
+        f"NodeName={NODE_NAME} Name=gpu File={files}\n"
+    )
+
+
+def render_plugstack_conf(layout: ClusterLayout) -> str:
+    """plugstack.conf: the slurmrl SPANK plugin, `required` so a broken build is loud."""
+    return (
+        "# Written by `slurmrl dev-cluster up`.\n"
+        f"required {layout.plugin_so} controller={layout.controller_url}\n"
+    )
+
+
+def render_all(layout: ClusterLayout) -> dict[Path, str]:
+    """Every config file of the cluster, by path."""
+    return {
+        layout.slurm_conf: render_slurm_conf(layout),
+        layout.gres_conf: render_gres_conf(layout),
+        layout.plugstack_conf: render_plugstack_conf(layout),
+    }
