@@ -58,7 +58,7 @@ cluster-down:
 integration: install
 	@set -e; trap '$(SLURMRL) dev-cluster down --state-dir $(STATE) || true' EXIT; \
 	$(SLURMRL) dev-cluster up --state-dir $(STATE); \
-	SLURMRL_DEV_STATE=$(STATE) $(PY) -m pytest -q -m integration tests/integration
+	SLURMRL_DEV_STATE=$(STATE) $(PY) -m pytest -q tests/integration
 
 test: lint typecheck unit sim integration
 
