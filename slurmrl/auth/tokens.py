@@ -1,0 +1,160 @@
+"""The data plane's per-job secret: a driver signs each call to its own services.
+
+The controller mints one random secret per RL job (`mint_secret`) and hands it to the
+job's driver and services only. The driver signs every data-plane call with
+HMAC-SHA256 over
+
+    slurmrl-data/1 \\n METHOD \\n PATH \\n sha256(body) hex \\n timestamp \\n nonce
+
+and sends the result as three headers (`sign`). A service's `Verifier` refuses calls
+that are unsigned, signed with another secret, altered in any bound part, outside the
+clock-skew window, or replayed (a nonce seen within the window).
+
+Why not MUNGE here: data-plane calls are frequent and carry large bodies; an HMAC costs
+microseconds and needs no munged round trip, and the secret proves "this job's driver",
+which is exactly the right to call this job's services.
+
+Known limits: replay protection is per `Verifier` (per service process), bounded in
+memory: past `max_nonces` remembered calls within the window, the oldest are forgotten
+and calls at or before their timestamp are refused as expired (never accepted twice). The
+body is hashed in full, so sign and verify the bytes actually sent. The secret must
+travel only over channels the job's user alone can read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import hmac
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from slurmrl.auth.errors import AuthCode, AuthError
+
+VERSION = "slurmrl-data/1"
+TIMESTAMP = "X-Slurmrl-Timestamp"
+NONCE = "X-Slurmrl-Nonce"
+SIGNATURE = "X-Slurmrl-Signature"
+HEADERS = (TIMESTAMP, NONCE, SIGNATURE)
+
+_NONCE = re.compile(r"^[0-9a-f]{16,128}$")
+_SIG = re.compile(r"^[0-9a-f]{64}$")
+_MIN_SECRET_BYTES = 16
+
+
+def mint_secret() -> str:
+    """A fresh 256-bit secret, URL-safe text (fits a header, env var or JSON field)."""
+    return secrets.token_urlsafe(32)
+
+
+def sign(
+    secret: str | bytes,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    *,
+    now: float | None = None,
+    nonce: str | None = None,
+) -> dict[str, str]:
+    """Headers that authenticate one call (`now` and `nonce` are for tests)."""
+    if not method.isalpha() or not method.isascii():
+        raise ValueError(f"not an HTTP method: {method!r}")
+    ts = int(time.time() if now is None else now)
+    nonce = secrets.token_hex(16) if nonce is None else nonce
+    mac = _mac(_key(secret), method.upper(), path, body, ts, nonce)
+    return {TIMESTAMP: str(ts), NONCE: nonce, SIGNATURE: mac}
+
+
+class Verifier:
+    """Checks signed calls for one job's secret; thread-safe; remembers recent nonces."""
+
+    def __init__(
+        self,
+        secret: str | bytes,
+        *,
+        skew_s: float = 30.0,
+        max_nonces: int = 65536,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if skew_s <= 0:
+            raise ValueError(f"skew_s must be positive, got {skew_s}")
+        if max_nonces < 1:
+            raise ValueError(f"max_nonces must be at least 1, got {max_nonces}")
+        self._key = _key(secret)
+        self.skew_s = skew_s
+        self.max_nonces = max_nonces
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._heap: list[tuple[int, str]] = []  # (timestamp, nonce), oldest first
+        self._seen: set[str] = set()
+        self._floor = -1  # calls at or before this timestamp may have been forgotten
+
+    def verify(self, headers: Mapping[str, str], method: str, path: str, body: bytes) -> None:
+        """Return if the call is authentic and fresh; raise AuthError otherwise."""
+        lower = {k.lower(): v for k, v in headers.items()}
+        present = [h for h in HEADERS if h.lower() in lower]
+        if not present:
+            raise AuthError(AuthCode.MISSING, "unsigned call: this service needs the job's key")
+        if len(present) < len(HEADERS):
+            absent = ", ".join(h for h in HEADERS if h not in present)
+            raise AuthError(AuthCode.MALFORMED, f"signed call lacks {absent}")
+        ts_text, nonce, sig = (lower[h.lower()].strip() for h in HEADERS)
+        if not ts_text.isdigit() or len(ts_text) > 12:
+            raise AuthError(AuthCode.MALFORMED, f"{TIMESTAMP} must be unix seconds")
+        if not _NONCE.match(nonce):
+            raise AuthError(AuthCode.MALFORMED, f"{NONCE} must be 16-128 lowercase hex digits")
+        if not _SIG.match(sig):
+            raise AuthError(AuthCode.MALFORMED, f"{SIGNATURE} must be 64 lowercase hex digits")
+        ts = int(ts_text)
+        expected = _mac(self._key, method.upper(), path, body, ts, nonce)
+        if not hmac.compare_digest(expected, sig):
+            raise AuthError(
+                AuthCode.INVALID,
+                "bad signature: the call was altered or signed with another job's key",
+            )
+        now = self._clock()
+        if now - ts > self.skew_s:
+            raise AuthError(
+                AuthCode.EXPIRED, f"call signed {now - ts:.0f} s ago; window is {self.skew_s:g} s"
+            )
+        if ts - now > self.skew_s:
+            raise AuthError(
+                AuthCode.REWOUND,
+                f"call signed {ts - now:.0f} s in the future; check the nodes' clocks",
+            )
+        with self._lock:
+            self._remember(nonce, ts, now)
+
+    def _remember(self, nonce: str, ts: int, now: float) -> None:
+        # Entries older than the window can go: such calls fail the skew check anyway.
+        while self._heap and self._heap[0][0] < now - self.skew_s:
+            self._seen.discard(heapq.heappop(self._heap)[1])
+        if nonce in self._seen:
+            raise AuthError(AuthCode.REPLAYED, "call already made once (nonce reused)")
+        if ts <= self._floor:
+            raise AuthError(
+                AuthCode.EXPIRED,
+                "call older than the replay window this service can remember under load",
+            )
+        heapq.heappush(self._heap, (ts, nonce))
+        self._seen.add(nonce)
+        while len(self._heap) > self.max_nonces:
+            old_ts, old_nonce = heapq.heappop(self._heap)
+            self._seen.discard(old_nonce)
+            self._floor = max(self._floor, old_ts)
+
+
+def _key(secret: str | bytes) -> bytes:
+    key = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+    if len(key) < _MIN_SECRET_BYTES:
+        raise ValueError(f"secret must be at least {_MIN_SECRET_BYTES} bytes (use mint_secret())")
+    return key
+
+
+def _mac(key: bytes, method: str, path: str, body: bytes, ts: int, nonce: str) -> str:
+    digest = hashlib.sha256(body).hexdigest()
+    message = f"{VERSION}\n{method}\n{path}\n{digest}\n{ts}\n{nonce}".encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
