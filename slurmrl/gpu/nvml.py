@@ -1,0 +1,174 @@
+"""NVML monitoring through nvidia-ml-py (`import pynvml`), with a clean "no GPU" mode.
+
+`NvmlMonitor()` initialises NVML once. Where the library or the driver is missing
+(`NVMLError_LibraryNotFound`, `NVMLError_DriverNotLoaded`, or pynvml not importable) it
+sets `available=False` with a `reason` and every reading is empty/None — callers plan
+from declared sizes instead. A reading a device does not support (`NotSupported`,
+`NoPermission`: e.g. utilisation on MIG instances) is None, not an error.
+
+Known limits: per-process memory is matched by PID, which breaks across PID namespaces
+(containers); only compute processes are listed (graphics contexts are not).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """GPU memory one process holds on one GPU (None: the driver would not say)."""
+
+    pid: int
+    used_bytes: int | None
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU at one instant; None marks a value this GPU does not report."""
+
+    index: int
+    uuid: str | None
+    name: str | None
+    utilization_pct: int | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    processes: tuple[ProcessMemory, ...] | None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlMonitor:
+    """Reads GPUs through NVML; `nvml` is the pynvml module (a fake only in unit tests)."""
+
+    def __init__(self, nvml: Any | None = None) -> None:
+        self.available = False
+        self.reason = ""
+        self._nvml: Any = nvml
+        if nvml is None:
+            try:
+                import pynvml
+            except ImportError as exc:
+                self.reason = f"nvidia-ml-py is not installed: {exc}"
+                return
+            self._nvml = nvml = pynvml
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError_LibraryNotFound:
+            self.reason = "no GPU: the NVIDIA management library (libnvidia-ml) is not found"
+            return
+        except nvml.NVMLError_DriverNotLoaded:
+            self.reason = "no GPU: the NVIDIA driver is not loaded"
+            return
+        except nvml.NVMLError as exc:
+            self.reason = f"no GPU: NVML failed to start: {exc}"
+            return
+        self.available = True
+
+    def close(self) -> None:
+        if self.available:
+            self._nvml.nvmlShutdown()
+            self.available = False
+            self.reason = "closed"
+
+    def __enter__(self) -> NvmlMonitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _maybe(self, fn: Callable[..., T], *args: Any) -> T | None:
+        try:
+            return fn(*args)
+        except (self._nvml.NVMLError_NotSupported, self._nvml.NVMLError_NoPermission):
+            return None
+
+    def device_count(self) -> int:
+        return int(self._nvml.nvmlDeviceGetCount()) if self.available else 0
+
+    def read(self, index: int) -> GpuReading:
+        """One GPU's utilisation, memory and compute processes."""
+        if not self.available:
+            raise RuntimeError(f"cannot read GPU {index}: {self.reason}")
+        n = self._nvml
+        h = n.nvmlDeviceGetHandleByIndex(index)
+        util = self._maybe(n.nvmlDeviceGetUtilizationRates, h)
+        mem = self._maybe(n.nvmlDeviceGetMemoryInfo, h)
+        procs = self._maybe(n.nvmlDeviceGetComputeRunningProcesses, h)
+        uuid = self._maybe(n.nvmlDeviceGetUUID, h)
+        name = self._maybe(n.nvmlDeviceGetName, h)
+        return GpuReading(
+            index=index,
+            uuid=None if uuid is None else _text(uuid),
+            name=None if name is None else _text(name),
+            utilization_pct=None if util is None else int(util.gpu),
+            memory_used_bytes=None if mem is None else int(mem.used),
+            memory_total_bytes=None if mem is None else int(mem.total),
+            processes=None if procs is None else tuple(_process(p) for p in procs),
+        )
+
+    def snapshot(self) -> tuple[GpuReading, ...]:
+        """Every GPU this process can see; empty without a GPU."""
+        return tuple(self.read(i) for i in range(self.device_count()))
+
+    def process_memory(self, pids: Iterable[int]) -> int | None:
+        """GPU memory all of `pids` hold, summed over every GPU; None if unknown.
+
+        None also when NVML is unavailable or any matching reading is unreported, so a
+        caller never mistakes "could not tell" for "freed".
+        """
+        if not self.available:
+            return None
+        wanted = set(pids)
+        total = 0
+        for reading in self.snapshot():
+            if reading.processes is None:
+                return None
+            for proc in reading.processes:
+                if proc.pid in wanted:
+                    if proc.used_bytes is None:
+                        return None
+                    total += proc.used_bytes
+        return total
+
+
+def _process(raw: Any) -> ProcessMemory:
+    used = getattr(raw, "usedGpuMemory", None)
+    # pynvml reports "not available" as None (or, in some versions, as a huge sentinel)
+    if used is not None and (used < 0 or used >= 2**63):
+        used = None
+    return ProcessMemory(pid=int(raw.pid), used_bytes=None if used is None else int(used))
+
+
+def descendant_pids(pid: int, proc_root: Path = Path("/proc")) -> set[int]:
+    """`pid` and all its descendants (vLLM runs its engine in child processes)."""
+    children: dict[int, list[int]] = {}
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # the process ended while we looked
+        # field 4 is the parent pid; the command name (field 2) may contain spaces
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = {pid}, [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def this_process_tree() -> set[int]:
+    return descendant_pids(os.getpid())

@@ -1,0 +1,134 @@
+"""`slurmrl worker`: run one service (a resident model) in the foreground.
+
+Started by the pool manager as a Slurm step (`srun --overlap ... slurmrl worker ...`), or
+by hand and by tests on loopback. The job's secret never travels on the command line
+(argv is world-readable in /proc): it comes from `$SLURMRL_JOB_SECRET` or from
+`--secret-file`, a file only its owner may read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import stat
+import sys
+from pathlib import Path
+
+import click
+
+from slurmrl.worker.backends import BACKENDS, BackendOptions, make_backend
+from slurmrl.worker.protocol import BackendError, Role
+
+SECRET_ENV = "SLURMRL_JOB_SECRET"
+
+
+def read_secret(secret_file: Path | None) -> str:
+    """The job secret from the file (owner-only) or the environment, never argv."""
+    if secret_file is not None:
+        try:
+            st = secret_file.stat()
+        except OSError as exc:
+            raise click.UsageError(f"--secret-file {secret_file}: {exc.strerror}") from exc
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise click.UsageError(
+                f"--secret-file {secret_file} is accessible to group or others "
+                f"(mode {stat.filemode(st.st_mode)}); chmod 600 it"
+            )
+        secret = secret_file.read_text().strip()
+    else:
+        # pop: child processes (e.g. vLLM's engine workers) need not inherit it
+        secret = os.environ.pop(SECRET_ENV, "").strip()
+    if not secret:
+        raise click.UsageError(f"no job secret: set ${SECRET_ENV} or pass --secret-file")
+    return secret
+
+
+@click.command("worker")
+@click.option("--backend", "backend_name", type=click.Choice(BACKENDS), required=True)
+@click.option("--role", type=click.Choice([r.value for r in Role]), required=True)
+@click.option("--job-id", required=True, help="The RL job this service belongs to.")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to bind.")
+@click.option("--port", default=0, show_default=True, help="Port to bind; 0 lets the OS pick.")
+@click.option("--advertise-host", default=None, help="Host to register [default: bind host, "
+              "or this machine's hostname when binding 0.0.0.0].")
+@click.option("--address-file", type=click.Path(path_type=Path), default=None,
+              help="Write host:port here once listening.")
+@click.option("--register-url", default=None, help="Controller URL to POST the registration to.")
+@click.option("--secret-file", type=click.Path(path_type=Path), default=None,
+              help=f"File holding the job secret (mode 600); default ${SECRET_ENV}.")
+@click.option("--model", default=None, help="torch: module:callable; vllm: model name/path.")
+@click.option("--device", default="cuda", show_default=True, help="torch backend device.")
+@click.option("--seed", default=0, show_default=True, help="Model initialisation seed.")
+@click.option("--lr", type=float, default=None, help="Trainer learning rate.")
+@click.option("--gpu-memory-utilization", type=float, default=0.85, show_default=True)
+@click.option("--max-body-mb", default=1024, show_default=True, help="Largest request body.")
+@click.option("--log-level", default="INFO", show_default=True)
+def worker(
+    backend_name: str,
+    role: str,
+    job_id: str,
+    host: str,
+    port: int,
+    advertise_host: str | None,
+    address_file: Path | None,
+    register_url: str | None,
+    secret_file: Path | None,
+    model: str | None,
+    device: str,
+    seed: int,
+    lr: float | None,
+    gpu_memory_utilization: float,
+    max_body_mb: int,
+    log_level: str,
+) -> None:
+    """Host one resident model (a service) of an RL job and serve its calls."""
+    # imported here: aiohttp and the auth module are not needed for `--help`
+    from slurmrl.worker.registration import (
+        Registration,
+        RegistrationError,
+        register,
+        write_address_file,
+    )
+    from slurmrl.worker.server import ServiceInfo, ServiceServer, serve
+
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    secret = read_secret(secret_file)
+    opts = BackendOptions(model=model, device=device, seed=seed, lr=lr,
+                          gpu_memory_utilization=gpu_memory_utilization)
+    try:
+        backend = make_backend(backend_name, Role(role), opts)
+    except BackendError as exc:
+        raise click.UsageError(str(exc)) from exc
+    step_id = os.environ.get("SLURM_STEP_ID")
+    info = ServiceInfo(job_id=job_id, role=role, backend=backend_name, step_id=step_id)
+    try:
+        server = ServiceServer(backend, secret, info, max_body_bytes=max_body_mb << 20)
+    except ValueError as exc:  # e.g. a secret too short to be one from mint_secret()
+        raise click.UsageError(f"job secret: {exc}") from exc
+    shown_host = advertise_host or (socket.gethostname() if host in ("0.0.0.0", "::") else host)
+
+    def on_ready(bound_port: int) -> None:
+        address = f"{shown_host}:{bound_port}"
+        if address_file is not None:
+            write_address_file(address_file, address)
+        if register_url:
+            register(register_url, secret,
+                     Registration(job_id, role, address, os.getpid(), step_id))
+        click.echo(f"slurmrl worker: job {job_id} {role} ({backend_name}) listening on "
+                   f"{address} pid {os.getpid()}", err=False)
+
+    try:
+        asyncio.run(serve(server, host, port, on_ready))
+    except BackendError as exc:
+        click.echo(f"slurmrl worker: error: {exc}", err=True)
+        sys.exit(1)
+    except RegistrationError as exc:
+        click.echo(f"slurmrl worker: error: {exc}", err=True)
+        sys.exit(1)
+    except OSError as exc:
+        click.echo(f"slurmrl worker: error: cannot listen on {host}:{port}: {exc}", err=True)
+        sys.exit(1)
+    click.echo(f"slurmrl worker: job {job_id} {role} stopped")

@@ -1,0 +1,223 @@
+"""The driver's (and the controller's) blocking client for one service.
+
+`ServiceHandle(address, secret, job_id, role)` signs every request with the job's
+secret and keeps one HTTP/1.1 keep-alive connection (guarded by a lock: one call at a
+time per handle). Failures raise `ServiceError` carrying the server's message;
+`ServiceParked` (409) means the service is not active — call it inside a held lease.
+
+Long tail: `generate(..., on_tail=f)` polls the service's `status` on a second
+connection every `poll_s` while the call runs and calls `f(active_sequences)`; the
+result itself carries each sample's finish order and the per-step active count.
+
+The client library (`slurmrl.client`) wraps this as `job.service("rollout")` and checks
+that calls happen inside a held lease; this module knows nothing of leases.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from slurmrl.auth.tokens import sign
+from slurmrl.worker.protocol import GenerateResult, TrainSample
+
+
+class ServiceError(Exception):
+    """A service call failed; `status` is the HTTP status (None: no answer at all)."""
+
+    def __init__(self, call: str, status: int | None, message: str) -> None:
+        super().__init__(f"{call}: {message}" + (f" (HTTP {status})" if status else ""))
+        self.call = call
+        self.status = status
+        self.message = message
+
+
+class ServiceParked(ServiceError):
+    """409: the service is parked/dropped (or its weights are); acquire a lease first."""
+
+
+class ServiceUnauthorized(ServiceError):
+    """401: the signature was refused (wrong secret, or not this job's service)."""
+
+
+class ServiceUnreachable(ServiceError):
+    """No HTTP answer: connection refused, reset, or the call timed out."""
+
+
+_RETRYABLE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+
+
+class ServiceHandle:
+    """One service of one RL job, addressed as `host:port`."""
+
+    def __init__(
+        self, address: str, secret: str, job_id: str, role: str, timeout_s: float = 120.0
+    ) -> None:
+        addr = address.removeprefix("http://").rstrip("/")
+        host, sep, port = addr.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"service address {address!r} must look like host:port")
+        self.address = addr
+        self.job_id = job_id
+        self.role = role
+        self.timeout_s = timeout_s
+        self._host, self._port = host.strip("[]"), int(port)
+        self._secret = secret
+        self._lock = threading.Lock()
+        self._conn: http.client.HTTPConnection | None = None
+
+    def __repr__(self) -> str:
+        return f"ServiceHandle(job={self.job_id}, role={self.role}, address={self.address})"
+
+    def __enter__(self) -> ServiceHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    # --- data plane ----------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        *,
+        max_tokens: int = 16,
+        temperature: float = 1.0,
+        seed: int = 0,
+        micro_batch: int = 8,
+        timeout_s: float | None = None,
+        on_tail: Callable[[int], None] | None = None,
+        poll_s: float = 0.5,
+    ) -> GenerateResult:
+        params = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed,
+                  "micro_batch": micro_batch}
+        body = {"prompts": list(prompts), "params": params}
+        if on_tail is None:
+            return GenerateResult.from_json(self._json("generate", "POST", "/v1/generate",
+                                                       body, timeout_s))
+        done = threading.Event()
+        poller = threading.Thread(target=self._poll_tail, args=(on_tail, poll_s, done),
+                                  daemon=True)
+        poller.start()
+        try:
+            raw = self._json("generate", "POST", "/v1/generate", body, timeout_s)
+        finally:
+            done.set()
+            poller.join()
+        return GenerateResult.from_json(raw)
+
+    def train_step(
+        self, samples: Sequence[TrainSample | Mapping[str, Any]], timeout_s: float | None = None
+    ) -> dict[str, float]:
+        wire = [s.to_json() if isinstance(s, TrainSample) else dict(s) for s in samples]
+        raw = self._json("train_step", "POST", "/v1/train_step", {"samples": wire}, timeout_s)
+        return {k: float(v) for k, v in raw["metrics"].items()}
+
+    def export_weights(self, timeout_s: float | None = None) -> bytes:
+        return self._call("export_weights", "GET", "/v1/weights", b"", None, timeout_s)
+
+    def import_weights(self, blob: bytes, timeout_s: float | None = None) -> None:
+        self._call("import_weights", "PUT", "/v1/weights", blob, "application/octet-stream",
+                   timeout_s)
+
+    def sync_weights_to(self, other: ServiceHandle, timeout_s: float | None = None) -> int:
+        """Copy this service's weights into `other` (trainer -> rollout); returns bytes."""
+        blob = self.export_weights(timeout_s)
+        other.import_weights(blob, timeout_s)
+        return len(blob)
+
+    # --- control plane -------------------------------------------------------------
+
+    def status(self, timeout_s: float | None = None) -> dict[str, Any]:
+        return self._json("status", "GET", "/v1/status", None, timeout_s)
+
+    def park(self, level: int = 1, timeout_s: float | None = None) -> dict[str, Any]:
+        return self._json("park", "POST", "/v1/park", {"level": level}, timeout_s)
+
+    def activate(self, timeout_s: float | None = None) -> dict[str, Any]:
+        return self._json("activate", "POST", "/v1/activate", {}, timeout_s)
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        self._json("stop", "POST", "/v1/stop", {}, timeout_s)
+        self.close()
+
+    # --- plumbing ------------------------------------------------------------------
+
+    def _poll_tail(self, on_tail: Callable[[int], None], poll_s: float,
+                   done: threading.Event) -> None:
+        probe = ServiceHandle(self.address, self._secret, self.job_id, self.role,
+                              timeout_s=max(poll_s * 4, 2.0))
+        try:
+            while not done.wait(poll_s):
+                with contextlib.suppress(ServiceError):  # a missed probe is no failure
+                    on_tail(int(probe.status()["active_sequences"]))
+        finally:
+            probe.close()
+
+    def _json(self, call: str, method: str, path: str, obj: Any,
+              timeout_s: float | None) -> dict[str, Any]:
+        body = b"" if obj is None else json.dumps(obj).encode()
+        ctype = None if obj is None else "application/json"
+        raw = self._call(call, method, path, body, ctype, timeout_s)
+        try:
+            out = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ServiceError(call, 200, f"service answered non-JSON: {raw[:200]!r}") from exc
+        if not isinstance(out, dict):
+            raise ServiceError(call, 200, "service answered JSON that is not an object")
+        return out
+
+    def _call(self, call: str, method: str, path: str, body: bytes,
+              content_type: str | None, timeout_s: float | None) -> bytes:
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        with self._lock:
+            for attempt in (0, 1):
+                reused = self._conn is not None
+                if self._conn is None:
+                    self._conn = http.client.HTTPConnection(self._host, self._port,
+                                                            timeout=timeout)
+                conn = self._conn
+                conn.timeout = timeout
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout)
+                # signed per attempt: a retry must not look like a replay
+                headers = dict(sign(self._secret, method, path, body))
+                if content_type:
+                    headers["Content-Type"] = content_type
+                try:
+                    conn.request(method, path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    status = resp.status
+                    break
+                except _RETRYABLE as exc:
+                    conn.close()
+                    self._conn = None
+                    # the server closed an idle keep-alive connection: retry once, fresh
+                    if reused and attempt == 0:
+                        continue
+                    raise ServiceUnreachable(call, None, f"{self.address}: {exc}") from exc
+                except (TimeoutError, OSError) as exc:
+                    conn.close()
+                    self._conn = None
+                    what = "timed out" if isinstance(exc, TimeoutError) else str(exc)
+                    raise ServiceUnreachable(call, None, f"{self.address}: {what}") from exc
+        if status == 200:
+            return data
+        try:
+            message = str(json.loads(data)["error"])
+        except (ValueError, KeyError, TypeError):
+            message = data[:500].decode(errors="replace") or http.client.responses.get(
+                status, "error")
+        cls = {409: ServiceParked, 401: ServiceUnauthorized}.get(status, ServiceError)
+        raise cls(call, status, message)

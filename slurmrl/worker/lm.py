@@ -1,0 +1,151 @@
+"""The tiny language model of the `tiny` backend, its tokenizer and the GRPO loss.
+
+`TinyLM` is a real (if small) character-level GRU language model over the alphabet of
+arithmetic prompts ("12+7="), so tests and the demo run real sampling and real
+policy-gradient updates on a CPU in milliseconds. It is not meant to learn arithmetic
+well; it is meant to make every path of a service (generate, train, park, sync) real.
+
+`policy_gradient_loss` is the GRPO-style objective the `torch` and `tiny` trainers share:
+any model mapping token ids [B, T] to logits [B, T, V] can use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from slurmrl.worker.protocol import BackendError, GenerateParams, TrainSample
+
+PAD, BOS, EOS = 0, 1, 2
+ALPHABET = "0123456789+-*= "
+
+
+class CharTokenizer:
+    """Characters of `ALPHABET` to ids 3.., plus PAD/BOS/EOS."""
+
+    vocab_size = 3 + len(ALPHABET)
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        bad = sorted({c for c in text if c not in ALPHABET})
+        if bad:
+            raise BackendError(
+                f"prompt {text!r} has character(s) {bad} outside the tiny vocabulary "
+                f"{ALPHABET!r}"
+            )
+        return tuple(3 + ALPHABET.index(c) for c in text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(ALPHABET[i - 3] for i in ids if 3 <= i < self.vocab_size)
+
+
+class TinyLM(nn.Module):
+    """Embedding -> 2-layer GRU -> linear head; ~30k parameters with the defaults."""
+
+    def __init__(self, vocab_size: int = CharTokenizer.vocab_size, dim: int = 48) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.gru = nn.GRU(dim, dim, num_layers=2, batch_first=True)
+        self.head = nn.Linear(dim, vocab_size)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out, _ = self.gru(self.embed(ids))
+        logits: torch.Tensor = self.head(out)
+        return logits
+
+    def step(
+        self, ids: torch.Tensor, hidden: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits of the last position and the new hidden state, for incremental decoding."""
+        out, hidden = self.gru(self.embed(ids), hidden)
+        logits: torch.Tensor = self.head(out[:, -1])
+        return logits, hidden
+
+
+def sample_micro_batch(
+    model: TinyLM,
+    prompt_ids: Sequence[tuple[int, ...]],
+    params: GenerateParams,
+    generator: torch.Generator,
+    on_step: Callable[[int], None],
+) -> list[tuple[list[int], str, int]]:
+    """Decode one micro-batch; returns (completion ids, finish reason, finish step) each.
+
+    Completion ids end with the stop token when the finish reason is "stop".
+
+    `on_step(n_unfinished)` is called after every decode step of the micro-batch.
+    Prompts are encoded one by one (they differ in length; a GRU has no padding mask),
+    then decoded together.
+    """
+    hiddens, last = [], []
+    for ids in prompt_ids:
+        seq = torch.tensor([[BOS, *ids]], dtype=torch.long)
+        logits, h = model.step(seq, None)
+        hiddens.append(h)
+        last.append(logits)
+    hidden = torch.cat(hiddens, dim=1)
+    logits = torch.cat(last, dim=0)
+    n = len(prompt_ids)
+    outs: list[list[int]] = [[] for _ in range(n)]
+    done = [False] * n
+    reason = ["length"] * n
+    finish = [params.max_tokens - 1] * n
+    for step in range(params.max_tokens):
+        if params.temperature == 0.0:
+            tok = logits.argmax(dim=-1)
+        else:
+            probs = torch.softmax(logits / params.temperature, dim=-1)
+            tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        for i in range(n):
+            if done[i]:
+                continue
+            t = int(tok[i])
+            # the stop token stays in the ids (as vLLM's do) so a trainer learns to stop;
+            # PAD/BOS are never valid completion tokens and also end the sample
+            outs[i].append(t)
+            if t in (EOS, PAD, BOS):
+                done[i], reason[i], finish[i] = True, "stop", step
+        on_step(n - sum(done))
+        if all(done):
+            break
+        logits, hidden = model.step(tok.unsqueeze(1), hidden)
+    return [(outs[i], reason[i], finish[i]) for i in range(n)]
+
+
+def policy_gradient_loss(
+    model: nn.Module, samples: Sequence[TrainSample], device: torch.device
+) -> tuple[torch.Tensor, int]:
+    """GRPO-style loss: -sum(advantage * log p(completion token)) / completion tokens.
+
+    The sequence fed is BOS + prompt + completion; only completion positions count.
+    Returns (loss, number of completion tokens).
+    """
+    seqs = [[BOS, *s.prompt_ids, *s.completion_ids] for s in samples]
+    width = max(len(q) for q in seqs)
+    ids = torch.full((len(seqs), width), PAD, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width - 1))
+    adv = torch.tensor([s.advantage for s in samples])
+    for i, (q, s) in enumerate(zip(seqs, samples, strict=True)):
+        ids[i, : len(q)] = torch.tensor(q)
+        start = 1 + len(s.prompt_ids) - 1  # target index of the first completion token
+        mask[i, start : start + len(s.completion_ids)] = 1.0
+    vocab = _vocab_size(model)
+    if int(ids.min()) < 0 or (vocab is not None and int(ids.max()) >= vocab):
+        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        raise BackendError(f"token id {bad} is outside the model's vocabulary (0..{vocab})")
+    ids, mask, adv = ids.to(device), mask.to(device), adv.to(device)
+    logits = model(ids[:, :-1])
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    tok_logp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    n_tokens = int(mask.sum())
+    loss = -(adv.unsqueeze(1) * tok_logp * mask).sum() / max(n_tokens, 1)
+    return loss, n_tokens
+
+
+def _vocab_size(model: nn.Module) -> int | None:
+    """Rows of the model's first embedding table: checked before a bad id crashes a GPU."""
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            return int(module.num_embeddings)
+    return None

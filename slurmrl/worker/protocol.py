@@ -1,0 +1,238 @@
+"""The service backend protocol and the value types that cross it.
+
+A *service* hosts one backend for one RL job and one role (`rollout` or `trainer`).
+Every backend — `tiny` (CPU, tests and demo), `torch` (GPU trainer), `vllm` (GPU
+rollout) — implements `ServiceBackend`; the HTTP server in `server.py` only ever talks
+to this protocol. Backends are not thread-safe: the server serialises calls to them.
+
+Park levels follow vLLM's sleep levels: level 1 keeps the weights in (pinned) host
+memory (`Residency.PARKED`), level 2 discards them (`Residency.DROPPED`) and the next
+weight import refills them. A trainer cannot drop: its optimizer state would be lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from slurmrl.model import Residency
+
+
+class Role(StrEnum):
+    """What a service does for its RL job."""
+
+    ROLLOUT = "rollout"  #: generates samples
+    TRAINER = "trainer"  #: computes the policy update
+
+
+class BackendError(Exception):
+    """A call the backend refuses; the message says why (HTTP 400)."""
+
+
+class NotReady(BackendError):
+    """The backend's residency forbids the call right now (HTTP 409)."""
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    """Sampling parameters of one `generate` call.
+
+    `seed` makes sampling reproducible: the same prompts, parameters and weights give the
+    same outputs, also across park/activate. `micro_batch` is how many prompts decode
+    together; prompts are processed micro-batch after micro-batch, which is what makes
+    the active-sequence count shrink through the long tail.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    seed: int = 0
+    micro_batch: int = 8
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_tokens <= 65536:
+            raise BackendError(f"max_tokens must be in 1..65536, got {self.max_tokens}")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise BackendError(f"temperature must be in 0..100, got {self.temperature}")
+        if self.micro_batch < 1:
+            raise BackendError(f"micro_batch must be >= 1, got {self.micro_batch}")
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> GenerateParams:
+        """Parse a JSON object; unknown keys and wrong types are errors that name the key."""
+        known: dict[str, type | tuple[type, ...]] = {
+            "max_tokens": int, "temperature": (int, float), "seed": int, "micro_batch": int,
+        }
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            raise BackendError(f"unknown generate param(s) {unknown}; valid: {sorted(known)}")
+        for key, typ in known.items():
+            if key in raw and (isinstance(raw[key], bool) or not isinstance(raw[key], typ)):
+                raise BackendError(f"generate param {key!r} has the wrong type: {raw[key]!r}")
+        kw: dict[str, Any] = dict(raw)
+        if "temperature" in kw:
+            kw["temperature"] = float(kw["temperature"])
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One generated completion.
+
+    `finish_step` is the decode step (0-based, within its micro-batch) at which the
+    sample ended; `finish_rank` its rank in the order all samples of the call finished.
+    """
+
+    prompt: str
+    completion: str
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    finish_reason: str  #: "stop" (end token) or "length" (max_tokens reached)
+    finish_step: int
+    finish_rank: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompt": self.prompt,
+            "completion": self.completion,
+            "prompt_ids": list(self.prompt_ids),
+            "completion_ids": list(self.completion_ids),
+            "finish_reason": self.finish_reason,
+            "finish_step": self.finish_step,
+            "finish_rank": self.finish_rank,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Sample:
+        return cls(
+            prompt=raw["prompt"],
+            completion=raw["completion"],
+            prompt_ids=tuple(raw["prompt_ids"]),
+            completion_ids=tuple(raw["completion_ids"]),
+            finish_reason=raw["finish_reason"],
+            finish_step=raw["finish_step"],
+            finish_rank=raw["finish_rank"],
+        )
+
+    def with_advantage(self, advantage: float) -> TrainSample:
+        """This sample as a policy-gradient sample for a trainer."""
+        return TrainSample(self.prompt_ids, self.completion_ids, float(advantage))
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """Outputs of `generate`, in prompt order, plus the long-tail trace.
+
+    `active_trace[i]` is the number of sequences still unfinished (in all micro-batches)
+    after global decode step `i`: the curve a lease shrink is decided on.
+    """
+
+    samples: tuple[Sample, ...]
+    active_trace: tuple[int, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "samples": [s.to_json() for s in self.samples],
+            "active_trace": list(self.active_trace),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> GenerateResult:
+        return cls(
+            samples=tuple(Sample.from_json(s) for s in raw["samples"]),
+            active_trace=tuple(raw.get("active_trace", ())),
+        )
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One sample of a policy-gradient batch: token ids and its advantage."""
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    advantage: float
+
+    @classmethod
+    def from_json(cls, raw: Any, index: int) -> TrainSample:
+        if not isinstance(raw, Mapping):
+            raise BackendError(f"samples[{index}] must be an object")
+        allowed = {"prompt_ids", "completion_ids", "advantage", "prompt", "completion"}
+        unknown = sorted(set(raw) - allowed)
+        if unknown:
+            raise BackendError(f"samples[{index}] has unknown key(s) {unknown}")
+        ids: dict[str, tuple[int, ...]] = {}
+        for key in ("prompt_ids", "completion_ids"):
+            value = raw.get(key)
+            if not isinstance(value, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in value
+            ):
+                raise BackendError(f"samples[{index}].{key} must be a list of token ids")
+            ids[key] = tuple(value)
+        if not ids["completion_ids"]:
+            raise BackendError(f"samples[{index}].completion_ids is empty")
+        adv = raw.get("advantage")
+        if isinstance(adv, bool) or not isinstance(adv, (int, float)):
+            raise BackendError(f"samples[{index}].advantage must be a number")
+        return cls(ids["prompt_ids"], ids["completion_ids"], float(adv))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompt_ids": list(self.prompt_ids),
+            "completion_ids": list(self.completion_ids),
+            "advantage": self.advantage,
+        }
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    """Bytes a backend holds on its device and in host buffers for parked state."""
+
+    device_bytes: int
+    host_bytes: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"device_bytes": self.device_bytes, "host_bytes": self.host_bytes}
+
+
+@runtime_checkable
+class ServiceBackend(Protocol):
+    """One resident model. Calls come from one thread at a time.
+
+    Data-plane calls (`generate`, `train_step`, `export_weights`, `import_weights`)
+    raise `NotReady` unless `residency` is ACTIVE — except `import_weights`, which is
+    also the refill of a DROPPED rollout's weights only once it is activated.
+    """
+
+    name: str
+    role: Role
+
+    @property
+    def residency(self) -> Residency: ...
+
+    def load(self) -> None:
+        """Build the model on its device; afterwards residency is ACTIVE."""
+
+    def park(self, level: int) -> None:
+        """Free device memory: level 1 keeps weights on the host, level 2 drops them."""
+
+    def activate(self) -> None:
+        """Bring parked state back onto the device; a no-op when already ACTIVE."""
+
+    def generate(self, prompts: Sequence[str], params: GenerateParams) -> GenerateResult: ...
+
+    def train_step(self, samples: Sequence[TrainSample]) -> dict[str, float]: ...
+
+    def export_weights(self) -> bytes:
+        """The model's weights as a `torch.save`d state_dict."""
+
+    def import_weights(self, blob: bytes) -> None:
+        """Load weights exported by a peer (trainer -> rollout sync)."""
+
+    def memory(self) -> MemoryUse: ...
+
+    def active_sequences(self) -> int:
+        """Sequences still decoding right now (0 when idle); read from other threads."""
+
+    def close(self) -> None:
+        """Release everything; afterwards residency is STOPPED."""

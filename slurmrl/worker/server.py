@@ -1,0 +1,274 @@
+"""The HTTP server of a service: control plane and data plane over one port.
+
+Control plane (the controller): `POST /v1/park`, `POST /v1/activate`, `POST /v1/stop`,
+`GET /v1/status`. Data plane (the job's driver): `POST /v1/generate`,
+`POST /v1/train_step`, `GET /v1/weights` (export), `PUT /v1/weights` (import). Every
+request must carry an HMAC signature made with the job's secret
+(`slurmrl.auth.tokens.sign`); anything else gets 401. Data-plane calls while the
+service is parked get 409. JSON in and out; weights travel as raw bytes.
+
+Backend calls run one at a time on a worker thread, so `status` (and with it the count
+of active sequences during a long generate) stays answerable while a call runs. A park
+waits for the call in flight to finish: the service never sleeps mid-request (a known way
+to corrupt vLLM). Limits: one process, one backend, no TLS (the data plane belongs on the
+cluster's private network; the signature authenticates, it does not encrypt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from slurmrl.auth.errors import AuthError
+from slurmrl.auth.tokens import Verifier
+from slurmrl.model import Residency
+from slurmrl.worker.protocol import (
+    BackendError,
+    GenerateParams,
+    NotReady,
+    ServiceBackend,
+    TrainSample,
+)
+
+log = logging.getLogger("slurmrl.worker")
+T = TypeVar("T")
+DATA_PLANE = ("/v1/generate", "/v1/train_step", "/v1/weights")
+
+
+@dataclass(frozen=True)
+class ServiceInfo:
+    """Who this service is, reported by `status` and at registration."""
+
+    job_id: str
+    role: str
+    backend: str
+    step_id: str | None = None
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message, "status": status}, status=status)
+
+
+class ServiceServer:
+    """Serves one backend; `stopped` is set when a `stop` call (or a signal) arrives."""
+
+    def __init__(
+        self,
+        backend: ServiceBackend,
+        secret: str,
+        info: ServiceInfo,
+        max_body_bytes: int = 1 << 30,
+    ) -> None:
+        self.backend = backend
+        self.info = info
+        self._verifier = Verifier(secret)
+        self._max_body = max_body_bytes
+        self._lock = asyncio.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backend")
+        self.stopped = asyncio.Event()
+        self.calls = 0
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self._max_body, middlewares=[self._middleware])
+        app.add_routes(
+            [
+                web.get("/v1/status", self._status),
+                web.post("/v1/park", self._park),
+                web.post("/v1/activate", self._activate),
+                web.post("/v1/stop", self._stop),
+                web.post("/v1/generate", self._generate),
+                web.post("/v1/train_step", self._train_step),
+                web.get("/v1/weights", self._export),
+                web.put("/v1/weights", self._import),
+            ]
+        )
+        return app
+
+    async def run_backend(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run one backend call on the backend thread, after the one in flight."""
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._pool, fn, *args)
+
+    def shutdown_pool(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    # --- plumbing ----------------------------------------------------------------
+
+    @web.middleware
+    async def _middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Any]
+    ) -> web.StreamResponse:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, f"request body larger than {self._max_body} bytes")
+        try:
+            self._verifier.verify(request.headers, request.method, request.path_qs, body)
+        except AuthError as exc:
+            return web.json_response(
+                {"error": f"unauthenticated: {exc.message}", "code": str(exc.code),
+                 "status": 401},
+                status=401,
+            )
+        if request.path.startswith(DATA_PLANE) and self.backend.residency in (
+            Residency.PARKED,
+            Residency.DROPPED,
+        ):
+            return _error(
+                409,
+                f"service {self.backend.residency}: acquire a lease first "
+                "(the controller activates a job's services when it grants the lease)",
+            )
+        try:
+            response: web.StreamResponse = await handler(request)
+            self.calls += 1
+            return response
+        except web.HTTPException:
+            raise  # aiohttp's own 404/405
+        except HttpError as exc:
+            return _error(exc.status, exc.message)
+        except NotReady as exc:
+            return _error(409, str(exc))
+        except BackendError as exc:
+            return _error(400, str(exc))
+        except Exception as exc:  # a bug or a device error: say so, keep serving
+            log.exception("%s %s failed", request.method, request.path)
+            return _error(500, f"{type(exc).__name__}: {exc}")
+
+    @staticmethod
+    async def _json(request: web.Request) -> dict[str, Any]:
+        body = await request.read()
+        if not body:
+            return {}
+        try:
+            obj = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise HttpError(400, f"request body is not valid JSON: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise HttpError(400, "request body must be a JSON object")
+        return obj
+
+    @staticmethod
+    def _only(obj: Mapping[str, Any], allowed: set[str], call: str) -> None:
+        unknown = sorted(set(obj) - allowed)
+        if unknown:
+            raise HttpError(400, f"{call}: unknown field(s) {unknown}; valid: {sorted(allowed)}")
+
+    # --- control plane -------------------------------------------------------------
+
+    async def _status(self, request: web.Request) -> web.Response:
+        mem = self.backend.memory()
+        return web.json_response(
+            {
+                "job_id": self.info.job_id,
+                "role": self.info.role,
+                "backend": self.info.backend,
+                "step_id": self.info.step_id,
+                "pid": os.getpid(),
+                "residency": str(self.backend.residency),
+                "active_sequences": self.backend.active_sequences(),
+                "memory": mem.to_json(),
+                "calls": self.calls,
+            }
+        )
+
+    async def _park(self, request: web.Request) -> web.Response:
+        obj = await self._json(request)
+        self._only(obj, {"level"}, "park")
+        level = obj.get("level", 1)
+        if isinstance(level, bool) or not isinstance(level, int):
+            raise HttpError(400, f"park: level must be 1 or 2, got {level!r}")
+        await self.run_backend(self.backend.park, level)
+        return await self._status(request)
+
+    async def _activate(self, request: web.Request) -> web.Response:
+        self._only(await self._json(request), set(), "activate")
+        await self.run_backend(self.backend.activate)
+        return await self._status(request)
+
+    async def _stop(self, request: web.Request) -> web.Response:
+        self.stopped.set()
+        return web.json_response({"stopping": True, "pid": os.getpid()})
+
+    # --- data plane ----------------------------------------------------------------
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        obj = await self._json(request)
+        self._only(obj, {"prompts", "params"}, "generate")
+        prompts = obj.get("prompts")
+        if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+            raise HttpError(400, "generate: prompts must be a list of strings")
+        raw = obj.get("params", {})
+        if not isinstance(raw, dict):
+            raise HttpError(400, "generate: params must be an object")
+        params = GenerateParams.from_json(raw)
+        result = await self.run_backend(self.backend.generate, prompts, params)
+        return web.json_response(result.to_json())
+
+    async def _train_step(self, request: web.Request) -> web.Response:
+        obj = await self._json(request)
+        self._only(obj, {"samples"}, "train_step")
+        raw = obj.get("samples")
+        if not isinstance(raw, list):
+            raise HttpError(400, "train_step: samples must be a list")
+        samples = [TrainSample.from_json(s, i) for i, s in enumerate(raw)]
+        metrics = await self.run_backend(self.backend.train_step, samples)
+        return web.json_response({"metrics": metrics})
+
+    async def _export(self, request: web.Request) -> web.Response:
+        blob = await self.run_backend(self.backend.export_weights)
+        return web.Response(body=blob, content_type="application/octet-stream")
+
+    async def _import(self, request: web.Request) -> web.Response:
+        blob = await request.read()
+        if not blob:
+            raise HttpError(400, "import_weights: empty body; send an exported weights blob")
+        await self.run_backend(self.backend.import_weights, blob)
+        return web.json_response({"imported_bytes": len(blob)})
+
+
+async def serve(
+    server: ServiceServer,
+    host: str,
+    port: int,
+    on_ready: Callable[[int], None],
+) -> None:
+    """Load the backend, listen, call `on_ready(port)`, and serve until stopped.
+
+    SIGTERM and SIGINT (what `scancel` and `srun` send a step) stop it like `stop` does.
+    """
+    await server.run_backend(server.backend.load)
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.stopped.set)
+    try:
+        bound = runner.addresses[0]
+        on_ready(int(bound[1]))
+        await server.stopped.wait()
+        # let the stop reply (and any call in flight) finish before closing the backend
+        await asyncio.sleep(0.05)
+    finally:
+        await runner.cleanup()
+        await server.run_backend(server.backend.close)
+        server.shutdown_pool()

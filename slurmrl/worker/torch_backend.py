@@ -1,0 +1,225 @@
+"""The `torch` backend: a PyTorch model resident on one device, parked to pinned host memory.
+
+`TorchModelBackend` hosts any `nn.Module` that maps token ids [B, T] to logits
+[B, T, V] (built by a factory named on the worker's command line as `module:callable`).
+As a trainer it runs GRPO-style policy-gradient steps with Adam; parking copies the
+parameters *and* the optimizer state into persistent pinned host buffers (allocated once,
+non-blocking copies on a side stream, then `torch.cuda.empty_cache()`, see `offload.py`)
+and activation copies them back, so training resumes exactly where it stopped.
+
+Limits: one device per service (no FSDP/TP sharding here); generation is not offered by
+this backend (a rollout engine is `vllm`, or `tiny` for tests). The CUDA path has NOT
+run on a GPU in this project — the development machine has none; its test is marked
+`gpu`. The same class runs on CPU (`device="cpu"`), which is how the unit tests and the
+`tiny` backend exercise every line except the CUDA calls.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from slurmrl.model import Residency
+from slurmrl.worker.lm import policy_gradient_loss
+from slurmrl.worker.offload import Offloader
+from slurmrl.worker.protocol import (
+    BackendError,
+    GenerateParams,
+    GenerateResult,
+    MemoryUse,
+    NotReady,
+    Role,
+    TrainSample,
+)
+
+
+def resolve_device(spec: str) -> torch.device:
+    """`cpu`, `cuda` or `cuda:N`; CUDA without a usable GPU is a clear error."""
+    try:
+        device = torch.device(spec)
+    except RuntimeError as exc:
+        raise BackendError(f"bad device {spec!r}: {exc}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BackendError(
+            f"device {spec!r} needs a GPU but torch.cuda.is_available() is False "
+            "(use --device cpu to run this backend on the CPU)"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise BackendError(f"device {spec!r} is not supported; use cpu or cuda[:N]")
+    return device
+
+
+class TorchModelBackend:
+    """A model (and, for a trainer, its Adam optimizer) parked and activated as a unit."""
+
+    name = "torch"
+
+    def __init__(
+        self,
+        role: Role,
+        model_factory: Callable[[], nn.Module],
+        device: str = "cuda",
+        lr: float = 1e-3,
+        seed: int = 0,
+    ) -> None:
+        if lr <= 0:
+            raise BackendError(f"learning rate must be > 0, got {lr}")
+        self.role = role
+        self.device = resolve_device(device)
+        self._factory = model_factory
+        self._lr = lr
+        self._seed = seed
+        self._model: nn.Module | None = None
+        self._opt: torch.optim.Optimizer | None = None
+        self._offloader = Offloader(self.device)
+        self._residency = Residency.STOPPED
+        self._weights_valid = False  # False after a level-2 drop until weights arrive
+        self._active = 0
+        self.steps = 0
+        self.weights_version = 0
+
+    # --- residency ---------------------------------------------------------------
+
+    @property
+    def residency(self) -> Residency:
+        return self._residency
+
+    def load(self) -> None:
+        torch.manual_seed(self._seed)  # same seed -> trainer and rollout start equal
+        model = self._factory()
+        if not isinstance(model, nn.Module):
+            raise BackendError(f"the model factory returned {type(model).__name__}, not a Module")
+        self._model = model.to(self.device)
+        if self.role is Role.TRAINER:
+            self._opt = torch.optim.Adam(self._model.parameters(), lr=self._lr)
+        self._offloader.refresh(self._tensors())
+        self._residency = Residency.ACTIVE
+        self._weights_valid = True
+
+    def park(self, level: int) -> None:
+        if level not in (1, 2):
+            raise BackendError(f"park level must be 1 (keep weights) or 2 (drop), got {level}")
+        if self.role is Role.TRAINER and level == 2:
+            raise BackendError("a trainer cannot be parked at level 2: its state would be lost")
+        if self._residency in (Residency.PARKED, Residency.DROPPED):
+            return
+        self._require(Residency.ACTIVE, "parking")
+        if self._opt is not None:
+            self._opt.zero_grad(set_to_none=True)  # grads are step-local: never kept
+        self._offloader.refresh(self._tensors())  # optimizer state appears after step 1
+        self._offloader.offload(keep_host_copy=level == 1)
+        self._residency = Residency.PARKED if level == 1 else Residency.DROPPED
+
+    def activate(self) -> None:
+        if self._residency is Residency.ACTIVE:
+            return
+        if self._residency is Residency.STOPPED:
+            raise NotReady("service is stopped")
+        dropped = self._residency is Residency.DROPPED
+        self._offloader.onload(restore=not dropped)
+        if dropped:
+            self._weights_valid = False
+        self._residency = Residency.ACTIVE
+
+    # --- data plane ----------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[str], params: GenerateParams) -> GenerateResult:
+        raise BackendError(
+            f"the {self.name} backend does not generate; run generation on a rollout service"
+        )
+
+    def train_step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+        if self.role is not Role.TRAINER:
+            raise BackendError(f"train_step is a trainer call; this service is a {self.role}")
+        model, opt = self._ready("train_step")
+        assert opt is not None
+        if not samples:
+            raise BackendError("train_step needs at least one sample")
+        model.train()
+        loss, n_tokens = policy_gradient_loss(model, samples, self.device)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        self.steps += 1
+        self.weights_version += 1
+        return {
+            "loss": float(loss.detach()),
+            "grad_norm": float(grad_norm),
+            "tokens": float(n_tokens),
+            "step": float(self.steps),
+        }
+
+    def export_weights(self) -> bytes:
+        model, _ = self._ready("export_weights")
+        state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        return buf.getvalue()
+
+    def import_weights(self, blob: bytes) -> None:
+        self._require(Residency.ACTIVE, "import_weights")
+        assert self._model is not None
+        try:
+            state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises several types for a corrupt blob
+            raise BackendError(f"weights blob is not a torch state_dict: {exc}") from exc
+        if not isinstance(state, dict):
+            raise BackendError("weights blob is not a state_dict (a dict of tensors)")
+        try:
+            with torch.no_grad():
+                self._model.load_state_dict(state, strict=True)
+        except RuntimeError as exc:
+            raise BackendError(f"weights do not fit this model: {exc}") from exc
+        self._weights_valid = True
+        self.weights_version += 1
+
+    def memory(self) -> MemoryUse:
+        if self._model is None:
+            return MemoryUse(0, 0)
+        if not self._offloader.offloaded:
+            self._offloader.refresh(self._tensors())
+        device = 0 if self._offloader.offloaded else self._offloader.device_bytes()
+        return MemoryUse(device_bytes=device, host_bytes=self._offloader.host_bytes())
+
+    def active_sequences(self) -> int:
+        return self._active
+
+    def close(self) -> None:
+        self._model = None
+        self._opt = None
+        self._offloader = Offloader(self.device)
+        self._residency = Residency.STOPPED
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # --- helpers ---------------------------------------------------------------------
+
+    def _tensors(self) -> Iterator[torch.Tensor]:
+        assert self._model is not None
+        yield from self._model.parameters()
+        yield from self._model.buffers()
+        if self._opt is not None:
+            for state in self._opt.state.values():
+                for value in state.values():
+                    if isinstance(value, torch.Tensor):
+                        yield value
+
+    def _require(self, wanted: Residency, what: str) -> None:
+        if self._residency is not wanted:
+            raise NotReady(
+                f"service is {self._residency}: {what} needs it {wanted} "
+                "(the controller activates it when its job holds a lease)"
+            )
+
+    def _ready(self, what: str) -> tuple[nn.Module, torch.optim.Optimizer | None]:
+        self._require(Residency.ACTIVE, what)
+        if not self._weights_valid:
+            raise NotReady(
+                f"weights were dropped (park level 2): import weights before {what}"
+            )
+        assert self._model is not None
+        return self._model, self._opt

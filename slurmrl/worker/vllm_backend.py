@@ -1,0 +1,210 @@
+"""The `vllm` backend: a vLLM rollout engine kept resident with sleep mode.
+
+NOT RUN ON A GPU IN THIS PROJECT. The development machine has no GPU and vLLM is not
+installed in CI (it is the optional extra `slurmrl[vllm]`); this module is written
+against vLLM's documented offline API (`LLM(..., enable_sleep_mode=True)`, `sleep`,
+`wake_up(tags=...)`, `reset_prefix_cache`, `collective_rpc` with a
+`worker_extension_cls`) and only its import guard and argument checks are tested here.
+
+Residency:
+- park(2) → `llm.sleep(level=2)`: weights and KV cache discarded (DROPPED). The next
+  weight sync refills them: activate wakes only the weights' memory
+  (`wake_up(tags=["weights"])`), `import_weights` loads the trainer's weights and then
+  wakes the KV cache (`wake_up(tags=["kv_cache"])`) and resets the prefix cache. Waking
+  both at once would need peak memory during the refit, and generating from level-2
+  weights without a reload gives gibberish (vllm#29341) — so `generate` refuses until
+  weights were imported.
+- park(1) → `llm.sleep(level=1)`: weights copied to pinned host memory (PARKED);
+  activate → `wake_up()`.
+Pausing: the server runs one backend call at a time, so no request is in flight when
+`sleep` runs (sleeping mid-request is a known corruption). After each sleep the freed
+memory is checked with NVML per-process readings over this process and its children
+(vLLM's engine core runs in a child process), not trusted from the call returning.
+
+Limits: one engine per process (vLLM's own limit with sleep mode); the CUDA context,
+CUDA-graph pool and NCCL buffers are never freed (~1 GiB per GPU); `import_weights`
+passes the whole state_dict blob through `collective_rpc` (fine for one GPU; large
+tensor-parallel models want NCCL weight transfer instead); exporting weights from a
+rollout is not offered. Weight names must be the Hugging Face names vLLM's
+`load_weights` expects.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from slurmrl.gpu.nvml import NvmlMonitor, descendant_pids
+from slurmrl.model import Residency
+from slurmrl.worker.protocol import (
+    BackendError,
+    GenerateParams,
+    GenerateResult,
+    MemoryUse,
+    NotReady,
+    Role,
+    Sample,
+    TrainSample,
+)
+
+log = logging.getLogger("slurmrl.worker.vllm")
+EXTENSION = "slurmrl.worker.vllm_backend.WeightSyncExtension"
+
+
+class WeightSyncExtension:
+    """Mixed into each vLLM GPU worker (`worker_extension_cls`); runs there, not here."""
+
+    model_runner: Any  # provided by the vLLM worker this class extends
+
+    def slurmrl_load_weights(self, blob: bytes) -> int:
+        import torch
+
+        state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        self.model_runner.model.load_weights(weights=list(state.items()))
+        return len(state)
+
+
+class VllmBackend:
+    """A vLLM `LLM` engine as a rollout service."""
+
+    name = "vllm"
+    role = Role.ROLLOUT
+
+    def __init__(self, model: str, seed: int = 0, gpu_memory_utilization: float = 0.85,
+                 tensor_parallel_size: int = 1) -> None:
+        if not 0.05 <= gpu_memory_utilization <= 0.99:
+            raise BackendError(
+                f"gpu_memory_utilization must be in 0.05..0.99, got {gpu_memory_utilization}"
+            )
+        self.model = model
+        self._seed = seed
+        self._util = gpu_memory_utilization
+        self._tp = tensor_parallel_size
+        self._llm: Any = None
+        self._residency = Residency.STOPPED
+        self._kv_asleep = False
+        self._weights_valid = False
+        self._active = 0
+        self._nvml = NvmlMonitor()
+        self._host_bytes = 0
+        self.last_freed_bytes: int | None = None
+
+    @property
+    def residency(self) -> Residency:
+        return self._residency
+
+    def load(self) -> None:
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise BackendError(
+                f"the vllm backend needs vLLM: pip install 'slurmrl[vllm]' ({exc})"
+            ) from exc
+        self._llm = LLM(
+            model=self.model,
+            enable_sleep_mode=True,
+            seed=self._seed,
+            gpu_memory_utilization=self._util,
+            tensor_parallel_size=self._tp,
+            worker_extension_cls=EXTENSION,
+        )
+        self._residency = Residency.ACTIVE
+        self._weights_valid = True
+
+    def _gpu_bytes(self) -> int | None:
+        return self._nvml.process_memory(descendant_pids(os.getpid()))
+
+    def park(self, level: int) -> None:
+        if level not in (1, 2):
+            raise BackendError(f"park level must be 1 (keep weights) or 2 (drop), got {level}")
+        if self._residency in (Residency.PARKED, Residency.DROPPED):
+            return
+        if self._residency is not Residency.ACTIVE:
+            raise NotReady(f"service is {self._residency}: cannot park")
+        before = self._gpu_bytes()
+        self._llm.sleep(level=level)
+        after = self._gpu_bytes()
+        self.last_freed_bytes = None if before is None or after is None else before - after
+        if self.last_freed_bytes is not None and self.last_freed_bytes <= 0:
+            log.warning("vLLM sleep(level=%d) freed no GPU memory (NVML: %s -> %s bytes)",
+                        level, before, after)
+        self._host_bytes = (self.last_freed_bytes or 0) if level == 1 else 0
+        self._residency = Residency.PARKED if level == 1 else Residency.DROPPED
+
+    def activate(self) -> None:
+        if self._residency is Residency.ACTIVE:
+            return
+        if self._residency is Residency.PARKED:
+            self._llm.wake_up()
+        elif self._residency is Residency.DROPPED:
+            self._llm.wake_up(tags=["weights"])  # KV waits until the refit is done
+            self._kv_asleep = True
+            self._weights_valid = False
+        else:
+            raise NotReady(f"service is {self._residency}")
+        self._host_bytes = 0
+        self._residency = Residency.ACTIVE
+
+    def generate(self, prompts: Sequence[str], params: GenerateParams) -> GenerateResult:
+        from vllm import SamplingParams
+
+        if self._residency is not Residency.ACTIVE:
+            raise NotReady(f"service is {self._residency}: activate it before generate")
+        if not self._weights_valid:
+            raise NotReady("weights were dropped (park level 2): import weights first")
+        samples: list[Sample] = []
+        ends: list[tuple[int, int]] = []
+        self._active = len(prompts)
+        try:
+            # micro-batches so that active_sequences() shrinks as the calls return;
+            # inside one micro-batch vLLM batches continuously and reports nothing
+            for start in range(0, len(prompts), params.micro_batch):
+                chunk = list(prompts[start : start + params.micro_batch])
+                sps = [SamplingParams(temperature=params.temperature,
+                                      max_tokens=params.max_tokens,
+                                      seed=params.seed * 1_000_003 + start + i)
+                       for i in range(len(chunk))]
+                for i, out in enumerate(self._llm.generate(chunk, sps, use_tqdm=False)):
+                    comp = out.outputs[0]
+                    ids = tuple(comp.token_ids)
+                    ends.append((start * params.max_tokens + len(ids), start + i))
+                    samples.append(Sample(out.prompt, comp.text,
+                                          tuple(out.prompt_token_ids or ()), ids,
+                                          str(comp.finish_reason), max(len(ids) - 1, 0), 0))
+                self._active = len(prompts) - start - len(chunk)
+        finally:
+            self._active = 0
+        rank = {k: r for r, (_, k) in enumerate(sorted(ends))}
+        return GenerateResult(tuple(
+            Sample(s.prompt, s.completion, s.prompt_ids, s.completion_ids, s.finish_reason,
+                   s.finish_step, rank[k]) for k, s in enumerate(samples)))
+
+    def train_step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+        raise BackendError("train_step is a trainer call; this service is a vllm rollout")
+
+    def export_weights(self) -> bytes:
+        raise BackendError("the vllm rollout does not export weights; export from the trainer")
+
+    def import_weights(self, blob: bytes) -> None:
+        if self._residency is not Residency.ACTIVE:
+            raise NotReady(f"service is {self._residency}: activate it before import_weights")
+        self._llm.collective_rpc("slurmrl_load_weights", args=(blob,))
+        if self._kv_asleep:
+            self._llm.wake_up(tags=["kv_cache"])
+            self._kv_asleep = False
+        self._llm.reset_prefix_cache()  # cached prefixes were computed with old weights
+        self._weights_valid = True
+
+    def memory(self) -> MemoryUse:
+        return MemoryUse(device_bytes=self._gpu_bytes() or 0, host_bytes=self._host_bytes)
+
+    def active_sequences(self) -> int:
+        return self._active
+
+    def close(self) -> None:
+        self._llm = None
+        self._residency = Residency.STOPPED
+        self._nvml.close()
