@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import pwd
 import re
 import shlex
 import subprocess
@@ -49,6 +50,14 @@ _TRANSIENT = re.compile(
 # scancel messages that mean "nothing left to cancel".
 _ALREADY_DONE = re.compile(r"already completing or completed|Job has already finished",
                            re.IGNORECASE)
+
+
+def _primary_gid(user: int | str) -> int:
+    try:
+        pw = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)
+    except KeyError as e:
+        raise SlurmError(f"no such user {user!r} for --uid") from e
+    return pw.pw_gid
 
 
 class CommandBackend:
@@ -125,12 +134,19 @@ class CommandBackend:
     # --------------------------------------------------------------- submit
 
     def sbatch_argv(self, spec: BatchSpec) -> list[str]:
-        """The sbatch argument list for a spec (the script goes on stdin)."""
+        """The sbatch argument list for a spec (the script goes on stdin).
+
+        With `uid` and no `gid`, the user's primary group is used: sbatch would keep
+        the submitter's (root's) group otherwise.
+        """
         a = ["sbatch", "--parsable", "--export=ALL"]
+        gid = spec.gid
+        if spec.uid is not None and gid is None:
+            gid = _primary_gid(spec.uid)
         opt = {
             "--partition": spec.partition, "--job-name": spec.name,
             "--cpus-per-task": spec.cpus, "--mem": spec.mem_mb, "--time": spec.time_limit_min,
-            "--uid": spec.uid, "--gid": spec.gid, "--comment": spec.comment,
+            "--uid": spec.uid, "--gid": gid, "--comment": spec.comment,
             "--output": spec.output, "--error": spec.error, "--chdir": spec.workdir,
         }
         a += [f"{k}={v}" for k, v in opt.items() if v is not None]

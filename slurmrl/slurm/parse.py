@@ -137,7 +137,8 @@ def _exit(value: Any) -> tuple[int | None, int | None]:
         if not m:
             return None, None
         code, sig = int(m.group(1)), int(m.group(2))
-        return code, (sig or None)
+        # A signalled process has no return code (what the JSON wait status says too).
+        return (None, sig) if sig else (code, None)
     if isinstance(value, Mapping) and ("return_code" in value or "signal" in value):
         rc = unwrap_number(value.get("return_code"))
         sig_obj = value.get("signal")
@@ -174,6 +175,14 @@ def _load(doc: Any, what: str) -> Mapping[str, Any]:
     return doc
 
 
+def _end_time(end: float | None, limit: int | None, state: SlurmJobState) -> float | None:
+    """Slurm's 'expected end' of an unlimited job is start + 1 year in JSON and Unknown
+    in scontrol; both mean "no end known", so report None until the job has ended."""
+    if limit is None and not state.terminal:
+        return None
+    return end
+
+
 def job_from_json(j: Mapping[str, Any]) -> JobInfo:
     """One element of `squeue --json`'s `jobs` array, any version."""
     try:
@@ -183,29 +192,32 @@ def job_from_json(j: Mapping[str, Any]) -> JobInfo:
     nodes = expand_hostlist(_str(j.get("nodes")))
     details = [str(d) for d in (j.get("gres_detail") or [])]
     by_node = tuple(
-        (node, gpu_indices_from_gres(d)) for node, d in zip(nodes, details, strict=False)
+        (node, idx) for node, d in zip(nodes, details, strict=False)
+        if (idx := gpu_indices_from_gres(d))
     )
     code, sig = _exit(j.get("exit_code"))
     reason = _str(j.get("state_reason"))
     uid = unwrap_number(j.get("user_id"))
+    state = SlurmJobState.parse(j.get("job_state", "UNKNOWN"))
+    limit = _minutes(j.get("time_limit"))
     return JobInfo(
         job_id=job_id,
         name=_str(j.get("name")),
         user=_str(j.get("user_name")),
         uid=int(uid) if uid is not None else -1,
-        state=SlurmJobState.parse(j.get("job_state", "UNKNOWN")),
+        state=state,
         reason="" if reason == "None" else reason,
         partition=_str(j.get("partition")),
         nodes=nodes,
         gpu_indices=by_node[0][1] if by_node else (),
         gpu_indices_by_node=by_node,
         start_time=_epoch(j.get("start_time")),
-        end_time=_epoch(j.get("end_time")),
+        end_time=_end_time(_epoch(j.get("end_time")), limit, state),
         comment=_str(j.get("comment")),
         batch_host=_str(j.get("batch_host")),
         exit_code=code,
         exit_signal=sig,
-        time_limit_min=_minutes(j.get("time_limit")),
+        time_limit_min=limit,
     )
 
 
@@ -361,27 +373,30 @@ def job_from_scontrol(line: str) -> JobInfo:
             current = expand_hostlist(v)
         elif k in ("GRES", "GRES_IDX") and current:
             idx = gpu_indices_from_gres(v)
-            by_node.extend((n, idx) for n in current)
+            if idx:
+                by_node.extend((n, idx) for n in current)
     code, sig = _exit(kv.get("ExitCode"))
     reason = _str(kv.get("Reason"))
+    state = SlurmJobState.parse(kv.get("JobState", "UNKNOWN"))
+    limit = parse_time_limit(kv.get("TimeLimit", ""))
     return JobInfo(
         job_id=int(kv["JobId"]),
         name=_str(kv.get("JobName")),
         user=user,
         uid=uid,
-        state=SlurmJobState.parse(kv.get("JobState", "UNKNOWN")),
+        state=state,
         reason="" if reason == "None" else reason,
         partition=_str(kv.get("Partition")),
         nodes=expand_hostlist(kv.get("NodeList", "")),
         gpu_indices=by_node[0][1] if by_node else (),
         gpu_indices_by_node=tuple(by_node),
         start_time=_scontrol_time(kv.get("StartTime", "")),
-        end_time=_scontrol_time(kv.get("EndTime", "")),
+        end_time=_end_time(_scontrol_time(kv.get("EndTime", "")), limit, state),
         comment=_str(kv.get("Comment")),
         batch_host=_str(kv.get("BatchHost")),
         exit_code=code,
         exit_signal=sig,
-        time_limit_min=parse_time_limit(kv.get("TimeLimit", "")),
+        time_limit_min=limit,
     )
 
 
@@ -411,7 +426,8 @@ def step_from_scontrol(line: str) -> StepInfo:
     srun = kv.get("SrunHost:Pid", "")
     if ":" in srun:
         host, p = srun.rsplit(":", 1)
-        pid = int(p) if p.isdigit() else None
+        pid = int(p) if p.isdigit() and int(p) > 0 else None
+        host = "" if host == "(null)" else host
     return StepInfo(
         job_id=int(m.group(1)),
         step=m.group(2),

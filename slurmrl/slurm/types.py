@@ -157,8 +157,8 @@ class JobInfo:
     reason: str = ""  #: Slurm's state reason ("None" mapped to "")
     partition: str = ""
     nodes: tuple[str, ...] = ()  #: expanded node names
-    gpu_indices: tuple[int, ...] = ()  #: GPU indices allocated on the first node
-    gpu_indices_by_node: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    gpu_indices: tuple[int, ...] = ()  #: GPU indices allocated on the first GPU node
+    gpu_indices_by_node: tuple[tuple[str, tuple[int, ...]], ...] = ()  #: only nodes with GPUs
     start_time: float | None = None  #: None while unknown
     end_time: float | None = None  #: real or expected end; None while unknown
     comment: str = ""

@@ -1,0 +1,132 @@
+"""Pure pieces of the Slurm backend: value parsing, and the argument lists it builds.
+
+No Slurm needed. The hostile-argv test runs the generated batch script with /bin/sh to
+prove every argument reaches the program literally.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from slurmrl.slurm import BatchSpec, CommandBackend, SlurmError
+from slurmrl.slurm import parse as p
+
+HOSTILE = ["it's", 'a "quoted" arg', "two  spaces", "new\nline", "$(touch /tmp/pwned)",
+           "`id`", "$HOME", "semi;colon", "back\\slash", "*", ""]
+
+
+@pytest.mark.parametrize(("expr", "names"), [
+    ("localhost", ("localhost",)),
+    ("n[1-3]", ("n1", "n2", "n3")),
+    ("gpu[01-02,7],cpu1", ("gpu01", "gpu02", "gpu7", "cpu1")),
+    ("", ()),
+    ("(null)", ()),
+])
+def test_hostlists_expand_to_node_names(expr: str, names: tuple[str, ...]) -> None:
+    assert p.expand_hostlist(expr) == names
+
+
+@pytest.mark.parametrize(("gres", "idx"), [
+    ("gpu:4(IDX:0-3)", (0, 1, 2, 3)),
+    ("gpu:a100:2(IDX:0,2)", (0, 2)),
+    ("gpu(IDX:1)", (1,)),
+    ("gpu:2(IDX:0-1),nic:1(IDX:0)", (0, 1)),
+    ("gpu:0(IDX:N/A)", ()),
+    ("", ()),
+])
+def test_gpu_indices_come_from_gres_detail(gres: str, idx: tuple[int, ...]) -> None:
+    assert p.gpu_indices_from_gres(gres) == idx
+
+
+@pytest.mark.parametrize(("gres", "n"), [
+    ("gpu:4", 4), ("gpu:a100:2(S:0),gpu:v100:1", 3), ("gpu", 1), ("nic:2", 0), ("", 0),
+    ("(null)", 0),
+])
+def test_node_gpu_counts(gres: str, n: int) -> None:
+    assert p.gpu_count_from_gres(gres) == n
+
+
+@pytest.mark.parametrize(("text", "minutes"), [
+    ("UNLIMITED", None), ("1-02:03:00", 1563), ("01:00:00", 60), ("05:30", 6), ("7", 7),
+])
+def test_time_limits_in_minutes(text: str, minutes: int | None) -> None:
+    assert p.parse_time_limit(text) == minutes
+
+
+def test_wrapped_and_plain_numbers() -> None:
+    assert p.unwrap_number(5) == 5
+    assert p.unwrap_number({"set": True, "infinite": False, "number": 7}) == 7
+    assert p.unwrap_number({"set": False, "infinite": False, "number": 0}) is None
+    assert p.unwrap_number({"set": True, "infinite": True, "number": 0}) is None
+
+
+def test_kv_line_keeps_spaces_inside_values_and_repeated_keys() -> None:
+    pairs = p.parse_kv_line("JobId=5 Comment=two words here Nodes=a GRES=x Nodes=b GRES=y")
+    assert pairs == [("JobId", "5"), ("Comment", "two words here"), ("Nodes", "a"),
+                     ("GRES", "x"), ("Nodes", "b"), ("GRES", "y")]
+
+
+def test_scontrol_record_without_jobid_is_refused() -> None:
+    with pytest.raises(p.SlurmParseError, match="no JobId"):
+        p.job_from_scontrol("JobName=x UserId=a(1)")
+
+
+def test_batch_spec_rejects_bad_input_with_a_clear_message() -> None:
+    with pytest.raises(ValueError, match="exactly one of script= or command="):
+        BatchSpec()
+    with pytest.raises(ValueError, match="exactly one"):
+        BatchSpec(script="true", command=("true",))
+    with pytest.raises(ValueError, match="gpus"):
+        BatchSpec(command=("true",), gpus=-1)
+    with pytest.raises(ValueError, match="invalid variable name"):
+        BatchSpec(command=("true",), env={"A=B": "x"})
+
+
+def test_sbatch_argv_is_a_list_with_every_option_and_passthrough_directives() -> None:
+    spec = BatchSpec(command=("true",), partition="pools", name="n x", gpus=2, cpus=3,
+                     mem_mb=100, time_limit_min=5, uid=0, comment="a b;c", output="/tmp/o",
+                     extra_args=("--rl-gpus=2", "--hold"))
+    argv = CommandBackend().sbatch_argv(spec)
+    assert argv[:3] == ["sbatch", "--parsable", "--export=ALL"]
+    for opt in ("--partition=pools", "--job-name=n x", "--gres=gpu:2", "--cpus-per-task=3",
+                "--mem=100", "--time=5", "--uid=0", "--gid=0", "--comment=a b;c",
+                "--output=/tmp/o"):
+        assert opt in argv
+    assert argv[-2:] == ["--rl-gpus=2", "--hold"]
+
+
+def test_uid_of_unknown_user_is_a_clear_error() -> None:
+    with pytest.raises(SlurmError, match="no such user"):
+        CommandBackend().sbatch_argv(BatchSpec(command=("true",), uid="no-such-user-xyz"))
+
+
+def test_command_script_passes_hostile_arguments_literally(tmp_path: object) -> None:
+    argv = [sys.executable, "-c", "import json,sys; print(json.dumps(sys.argv[1:]))", *HOSTILE]
+    script = CommandBackend.script_text(BatchSpec(command=tuple(argv)))
+    out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == HOSTILE
+
+
+def test_srun_argv_pins_gpus_with_env_and_keeps_argv_literal() -> None:
+    argv = CommandBackend().srun_argv(7, ["prog", *HOSTILE], gpus=None,
+                                      cuda_visible_devices=[2, 3], cpus=2, overlap=True)
+    assert argv[:2] == ["srun", "--jobid=7"]
+    assert "-n1" in argv and "--overlap" in argv and "--cpus-per-task=2" in argv
+    tail = argv[argv.index("--") + 1:]
+    assert tail == ["env", "CUDA_VISIBLE_DEVICES=2,3", "--", "prog", *HOSTILE]
+
+
+def test_launch_step_rejects_empty_argv() -> None:
+    with pytest.raises(ValueError, match="non-empty argv"):
+        CommandBackend().launch_step(1, [])
+
+
+def test_missing_slurm_binary_is_a_slurm_error(tmp_path: object) -> None:
+    b = CommandBackend(bin_dir=str(tmp_path))
+    with pytest.raises(SlurmError, match="not found"):
+        b.version()
+    assert b.ping() is False
