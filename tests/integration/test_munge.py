@@ -26,7 +26,8 @@ VENV_PYTHON = Path(sys.prefix) / "bin" / "python"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def munged_running() -> None:
+def munged_running(dev_cluster: object) -> None:
+    # the dev cluster (tests/integration/conftest.py) starts munged, or reuses a live one
     try:
         munge.decode(munge.encode(b"ping"))
     except munge.MungeError as exc:
