@@ -1,0 +1,38 @@
+"""Prometheus metrics of the controller (text format at `/metrics`).
+
+One `CollectorRegistry` per controller, so that several controllers in one process
+(tests, the benchmark) do not share counters. GPU-seconds are labelled by job id: one
+series per RL job, which a site with very many jobs may want to drop in its scrape config.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.leases_granted = Counter(
+            "slurmrl_leases_granted", "Leases granted", ["pool"], registry=r)
+        self.leases_ended = Counter(
+            "slurmrl_leases_ended", "Leases and requests ended, by how", ["pool", "state"],
+            registry=r)
+        self.wait_s = Histogram(
+            "slurmrl_lease_wait_seconds", "Time a phase request waited before its grant",
+            ["pool"], buckets=WAIT_BUCKETS_S, registry=r)
+        self.gpu_seconds = Counter(
+            "slurmrl_gpu_seconds", "GPU-seconds granted by leases, per RL job", ["job"],
+            registry=r)
+        self.rpc_errors = Counter(
+            "slurmrl_rpc_errors", "RPC requests refused, by HTTP status", ["status"],
+            registry=r)
+        self.jobs = Gauge("slurmrl_jobs", "RL jobs known, by state", ["state"], registry=r)
+        self.waiting = Gauge("slurmrl_lease_requests_waiting", "Phase requests queued",
+                             registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,319 @@
+"""The lease scheduler: one `LeaseTable` per pool, persisted, with waiting drivers.
+
+Every change goes table -> events -> one DB transaction -> futures of waiting drivers,
+all inside one synchronous call on the event loop, so no other request interleaves and
+a grant is durable before any driver hears of it. A timer task expires lapsed leases.
+With `check_invariants` (tests, `--debug-invariants`) every table is checked after
+every event (`slurmrl.leases.invariants.check_table`).
+
+Restart: `restore()` loads held leases and waiting requests of every open pool from the
+DB. Held leases keep their deadline (drivers heartbeat to the new process, or they lapse
+and are revoked); waiting requests keep their arrival order. `LeaseTable.restore` refuses
+a state that double-grants.
+
+Known limits: a lease lives in one pool (a job never migrates); one process owns the DB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from policies.base import SlicePolicy
+from slurmrl.controller.metrics import Metrics
+from slurmrl.db import JobRecord, Store
+from slurmrl.leases import LeaseError, LeaseTable
+from slurmrl.leases.invariants import check_table
+from slurmrl.leases.types import Event, Grant, Lease, Released, Revoke, Shrunk
+from slurmrl.model import LeaseState, Phase
+
+log = logging.getLogger(__name__)
+
+
+class RequestEnded(Exception):
+    """A waiting request was cancelled or revoked before it was granted."""
+
+    def __init__(self, request_id: int, state: LeaseState, reason: str) -> None:
+        super().__init__(f"request {request_id} {state}: {reason}")
+        self.request_id, self.state, self.reason = request_id, state, reason
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """The answer to `request`: granted at once (`lease`) or queued (`lease is None`)."""
+
+    request_id: int
+    lease: Lease | None
+
+
+GrantHook = Callable[[int, Lease], None]
+
+
+class LeaseScheduler:
+    """Leases of every open pool. Call from the event loop only."""
+
+    def __init__(
+        self,
+        store: Store,
+        policy: Callable[[], SlicePolicy],
+        lease_timeout_s: float,
+        *,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+        check_invariants: bool = False,
+    ) -> None:
+        self.store = store
+        self._policy = policy
+        self.lease_timeout_s = lease_timeout_s
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        self.check_invariants = check_invariants
+        self.tables: dict[int, LeaseTable] = {}
+        self._pool_of_request: dict[int, int] = {}
+        self._futures: dict[int, asyncio.Future[Lease]] = {}
+        self._waiters: dict[int, int] = {}  # request id -> drivers long-polling on it
+        self._wake = asyncio.Event()
+        #: called after every grant is committed (pool manager: make residency fit)
+        self.grant_hooks: list[GrantHook] = []
+
+    # -- pools -----------------------------------------------------------------------------
+    def open_pool(self, pool_id: int, gpus: int) -> None:
+        """Start scheduling a pool's GPUs 0..gpus-1 (idempotent)."""
+        if pool_id not in self.tables:
+            self.tables[pool_id] = LeaseTable(
+                pool_id, range(gpus), self._policy(), self.lease_timeout_s)
+
+    def close_pool(self, pool_id: int, reason: str = "pool-lost") -> None:
+        """Revoke everything in the pool and stop scheduling it."""
+        table = self.tables.get(pool_id)
+        if table is None:
+            return
+        now = self.clock()
+        with self.store.transaction():
+            jobs = {x.job_id for x in table.leases} | {x.job_id for x in table.waiting}
+            for job in sorted(jobs):
+                self._apply(pool_id, table.remove_job(job, now, reason), now)
+        del self.tables[pool_id]
+
+    def add_member(self, pool_id: int, job_id: int, max_slowdown: float | None) -> None:
+        self.tables[pool_id].set_member(job_id, max_slowdown)
+
+    def restore(self) -> int:
+        """Load every open pool's leases and waiters from the DB; returns how many."""
+        n = 0
+        for pool in self.store.pools(open_only=True):
+            if pool.state != "open":
+                continue
+            self.open_pool(pool.pool_id, pool.gpus)
+            held, waiting = self.store.open_state(pool.pool_id)
+            table = self.tables[pool.pool_id]
+            table.restore(held, waiting)
+            for job in self.store.jobs(active=True, pool_id=pool.pool_id):
+                table.set_member(job.job_id, job.request.max_slowdown)
+            for req in waiting:
+                self._pool_of_request[req.request_id] = pool.pool_id
+            for lease in held:
+                self._pool_of_request[lease.lease_id] = pool.pool_id
+            n += len(held) + len(waiting)
+        self._wake.set()
+        return n
+
+    # -- driver operations ----------------------------------------------------------------
+    def request(self, job: JobRecord, phase: Phase, min_gpus: int | None = None) -> Ticket:
+        """Queue a phase request of a placed job; grants it at once if its GPUs are free."""
+        if job.pool_id is None or job.pool_id not in self.tables:
+            raise LeaseError(f"job {job.job_id} is not placed in an open pool yet")
+        if not phase.needs_gpu:
+            raise LeaseError(f"phase {phase} needs no GPU; report it as an observation")
+        table = self.tables[job.pool_id]
+        wanted = job.pool_gpus_for(phase)
+        need = len(wanted) if min_gpus is None else min_gpus
+        if not 1 <= need <= len(wanted):
+            raise LeaseError(f"min_gpus must be between 1 and {len(wanted)}, got {need}")
+        now = self.clock()
+        with self.store.transaction():
+            rid = self.store.add_request(
+                pool_id=job.pool_id, job_id=job.job_id, phase=phase, wanted=wanted,
+                min_gpus=need, requested_at=now, deadline_at=now + self.lease_timeout_s)
+            _, events = table.request(job.job_id, phase, wanted, now, need, request_id=rid)
+            self._pool_of_request[rid] = job.pool_id
+            self._apply(job.pool_id, events, now)
+        self._wake.set()
+        return Ticket(rid, table.lease(rid))
+
+    async def wait(self, request_id: int, timeout_s: float) -> Lease | None:
+        """Wait up to `timeout_s` for a grant; None if still waiting then.
+
+        Raises `RequestEnded` if the request was cancelled or revoked meanwhile. If the
+        caller is cancelled (its driver disconnected) and nobody else waits on the
+        request, the request is withdrawn.
+        """
+        pool_id = self._pool_of_request.get(request_id)
+        table = self.tables.get(pool_id) if pool_id is not None else None
+        if table is None:
+            raise LeaseError(f"request {request_id} is not open")
+        held = table.lease(request_id)
+        if held is not None:
+            return held
+        if table.request_of(request_id) is None:
+            raise LeaseError(f"request {request_id} is not open")
+        fut = self._futures.get(request_id)
+        if fut is None or fut.done():
+            fut = asyncio.get_running_loop().create_future()
+            self._futures[request_id] = fut
+        self._waiters[request_id] = self._waiters.get(request_id, 0) + 1
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+        except TimeoutError:
+            return None
+        except asyncio.CancelledError:
+            if self._waiters.get(request_id, 0) <= 1 and table.request_of(request_id):
+                self.cancel(request_id, "driver disconnected")
+            raise
+        finally:
+            left = self._waiters.get(request_id, 1) - 1
+            if left:
+                self._waiters[request_id] = left
+            else:
+                self._waiters.pop(request_id, None)
+
+    def cancel(self, request_id: int, reason: str = "cancelled") -> None:
+        pool_id = self._pool_of_request[request_id]
+        now = self.clock()
+        with self.store.transaction():
+            events = self.tables[pool_id].cancel(request_id, now)
+            self._apply(pool_id, events, now, cancel_reason=reason)
+
+    def release(self, job: JobRecord, lease_id: int, timing: dict[str, Any]) -> Lease:
+        """End a held lease; its GPUs go to the next waiters at once."""
+        table = self._table_of(job, lease_id)
+        lease = table.lease(lease_id)
+        if lease is None:
+            raise LeaseError(f"lease {lease_id} is not held")
+        now = self.clock()
+        with self.store.transaction():
+            self._apply(table.pool_id, table.release(lease_id, now), now, timing=timing)
+        return lease
+
+    def shrink(self, job: JobRecord, lease_id: int, keep: int) -> Lease:
+        table = self._table_of(job, lease_id)
+        now = self.clock()
+        with self.store.transaction():
+            self._apply(table.pool_id, table.shrink(lease_id, keep, now), now)
+        lease = table.lease(lease_id)
+        assert lease is not None
+        return lease
+
+    def heartbeat(self, job: JobRecord) -> list[Lease]:
+        """Renew the job's leases and requests; returns the leases it holds now."""
+        if job.pool_id is None or job.pool_id not in self.tables:
+            return []
+        table = self.tables[job.pool_id]
+        now = self.clock()
+        if table.heartbeat(job.job_id, now):
+            ids = [x.lease_id for x in table.leases if x.job_id == job.job_id]
+            ids += [x.request_id for x in table.waiting if x.job_id == job.job_id]
+            self.store.renew(ids, now + self.lease_timeout_s)
+        return [x for x in table.leases if x.job_id == job.job_id]
+
+    def remove_job(self, job_id: int, pool_id: int | None, reason: str) -> None:
+        """The job ended: revoke all it holds or waits for."""
+        if pool_id is None or pool_id not in self.tables:
+            return
+        now = self.clock()
+        with self.store.transaction():
+            self._apply(pool_id, self.tables[pool_id].remove_job(job_id, now, reason), now)
+
+    def expire(self) -> None:
+        now = self.clock()
+        for pool_id, table in list(self.tables.items()):
+            with self.store.transaction():
+                self._apply(pool_id, table.expire(now), now)
+
+    async def run_timer(self) -> None:
+        """Expire lapsed leases at their deadline; runs until cancelled."""
+        while True:
+            deadlines = [d for t in self.tables.values() if (d := t.next_deadline())]
+            delay = min(deadlines, default=self.clock() + 1.0) - self.clock()
+            self._wake.clear()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), min(delay, 1.0))
+                continue
+            try:
+                self.expire()
+            except Exception:  # a DB error must not stop expiry for good
+                log.exception("lease expiry failed")
+                await asyncio.sleep(0.1)
+
+    # -- internals -------------------------------------------------------------------------
+    def _table_of(self, job: JobRecord, lease_id: int) -> LeaseTable:
+        pool_id = self._pool_of_request.get(lease_id)
+        table = self.tables.get(pool_id) if pool_id is not None else None
+        lease = table.lease(lease_id) if table else None
+        if table is None or lease is None or lease.job_id != job.job_id:
+            raise LeaseError(f"lease {lease_id} is not held by job {job.job_id}")
+        return table
+
+    def _apply(
+        self, pool_id: int, events: Iterable[Event], now: float,
+        timing: dict[str, Any] | None = None, cancel_reason: str = "",
+    ) -> None:
+        """Persist events (caller holds the transaction) and wake waiting drivers."""
+        pool = str(pool_id)
+        m = self.metrics
+        for ev in events:
+            if isinstance(ev, Grant):
+                self.store.lease_granted(pool_id, ev.lease)
+                m.leases_granted.labels(pool).inc()
+                m.wait_s.labels(pool).observe(ev.lease.wait_s)
+                fut = self._futures.pop(ev.lease.lease_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(ev.lease)
+                for hook in self.grant_hooks:
+                    hook(pool_id, ev.lease)
+            elif isinstance(ev, Shrunk):
+                self.store.lease_shrunk(ev.lease, ev.freed, now)
+            elif isinstance(ev, Released):
+                self._ended(pool_id, ev.lease, LeaseState.RELEASED, "", ev.at, timing)
+            elif isinstance(ev, Revoke):
+                if ev.lease is not None:
+                    self._ended(pool_id, ev.lease, LeaseState.REVOKED, ev.reason, now, None)
+                elif ev.request is not None:
+                    rid = ev.request.request_id
+                    state = (LeaseState.CANCELLED if ev.reason == "cancelled"
+                             else LeaseState.REVOKED)
+                    why = cancel_reason or ev.reason
+                    self.store.lease_ended(rid, state, now, why)
+                    m.leases_ended.labels(pool, str(state)).inc()
+                    self._pool_of_request.pop(rid, None)
+                    fut = self._futures.pop(rid, None)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(RequestEnded(rid, state, why))
+                        fut.exception()  # retrieved: no "never retrieved" warning
+        if self.check_invariants and pool_id in self.tables:
+            check_table(self.tables[pool_id])
+        m.waiting.set(sum(len(t.waiting) for t in self.tables.values()))
+
+    def _ended(
+        self, pool_id: int, lease: Lease, state: LeaseState, reason: str, at: float,
+        timing: dict[str, Any] | None,
+    ) -> None:
+        gpu_s = self.store.lease_ended(lease.lease_id, state, at, reason)
+        self.store.add_ledger(job_id=lease.job_id, lease_id=lease.lease_id, pool_id=pool_id,
+                              gpu_seconds=gpu_s, at=at)
+        busy = timing.get("busy_s") if timing else None
+        self.store.add_observation(
+            job_id=lease.job_id, phase=lease.phase, lease_id=lease.lease_id,
+            requested_at=lease.requested_at, granted_at=lease.granted_at, released_at=at,
+            busy_s=float(busy) if isinstance(busy, int | float) else None,
+            gpus=len(lease.gpus), detail={"state": str(state), "reason": reason,
+                                          **(timing or {})})
+        self.metrics.leases_ended.labels(str(pool_id), str(state)).inc()
+        self.metrics.gpu_seconds.labels(str(lease.job_id)).inc(gpu_s)
+        self._pool_of_request.pop(lease.lease_id, None)

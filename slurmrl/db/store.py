@@ -1,0 +1,454 @@
+"""The colocation DB: one `Store` over SQLite (WAL), the only code that writes SQL.
+
+Every state change of the controller is one transaction (`with store.transaction():`),
+so the DB alone is enough to restart from. Transactions nest: an inner block joins the
+outer one. `synchronous=NORMAL` in WAL mode survives a process crash (`kill -9`) without
+losing a committed transaction; only a power loss may drop the last ones (SQLite's
+documented trade-off), which costs at most a lease that a restart then revokes.
+
+Known limits: one writer process (the controller); readers (`slurmrl status` reads
+through the controller's RPC, not the file). Not thread-safe: use it from one thread.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from slurmrl.db.migrations import LATEST, MIGRATIONS
+from slurmrl.db.records import (
+    GroupRecord,
+    JobRecord,
+    LeaseRecord,
+    ObservationRecord,
+    PoolRecord,
+    ServiceRecord,
+    ints,
+    request_from_json,
+    request_to_json,
+)
+from slurmrl.leases.invariants import Interval
+from slurmrl.leases.types import Lease, PhaseRequest
+from slurmrl.model import JobState, LeaseState, Phase
+
+
+class StoreError(RuntimeError):
+    """The DB cannot be used (newer schema, unknown id...)."""
+
+
+def _gpus(g: Iterable[int]) -> str:
+    return json.dumps(sorted(g))
+
+
+class Store:
+    """The colocation database of one controller."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves (explicit transactions).
+        self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.conn.execute("PRAGMA foreign_keys=ON")
+        self.conn.execute("PRAGMA busy_timeout=5000")
+        self.db = sqlite_utils.Database(self.conn)
+        self._depth = 0
+        self.migrate()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # -- schema ----------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def migrate(self) -> None:
+        current = self.version
+        if current > LATEST:
+            raise StoreError(
+                f"{self.path} has schema version {current}, newer than this slurmrl "
+                f"knows ({LATEST}); upgrade slurmrl"
+            )
+        for number in range(current + 1, LATEST + 1):
+            with self.transaction():
+                for statement in _statements(MIGRATIONS[number - 1]):
+                    self.conn.execute(statement)
+                self.conn.execute(f"PRAGMA user_version = {number}")
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One atomic state change; nested blocks join the outermost one."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._depth = 0
+            self.conn.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        self.conn.execute("COMMIT")
+
+    def _q(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        cur = self.conn.execute(sql, params)
+        cols = [d[0] for d in cur.description or ()]
+        return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+    def _x(self, sql: str, params: Sequence[Any] = ()) -> int:
+        with self.transaction():
+            cur = self.conn.execute(sql, params)
+        return int(cur.lastrowid or 0)
+
+    # -- jobs ------------------------------------------------------------------------
+    def add_job(self, job: JobRecord) -> None:
+        self._x(
+            "INSERT INTO jobs (job_id, user, uid, name, partition, request, state, reason,"
+            " pool_id, group_id, pool_gpus, phase, secret, registered_at, ended_at)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (job.job_id, job.user, job.uid, job.name, job.partition,
+             request_to_json(job.request), str(job.state), job.reason, job.pool_id,
+             job.group_id, json.dumps(list(job.pool_gpus)), job.phase, job.secret,
+             job.registered_at, job.ended_at),
+        )
+
+    def job(self, job_id: int) -> JobRecord | None:
+        rows = self._q("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
+        return _job(rows[0]) if rows else None
+
+    def jobs(
+        self,
+        *,
+        active: bool | None = None,
+        user: str | None = None,
+        ids: Sequence[int] | None = None,
+        pool_id: int | None = None,
+    ) -> list[JobRecord]:
+        """Jobs by filter; `active=True` means not in a terminal state."""
+        where: list[str] = []
+        params: list[Any] = []
+        if active is not None:
+            terminal = [str(s) for s in JobState if s.terminal]
+            op = "NOT IN" if active else "IN"
+            where.append(f"state {op} ({','.join('?' * len(terminal))})")
+            params += terminal
+        if user is not None:
+            where.append("user = ?")
+            params.append(user)
+        if ids is not None:
+            where.append(f"job_id IN ({','.join('?' * len(ids))})")
+            params += list(ids)
+        if pool_id is not None:
+            where.append("pool_id = ?")
+            params.append(pool_id)
+        sql = "SELECT * FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
+        return [_job(r) for r in self._q(sql + " ORDER BY job_id", params)]
+
+    def count_jobs(self) -> int:
+        return int(self.db["jobs"].count)
+
+    def update_job(self, job_id: int, **fields: Any) -> None:
+        """Change columns of a job (`state`, `reason`, `pool_id`, `phase`, ...)."""
+        allowed = {"state", "reason", "pool_id", "group_id", "pool_gpus", "phase",
+                   "ended_at", "name", "secret"}
+        bad = set(fields) - allowed
+        if bad:
+            raise StoreError(f"cannot update job columns {sorted(bad)}")
+        if not fields:
+            return
+        values = [
+            json.dumps(list(v)) if k == "pool_gpus" else (str(v) if k == "state" else v)
+            for k, v in fields.items()
+        ]
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self._x(f"UPDATE jobs SET {sets} WHERE job_id = ?", (*values, job_id))
+
+    # -- pools and groups ----------------------------------------------------------------
+    def add_pool(
+        self, *, gpus: int, opened_at: float, state: str = "open",
+        slurm_job_id: int | None = None, partition: str = "", nodes: Sequence[str] = (),
+        gpu_indices: Sequence[int] = (), dedicated: bool = False, reason: str = "",
+    ) -> int:
+        return self._x(
+            "INSERT INTO pools (slurm_job_id, partition, nodes, gpus, gpu_indices, state,"
+            " dedicated, reason, opened_at) VALUES (?,?,?,?,?,?,?,?,?)",
+            (slurm_job_id, partition, json.dumps(list(nodes)), gpus,
+             json.dumps(list(gpu_indices)), state, int(dedicated), reason, opened_at),
+        )
+
+    def pool(self, pool_id: int) -> PoolRecord | None:
+        rows = self._q("SELECT * FROM pools WHERE pool_id = ?", (pool_id,))
+        return _pool(rows[0]) if rows else None
+
+    def pools(self, *, open_only: bool = False) -> list[PoolRecord]:
+        sql = "SELECT * FROM pools" + (" WHERE state != 'closed'" if open_only else "")
+        return [_pool(r) for r in self._q(sql + " ORDER BY pool_id")]
+
+    def update_pool(self, pool_id: int, **fields: Any) -> None:
+        allowed = {"state", "reason", "closed_at", "slurm_job_id", "nodes", "gpu_indices"}
+        bad = set(fields) - allowed
+        if bad:
+            raise StoreError(f"cannot update pool columns {sorted(bad)}")
+        values = [json.dumps(list(v)) if k in ("nodes", "gpu_indices") else v
+                  for k, v in fields.items()]
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self._x(f"UPDATE pools SET {sets} WHERE pool_id = ?", (*values, pool_id))
+
+    def add_group(self, pool_id: int, created_at: float) -> int:
+        return self._x("INSERT INTO groups (pool_id, created_at) VALUES (?, ?)",
+                       (pool_id, created_at))
+
+    def groups(self, *, pool_id: int | None = None) -> list[GroupRecord]:
+        sql, params = "SELECT * FROM groups", list[Any]()
+        if pool_id is not None:
+            sql, params = sql + " WHERE pool_id = ?", [pool_id]
+        return [GroupRecord(**r) for r in self._q(sql + " ORDER BY group_id", params)]
+
+    def dissolve_group(self, group_id: int, at: float) -> None:
+        self._x("UPDATE groups SET dissolved_at = ? WHERE group_id = ?", (at, group_id))
+
+    # -- services --------------------------------------------------------------------------
+    def add_service(
+        self, *, job_id: int, role: str, started_at: float, pool_id: int | None = None,
+        backend: str = "", gpus: Sequence[int] = (), state: str = "starting",
+    ) -> int:
+        return self._x(
+            "INSERT INTO services (job_id, pool_id, role, backend, gpus, state, started_at)"
+            " VALUES (?,?,?,?,?,?,?)",
+            (job_id, pool_id, role, backend, _gpus(gpus), state, started_at),
+        )
+
+    def update_service(self, service_id: int, **fields: Any) -> None:
+        allowed = {"step_id", "address", "residency", "state", "ended_at", "gpus", "pool_id"}
+        bad = set(fields) - allowed
+        if bad:
+            raise StoreError(f"cannot update service columns {sorted(bad)}")
+        values = [_gpus(v) if k == "gpus" else v for k, v in fields.items()]
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self._x(f"UPDATE services SET {sets} WHERE service_id = ?", (*values, service_id))
+
+    def services(
+        self, *, job_id: int | None = None, pool_id: int | None = None,
+        live_only: bool = False,
+    ) -> list[ServiceRecord]:
+        where: list[str] = []
+        params: list[Any] = []
+        if job_id is not None:
+            where.append("job_id = ?")
+            params.append(job_id)
+        if pool_id is not None:
+            where.append("pool_id = ?")
+            params.append(pool_id)
+        if live_only:
+            where.append("ended_at IS NULL")
+        sql = "SELECT * FROM services" + (" WHERE " + " AND ".join(where) if where else "")
+        out = []
+        for r in self._q(sql + " ORDER BY service_id", params):
+            r["gpus"] = ints(r["gpus"])
+            out.append(ServiceRecord(**r))
+        return out
+
+    # -- leases ------------------------------------------------------------------------------
+    def add_request(
+        self, *, pool_id: int, job_id: int, phase: Phase, wanted: Iterable[int],
+        min_gpus: int, requested_at: float, deadline_at: float,
+    ) -> int:
+        """Persist a new waiting phase request; its id is the lease id it may become."""
+        return self._x(
+            "INSERT INTO leases (pool_id, job_id, phase, wanted, min_gpus, state,"
+            " requested_at, deadline_at) VALUES (?,?,?,?,?,?,?,?)",
+            (pool_id, job_id, str(phase), _gpus(wanted), min_gpus,
+             str(LeaseState.WAITING), requested_at, deadline_at),
+        )
+
+    def lease_granted(self, pool_id: int, lease: Lease) -> None:
+        with self.transaction():
+            self.conn.execute(
+                "UPDATE leases SET state = ?, gpus = ?, granted_at = ?, deadline_at = ?"
+                " WHERE lease_id = ?",
+                (str(LeaseState.HELD), _gpus(lease.gpus), lease.granted_at,
+                 lease.deadline_at, lease.lease_id),
+            )
+            self.conn.executemany(
+                "INSERT INTO lease_gpus (lease_id, pool_id, gpu, start_at) VALUES (?,?,?,?)",
+                [(lease.lease_id, pool_id, g, lease.granted_at) for g in sorted(lease.gpus)],
+            )
+
+    def lease_shrunk(self, lease: Lease, freed: Iterable[int], at: float) -> None:
+        with self.transaction():
+            self.conn.execute("UPDATE leases SET gpus = ? WHERE lease_id = ?",
+                              (_gpus(lease.gpus), lease.lease_id))
+            self.conn.executemany(
+                "UPDATE lease_gpus SET end_at = ? WHERE lease_id = ? AND gpu = ?",
+                [(at, lease.lease_id, g) for g in freed],
+            )
+
+    def lease_ended(
+        self, lease_id: int, state: LeaseState, at: float, reason: str = ""
+    ) -> float:
+        """A held lease was released or revoked, or a waiting request cancelled/revoked.
+
+        Returns the GPU-seconds the lease held in all (0 for a request never granted).
+        """
+        with self.transaction():
+            self.conn.execute(
+                "UPDATE leases SET state = ?, released_at = ?, reason = ? WHERE lease_id = ?",
+                (str(state), at, reason, lease_id),
+            )
+            self.conn.execute(
+                "UPDATE lease_gpus SET end_at = ? WHERE lease_id = ? AND end_at IS NULL",
+                (at, lease_id),
+            )
+            row = self.conn.execute(
+                "SELECT SUM(end_at - start_at) FROM lease_gpus WHERE lease_id = ?", (lease_id,)
+            ).fetchone()
+        return float(row[0] or 0.0)
+
+    def renew(self, lease_ids: Sequence[int], deadline_at: float) -> None:
+        if not lease_ids:
+            return
+        self._x(
+            f"UPDATE leases SET deadline_at = ? WHERE lease_id IN "
+            f"({','.join('?' * len(lease_ids))})",
+            (deadline_at, *lease_ids),
+        )
+
+    def lease(self, lease_id: int) -> LeaseRecord | None:
+        rows = self._q("SELECT * FROM leases WHERE lease_id = ?", (lease_id,))
+        return _lease(rows[0]) if rows else None
+
+    def leases(
+        self, *, open_only: bool = False, job_id: int | None = None,
+        pool_id: int | None = None,
+    ) -> list[LeaseRecord]:
+        where: list[str] = []
+        params: list[Any] = []
+        if open_only:
+            where.append("state IN ('waiting', 'held')")
+        if job_id is not None:
+            where.append("job_id = ?")
+            params.append(job_id)
+        if pool_id is not None:
+            where.append("pool_id = ?")
+            params.append(pool_id)
+        sql = "SELECT * FROM leases" + (" WHERE " + " AND ".join(where) if where else "")
+        return [_lease(r) for r in self._q(sql + " ORDER BY lease_id", params)]
+
+    def open_state(self, pool_id: int) -> tuple[list[Lease], list[PhaseRequest]]:
+        """Held leases and waiting requests of a pool, as the lease table restores them."""
+        held: list[Lease] = []
+        waiting: list[PhaseRequest] = []
+        for r in self.leases(open_only=True, pool_id=pool_id):
+            if r.state is LeaseState.HELD:
+                assert r.granted_at is not None
+                held.append(Lease(r.lease_id, r.job_id, r.phase, frozenset(r.gpus),
+                                  r.requested_at, r.granted_at, r.deadline_at))
+            else:
+                waiting.append(PhaseRequest(r.lease_id, r.job_id, r.phase,
+                                            frozenset(r.wanted), r.min_gpus,
+                                            r.requested_at, r.deadline_at))
+        return held, waiting
+
+    def intervals(self, pool_id: int | None = None) -> list[Interval]:
+        """Every GPU hold ever recorded, for `check_history`."""
+        sql, params = "SELECT * FROM lease_gpus", list[Any]()
+        if pool_id is not None:
+            sql, params = sql + " WHERE pool_id = ?", [pool_id]
+        return [Interval(r["lease_id"], r["pool_id"], r["gpu"], r["start_at"], r["end_at"])
+                for r in self._q(sql, params)]
+
+    # -- observations and ledger -------------------------------------------------------------
+    def add_observation(
+        self, *, job_id: int, phase: Phase, lease_id: int | None = None,
+        requested_at: float | None = None, granted_at: float | None = None,
+        released_at: float | None = None, busy_s: float | None = None, gpus: int = 0,
+        detail: dict[str, Any] | None = None,
+    ) -> int:
+        return self._x(
+            "INSERT INTO observations (job_id, phase, lease_id, requested_at, granted_at,"
+            " released_at, busy_s, gpus, detail) VALUES (?,?,?,?,?,?,?,?,?)",
+            (job_id, str(phase), lease_id, requested_at, granted_at, released_at, busy_s,
+             gpus, json.dumps(detail or {}, sort_keys=True)),
+        )
+
+    def observations(self, job_id: int | None = None) -> list[ObservationRecord]:
+        sql, params = "SELECT * FROM observations", list[Any]()
+        if job_id is not None:
+            sql, params = sql + " WHERE job_id = ?", [job_id]
+        out = []
+        for r in self._q(sql + " ORDER BY observation_id", params):
+            r["phase"] = Phase(r["phase"])
+            r["detail"] = json.loads(r["detail"])
+            out.append(ObservationRecord(**r))
+        return out
+
+    def add_ledger(self, *, job_id: int, lease_id: int | None, pool_id: int | None,
+                   gpu_seconds: float, at: float) -> None:
+        self._x("INSERT INTO ledger (job_id, lease_id, pool_id, gpu_seconds, at)"
+                " VALUES (?,?,?,?,?)", (job_id, lease_id, pool_id, gpu_seconds, at))
+
+    def gpu_seconds(self, job_ids: Sequence[int] | None = None) -> dict[int, float]:
+        """GPU-seconds granted per job (ended leases only)."""
+        sql, params = "SELECT job_id, SUM(gpu_seconds) AS s FROM ledger", list[Any]()
+        if job_ids is not None:
+            sql += f" WHERE job_id IN ({','.join('?' * len(job_ids))})"
+            params = list(job_ids)
+        return {int(r["job_id"]): float(r["s"] or 0.0)
+                for r in self._q(sql + " GROUP BY job_id", params)}
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration into statements (executescript would commit on its own)."""
+    out, buf = [], ""
+    for part in script.split(";"):
+        buf += part + ";"
+        if sqlite3.complete_statement(buf):
+            if buf.strip(" \n;"):
+                out.append(buf)
+            buf = ""
+    return out
+
+
+def _job(r: dict[str, Any]) -> JobRecord:
+    return JobRecord(
+        job_id=r["job_id"], user=r["user"], uid=r["uid"],
+        request=request_from_json(r["request"]), state=JobState(r["state"]),
+        registered_at=r["registered_at"], name=r["name"], partition=r["partition"],
+        reason=r["reason"], pool_id=r["pool_id"], group_id=r["group_id"],
+        pool_gpus=ints(r["pool_gpus"]), phase=r["phase"], secret=r["secret"],
+        ended_at=r["ended_at"],
+    )
+
+
+def _pool(r: dict[str, Any]) -> PoolRecord:
+    return PoolRecord(
+        pool_id=r["pool_id"], gpus=r["gpus"], state=r["state"], opened_at=r["opened_at"],
+        slurm_job_id=r["slurm_job_id"], partition=r["partition"],
+        nodes=tuple(json.loads(r["nodes"])), gpu_indices=ints(r["gpu_indices"]),
+        dedicated=bool(r["dedicated"]), reason=r["reason"], closed_at=r["closed_at"],
+    )
+
+
+def _lease(r: dict[str, Any]) -> LeaseRecord:
+    return LeaseRecord(
+        lease_id=r["lease_id"], pool_id=r["pool_id"], job_id=r["job_id"],
+        phase=Phase(r["phase"]), wanted=ints(r["wanted"]), gpus=ints(r["gpus"]),
+        min_gpus=r["min_gpus"], state=LeaseState(r["state"]),
+        requested_at=r["requested_at"], deadline_at=r["deadline_at"],
+        granted_at=r["granted_at"], released_at=r["released_at"], reason=r["reason"],
+    )
