@@ -5,10 +5,10 @@
     cfg.controller.port, cfg.limits.parked_host_mem_per_node, cfg.policies.params_for("fifo")
 
 Precedence: defaults < site file < `SLURMRL_<SECTION>__<KEY>` environment < overrides.
-See `load.py` for the rules and site-configs/slurmrl.toml for every key and its default.
+See `loader.py` for the rules and site-configs/slurmrl.toml for every key and its default.
 """
 
-from slurmrl.config.load import DEFAULT_PATH, ENV_PATH, ConfigError, load
+from slurmrl.config.loader import DEFAULT_PATH, ENV_PATH, ConfigError, load
 from slurmrl.config.schema import (
     AuthConfig,
     Config,

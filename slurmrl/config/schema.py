@@ -1,6 +1,6 @@
 """The site config's shape: one frozen dataclass per TOML section, field by field.
 
-Each field carries its limits in `metadata` (see `opt`): the loader in `load.py` checks
+Each field carries its limits in `metadata` (see `opt`): the loader in `loader.py` checks
 types and ranges generically from them, so adding a key here is the whole job (plus a
 line in site-configs/slurmrl.toml, which a unit test keeps in step with this file).
 Cross-field rules (lease timeout longer than the heartbeat, default slowdown under the

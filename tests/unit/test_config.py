@@ -25,6 +25,14 @@ KNOWN = {
 }
 
 
+@pytest.fixture(autouse=True)
+def no_system_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Keep this machine's /etc/slurmrl/slurmrl.toml (if any) out of the tests."""
+    fake = tmp_path / "etc" / "slurmrl.toml"
+    monkeypatch.setattr("slurmrl.config.loader.DEFAULT_PATH", fake)
+    return fake
+
+
 def write(tmp_path: Path, text: str, name: str = "site.toml") -> Path:
     path = tmp_path / name
     path.write_text(text)
@@ -90,6 +98,17 @@ def test_file_from_env_variable_when_no_flag(tmp_path: Path) -> None:
     assert load(env={"SLURMRL_CONFIG": str(site)}).controller.port == 7100
     # the --config flag wins over $SLURMRL_CONFIG
     assert load(other, env={"SLURMRL_CONFIG": str(site)}).controller.port == 7200
+
+
+def test_system_file_is_read_when_present(no_system_config: Path) -> None:
+    no_system_config.parent.mkdir()
+    no_system_config.write_text("[controller]\nport = 7300\n")
+    cfg = load(env={})
+    assert cfg.controller.port == 7300
+    assert cfg.source == str(no_system_config)
+    # $SLURMRL_CONFIG, when set, is used instead
+    other = write(no_system_config.parent, "[controller]\nport = 7400\n", "other.toml")
+    assert load(env={"SLURMRL_CONFIG": str(other)}).controller.port == 7400
 
 
 def test_named_file_must_exist(tmp_path: Path) -> None:
