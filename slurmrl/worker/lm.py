@@ -106,6 +106,8 @@ def sample_micro_batch(
             outs[i].append(t)
             if t in (EOS, PAD, BOS):
                 done[i], reason[i], finish[i] = True, "stop", step
+        if step == params.max_tokens - 1:
+            done = [True] * n  # the rest end here by length
         on_step(n - sum(done))
         if all(done):
             break

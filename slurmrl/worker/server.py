@@ -249,6 +249,7 @@ async def serve(
     host: str,
     port: int,
     on_ready: Callable[[int], None],
+    install_signals: bool = True,
 ) -> None:
     """Load the backend, listen, call `on_ready(port)`, and serve until stopped.
 
@@ -259,9 +260,10 @@ async def serve(
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, server.stopped.set)
+    if install_signals:  # only the main thread may; tests serve from other threads
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, server.stopped.set)
     try:
         bound = runner.addresses[0]
         on_ready(int(bound[1]))

@@ -1,0 +1,47 @@
+"""Start a real service server on loopback, in a thread of the test process."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from slurmrl.worker.protocol import Role
+from slurmrl.worker.server import ServiceInfo, ServiceServer, serve
+from slurmrl.worker.tiny import TinyBackend
+
+
+@dataclass
+class Running:
+    server: ServiceServer
+    address: str
+    secret: str
+
+
+def start(
+    role: Role, secret: str, max_body_bytes: int = 1 << 20
+) -> tuple[Running, Callable[[], None]]:
+    server = ServiceServer(TinyBackend(role), secret, ServiceInfo("42", str(role), "tiny"),
+                           max_body_bytes=max_body_bytes)
+    ready = threading.Event()
+    port: list[int] = []
+    loop = asyncio.new_event_loop()
+
+    def on_ready(p: int) -> None:
+        port.append(p)
+        ready.set()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(serve(server, "127.0.0.1", 0, on_ready, install_signals=False))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(30), "service did not start"
+
+    def stop() -> None:
+        loop.call_soon_threadsafe(server.stopped.set)
+        thread.join(30)
+
+    return Running(server, f"127.0.0.1:{port[0]}", secret), stop

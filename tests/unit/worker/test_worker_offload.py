@@ -1,0 +1,66 @@
+"""Offloader: state survives a trip through host buffers allocated once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slurmrl.worker.offload import Offloader
+
+
+def test_offload_frees_and_onload_restores_exact_values() -> None:
+    a, b = torch.randn(4, 5), torch.randn(7)
+    keep = (a.clone(), b.clone())
+    off = Offloader(torch.device("cpu"))
+    off.refresh([a, b, a])  # duplicates are tracked once
+    assert off.device_bytes() == (20 + 7) * 4
+    off.offload()
+    assert a.numel() == 0 and b.numel() == 0
+    off.onload()
+    assert torch.equal(a, keep[0]) and torch.equal(b, keep[1])
+
+
+def test_host_buffers_are_allocated_once_across_cycles() -> None:
+    t = torch.randn(3, 3)
+    off = Offloader(torch.device("cpu"))
+    off.refresh([t])
+    buffers = [id(x) for x in off._host.values()]
+    for _ in range(3):
+        off.refresh([t])
+        off.offload()
+        off.onload()
+    assert [id(x) for x in off._host.values()] == buffers
+
+
+def test_drop_without_host_copy_restores_zeros() -> None:
+    t = torch.ones(6)
+    off = Offloader(torch.device("cpu"))
+    off.refresh([t])
+    off.offload(keep_host_copy=False)
+    off.onload(restore=False)
+    assert torch.equal(t, torch.zeros(6))
+
+
+def test_tracked_set_cannot_change_while_offloaded() -> None:
+    t = torch.ones(2)
+    off = Offloader(torch.device("cpu"))
+    off.refresh([t])
+    off.offload()
+    with pytest.raises(RuntimeError, match="while offloaded"):
+        off.refresh([t, torch.ones(3)])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (none here)")
+def test_cuda_offload_frees_gpu_memory_and_restores() -> None:
+    dev = torch.device("cuda")
+    t = torch.randn(64, 1 << 20, device=dev)  # 256 MiB
+    keep = t.clone().cpu()
+    off = Offloader(dev)
+    off.refresh([t])
+    assert all(b.is_pinned() for b in off._host.values())
+    before = torch.cuda.memory_reserved(dev)
+    off.offload()
+    assert torch.cuda.memory_reserved(dev) <= before - (256 << 20)
+    off.onload()
+    assert torch.equal(t.cpu(), keep)

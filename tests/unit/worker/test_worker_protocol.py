@@ -1,0 +1,51 @@
+"""Parsing of what drivers send: bad input names the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slurmrl.worker.protocol import BackendError, GenerateParams, TrainSample
+
+
+def test_generate_params_parse_and_defaults() -> None:
+    p = GenerateParams.from_json({"max_tokens": 4, "temperature": 0, "seed": 3})
+    assert p == GenerateParams(max_tokens=4, temperature=0.0, seed=3)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"max_tokens": 0}, "max_tokens must be in"),
+        ({"temperature": -1.0}, "temperature must be in"),
+        ({"micro_batch": 0}, "micro_batch must be"),
+        ({"top_k": 3}, r"unknown generate param\(s\) \['top_k'\]"),
+        ({"seed": "1"}, "'seed' has the wrong type"),
+        ({"max_tokens": True}, "'max_tokens' has the wrong type"),
+    ],
+)
+def test_generate_params_errors(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(BackendError, match=message):
+        GenerateParams.from_json(raw)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("x", r"samples\[0\] must be an object"),
+        ({"prompt_ids": [1], "completion_ids": [2], "advantage": 1, "extra": 1}, "unknown key"),
+        ({"prompt_ids": "12", "completion_ids": [2], "advantage": 1}, "prompt_ids must be"),
+        ({"prompt_ids": [1], "completion_ids": [], "advantage": 1}, "completion_ids is empty"),
+        ({"prompt_ids": [1], "completion_ids": [2.5], "advantage": 1}, "completion_ids must"),
+        ({"prompt_ids": [1], "completion_ids": [2], "advantage": "high"}, "advantage must be"),
+    ],
+)
+def test_train_sample_errors(raw: Any, message: str) -> None:
+    with pytest.raises(BackendError, match=message):
+        TrainSample.from_json(raw, 0)
+
+
+def test_train_sample_round_trip() -> None:
+    s = TrainSample((4, 5), (6, 2), -0.25)
+    assert TrainSample.from_json(s.to_json(), 0) == s

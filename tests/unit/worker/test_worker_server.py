@@ -1,0 +1,154 @@
+"""The service's HTTP surface, served for real on loopback and called like a driver."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+
+import pytest
+from _worker_service import Running, start
+
+from slurmrl.auth.tokens import mint_secret, sign
+from slurmrl.worker.handle import (
+    ServiceError,
+    ServiceHandle,
+    ServiceParked,
+    ServiceUnauthorized,
+    ServiceUnreachable,
+)
+from slurmrl.worker.protocol import Role
+
+PROMPTS = ["1+2=", "30*4="]
+
+
+def _handle(svc: Running, secret: str | None = None) -> ServiceHandle:
+    return ServiceHandle(svc.address, secret or svc.secret, "42", "rollout", timeout_s=30)
+
+
+def _raw(svc: Running, method: str, path: str, body: bytes,
+         headers: dict[str, str]) -> tuple[int, dict[str, object]]:
+    host, port = svc.address.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_status_reports_identity_and_residency(rollout_service: Running) -> None:
+    st = _handle(rollout_service).status()
+    assert st["job_id"] == "42" and st["role"] == "rollout" and st["backend"] == "tiny"
+    assert st["residency"] == "active"
+    assert st["memory"]["device_bytes"] > 0  # type: ignore[index]
+
+
+def test_unsigned_call_is_refused_with_a_reason(rollout_service: Running) -> None:
+    status, body = _raw(rollout_service, "GET", "/v1/status", b"", {})
+    assert status == 401
+    assert body["code"] == "missing" and "unsigned" in str(body["error"])
+
+
+def test_wrong_secret_and_replay_and_tampering_are_refused(rollout_service: Running) -> None:
+    with pytest.raises(ServiceUnauthorized, match="another job's key"):
+        _handle(rollout_service, mint_secret()).generate(PROMPTS)
+    headers = sign(rollout_service.secret, "GET", "/v1/status", b"")
+    assert _raw(rollout_service, "GET", "/v1/status", b"", headers)[0] == 200
+    status, body = _raw(rollout_service, "GET", "/v1/status", b"", headers)
+    assert status == 401 and body["code"] == "replayed"
+    signed_for = json.dumps({"prompts": ["1="]}).encode()
+    sent = json.dumps({"prompts": ["9="]}).encode()
+    headers = sign(rollout_service.secret, "POST", "/v1/generate", signed_for)
+    assert _raw(rollout_service, "POST", "/v1/generate", sent, headers)[0] == 401
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (json.dumps({"prompts": "1+1="}).encode(), "prompts must be a list of strings"),
+        (json.dumps({"prompts": ["1="], "n": 2}).encode(), r"unknown field\(s\) \['n'\]"),
+        (json.dumps({"prompts": ["1="], "params": {"top_p": 1}}).encode(), "top_p"),
+        (json.dumps({"prompts": ["hello"]}).encode(), "outside the tiny vocabulary"),
+    ],
+)
+def test_malformed_generate_gets_400_naming_the_problem(
+    rollout_service: Running, body: bytes, message: str
+) -> None:
+    headers = sign(rollout_service.secret, "POST", "/v1/generate", body)
+    status, reply = _raw(rollout_service, "POST", "/v1/generate", body, headers)
+    assert status == 400
+    assert re.search(message, str(reply["error"]))
+
+
+def test_parked_service_refuses_data_plane_with_409(rollout_service: Running) -> None:
+    h = _handle(rollout_service)
+    before = h.generate(PROMPTS, seed=5)
+    assert h.park(level=1)["residency"] == "parked"
+    with pytest.raises(ServiceParked, match="acquire a lease first"):
+        h.generate(PROMPTS, seed=5)
+    with pytest.raises(ServiceParked):
+        h.export_weights()
+    assert h.status()["residency"] == "parked"  # control plane still answers
+    h.activate()
+    assert h.generate(PROMPTS, seed=5) == before
+
+
+def test_bad_park_level_and_unknown_route(rollout_service: Running) -> None:
+    h = _handle(rollout_service)
+    with pytest.raises(ServiceError, match="level must be 1") as err:
+        h.park(level=7)
+    assert err.value.status == 400
+    headers = sign(rollout_service.secret, "GET", "/v1/nothing", b"")
+    host, port = rollout_service.address.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("GET", "/v1/nothing", headers=headers)
+    assert conn.getresponse().status == 404
+    conn.close()
+
+
+def test_weights_sync_between_services_over_http(
+    rollout_service: Running, trainer_service: Running
+) -> None:
+    roll = _handle(rollout_service)
+    trainer = ServiceHandle(trainer_service.address, trainer_service.secret, "42", "trainer")
+    out = roll.generate(PROMPTS, seed=1, max_tokens=6)
+    before = roll.generate(PROMPTS, seed=9, max_tokens=12)
+    for _ in range(3):
+        metrics = trainer.train_step([s.with_advantage(1.0) for s in out.samples])
+    assert metrics["step"] == 3.0
+    assert trainer.sync_weights_to(roll) > 0
+    assert roll.export_weights() == trainer.export_weights()
+    assert roll.generate(PROMPTS, seed=9, max_tokens=12) != before
+
+
+def test_body_over_the_limit_gets_413() -> None:
+    svc, stop = start(Role.TRAINER, mint_secret(), max_body_bytes=1024)
+    try:
+        h = ServiceHandle(svc.address, svc.secret, "42", "trainer")
+        with pytest.raises(ServiceError, match="larger than 1024 bytes") as err:
+            h.import_weights(b"x" * 4096)
+        assert err.value.status == 413
+    finally:
+        stop()
+
+
+def test_on_tail_sees_the_active_count_shrink(rollout_service: Running) -> None:
+    seen: list[int] = []
+    prompts = ["1+1="] * 64
+    _handle(rollout_service).generate(prompts, max_tokens=48, micro_batch=1, temperature=0.0,
+                                      on_tail=seen.append, poll_s=0.005)
+    assert seen, "the status poller never reported"
+    assert all(0 <= n <= len(prompts) for n in seen)
+    assert seen == sorted(seen, reverse=True)
+
+
+def test_unreachable_service_and_bad_address() -> None:
+    with pytest.raises(ValueError, match="host:port"):
+        ServiceHandle("nowhere", mint_secret(), "1", "rollout")
+    h = ServiceHandle("127.0.0.1:1", mint_secret(), "1", "rollout", timeout_s=2)
+    with pytest.raises(ServiceUnreachable):
+        h.status()

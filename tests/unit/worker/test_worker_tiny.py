@@ -1,0 +1,151 @@
+"""The tiny backend: real sampling and training on CPU, surviving park/activate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slurmrl.model import Residency
+from slurmrl.worker.protocol import BackendError, GenerateParams, NotReady, Role, TrainSample
+from slurmrl.worker.tiny import TinyBackend
+
+PROMPTS = ["12+7=", "3*4=", "9-5=", "1+1=", "20+22="]
+PARAMS = GenerateParams(max_tokens=12, temperature=1.0, seed=7, micro_batch=2)
+
+
+def _rollout(seed: int = 0) -> TinyBackend:
+    b = TinyBackend(Role.ROLLOUT, seed=seed)
+    b.load()
+    return b
+
+
+def _trainer(seed: int = 0) -> TinyBackend:
+    b = TinyBackend(Role.TRAINER, seed=seed)
+    b.load()
+    return b
+
+
+def _batch(backend: TinyBackend, seed: int) -> list[TrainSample]:
+    out = _rollout().generate(PROMPTS, GenerateParams(seed=seed, max_tokens=8))
+    return [s.with_advantage(1.0 if i % 2 else -0.5) for i, s in enumerate(out.samples)]
+
+
+def _weights(b: TinyBackend) -> dict[str, torch.Tensor]:
+    return torch.load(__import__("io").BytesIO(b.export_weights()), weights_only=True)
+
+
+def test_same_seed_same_outputs_and_other_seed_differs() -> None:
+    b = _rollout()
+    first = b.generate(PROMPTS, PARAMS)
+    assert first == b.generate(PROMPTS, PARAMS)
+    other = b.generate(PROMPTS, GenerateParams(max_tokens=12, seed=8, micro_batch=2))
+    assert [s.completion_ids for s in other.samples] != [
+        s.completion_ids for s in first.samples
+    ]
+    assert [s.prompt for s in first.samples] == PROMPTS
+
+
+def test_finish_order_and_active_trace_describe_the_tail() -> None:
+    out = _rollout().generate(PROMPTS, PARAMS)
+    assert sorted(s.finish_rank for s in out.samples) == list(range(len(PROMPTS)))
+    trace = out.active_trace
+    assert trace[-1] == 0
+    assert list(trace) == sorted(trace, reverse=True)  # the count only shrinks
+    assert trace[0] <= len(PROMPTS)
+    for s in out.samples:
+        assert s.finish_reason in ("stop", "length")
+        if s.finish_reason == "length":
+            assert len(s.completion_ids) == PARAMS.max_tokens
+
+
+def test_park_frees_the_device_copy_and_activate_restores_outputs() -> None:
+    b = _rollout()
+    before = b.generate(PROMPTS, PARAMS)
+    active_mem = b.memory()
+    b.park(1)
+    assert b.residency is Residency.PARKED
+    assert b.memory().device_bytes == 0
+    assert b.memory().host_bytes == active_mem.device_bytes
+    with pytest.raises(NotReady, match="parked"):
+        b.generate(PROMPTS, PARAMS)
+    b.activate()
+    assert b.residency is Residency.ACTIVE
+    assert b.generate(PROMPTS, PARAMS) == before
+
+
+def test_drop_then_activate_refuses_generate_until_weights_arrive() -> None:
+    b = _rollout()
+    before = b.generate(PROMPTS, PARAMS)
+    blob = b.export_weights()
+    b.park(2)
+    assert b.residency is Residency.DROPPED
+    b.activate()
+    with pytest.raises(NotReady, match="import weights"):
+        b.generate(PROMPTS, PARAMS)
+    b.import_weights(blob)
+    assert b.generate(PROMPTS, PARAMS) == before
+
+
+def test_training_resumes_identically_after_park() -> None:
+    a, control = _trainer(), _trainer()
+    batch1, batch2 = _batch(a, 1), _batch(a, 2)
+    assert a.train_step(batch1) == control.train_step(batch1)
+    a.park(1)
+    assert a.memory().device_bytes == 0
+    a.activate()
+    m_a, m_c = a.train_step(batch2), control.train_step(batch2)
+    assert m_a == m_c
+    wa, wc = _weights(a), _weights(control)
+    assert all(torch.equal(wa[k], wc[k]) for k in wc)
+
+
+def test_a_lost_optimizer_state_would_show() -> None:
+    # The check above is only meaningful if Adam's state changes the second step.
+    a, fresh = _trainer(), _trainer()
+    batch1, batch2 = _batch(a, 1), _batch(a, 2)
+    a.train_step(batch1)
+    fresh.train_step(batch1)
+    fresh._opt = torch.optim.Adam(fresh._model.parameters(), lr=3e-3)  # type: ignore[union-attr]
+    assert a.train_step(batch2)["loss"] == fresh.train_step(batch2)["loss"]
+    wa, wf = _weights(a), _weights(fresh)
+    assert any(not torch.equal(wa[k], wf[k]) for k in wa)
+
+
+def test_training_changes_weights_and_sync_makes_rollout_equal_trainer() -> None:
+    trainer, rollout = _trainer(), _rollout()
+    before = rollout.generate(PROMPTS, PARAMS)
+    for seed in range(3):
+        metrics = trainer.train_step(_batch(trainer, seed))
+        assert metrics["tokens"] > 0 and metrics["step"] == seed + 1
+    rollout.import_weights(trainer.export_weights())
+    wt, wr = _weights(trainer), _weights(rollout)
+    assert all(torch.equal(wt[k], wr[k]) for k in wt)
+    assert rollout.generate(PROMPTS, PARAMS) != before
+
+
+def test_trainer_cannot_drop_and_rollout_cannot_train() -> None:
+    with pytest.raises(BackendError, match="level 2"):
+        _trainer().park(2)
+    with pytest.raises(BackendError, match="trainer call"):
+        _rollout().train_step([TrainSample((4,), (5, 2), 1.0)])
+    with pytest.raises(BackendError, match="park level must be 1"):
+        _rollout().park(3)
+
+
+def test_bad_inputs_name_what_is_wrong() -> None:
+    b = _rollout()
+    with pytest.raises(BackendError, match=r"\['x'\]"):
+        b.generate(["1+x="], PARAMS)
+    with pytest.raises(BackendError, match="at least one prompt"):
+        b.generate([], PARAMS)
+    with pytest.raises(BackendError, match="not a torch state_dict"):
+        b.import_weights(b"garbage")
+    with pytest.raises(BackendError, match="do not fit"):
+        import io
+
+        buf = io.BytesIO()
+        torch.save({"embed.weight": torch.zeros(2, 2)}, buf)
+        b.import_weights(buf.getvalue())
+    t = _trainer()
+    with pytest.raises(BackendError, match="outside the model's vocabulary"):
+        t.train_step([TrainSample((4,), (500,), 1.0)])
