@@ -459,11 +459,43 @@ static int cross_check(void)
 
 typedef spank_err_t (*setenv_f)(spank_t, const char *, const char *, int);
 
+struct env_var { const char *name; const char *value; };
+
+static const char *const contract_vars[] = {
+	"SLURMRL_GPUS", "SLURMRL_MUX", "SLURMRL_LAYOUT", "SLURMRL_ROLLOUT_GPUS", "SLURMRL_MODEL",
+	"SLURMRL_MEM", "SLURMRL_GROUP", "SLURMRL_MAX_SLOWDOWN", "SLURMRL_PROFILE",
+	"SLURMRL_CONTROLLER", NULL
+};
+
+/*
+ * A job submitted from inside another RL job inherits its SLURMRL_* variables through
+ * sbatch's environment; in an RL step only the variables this job's options set may stay.
+ */
+static int unset_stale(spank_t sp, const struct env_var *vars, int n)
+{
+	int i, j, keep;
+	spank_err_t rc;
+
+	for (i = 0; contract_vars[i] != NULL; i++) {
+		for (keep = 0, j = 0; j < n && !keep; j++)
+			keep = strcmp(vars[j].name, contract_vars[i]) == 0;
+		if (keep)
+			continue;
+		rc = spank_unsetenv(sp, contract_vars[i]);
+		if (rc != ESPANK_SUCCESS && rc != ESPANK_ENV_NOEXIST) {
+			slurm_error("slurmrl: cannot unset %s: %s", contract_vars[i],
+				    spank_strerror(rc));
+			return -1;
+		}
+	}
+	return 0;
+}
+
 /* Exports the job's directives through `set`; only RL jobs (--rl-gpus) get any. */
 static int export_all(spank_t sp, setenv_f set, const char *how)
 {
 	char num[32];
-	struct { const char *name; const char *value; } vars[12];
+	struct env_var vars[12];
 	int n = 0, i;
 	char gpus_s[16], mem_s[24];
 	spank_err_t rc;
@@ -489,6 +521,8 @@ static int export_all(spank_t sp, setenv_f set, const char *how)
 	if (controller[0]) {
 		vars[n].name = "SLURMRL_CONTROLLER"; vars[n++].value = controller;
 	}
+	if (set == spank_setenv && unset_stale(sp, vars, n) < 0)
+		return -1;
 	for (i = 0; i < n; i++) {
 		rc = set(sp, vars[i].name, vars[i].value, 1);
 		if (rc != ESPANK_SUCCESS) {

@@ -119,13 +119,13 @@ class DevCluster:
 
     def _make_dirs(self) -> None:
         lay = self.layout
+        # The spool must be traversable: jobs exec their batch script from it as the user.
         for path in (lay.state_dir, lay.etc, lay.run, lay.log, lay.dev, lay.lib,
-                     lay.slurmd_spool.parent):
+                     lay.slurmd_spool.parent, lay.slurmd_spool):
             path.mkdir(parents=True, exist_ok=True)
             path.chmod(0o755)
-        for path in (lay.ctld_state, lay.slurmd_spool):
-            path.mkdir(parents=True, exist_ok=True)
-            path.chmod(0o700)
+        lay.ctld_state.mkdir(parents=True, exist_ok=True)
+        lay.ctld_state.chmod(0o700)
 
     def _make_gpu_devices(self) -> None:
         # Slurm only checks that the device files exist; the null device is harmless.

@@ -1,0 +1,154 @@
+"""Shared fixtures of the integration tier: the real local Slurm and jobs submitted to it.
+
+- `dev_cluster` (session): brings the dev cluster up (idempotent, so a cluster that
+  `make integration` already started is reused) and exports SLURM_CONF for every
+  subprocess of the session. A cluster that cannot come up fails the tests, never skips.
+- `slurm_env` (session): a clean environment for Slurm clients (SLURM_CONF set, the
+  runner's own SLURMRL_* variables removed so jobs see only what the plugin exports).
+- `jobs` (function): a `JobFactory` that records every job it submits and scancels them
+  all at teardown, pyslurm-style.
+- `shared_tmp` (function): a world-writable scratch dir for job output of other users.
+
+Add new fixtures below; keep them on real processes (no mocks in this tier).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from slurmrl.devcluster import DevCluster, DevClusterError
+
+STATE_DIR = Path(os.environ.get("SLURMRL_DEV_STATE", "/var/lib/slurmrl-dev"))
+COMMAND_TIMEOUT_S = 30.0
+JOB_WAIT_S = 60.0
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+            "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Everything in this directory runs on the real cluster.
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def dev_cluster() -> Iterator[DevCluster]:
+    cluster = DevCluster(STATE_DIR)
+    try:
+        cluster.up()
+    except DevClusterError as exc:
+        pytest.fail(f"the dev cluster did not come up: {exc}")
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in cluster.env().items():
+            mp.setenv(key, value)
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_env(dev_cluster: DevCluster) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMRL_")}
+    env.update(dev_cluster.env())
+    return env
+
+
+@dataclass(frozen=True)
+class Submission:
+    """The outcome of one sbatch/srun call."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    job_id: int | None
+
+
+@dataclass
+class JobFactory:
+    """Submits jobs (as root or as another user), remembers them, cancels them all."""
+
+    env: dict[str, str]
+    workdir: Path
+    job_ids: list[int] = field(default_factory=list)
+
+    def run(self, argv: Sequence[str], *, user: str | None = None,
+            input_text: str | None = None, timeout_s: float = COMMAND_TIMEOUT_S,
+            ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command in the cluster's environment."""
+        full = ["runuser", "-u", user, "--", *argv] if user else list(argv)
+        return subprocess.run(full, capture_output=True, text=True, env=self.env,
+                              cwd=self.workdir, timeout=timeout_s, input=input_text,
+                              check=False)
+
+    def sbatch(self, args: Sequence[str], *, user: str | None = None,
+               script: str | None = None) -> Submission:
+        """`sbatch --parsable ARGS [script]`; a unique --job-name unless ARGS has one."""
+        argv = ["sbatch", "--parsable"]
+        if not any(a.startswith(("--job-name", "-J")) for a in args):
+            argv.append(f"--job-name=t-{uuid.uuid4().hex[:10]}")
+        argv.extend(args)
+        if script is not None:
+            path = self.workdir / f"job-{uuid.uuid4().hex[:8]}.sh"
+            path.write_text(script)
+            path.chmod(0o755)
+            argv.append(str(path))
+        proc = self.run(argv, user=user)
+        job_id = None
+        match = re.match(r"^(\d+)", proc.stdout.strip())
+        if proc.returncode == 0 and match:
+            job_id = int(match.group(1))
+            self.job_ids.append(job_id)
+        return Submission(tuple(argv), proc.returncode, proc.stdout, proc.stderr, job_id)
+
+    def state(self, job_id: int) -> str | None:
+        proc = self.run(["squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%T"])
+        out = proc.stdout.strip()
+        return out or None
+
+    def wait(self, job_id: int, timeout_s: float = JOB_WAIT_S) -> str:
+        """Wait until the job is in a terminal state; return that state."""
+        deadline = time.monotonic() + timeout_s
+        state = None
+        while time.monotonic() < deadline:
+            state = self.state(job_id)
+            if state is None or state in TERMINAL:
+                return state or "GONE"
+            time.sleep(0.2)
+        raise AssertionError(f"job {job_id} still {state} after {timeout_s:g} s")
+
+    def jobs_named(self, name: str) -> list[str]:
+        """Ids of every job (any state) called `name`."""
+        proc = self.run(["squeue", "-h", "-t", "all", "-n", name, "-o", "%i"])
+        return proc.stdout.split()
+
+    def cancel_all(self) -> None:
+        if self.job_ids:
+            self.run(["scancel", *map(str, self.job_ids)])
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A directory every test user can write job output into (pytest's are root-only)."""
+    path = Path(tempfile.mkdtemp(prefix="slurmrl-it-"))
+    path.chmod(0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def jobs(slurm_env: dict[str, str], shared_tmp: Path) -> Iterator[JobFactory]:
+    factory = JobFactory(env=slurm_env, workdir=shared_tmp)
+    yield factory
+    factory.cancel_all()

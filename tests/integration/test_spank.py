@@ -1,0 +1,140 @@
+"""The SPANK plugin on the real dev cluster: --rl-* through sbatch, #SBATCH lines and srun.
+
+The cases come from tests/data/directives.toml, the same table the Python parser is
+tested against, so the plugin and slurmrl.directives cannot drift apart silently.
+"""
+
+from __future__ import annotations
+
+import tomllib
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmrl.devcluster import DevCluster
+from tests.integration.conftest import JobFactory
+
+pytestmark = pytest.mark.integration
+
+CASES: dict[str, Any] = tomllib.loads(
+    (Path(__file__).parents[1] / "data" / "directives.toml").read_text()
+)
+CONTROLLER = "http://127.0.0.1:6829"
+
+
+def _flags(options: dict[str, str]) -> list[str]:
+    return [f"--{name}={value}" for name, value in options.items()]
+
+
+def _slurmrl_env(text: str) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in text.splitlines() if line.startswith("SLURMRL_"))
+    return {k: v for k, v in pairs}
+
+
+def _run_and_read(jobs: JobFactory, args: list[str], *, user: str | None = None,
+                  script: str | None = None) -> str:
+    out = jobs.workdir / f"out-{uuid.uuid4().hex[:8]}.txt"
+    sub = jobs.sbatch([f"--output={out}", *args], user=user, script=script)
+    assert sub.returncode == 0, sub.stderr
+    assert sub.job_id is not None
+    assert jobs.wait(sub.job_id) in ("COMPLETED", "GONE")
+    return out.read_text()
+
+
+@pytest.mark.parametrize("case", CASES["invalid"],
+                         ids=lambda c: "|".join(c["options"].values())[:40])
+def test_malformed_directive_fails_sbatch_and_creates_no_job(
+    jobs: JobFactory, case: dict[str, Any],
+) -> None:
+    name = f"bad-{uuid.uuid4().hex[:10]}"
+    sub = jobs.sbatch([f"--job-name={name}", *_flags(case["options"]), "--wrap", "true"])
+    assert sub.returncode != 0
+    assert sub.job_id is None
+    assert f"slurmrl: {case['message']}" in sub.stderr or case["message"] in sub.stderr
+    assert jobs.jobs_named(name) == []
+
+
+@pytest.mark.parametrize("case", CASES["valid"], ids=lambda c: c["name"])
+def test_valid_directives_reach_the_job_as_slurmrl_env(
+    jobs: JobFactory, case: dict[str, Any],
+) -> None:
+    out = _run_and_read(jobs, [*_flags(case["options"]), "--wrap", "env | grep ^SLURMRL_"])
+    assert _slurmrl_env(out) == {**case["env"], "SLURMRL_CONTROLLER": CONTROLLER}
+
+
+def test_acceptance_command_prints_the_exported_values(jobs: JobFactory) -> None:
+    out = _run_and_read(jobs, ["--rl-gpus=4", "--rl-model=tiny", "--wrap",
+                               "env | grep ^SLURMRL_"])
+    assert "SLURMRL_GPUS=4" in out.splitlines()
+    assert "SLURMRL_MODEL=tiny" in out.splitlines()
+
+
+def test_sbatch_lines_in_a_script_work(jobs: JobFactory) -> None:
+    script = (
+        "#!/bin/bash\n"
+        "#SBATCH --rl-gpus=2\n"
+        "#SBATCH --rl-model=tiny\n"
+        "#SBATCH --rl-profile=rollout=0.6,train=0.4\n"
+        "env | grep ^SLURMRL_\n"
+    )
+    env = _slurmrl_env(_run_and_read(jobs, [], script=script))
+    assert env["SLURMRL_GPUS"] == "2"
+    assert env["SLURMRL_PROFILE"] == "rollout=0.6,train=0.4"
+
+
+def test_malformed_sbatch_line_in_a_script_fails(jobs: JobFactory) -> None:
+    sub = jobs.sbatch([], script="#!/bin/bash\n#SBATCH --rl-gpus=lots\ntrue\n")
+    assert sub.returncode != 0
+    assert "--rl-gpus=lots: expected an integer 1..1024" in sub.stderr
+
+
+def test_srun_rejects_a_malformed_value(jobs: JobFactory) -> None:
+    proc = jobs.run(["srun", "--rl-gpus=abc", "true"])
+    assert proc.returncode != 0
+    assert "--rl-gpus=abc: expected an integer 1..1024" in proc.stderr
+
+
+def test_srun_steps_get_the_env_too(jobs: JobFactory) -> None:
+    proc = jobs.run(["srun", "-n1", "--rl-gpus=2", "--rl-mux=off", "--rl-mem=1G",
+                     "printenv"])
+    assert proc.returncode == 0, proc.stderr
+    env = _slurmrl_env(proc.stdout)
+    assert env["SLURMRL_GPUS"] == "2"
+    assert env["SLURMRL_MUX"] == "off"
+    assert env["SLURMRL_MEM"] == str(2**30)
+
+
+def test_a_job_of_another_user_gets_its_directives(jobs: JobFactory) -> None:
+    out = _run_and_read(jobs, ["--rl-gpus=1", "--rl-group=alice", "--wrap",
+                               "id -un; env | grep ^SLURMRL_"], user="rlalice")
+    assert out.splitlines()[0] == "rlalice"
+    assert _slurmrl_env(out)["SLURMRL_GROUP"] == "alice"
+
+
+def test_a_plain_job_gets_no_slurmrl_env(jobs: JobFactory) -> None:
+    out = _run_and_read(jobs, ["--wrap", "env | grep ^SLURMRL_ || echo none"])
+    assert out.strip() == "none"
+
+
+def test_inherited_slurmrl_variables_do_not_leak_into_an_rl_job(jobs: JobFactory) -> None:
+    # e.g. a job submitted from inside another RL job
+    jobs.env = {**jobs.env, "SLURMRL_GROUP": "outer", "SLURMRL_GPUS": "8"}
+    env = _slurmrl_env(_run_and_read(jobs, ["--rl-gpus=2", "--wrap", "env"]))
+    assert env["SLURMRL_GPUS"] == "2"
+    assert "SLURMRL_GROUP" not in env
+
+
+def test_help_lists_the_directives(jobs: JobFactory) -> None:
+    proc = jobs.run(["sbatch", "--help"])
+    for option in ("--rl-gpus=N", "--rl-model=NAME|PATH", "--rl-mem=SIZE", "--rl-mux",
+                   "--rl-group=NAME", "--rl-max-slowdown=X", "--rl-profile=SPEC",
+                   "--rl-layout"):
+        assert option in proc.stdout
+
+
+def test_plugstack_conf_passes_the_controller_url(dev_cluster: DevCluster) -> None:
+    text = dev_cluster.layout.plugstack_conf.read_text()
+    assert f"controller={CONTROLLER}" in text
+    assert str(dev_cluster.layout.plugin_so) in text
