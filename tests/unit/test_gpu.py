@@ -1,0 +1,195 @@
+"""GPU monitoring and memory estimates.
+
+The no-GPU tests use the real pynvml on this GPU-less machine. The parsing tests use a
+FAKE NVML module (`FakeNvml` below), because there is no GPU here to read: they check
+how readings are turned into values, not that NVML works.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from slurmrl.gpu import (
+    NvmlMonitor,
+    descendant_pids,
+    estimate_model_memory,
+    parse_param_count,
+)
+from slurmrl.gpu.estimate import GiB
+
+
+def test_no_gpu_mode_is_clean_with_real_pynvml() -> None:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.fail("this machine has an NVIDIA driver; the no-GPU test needs none")
+    mon = NvmlMonitor()
+    assert mon.available is False
+    assert "no GPU" in mon.reason
+    assert mon.snapshot() == ()
+    assert mon.device_count() == 0
+    assert mon.process_memory([os.getpid()]) is None  # unknown, never "0 bytes"
+    with pytest.raises(RuntimeError, match="no GPU"):
+        mon.read(0)
+    mon.close()
+
+
+class FakeNvml:
+    """FAKE pynvml for unit tests only: two GPUs, the second a MIG-like device."""
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_LibraryNotFound(NVMLError):
+        pass
+
+    class NVMLError_DriverNotLoaded(NVMLError):
+        pass
+
+    class NVMLError_NotSupported(NVMLError):
+        pass
+
+    class NVMLError_NoPermission(NVMLError):
+        pass
+
+    def __init__(self, init_error: type[Exception] | None = None) -> None:
+        self.init_error = init_error
+        self.shut = False
+
+    def nvmlInit(self) -> None:
+        if self.init_error:
+            raise self.init_error()
+
+    def nvmlShutdown(self) -> None:
+        self.shut = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+        if h == 1:
+            raise self.NVMLError_NotSupported()
+        return SimpleNamespace(gpu=87, memory=40)
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        return SimpleNamespace(used=(h + 1) * GiB, total=80 * GiB, free=0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
+        if h == 0:
+            return [SimpleNamespace(pid=100, usedGpuMemory=3 * GiB),
+                    SimpleNamespace(pid=200, usedGpuMemory=None)]
+        return [SimpleNamespace(pid=100, usedGpuMemory=GiB)]
+
+    def nvmlDeviceGetUUID(self, h: int) -> bytes:
+        return f"GPU-{h}".encode()
+
+    def nvmlDeviceGetName(self, h: int) -> str:
+        return "FAKE H100"
+
+
+def test_fake_readings_parse_and_unsupported_is_none() -> None:
+    mon = NvmlMonitor(FakeNvml())
+    assert mon.available
+    g0, g1 = mon.snapshot()
+    assert (g0.index, g0.uuid, g0.name, g0.utilization_pct) == (0, "GPU-0", "FAKE H100", 87)
+    assert g0.memory_used_bytes == GiB and g0.memory_total_bytes == 80 * GiB
+    assert g1.utilization_pct is None  # NotSupported per call -> unknown, not an error
+    assert g0.processes is not None and g0.processes[1].used_bytes is None
+
+
+def test_fake_process_memory_sums_over_gpus_and_refuses_to_guess() -> None:
+    mon = NvmlMonitor(FakeNvml())
+    assert mon.process_memory([100]) == 4 * GiB
+    assert mon.process_memory([999]) == 0
+    assert mon.process_memory([100, 200]) is None  # one reading unreported
+
+
+@pytest.mark.parametrize("error", ["NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded"])
+def test_fake_init_failures_give_no_gpu_mode(error: str) -> None:
+    fake = FakeNvml()
+    fake.init_error = getattr(FakeNvml, error)
+    mon = NvmlMonitor(fake)
+    assert not mon.available and mon.reason.startswith("no GPU")
+    assert mon.snapshot() == ()
+
+
+def test_descendant_pids_finds_a_real_child() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        tree = descendant_pids(os.getpid())
+        assert os.getpid() in tree and child.pid in tree
+        assert 1 not in tree
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("Qwen/Qwen2.5-7B-Instruct", 7_000_000_000),
+        ("Qwen3-30B-A3B", 30_000_000_000),
+        ("deepseek-r1-distill-1.5b", 1_500_000_000),
+        ("facebook/opt-125m", 125_000_000),
+        ("tiny", 29_970),
+        (12345, 12345),
+    ],
+)
+def test_parameter_counts_from_names(name: str | int, params: int) -> None:
+    assert parse_param_count(name) == params
+
+
+@pytest.mark.parametrize("name", ["gpt2", "Mixtral-8x7B", "", 0])
+def test_unparseable_sizes_say_how_to_fix(name: str | int) -> None:
+    with pytest.raises(ValueError, match=r"parameter count|must be > 0"):
+        parse_param_count(name)
+
+
+def test_trainer_needs_adam_state_and_parks_it_on_the_host() -> None:
+    est = estimate_model_memory("Llama-3.1-70B", "trainer", gpus=8)
+    per_gpu = 70_000_000_000 // 8
+    assert est.weights_bytes == per_gpu * 2 and est.optimizer_bytes == per_gpu * 12
+    assert est.device_bytes == per_gpu * 16 + GiB
+    assert est.parked_host_bytes() == per_gpu * 14
+    # the research facts: a 70B job's trainer state is ~1.1 TB in total
+    assert 0.9e12 < est.parked_host_bytes() * 8 < 1.2e12
+    with pytest.raises(ValueError, match="level 2"):
+        est.parked_host_bytes(level=2)
+
+
+def test_rollout_weights_plus_kv_budget() -> None:
+    est = estimate_model_memory("Qwen2.5-7B", "rollout", kv_cache_bytes=20 * GiB)
+    assert est.device_bytes == 14_000_000_000 + 20 * GiB + GiB
+    assert est.parked_host_bytes(1) == 14_000_000_000
+    assert est.parked_host_bytes(2) == 0
+    assert est.parked_device_bytes() == GiB
+    small = estimate_model_memory("tiny", "rollout")
+    assert small.kv_cache_bytes == GiB  # default budget has a floor
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"role": "critic"}, "role must be"),
+        ({"role": "rollout", "gpus": 0}, "gpus must be"),
+        ({"role": "rollout", "dtype_bytes": 3}, "dtype_bytes"),
+        ({"role": "rollout", "kv_cache_bytes": -1}, "kv_cache_bytes"),
+    ],
+)
+def test_estimate_rejects_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        estimate_model_memory("7B", **kwargs)
