@@ -283,8 +283,11 @@ class CommandBackend:
         if cuda_visible_devices is not None:
             # Slurm gives every overlapping step the lowest GPU indices and sets
             # CUDA_VISIBLE_DEVICES itself, so pin inside the task with env(1).
+            # env(1) would take a program name containing "=" for an assignment.
+            if "=" in cmd[0]:
+                raise ValueError(f"program name {cmd[0]!r} contains '='; give a path")
             devs = ",".join(str(int(i)) for i in cuda_visible_devices)
-            cmd = ["env", f"CUDA_VISIBLE_DEVICES={devs}", "--", *cmd]
+            cmd = ["env", "--", f"CUDA_VISIBLE_DEVICES={devs}", *cmd]
         return [*a, "--", *cmd]
 
     def launch_step(
