@@ -1,0 +1,102 @@
+"""The dev cluster itself: idempotent `up`, recovery after kill -9, status, refusals.
+
+Other integration tests share this cluster, so every test here leaves it up and healthy.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurmrl.devcluster import DevCluster
+from tests.integration.conftest import JobFactory
+
+pytestmark = pytest.mark.integration
+
+
+def _cli(*args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+    # cwd=/ so another user imports the installed copy, not this (maybe unreadable) tree
+    argv = [sys.executable, "-m", "slurmrl.cli.main", "dev-cluster", *args]
+    if user:
+        argv = ["runuser", "-u", user, "--", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/",
+                          check=False)
+
+
+def test_up_twice_restarts_nothing(dev_cluster: DevCluster) -> None:
+    before = {d.name: d.pid for d in dev_cluster.status().daemons}
+    report = dev_cluster.up()
+    assert report.started == ()
+    assert report.status is not None and report.status.healthy
+    assert {d.name: d.pid for d in report.status.daemons} == before
+
+
+def test_status_shows_daemons_and_both_partitions(dev_cluster: DevCluster) -> None:
+    proc = _cli("status", "--state-dir", str(dev_cluster.layout.state_dir))
+    assert proc.returncode == 0, proc.stderr
+    for name in ("munged", "slurmctld", "slurmd"):
+        pid = next(d.pid for d in dev_cluster.status().daemons if d.name == name)
+        assert f"{name}" in proc.stdout and f"pid {pid}" in proc.stdout
+    assert "controller UP" in proc.stdout
+    assert "drivers*" in proc.stdout and "pools" in proc.stdout
+    assert "gpu:4" in proc.stdout
+
+
+def test_kill_9_of_every_daemon_then_up_brings_the_node_back(
+    dev_cluster: DevCluster, jobs: JobFactory,
+) -> None:
+    pids = {d.name: d.pid for d in dev_cluster.status().daemons}
+    assert all(pids.values()), pids
+    try:
+        for pid in pids.values():
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+        crashed = dev_cluster.status()
+        assert not crashed.healthy
+        assert not crashed.controller_up
+        report = dev_cluster.up()
+        assert set(report.started) == {"munged", "slurmctld", "slurmd"}
+    finally:
+        dev_cluster.up()  # whatever happened, leave the shared cluster up
+    status = dev_cluster.status()
+    assert status.healthy and status.node_state in ("idle", "mixed", "allocated")
+    assert all(d.pid not in (None, pids[d.name]) for d in status.daemons)
+    out = jobs.workdir / "after-crash.txt"
+    sub = jobs.sbatch([f"--output={out}", "--rl-gpus=1", "--wrap", "echo alive"])
+    assert sub.job_id is not None, sub.stderr
+    assert jobs.wait(sub.job_id) in ("COMPLETED", "GONE")
+    assert out.read_text().strip() == "alive"
+
+
+def test_pool_partition_hands_out_the_four_fake_gpus(jobs: JobFactory) -> None:
+    out = jobs.workdir / "gpus.txt"
+    sub = jobs.sbatch([f"--output={out}", "-p", "pools", "--gres=gpu:4", "--wrap",
+                       "echo $CUDA_VISIBLE_DEVICES"])
+    assert sub.job_id is not None, sub.stderr
+    assert jobs.wait(sub.job_id) in ("COMPLETED", "GONE")
+    assert out.read_text().strip() == "0,1,2,3"
+
+
+def test_test_users_exist_with_homes() -> None:
+    for user in ("slurmrl", "rlalice", "rlbob"):
+        proc = subprocess.run(["getent", "passwd", user], capture_output=True, text=True,
+                              check=False)
+        assert proc.returncode == 0
+        assert Path(proc.stdout.split(":")[5]).is_dir()
+
+
+def test_down_with_nothing_running_is_fine(tmp_path: Path) -> None:
+    # A state dir that never ran: nothing to stop, and the shared munged is not ours.
+    assert DevCluster(tmp_path / "never-up").down() == ()
+
+
+def test_up_refuses_a_non_root_user_readably() -> None:
+    proc = _cli("up", "--state-dir", "/tmp/slurmrl-never", user="rlbob")
+    assert proc.returncode == 1
+    assert "must be managed as root" in proc.stderr
+    assert "Traceback" not in proc.stderr
