@@ -138,3 +138,40 @@ def test_plugstack_conf_passes_the_controller_url(dev_cluster: DevCluster) -> No
     text = dev_cluster.layout.plugstack_conf.read_text()
     assert f"controller={CONTROLLER}" in text
     assert str(dev_cluster.layout.plugin_so) in text
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ("controller=http://127.0.0.1:6829 colour=blue",
+     "slurmrl: plugstack.conf: unknown argument 'colour=blue'"),
+    ("controller=ftp://host", "slurmrl: plugstack.conf: controller=ftp://host: expected an "
+     "http:// or https:// URL"),
+])
+def test_bad_plugstack_arguments_are_refused_by_name(
+    dev_cluster: DevCluster, jobs: JobFactory, args: str, message: str,
+) -> None:
+    # A private copy of the client config pointing at another plugstack.conf: sbatch loads
+    # the plugin locally, so the shared cluster is not touched.
+    etc = jobs.workdir / "etc"
+    etc.mkdir()
+    conf = dev_cluster.layout.slurm_conf.read_text().replace(
+        f"PlugStackConfig={dev_cluster.layout.plugstack_conf}",
+        f"PlugStackConfig={etc / 'plugstack.conf'}",
+    )
+    (etc / "slurm.conf").write_text(conf)
+    (etc / "gres.conf").write_text(dev_cluster.layout.gres_conf.read_text())
+    (etc / "plugstack.conf").write_text(f"required {dev_cluster.layout.plugin_so} {args}\n")
+    jobs.env = {**jobs.env, "SLURM_CONF": str(etc / "slurm.conf")}
+    name = f"ps-{uuid.uuid4().hex[:8]}"
+    sub = jobs.sbatch([f"--job-name={name}", "--rl-gpus=1", "--wrap", "true"])
+    assert sub.returncode != 0
+    assert message in sub.stderr
+    jobs.env = {**jobs.env, "SLURM_CONF": str(dev_cluster.slurm_conf)}
+    assert jobs.jobs_named(name) == []
+
+
+def test_option_without_value_swallows_the_next_word_and_fails(jobs: JobFactory) -> None:
+    # getopt takes `--wrap` as the value of --rl-gpus; the submission must still fail.
+    name = f"nv-{uuid.uuid4().hex[:8]}"
+    sub = jobs.sbatch([f"--job-name={name}", "--rl-gpus", "--wrap", "true"])
+    assert sub.returncode != 0
+    assert jobs.jobs_named(name) == []
