@@ -312,7 +312,13 @@ class CommandBackend:
             try:
                 self._await_step(handle, timeout_s)
                 return handle
-            except SlurmError as e:
+            except BaseException as e:
+                # Never leave a half-started srun behind (e.g. steps() timed out).
+                handle.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    handle.wait(timeout_s=10)
+                if not isinstance(e, SlurmError):
+                    raise
                 last = e
                 transient = isinstance(e, SlurmTimeout) or bool(_TRANSIENT.search(e.stderr))
                 if not transient or attempt == retries:
@@ -359,8 +365,13 @@ class CommandBackend:
                     return  # ran and finished before we saw it listed
                 raise SlurmError("srun failed", argv=handle.argv, returncode=rc,
                                  stderr=handle.stderr_text())
-            if handle.step_id(self) is not None:
-                return
+            try:
+                if handle.step_id(self) is not None:
+                    return
+            except SlurmError as e:
+                kind = SlurmTimeout if isinstance(e, SlurmTimeout) else SlurmError
+                raise kind(f"step launch: could not list the job's steps ({e})",
+                           argv=handle.argv, stderr=handle.stderr_text()) from e
             if time.monotonic() >= deadline:
                 handle.kill()
                 with contextlib.suppress(subprocess.TimeoutExpired):

@@ -320,3 +320,11 @@ def test_silent_controller_gives_slurm_timeout_not_a_hang(
     with pytest.raises(SlurmTimeout):
         b.nodes()
     assert b.ping() is False
+
+
+def test_step_launch_against_silent_controller_retries_then_times_out(
+        silent_controller: dict[str, str]) -> None:
+    b = CommandBackend(silent_controller, timeout_s=2)
+    with pytest.raises(SlurmTimeout) as e:
+        b.launch_step(1, ["true"], timeout_s=3, retries=1)
+    assert "srun" in " ".join(e.value.argv)
