@@ -75,3 +75,22 @@ def test_vllm_not_installed_names_the_extra() -> None:
 def test_bad_model_factory_specs(spec: str, message: str) -> None:
     with pytest.raises(BackendError, match=message):
         load_factory(spec)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_torch_trainer_on_cuda_frees_gpu_memory_when_parked() -> None:
+    import torch
+
+    b = make_backend("torch", Role.TRAINER, BackendOptions(device="cuda", lr=1e-2))
+    b.load()
+    roll = TinyBackend(Role.ROLLOUT)
+    roll.load()
+    batch = [s.with_advantage(1.0) for s in roll.generate(["1+2="], GenerateParams()).samples]
+    b.train_step(batch)
+    allocated = torch.cuda.memory_allocated()
+    b.park(1)
+    assert torch.cuda.memory_allocated() < allocated
+    assert b.memory().device_bytes == 0
+    b.activate()
+    assert b.train_step(batch)["step"] == 2.0
