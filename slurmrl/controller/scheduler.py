@@ -80,6 +80,8 @@ class LeaseScheduler:
         self._wake = asyncio.Event()
         #: called after every grant is committed (pool manager: make residency fit)
         self.grant_hooks: list[GrantHook] = []
+        #: set at shutdown: cancelled long polls then keep their requests for the restart
+        self.stopping = False
 
     # -- pools -----------------------------------------------------------------------------
     def open_pool(self, pool_id: int, gpus: int) -> None:
@@ -172,7 +174,8 @@ class LeaseScheduler:
         except TimeoutError:
             return None
         except asyncio.CancelledError:
-            if self._waiters.get(request_id, 0) <= 1 and table.request_of(request_id):
+            alone = self._waiters.get(request_id, 0) <= 1
+            if alone and not self.stopping and table.request_of(request_id):
                 self.cancel(request_id, "driver disconnected")
             raise
         finally:

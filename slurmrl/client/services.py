@@ -1,0 +1,55 @@
+"""`job.service(role)`: the worker's `ServiceHandle`, usable only inside a held lease.
+
+The controller lists a job's services (address, role) once the pool manager launched
+them; this module waits for one, then wraps its `ServiceHandle` so that every call first
+checks that the job holds a lease (raising `NoLease` or `LeaseRevoked` otherwise).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from slurmrl.client.job import NoLease
+
+if TYPE_CHECKING:
+    from slurmrl.client.job import Job
+
+
+class LeasedService:
+    """A service handle whose calls need a held lease of its job."""
+
+    def __init__(self, job: Job, handle: Any) -> None:
+        self._job = job
+        self._handle = handle
+
+    @classmethod
+    def find(cls, job: Job, role: str, backend: str | None, timeout_s: float) -> LeasedService:
+        from slurmrl.worker.handle import ServiceHandle
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for s in job.status().get("services", []):
+                ok = s["role"] == role and (backend is None or s["backend"] == backend)
+                if ok and s["address"]:
+                    return cls(job, ServiceHandle(s["address"], job.secret, str(job.job_id),
+                                                  role))
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"RL job {job.job_id} has no {role} service after "
+                                   f"{timeout_s:g} s (is it placed in a pool?)")
+            time.sleep(0.5)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._handle, name)
+        if not callable(attr) or name in ("close",):
+            return attr
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            lease = self._job.current
+            if lease is None:
+                raise NoLease(f"{self._handle.role}.{name}() needs a held lease: call it "
+                              "inside `with job.phase(...)`")
+            lease.check()
+            return attr(*args, **kwargs)
+
+        return guarded

@@ -1,0 +1,78 @@
+"""`slurmrl controller`: run the controller daemon in the foreground (systemd runs it so).
+
+Reads the site config (see site-configs/slurmrl.toml), opens or creates the colocation
+DB, restores leases and waiters from it, and serves the RPC until SIGTERM/SIGINT.
+`kill -9` is safe: every state change is committed before it is answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+import click
+
+from policies import registry
+from slurmrl.config import ConfigError, load
+
+
+@click.command("controller", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="site config (default: $SLURMRL_CONFIG or /etc/slurmrl/slurmrl.toml)")
+@click.option("--host", help="address to listen on (controller.host)")
+@click.option("--port", type=int, help="TCP port (controller.port)")
+@click.option("--db", "db_path", help="colocation DB path (controller.db_path)")
+@click.option("--lease-timeout", type=float, help="seconds (controller.lease_timeout_s)")
+@click.option("--heartbeat", type=float, help="seconds (controller.heartbeat_s)")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--debug-invariants", is_flag=True,
+              help="check the lease invariants after every event (tests; slower)")
+def controller(config_path: str | None, host: str | None, port: int | None,
+               db_path: str | None, lease_timeout: float | None, heartbeat: float | None,
+               log_level: str | None, debug_invariants: bool) -> None:
+    """Run the slurmrl controller (RPC, leases, colocation DB) in the foreground."""
+    overrides = {k: v for k, v in {
+        "controller.host": host, "controller.port": port, "controller.db_path": db_path,
+        "controller.lease_timeout_s": lease_timeout, "controller.heartbeat_s": heartbeat,
+        "controller.log_level": log_level}.items() if v is not None}
+    try:
+        cfg = load(config_path, overrides=overrides, known={"slice": registry.names("slice")})
+    except ConfigError as exc:
+        click.echo(f"slurmrl controller: {exc}", err=True)
+        sys.exit(1)
+    logging.basicConfig(level=cfg.controller.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(_run(cfg, debug_invariants))
+    except Exception as exc:  # a startup failure: say what, exit 1
+        click.echo(f"slurmrl controller: {exc}", err=True)
+        sys.exit(1)
+
+
+async def _run(cfg: object, debug_invariants: bool) -> None:
+    from slurmrl.config import Config
+    from slurmrl.controller.core import Controller
+    from slurmrl.controller.server import serve
+    from slurmrl.db import Store
+    from slurmrl.slurm import default_backend
+
+    assert isinstance(cfg, Config)
+    env = dict(os.environ)
+    if cfg.slurm.slurm_conf:
+        env["SLURM_CONF"] = cfg.slurm.slurm_conf
+    store = Store(cfg.controller.db_path)
+    c = Controller(cfg, store, default_backend(env), check_invariants=debug_invariants)
+    runner = await serve(c, cfg.controller.host, cfg.controller.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    logging.getLogger(__name__).info("stopping")
+    c.scheduler.stopping = True
+    await runner.cleanup()
+    await c.stop()
+    store.close()

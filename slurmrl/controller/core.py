@@ -1,0 +1,289 @@
+"""The controller: RL jobs, pools and leases behind the RPC, on one asyncio loop.
+
+`Controller` holds the Store, the lease scheduler, the Slurm backend and the pool
+manager, and implements every operation the RPC offers, with its authorization: a
+caller acts only on its own jobs; root and `controller.admins` act on all. Slurm calls
+run in worker threads (they block); DB writes run on the loop (they are short).
+
+Known limits: the `SLURMRL_*` request a driver presents is re-validated, not read from
+Slurm (Slurm cannot return a job's environment cheaply), so a user can only lie about
+their own job's request, and admission limits still apply to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from policies import registry
+from slurmrl.auth.requests import is_admin
+from slurmrl.auth.tokens import mint_secret
+from slurmrl.config import Config
+from slurmrl.controller.manager import AttachedPools, PoolManager
+from slurmrl.controller.metrics import Metrics
+from slurmrl.controller.scheduler import LeaseScheduler
+from slurmrl.controller.validate import RpcError
+from slurmrl.db import JobRecord, PoolRecord, Store
+from slurmrl.directives import DirectiveError, parse_env
+from slurmrl.leases.types import Lease
+from slurmrl.model import Identity, JobState
+from slurmrl.slurm import SlurmBackend, SlurmError, SlurmJobState
+
+log = logging.getLogger(__name__)
+
+_END_STATES = {"CD": JobState.COMPLETED, "F": JobState.FAILED, "CA": JobState.CANCELLED}
+
+
+class Controller:
+    """One controller process's state and operations."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        slurm: SlurmBackend,
+        *,
+        pools: PoolManager | None = None,
+        clock: Callable[[], float] = time.time,
+        check_invariants: bool = False,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.slurm = slurm
+        self.pools: PoolManager = pools or AttachedPools()
+        self.clock = clock
+        self.metrics = Metrics()
+        slice_name = config.policies.slice
+        registry.load("slice", slice_name, config.policies.params_for(slice_name))  # fail early
+        self.scheduler = LeaseScheduler(
+            store,
+            lambda: registry.load("slice", slice_name, config.policies.params_for(slice_name)),
+            config.controller.lease_timeout_s,
+            metrics=self.metrics, clock=clock, check_invariants=check_invariants,
+        )
+        self.scheduler.grant_hooks.append(self._on_grant)
+        self._placed: dict[int, asyncio.Event] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        restored = self.scheduler.restore()
+        log.info("restored %d held leases and waiting requests from %s", restored,
+                 self.store.path)
+        await self.pools.start(self)
+        self._tasks.append(asyncio.create_task(self.scheduler.run_timer()))
+        self._tasks.append(asyncio.create_task(self._reconcile_loop()))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self.pools.stop()
+
+    # -- authorization -------------------------------------------------------------------------
+    def is_admin(self, who: Identity) -> bool:
+        return is_admin(who, self.config.controller.admins)
+
+    def own_job(self, who: Identity, job_id: int) -> JobRecord:
+        """The job, if `who` may act on it; 404 if unknown, 403 if someone else's."""
+        job = self.store.job(job_id)
+        if job is None:
+            raise RpcError(404, "no-such-job", f"RL job {job_id} is not registered")
+        if job.uid != who.uid and not self.is_admin(who):
+            raise RpcError(403, "not-your-job",
+                           f"RL job {job_id} belongs to another user; uid {who.uid} may act "
+                           "only on its own jobs")
+        return job
+
+    def active_job(self, who: Identity, job_id: int) -> JobRecord:
+        job = self.own_job(who, job_id)
+        if job.state.terminal:
+            raise RpcError(409, "job-ended", f"RL job {job_id} has ended ({job.state})")
+        return job
+
+    def require_admin(self, who: Identity, what: str) -> None:
+        if not self.is_admin(who):
+            raise RpcError(403, "admin-only", f"{what} is for root and controller.admins")
+
+    # -- jobs -----------------------------------------------------------------------------------
+    async def register(self, who: Identity, job_id: int, env: Mapping[str, str]) -> JobRecord:
+        """Register a running Slurm job as an RL job (idempotent for its owner)."""
+        existing = self.store.job(job_id)
+        if existing is not None:
+            job = self.own_job(who, job_id)
+            if job.state.terminal:
+                raise RpcError(409, "job-ended", f"RL job {job_id} has ended ({job.state})")
+            return job
+        try:
+            request = parse_env(env)
+        except DirectiveError as exc:
+            raise RpcError(400, "bad-directives", str(exc)) from None
+        try:
+            info = await asyncio.to_thread(self.slurm.job, job_id)
+        except SlurmError as exc:
+            raise RpcError(503, "slurm-unavailable", f"cannot ask Slurm about job "
+                           f"{job_id}: {exc}") from None
+        if info is None:
+            raise RpcError(404, "no-such-slurm-job", f"Slurm does not know job {job_id}")
+        if info.uid != who.uid and not self.is_admin(who):
+            raise RpcError(403, "not-your-job",
+                           f"Slurm job {job_id} belongs to uid {info.uid}, not to the caller")
+        if info.state is not SlurmJobState.RUNNING:
+            raise RpcError(409, "job-not-running",
+                           f"Slurm job {job_id} is {info.state}, not RUNNING")
+        limit = self.config.limits.max_gpus_per_job
+        if request.gpus > limit:
+            raise RpcError(403, "admission-refused",
+                           f"--rl-gpus={request.gpus} exceeds this site's limit of {limit}")
+        job = JobRecord(
+            job_id=job_id, user=info.user, uid=info.uid, request=request,
+            state=JobState.PENDING, registered_at=self.clock(), name=info.name,
+            partition=info.partition, reason="PoolPending", secret=mint_secret(),
+        )
+        self.store.add_job(job)
+        log.info("registered RL job %d of %s (%d GPUs, %s)", job_id, info.user,
+                 request.gpus, request.layout)
+        await self.pools.job_registered(job)
+        return self.store.job(job_id) or job
+
+    async def end_job(self, job_id: int, state: JobState, reason: str) -> None:
+        """The job ended (deregistered, or Slurm says so): revoke its leases."""
+        job = self.store.job(job_id)
+        if job is None or job.state.terminal:
+            return
+        with self.store.transaction():
+            self.scheduler.remove_job(job_id, job.pool_id, "job-ended")
+            self.store.update_job(job_id, state=state, reason=reason, ended_at=self.clock(),
+                                  phase=None)
+        ev = self._placed.pop(job_id, None)
+        if ev is not None:
+            ev.set()
+        await self.pools.job_ended(job, reason)
+
+    async def deregister(self, who: Identity, job_id: int, state: str, reason: str) -> None:
+        self.active_job(who, job_id)
+        await self.end_job(job_id, _END_STATES[state], reason)
+
+    # -- pools (called by the pool manager, or by admins through the RPC) -----------------
+    async def attach_pool(self, who: Identity, slurm_job_id: int, dedicated: bool) -> PoolRecord:
+        """Make a running Slurm allocation with GPUs a pool."""
+        self.require_admin(who, "attaching a pool")
+        for pool in self.store.pools(open_only=True):
+            if pool.slurm_job_id == slurm_job_id:
+                return pool
+        try:
+            info = await asyncio.to_thread(self.slurm.job, slurm_job_id)
+        except SlurmError as exc:
+            raise RpcError(503, "slurm-unavailable", str(exc)) from None
+        if info is None or info.state is not SlurmJobState.RUNNING:
+            state = "unknown to Slurm" if info is None else str(info.state)
+            raise RpcError(409, "pool-not-running",
+                           f"Slurm job {slurm_job_id} is {state}, not RUNNING")
+        if not info.gpu_indices:
+            raise RpcError(409, "pool-has-no-gpus", f"Slurm job {slurm_job_id} holds no GPUs")
+        return self.open_pool(
+            gpus=len(info.gpu_indices), slurm_job_id=slurm_job_id, partition=info.partition,
+            nodes=info.nodes, gpu_indices=info.gpu_indices, dedicated=dedicated)
+
+    def open_pool(self, *, gpus: int, slurm_job_id: int | None, partition: str = "",
+                  nodes: tuple[str, ...] = (), gpu_indices: tuple[int, ...] = (),
+                  dedicated: bool = False) -> PoolRecord:
+        """Record an open pool and start scheduling its GPUs (pool manager API)."""
+        pool_id = self.store.add_pool(
+            gpus=gpus, opened_at=self.clock(), slurm_job_id=slurm_job_id,
+            partition=partition, nodes=nodes, gpu_indices=gpu_indices, dedicated=dedicated)
+        self.scheduler.open_pool(pool_id, gpus)
+        pool = self.store.pool(pool_id)
+        assert pool is not None
+        log.info("pool %d open: Slurm job %s, %d GPUs", pool_id, slurm_job_id, gpus)
+        return pool
+
+    async def close_pool(self, pool_id: int, reason: str) -> None:
+        """Revoke the pool's leases, end its jobs (a job never migrates), close it."""
+        with self.store.transaction():
+            self.scheduler.close_pool(pool_id, reason)
+            self.store.update_pool(pool_id, state="closed", reason=reason,
+                                   closed_at=self.clock())
+            for g in self.store.groups(pool_id=pool_id):
+                if g.dissolved_at is None:
+                    self.store.dissolve_group(g.group_id, self.clock())
+        for job in self.store.jobs(active=True, pool_id=pool_id):
+            await self.end_job(job.job_id, JobState.CANCELLED, reason)
+
+    def place_job(self, job_id: int, pool_id: int, pool_gpus: tuple[int, ...],
+                  group_id: int | None = None) -> None:
+        """Put a job into a pool: job-local GPU i runs on pool GPU `pool_gpus[i]`."""
+        job = self.store.job(job_id)
+        pool = self.store.pool(pool_id)
+        if job is None or pool is None or pool.state != "open":
+            raise ValueError(f"cannot place job {job_id} in pool {pool_id}")
+        if len(pool_gpus) != job.request.gpus or not all(0 <= g < pool.gpus for g in pool_gpus):
+            raise ValueError(f"pool GPUs {pool_gpus} do not fit job {job_id} in pool {pool_id}")
+        with self.store.transaction():
+            if group_id is None:
+                groups = [g for g in self.store.groups(pool_id=pool_id) if not g.dissolved_at]
+                group_id = (groups[0].group_id if groups
+                            else self.store.add_group(pool_id, self.clock()))
+            self.store.update_job(job_id, pool_id=pool_id, pool_gpus=pool_gpus,
+                                  group_id=group_id, state=JobState.RUNNING, reason="")
+        self.scheduler.add_member(pool_id, job_id, job.request.max_slowdown)
+        self._placed.setdefault(job_id, asyncio.Event()).set()
+        log.info("job %d placed in pool %d on GPUs %s", job_id, pool_id, list(pool_gpus))
+
+    async def wait_placed(self, job_id: int, timeout_s: float) -> JobRecord | None:
+        job = self.store.job(job_id)
+        if job is None or job.pool_id is not None or job.state.terminal or timeout_s <= 0:
+            return job
+        ev = self._placed.setdefault(job_id, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ev.wait(), timeout_s)
+        return self.store.job(job_id)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _on_grant(self, pool_id: int, lease: Lease) -> None:
+        self.store.update_job(lease.job_id, phase=str(lease.phase))
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.controller.reconcile_interval_s)
+            try:
+                await self.reconcile()
+            except Exception:  # Slurm down: try again next round
+                log.exception("reconcile failed")
+
+    async def reconcile(self) -> None:
+        """End RL jobs whose Slurm job ended; let the pool manager check pools."""
+        active = self.store.jobs(active=True)
+        if active:
+            infos = await asyncio.to_thread(self.slurm.jobs, [j.job_id for j in active])
+            by_id = {i.job_id: i for i in infos}
+            for job in active:
+                info = by_id.get(job.job_id)
+                if info is None or info.state.terminal:
+                    state = SlurmJobState.COMPLETED if info is None else info.state
+                    ours = (JobState.COMPLETED if state is SlurmJobState.COMPLETED
+                            else JobState.CANCELLED if state is SlurmJobState.CANCELLED
+                            else JobState.FAILED)
+                    await self.end_job(job.job_id, ours, f"Slurm job {state}")
+        await self.pools.reconcile()
+
+    def gpu_seconds_now(self, job_ids: list[int]) -> dict[int, float]:
+        """GPU-seconds per job: ended leases from the ledger plus what is held now."""
+        out = self.store.gpu_seconds(job_ids)
+        now = self.clock()
+        wanted = set(job_ids)
+        for table in self.scheduler.tables.values():
+            for lease in table.leases:
+                if lease.job_id in wanted:
+                    out[lease.job_id] = (out.get(lease.job_id, 0.0)
+                                         + len(lease.gpus) * max(0.0, now - lease.granted_at))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"pools": len(self.scheduler.tables), "db": self.store.path,
+                "slice_policy": self.config.policies.slice}

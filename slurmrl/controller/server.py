@@ -1,0 +1,379 @@
+"""The controller's RPC: JSON over HTTP/1.1 (aiohttp) under `/v1/`, MUNGE on every call.
+
+See docs/rpc.md for every endpoint and field. Each request is authenticated before its
+handler runs (`Authorization: MUNGE <credential>` bound to method, path and body; the
+uid comes from MUNGE only), its body is bounded by `controller.max_body_bytes` and
+validated whole before anything changes. Errors are JSON: `{"error": {"code",
+"message"}}` with 400 (malformed), 401 (credential), 403 (not yours / admins only),
+404, 409 (state conflict), 413 (too big), 503 (Slurm or munged unavailable).
+
+A driver waiting for a lease holds its HTTP request open (long poll, `wait_s`); if it
+disconnects, the server cancels the handler (`handler_cancellation=True`) and the waiting
+request is withdrawn, unless another poll of the same request is still waiting.
+`/v1/ping` and `/metrics` need no credential (they reveal nothing private).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from slurmrl import __version__
+from slurmrl.auth import AuthCode, AuthError
+from slurmrl.auth.requests import verify_request
+from slurmrl.controller.core import Controller
+from slurmrl.controller.scheduler import RequestEnded
+from slurmrl.controller.validate import (
+    F,
+    RpcError,
+    bad,
+    fields,
+    parse_id,
+    parse_ids,
+    parse_json,
+    parse_wait,
+)
+from slurmrl.controller.views import job_view, lease_view, pool_view
+from slurmrl.leases import LeaseError
+from slurmrl.leases.types import Lease
+from slurmrl.model import GPU_PHASES, Identity, LeaseState, Phase
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1"
+MAX_WAIT_S = 300.0
+PUBLIC = {("GET", "/v1/ping"), ("GET", "/metrics")}
+CTRL: web.AppKey[Controller] = web.AppKey("controller", Controller)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status)
+
+
+def _error(status: int, code: str, message: str) -> web.Response:
+    return _json({"error": {"code": code, "message": message}}, status)
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Authenticate, then turn every refusal into a JSON error."""
+    c = request.app[CTRL]
+    try:
+        body = await request.read()
+        if (request.method, request.path) not in PUBLIC:
+            request["who"] = verify_request(
+                request.headers.get("Authorization"), request.method, request.raw_path, body,
+                socket=c.config.auth.munge_socket or None,
+                max_age_s=c.config.auth.credential_ttl_s)
+        request["body"] = body
+        return await handler(request)
+    except AuthError as exc:
+        status = 503 if exc.code is AuthCode.UNAVAILABLE else 401
+        c.metrics.rpc_errors.labels(str(status)).inc()
+        return _error(status, f"auth-{exc.code}", exc.message)
+    except RpcError as exc:
+        c.metrics.rpc_errors.labels(str(exc.status)).inc()
+        return _error(exc.status, exc.code, exc.message)
+    except LeaseError as exc:
+        c.metrics.rpc_errors.labels("409").inc()
+        return _error(409, "lease-conflict", str(exc))
+    except web.HTTPRequestEntityTooLarge:
+        c.metrics.rpc_errors.labels("413").inc()
+        return _error(413, "too-large", f"request body larger than "
+                      f"{c.config.controller.max_body_bytes} bytes")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        c.metrics.rpc_errors.labels(str(exc.status)).inc()
+        return _error(exc.status, "http", f"{exc.reason}: {request.method} {request.path}")
+
+
+def _who(request: web.Request) -> Identity:
+    who = request["who"]
+    assert isinstance(who, Identity)
+    return who
+
+
+def _body(request: web.Request, spec: dict[str, F]) -> dict[str, Any]:
+    return fields(parse_json(request["body"]), spec)
+
+
+def _no_body(request: web.Request) -> None:
+    fields(parse_json(request["body"]), {})
+
+
+def _query(request: web.Request, allowed: set[str]) -> dict[str, str]:
+    unknown = sorted(set(request.query) - allowed)
+    if unknown:
+        raise bad(f"unknown query parameter(s) {', '.join(unknown[:5])}; accepted: "
+                  f"{', '.join(sorted(allowed)) or '(none)'}", "unknown-field")
+    return {k: request.query[k] for k in allowed if k in request.query}
+
+
+class Api:
+    """The route handlers; thin: check input, call the Controller, shape the answer."""
+
+    def __init__(self, c: Controller) -> None:
+        self.c = c
+
+    def _lease(self, lease: Lease | Any, pool_id: int, private: bool = True) -> dict[str, Any]:
+        job = self.c.store.job(lease.job_id)
+        pool = self.c.store.pool(pool_id)
+        return lease_view(lease, pool_id, job, self.c.config.controller.heartbeat_s,
+                          private=private, physical=pool.gpu_indices if pool else ())
+
+    async def ping(self, request: web.Request) -> web.Response:
+        return _json({"api": API_VERSION, "version": __version__})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.c.metrics.render(),
+                            content_type="text/plain", charset="utf-8")
+
+    async def register(self, request: web.Request) -> web.Response:
+        b = _body(request, {"job_id": F("int", True, 1, 2**53), "env": F("strmap", True)})
+        bad_keys = [k for k in b["env"] if not k.startswith("SLURMRL_")]
+        if bad_keys:
+            raise bad(f"env may only carry SLURMRL_* variables, got {bad_keys[0][:40]!r}")
+        job = await self.c.register(_who(request), b["job_id"], b["env"])
+        view = job_view(job, private=True, gpu_s=0.0, now=self.c.clock(), secret=True)
+        return _json({"job": view})
+
+    async def list_jobs(self, request: web.Request) -> web.Response:
+        return _json({"jobs": self._jobs(request)})
+
+    def _jobs(self, request: web.Request) -> list[dict[str, Any]]:
+        q = _query(request, {"user", "ids", "all"})
+        who = _who(request)
+        ids = parse_ids(q["ids"], "ids") if "ids" in q else None
+        if "all" in q and q["all"] not in ("0", "1"):
+            raise bad("all must be 0 or 1")
+        active = None if q.get("all") == "1" else True
+        jobs = self.c.store.jobs(active=active, user=q.get("user"), ids=ids)
+        admin = self.c.is_admin(who)
+        mine = [j.job_id for j in jobs if admin or j.uid == who.uid]
+        gpu_s = self.c.gpu_seconds_now(mine)
+        now = self.c.clock()
+        return [job_view(j, private=admin or j.uid == who.uid,
+                         gpu_s=gpu_s.get(j.job_id, 0.0), now=now) for j in jobs]
+
+    async def get_job(self, request: web.Request) -> web.Response:
+        _query(request, set())
+        who = _who(request)
+        job_id = parse_id(request.match_info["job_id"], "job id")
+        job = self.c.store.job(job_id)
+        if job is None:
+            raise RpcError(404, "no-such-job", f"RL job {job_id} is not registered")
+        private = job.uid == who.uid or self.c.is_admin(who)
+        gpu_s = self.c.gpu_seconds_now([job_id]).get(job_id, 0.0) if private else None
+        services = self.c.store.services(job_id=job_id, live_only=True) if private else []
+        return _json({"job": job_view(job, private=private, gpu_s=gpu_s, now=self.c.clock(),
+                                      services=services)})
+
+    async def end(self, request: web.Request) -> web.Response:
+        b = _body(request, {"state": F("str", choices=("CD", "F", "CA")),
+                            "reason": F("str")})
+        job_id = parse_id(request.match_info["job_id"], "job id")
+        await self.c.deregister(_who(request), job_id, b["state"] or "CD",
+                                b["reason"] or "deregistered")
+        return _json({"job_id": job_id, "state": b["state"] or "CD"})
+
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        _no_body(request)
+        job = self.c.active_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
+        held = self.c.scheduler.heartbeat(job)
+        pool_id = job.pool_id or 0
+        return _json({"job_id": job.job_id, "state": str(job.state),
+                      "held": [self._lease(x, pool_id) for x in held],
+                      "heartbeat_s": self.c.config.controller.heartbeat_s})
+
+    async def acquire(self, request: web.Request) -> web.Response:
+        b = _body(request, {"phase": F("str", True, choices=tuple(map(str, GPU_PHASES))),
+                            "min_gpus": F("int", lo=1, hi=1024, nullable=True),
+                            "wait_s": F("num", lo=0, hi=MAX_WAIT_S)})
+        who = _who(request)
+        job = self.c.active_job(who, parse_id(request.match_info["job_id"], "job id"))
+        wait_s = 30.0 if b["wait_s"] is None else b["wait_s"]
+        phase = Phase(b["phase"])
+        if job.pool_id is None:
+            placed = await self.c.wait_placed(job.job_id, wait_s)
+            if placed is None or placed.pool_id is None:
+                state = "ended" if placed is None or placed.state.terminal else "unplaced"
+                return _json({"request_id": None, "state": state,
+                              "reason": placed.reason if placed else "gone"}, 202)
+            job = placed
+        rid = self._open_request(job.job_id, phase)
+        if rid is None:
+            ticket = self.c.scheduler.request(job, phase, b["min_gpus"])
+            rid, lease = ticket.request_id, ticket.lease
+        else:
+            lease = self.c.scheduler.tables[job.pool_id].lease(rid)  # type: ignore[index]
+        if lease is None:
+            try:
+                lease = await self.c.scheduler.wait(rid, wait_s)
+            except RequestEnded as exc:
+                raise RpcError(409, f"request-{exc.state}",
+                               f"request {rid} was {exc.state}: {exc.reason}") from None
+        if lease is None:
+            return _json({"request_id": rid, "state": "waiting"}, 202)
+        await self.c.pools.before_answer(job, lease)
+        return _json({"lease": self._lease(lease, job.pool_id or 0)})
+
+    def _open_request(self, job_id: int, phase: Phase) -> int | None:
+        """An open request of this job for this phase (a retried acquire joins it)."""
+        for table in self.c.scheduler.tables.values():
+            for x in table.leases:
+                if x.job_id == job_id and x.phase is phase:
+                    return x.lease_id
+            for r in table.waiting:
+                if r.job_id == job_id and r.phase is phase:
+                    return r.request_id
+        return None
+
+    async def get_lease(self, request: web.Request) -> web.Response:
+        q = _query(request, {"wait_s"})
+        job = self.c.own_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
+        lease_id = parse_id(request.match_info["lease_id"], "lease id")
+        rec = self.c.store.lease(lease_id)
+        if rec is None or rec.job_id != job.job_id:
+            raise RpcError(404, "no-such-lease", f"job {job.job_id} has no lease {lease_id}")
+        wait_s = parse_wait(q.get("wait_s"), 0.0, MAX_WAIT_S)
+        if rec.state is LeaseState.WAITING and wait_s > 0:
+            try:
+                lease = await self.c.scheduler.wait(lease_id, wait_s)
+            except RequestEnded:
+                lease = None
+            if lease is not None:
+                await self.c.pools.before_answer(job, lease)
+            rec = self.c.store.lease(lease_id) or rec
+        return _json({"lease": self._lease(rec, rec.pool_id)})
+
+    async def list_leases(self, request: web.Request) -> web.Response:
+        _query(request, set())
+        job = self.c.own_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
+        return _json({"leases": [self._lease(r, r.pool_id)
+                                 for r in self.c.store.leases(job_id=job.job_id)]})
+
+    async def release(self, request: web.Request) -> web.Response:
+        b = _body(request, {"timing": F("nummap")})
+        job = self.c.active_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
+        lease_id = parse_id(request.match_info["lease_id"], "lease id")
+        self.c.scheduler.release(job, lease_id, b["timing"] or {})
+        self.c.store.update_job(job.job_id, phase="idle")
+        rec = self.c.store.lease(lease_id)
+        assert rec is not None
+        return _json({"lease": self._lease(rec, rec.pool_id)})
+
+    async def shrink(self, request: web.Request) -> web.Response:
+        b = _body(request, {"keep": F("int", True, 1, 1024)})
+        job = self.c.active_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
+        lease = self.c.scheduler.shrink(
+            job, parse_id(request.match_info["lease_id"], "lease id"), b["keep"])
+        return _json({"lease": self._lease(lease, job.pool_id or 0)})
+
+    async def observe(self, request: web.Request) -> web.Response:
+        b = _body(request, {"phase": F("str", True, choices=("reward", "idle")),
+                            "started_at": F("num", True, 0, 2**40),
+                            "ended_at": F("num", True, 0, 2**40),
+                            "busy_s": F("num", lo=0, hi=2**40),
+                            "detail": F("nummap")})
+        job = self.c.active_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
+        if b["ended_at"] < b["started_at"]:
+            raise bad("ended_at must not be before started_at")
+        oid = self.c.store.add_observation(
+            job_id=job.job_id, phase=Phase(b["phase"]), requested_at=b["started_at"],
+            granted_at=b["started_at"], released_at=b["ended_at"], busy_s=b["busy_s"],
+            detail=b["detail"])
+        return _json({"observation_id": oid})
+
+    async def observations(self, request: web.Request) -> web.Response:
+        _query(request, set())
+        job = self.c.own_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
+        obs = self.c.store.observations(job.job_id)
+        return _json({"observations": [
+            {"observation_id": o.observation_id, "phase": str(o.phase), "lease_id": o.lease_id,
+             "requested_at": o.requested_at, "granted_at": o.granted_at,
+             "released_at": o.released_at, "busy_s": o.busy_s, "gpus": o.gpus,
+             "detail": o.detail} for o in obs]})
+
+    def _pools(self, admin: bool) -> list[dict[str, Any]]:
+        out = []
+        for p in self.c.store.pools(open_only=True):
+            members = [j.job_id for j in self.c.store.jobs(active=True, pool_id=p.pool_id)]
+            out.append(pool_view(p, members, admin=admin))
+        return out
+
+    async def list_pools(self, request: web.Request) -> web.Response:
+        _query(request, set())
+        return _json({"pools": self._pools(self.c.is_admin(_who(request)))})
+
+    async def attach_pool(self, request: web.Request) -> web.Response:
+        b = _body(request, {"slurm_job_id": F("int", True, 1, 2**53), "dedicated": F("bool")})
+        pool = await self.c.attach_pool(_who(request), b["slurm_job_id"], bool(b["dedicated"]))
+        await self.c.pools.pool_opened(pool)
+        return _json({"pool": pool_view(pool, [], admin=True)})
+
+    async def close_pool(self, request: web.Request) -> web.Response:
+        b = _body(request, {"reason": F("str")})
+        self.c.require_admin(_who(request), "closing a pool")
+        pool_id = parse_id(request.match_info["pool_id"], "pool id")
+        if self.c.store.pool(pool_id) is None:
+            raise RpcError(404, "no-such-pool", f"pool {pool_id} does not exist")
+        await self.c.close_pool(pool_id, b["reason"] or "closed by admin")
+        return _json({"pool_id": pool_id, "state": "closed"})
+
+    async def status(self, request: web.Request) -> web.Response:
+        who = _who(request)
+        admin = self.c.is_admin(who)
+        jobs = self._jobs(request)
+        own = {j["job_id"] for j in jobs if j["private"]}
+        leases = []
+        for pool_id, table in self.c.scheduler.tables.items():
+            ids = [x.lease_id for x in table.leases] + [x.request_id for x in table.waiting]
+            for lid in ids:
+                rec = self.c.store.lease(lid)
+                if rec is not None:
+                    leases.append(self._lease(rec, pool_id,
+                                              private=admin or rec.job_id in own))
+        return _json({"jobs": jobs, "pools": self._pools(admin), "leases": leases,
+                      "controller": self.c.describe()})
+
+
+def make_app(c: Controller) -> web.Application:
+    app = web.Application(middlewares=[_guard], client_max_size=c.config.controller.max_body_bytes)
+    app[CTRL] = c
+    a = Api(c)
+    r = app.router
+    r.add_get("/v1/ping", a.ping)
+    r.add_get("/metrics", a.metrics)
+    r.add_post("/v1/jobs", a.register)
+    r.add_get("/v1/jobs", a.list_jobs)
+    r.add_get("/v1/jobs/{job_id}", a.get_job)
+    r.add_post("/v1/jobs/{job_id}/end", a.end)
+    r.add_post("/v1/jobs/{job_id}/heartbeat", a.heartbeat)
+    r.add_post("/v1/jobs/{job_id}/leases", a.acquire)
+    r.add_get("/v1/jobs/{job_id}/leases", a.list_leases)
+    r.add_get("/v1/jobs/{job_id}/leases/{lease_id}", a.get_lease)
+    r.add_post("/v1/jobs/{job_id}/leases/{lease_id}/release", a.release)
+    r.add_post("/v1/jobs/{job_id}/leases/{lease_id}/shrink", a.shrink)
+    r.add_post("/v1/jobs/{job_id}/observations", a.observe)
+    r.add_get("/v1/jobs/{job_id}/observations", a.observations)
+    r.add_get("/v1/pools", a.list_pools)
+    r.add_post("/v1/pools", a.attach_pool)
+    r.add_post("/v1/pools/{pool_id}/close", a.close_pool)
+    r.add_get("/v1/status", a.status)
+    return app
+
+
+async def serve(c: Controller, host: str, port: int) -> web.AppRunner:
+    """Start the controller and its HTTP server; returns the runner (call .cleanup())."""
+    await c.start()
+    runner = web.AppRunner(make_app(c), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    log.info("slurmrl controller listening on http://%s:%d (API %s)", host, port, API_VERSION)
+    return runner

@@ -1,0 +1,160 @@
+"""Checking RPC input before anything changes: bodies, fields, ids, query parameters.
+
+Every problem is an `RpcError` (HTTP 4xx, a short `code`, a message naming the field), so
+a malformed request is refused whole and changes nothing. JSON `true` is not an integer
+here, unknown fields are refused (a typo must not be silently ignored), strings and maps
+are bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MAX_ID = 2**53  #: ids travel as JSON numbers; beyond this they are not exact in JS clients
+MAX_STR = 4096
+MAX_MAP = 64
+
+
+class RpcError(Exception):
+    """A refusal the client sees: HTTP `status`, machine `code`, human `message`."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def bad(message: str, code: str = "bad-request") -> RpcError:
+    return RpcError(400, code, message)
+
+
+@dataclass(frozen=True)
+class F:
+    """One field of a body: its kind, whether it is required, its bounds."""
+
+    kind: str  #: "int" | "num" | "str" | "bool" | "strmap" | "nummap"
+    required: bool = False
+    lo: float | None = None
+    hi: float | None = None
+    nullable: bool = False
+    choices: tuple[str, ...] | None = None
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object (an empty body is `{}`)."""
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise bad(f"request body must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def fields(body: Mapping[str, Any], spec: Mapping[str, F]) -> dict[str, Any]:
+    """Check `body` against `spec`; returns the fields given (absent optional ones: None)."""
+    unknown = sorted(set(body) - set(spec))
+    if unknown:
+        raise bad(f"unknown field(s) {', '.join(map(repr, unknown[:5]))}; "
+                  f"accepted: {', '.join(sorted(spec)) or '(none)'}", "unknown-field")
+    out: dict[str, Any] = {}
+    for name, f in spec.items():
+        if name not in body:
+            if f.required:
+                raise bad(f"field {name!r} is required", "missing-field")
+            out[name] = None
+            continue
+        out[name] = _check(name, body[name], f)
+    return out
+
+
+def _check(name: str, v: Any, f: F) -> Any:
+    if v is None:
+        if f.nullable or not f.required:
+            return None
+        raise bad(f"field {name!r} must not be null", "bad-type")
+    if f.kind == "int":
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise bad(f"field {name!r} must be an integer, got {_kind(v)}", "bad-type")
+        _bounds(name, v, f)
+        return v
+    if f.kind == "num":
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise bad(f"field {name!r} must be a finite number, got {_kind(v)}", "bad-type")
+        _bounds(name, v, f)
+        return float(v)
+    if f.kind == "bool":
+        if not isinstance(v, bool):
+            raise bad(f"field {name!r} must be true or false, got {_kind(v)}", "bad-type")
+        return v
+    if f.kind == "str":
+        if not isinstance(v, str):
+            raise bad(f"field {name!r} must be a string, got {_kind(v)}", "bad-type")
+        if len(v) > MAX_STR:
+            raise bad(f"field {name!r} is longer than {MAX_STR} characters", "bad-value")
+        if f.choices is not None and v not in f.choices:
+            raise bad(f"field {name!r} must be one of {', '.join(f.choices)}, got {v[:40]!r}",
+                      "bad-value")
+        return v
+    if f.kind in ("strmap", "nummap"):
+        if not isinstance(v, dict):
+            raise bad(f"field {name!r} must be an object, got {_kind(v)}", "bad-type")
+        if len(v) > MAX_MAP:
+            raise bad(f"field {name!r} has more than {MAX_MAP} entries", "bad-value")
+        for k, x in v.items():
+            if len(k) > 256:
+                raise bad(f"field {name!r} has a key longer than 256 characters", "bad-value")
+            if f.kind == "strmap" and not (isinstance(x, str) and len(x) <= MAX_STR):
+                raise bad(f"field {name!r}: {k[:40]!r} must be a string", "bad-type")
+            if f.kind == "nummap" and (
+                isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x)
+            ):
+                raise bad(f"field {name!r}: {k[:40]!r} must be a finite number", "bad-type")
+        return dict(v)
+    raise AssertionError(f"unknown field kind {f.kind}")
+
+
+def _bounds(name: str, v: float, f: F) -> None:
+    if (f.lo is not None and v < f.lo) or (f.hi is not None and v > f.hi):
+        raise bad(f"field {name!r} must be between {f.lo:g} and {f.hi:g}, got {v!r}",
+                  "bad-value")
+
+
+def _kind(v: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "an object"}.get(type(v), type(v).__name__)
+
+
+def parse_id(text: str, what: str) -> int:
+    """A positive integer id from a URL segment or query value."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 16 or int(text) < 1:
+        raise RpcError(400, "bad-id", f"{what} must be a positive integer, got {text[:40]!r}")
+    value = int(text)
+    if value > MAX_ID:
+        raise RpcError(400, "bad-id", f"{what} {value} is out of range")
+    return value
+
+
+def parse_ids(text: str, what: str) -> list[int]:
+    """A comma-separated list of ids (`-j 12,13`)."""
+    parts = [p for p in text.split(",") if p]
+    if not parts or len(parts) > 1000:
+        raise RpcError(400, "bad-id", f"{what}: expected 1 to 1000 comma-separated ids")
+    return [parse_id(p, what) for p in parts]
+
+
+def parse_wait(text: str | None, default: float, hi: float) -> float:
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise bad(f"wait_s must be a number, got {text[:40]!r}") from None
+    if not math.isfinite(value) or not 0 <= value <= hi:
+        raise bad(f"wait_s must be between 0 and {hi:g}, got {text[:40]!r}")
+    return value

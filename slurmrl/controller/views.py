@@ -1,0 +1,109 @@
+"""JSON shapes of the RPC answers (documented field by field in docs/rpc.md).
+
+Visibility: a job's owner, root and admins see everything but the secret (which only the
+`register` answer carries, to the owner); other users see a job's public fields only:
+id, user, state, pool, GPU count, layout, phase, reason, times. Private: name, request
+details (model, profile...), pool GPU mapping, leases' GPU sets, ledger, observations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from slurmrl.db import JobRecord, LeaseRecord, PoolRecord, ServiceRecord
+from slurmrl.leases.types import Lease
+from slurmrl.model import LeaseState
+
+
+def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
+             secret: bool = False, services: Sequence[ServiceRecord] = ()) -> dict[str, Any]:
+    end = job.ended_at if job.ended_at is not None else now
+    out: dict[str, Any] = {
+        "job_id": job.job_id,
+        "user": job.user,
+        "state": str(job.state),
+        "reason": job.reason,
+        "pool_id": job.pool_id,
+        "group_id": job.group_id,
+        "gpus": job.request.gpus,
+        "layout": str(job.request.layout),
+        "phase": job.phase,
+        "registered_at": job.registered_at,
+        "ended_at": job.ended_at,
+        "private": private,
+    }
+    if private:
+        r = job.request
+        dedicated = r.gpus * max(0.0, end - job.registered_at)
+        out.update({
+            "name": job.name,
+            "partition": job.partition,
+            "uid": job.uid,
+            "request": {
+                "gpus": r.gpus, "model": r.model, "mem_bytes": r.mem_bytes, "mux": str(r.mux),
+                "group": r.group, "max_slowdown": r.max_slowdown, "layout": str(r.layout),
+                "rollout_gpus": r.rollout_gpus,
+                "profile": None if r.profile is None else {
+                    "shares": {str(p): s for p, s in r.profile.shares},
+                    "step_s": r.profile.step_s},
+            },
+            "pool_gpus": list(job.pool_gpus),
+            "gpu_sets": {k: list(v) for k, v in r.gpu_sets().items()},
+            "gpu_seconds": gpu_s,
+            "dedicated_gpu_seconds": dedicated,
+            "services": [{"service_id": s.service_id, "role": s.role, "backend": s.backend,
+                          "address": s.address, "state": s.state, "residency": s.residency,
+                          "gpus": list(s.gpus)} for s in services],
+        })
+    if secret:
+        out["secret"] = job.secret
+    return out
+
+
+def lease_view(lease: Lease | LeaseRecord, pool_id: int, job: JobRecord | None,
+               heartbeat_s: float, *, private: bool = True,
+               physical: tuple[int, ...] = ()) -> dict[str, Any]:
+    if isinstance(lease, Lease):
+        state, released_at, reason, gpus = LeaseState.HELD, None, "", sorted(lease.gpus)
+        granted_at: float | None = lease.granted_at
+    else:
+        state, released_at, reason = lease.state, lease.released_at, lease.reason
+        gpus, granted_at = list(lease.gpus), lease.granted_at
+    out: dict[str, Any] = {
+        "lease_id": lease.lease_id,
+        "job_id": lease.job_id,
+        "pool_id": pool_id,
+        "phase": str(lease.phase),
+        "state": str(state),
+        "requested_at": lease.requested_at,
+        "granted_at": granted_at,
+        "deadline_at": lease.deadline_at,
+        "released_at": released_at,
+        "reason": reason,
+        "heartbeat_s": heartbeat_s,
+        "ngpus": len(gpus),
+    }
+    if private:
+        local = []
+        if job is not None:
+            where = {g: i for i, g in enumerate(job.pool_gpus)}
+            local = sorted(where[g] for g in gpus if g in where)
+        out.update({
+            "gpus": gpus,
+            "local_gpus": local,
+            "physical_gpus": [physical[g] for g in gpus if g < len(physical)],
+        })
+    return out
+
+
+def pool_view(pool: PoolRecord, members: list[int], *, admin: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "pool_id": pool.pool_id, "state": pool.state, "gpus": pool.gpus,
+        "partition": pool.partition, "nodes": list(pool.nodes), "members": members,
+        "dedicated": pool.dedicated, "reason": pool.reason, "opened_at": pool.opened_at,
+        "closed_at": pool.closed_at,
+    }
+    if admin:
+        out.update({"slurm_job_id": pool.slurm_job_id, "gpu_indices": list(pool.gpu_indices)})
+    return out
