@@ -7,7 +7,6 @@ Subcommands live in their own modules and are imported only when used, so that
 from __future__ import annotations
 
 import importlib
-import sys
 
 import click
 
@@ -56,4 +55,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
