@@ -65,17 +65,18 @@ class CommandBackend:
 
     `env` is the environment for every Slurm command (default: `os.environ` at call
     time), so `SLURM_CONF` selects the cluster; `timeout_s` bounds every query.
+    `use_json=False` forces the `scontrol -o` query path (None: use --json if present).
     """
 
     def __init__(
         self, env: Mapping[str, str] | None = None, *, timeout_s: float = 20.0,
-        bin_dir: str | None = None, launch_poll_s: float = 0.05,
+        bin_dir: str | None = None, launch_poll_s: float = 0.05, use_json: bool | None = None,
     ) -> None:
         self._env = dict(env) if env is not None else None
         self.timeout_s = timeout_s
         self._bin = bin_dir
         self._poll_s = launch_poll_s
-        self._json: bool | None = None  # learned on first query
+        self._json: bool | None = use_json  # None: learned on the first query
 
     # ------------------------------------------------------------- plumbing
 

@@ -30,6 +30,7 @@ from slurmrl.slurm import (
     SlurmJobState,
     SlurmTimeout,
     StepHandle,
+    default_backend,
     pyslurm_status,
 )
 
@@ -182,6 +183,24 @@ def test_batch_command_gets_hostile_arguments_literally(
     wait_for(backend, job_id, {SlurmJobState.COMPLETED})
     assert json.loads(out.read_text()) == HOSTILE
     assert not os.path.exists("/tmp/pwned")
+
+
+def test_json_and_scontrol_query_paths_agree(slurm_env: dict[str, str],
+                                             submit: Callable[..., int]) -> None:
+    job_id = submit(sleeper("pools", gpus=1, name="it-paths", comment="two words"))
+    via_json = CommandBackend(slurm_env, use_json=True)
+    wait_for(via_json, job_id, {SlurmJobState.RUNNING})
+    a = via_json.jobs([job_id])
+    b = CommandBackend(slurm_env, use_json=False).jobs([job_id])
+    assert a == b and len(a) == 1 and a[0].comment == "two words"
+    assert CommandBackend(slurm_env, use_json=False).nodes() == via_json.nodes()
+
+
+def test_default_backend_is_pyslurm_only_when_it_matches(slurm_env: dict[str, str]) -> None:
+    ok, why = pyslurm_status(slurm_env)
+    chosen = default_backend(slurm_env)
+    assert why
+    assert isinstance(chosen, CommandBackend) is (not ok)
 
 
 # ------------------------------------------------------------------ steps
