@@ -1,0 +1,215 @@
+"""`slurmrl status`: RL jobs, pools and leases, the squeue way.
+
+    slurmrl status [--me | -u USER] [-j IDS] [--all] [--pools | --leases]
+                   [-o FORMAT] [-h/--noheader] [--json] [-i SECS]
+
+Columns are right-aligned for numbers, states are short codes (PD R CD F CA), the reason
+comes last. `-o` takes a comma-separated list of field names (`-o help` lists them),
+each optionally with a width (`name:20`). `--json` prints one envelope: `meta`, `errors`,
+`warnings` and the payload (`jobs`, `pools`, `leases`). `-h` means `--noheader`, as in
+squeue; help is `--help`. Errors go to stderr and exit 1 (2 for usage errors).
+
+Other users' jobs are shown without their private details (name, GPU-hours...): the
+controller does not send them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+
+from slurmrl import __version__
+
+Field = tuple[str, int, bool, Callable[[dict[str, Any]], str]]  # header, width, right, get
+
+
+def _num(v: Any, fmt: str = "{:.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _gpu_h(j: dict[str, Any]) -> str:
+    return _num(None if j.get("gpu_seconds") is None else j["gpu_seconds"] / 3600, "{:.2f}")
+
+
+def _dedic(j: dict[str, Any]) -> str:
+    d = j.get("dedicated_gpu_seconds")
+    return _num(None if d is None else d / 3600, "{:.2f}")
+
+
+def _saved(j: dict[str, Any]) -> str:
+    d, g = j.get("dedicated_gpu_seconds"), j.get("gpu_seconds")
+    if not d or g is None:
+        return "-"
+    return f"{100 * (1 - g / d):.1f}%"
+
+
+JOB_FIELDS: dict[str, Field] = {
+    "jobid": ("JOBID", 7, True, lambda j: str(j["job_id"])),
+    "user": ("USER", 9, False, lambda j: j["user"]),
+    "name": ("NAME", 14, False, lambda j: j.get("name") or "-"),
+    "pool": ("POOL", 5, True, lambda j: f"p{j['pool_id']}" if j["pool_id"] else "-"),
+    "gpus": ("GPUS", 4, True, lambda j: str(j["gpus"])),
+    "layout": ("LAYOUT", 6, False, lambda j: j["layout"][:5]),
+    "st": ("ST", 2, False, lambda j: j["state"]),
+    "phase": ("PHASE", 8, False, lambda j: j.get("phase") or "-"),
+    "gpuh": ("GPU-H", 7, True, _gpu_h),
+    "dedic": ("DEDIC", 7, True, _dedic),
+    "saved": ("SAVED", 6, True, _saved),
+    "slowdn": ("SLOWDN", 6, True, lambda j: _num(j.get("slowdown"), "{:.2f}")),
+    "reason": ("REASON", 0, False, lambda j: j.get("reason") or ""),
+}
+POOL_FIELDS: dict[str, Field] = {
+    "pool": ("POOL", 5, True, lambda p: f"p{p['pool_id']}"),
+    "st": ("STATE", 6, False, lambda p: p["state"]),
+    "gpus": ("GPUS", 4, True, lambda p: str(p["gpus"])),
+    "partition": ("PARTITION", 9, False, lambda p: p["partition"] or "-"),
+    "nodes": ("NODES", 12, False, lambda p: ",".join(p["nodes"]) or "-"),
+    "slurmjob": ("SLURMJOB", 8, True, lambda p: str(p.get("slurm_job_id") or "-")),
+    "members": ("MEMBERS", 12, False, lambda p: ",".join(map(str, p["members"])) or "-"),
+    "reason": ("REASON", 0, False, lambda p: p["reason"]),
+}
+LEASE_FIELDS: dict[str, Field] = {
+    "lease": ("LEASE", 6, True, lambda x: str(x["lease_id"])),
+    "jobid": ("JOBID", 7, True, lambda x: str(x["job_id"])),
+    "pool": ("POOL", 5, True, lambda x: f"p{x['pool_id']}"),
+    "phase": ("PHASE", 8, False, lambda x: x["phase"]),
+    "st": ("STATE", 7, False, lambda x: x["state"]),
+    "ngpus": ("NGPUS", 5, True, lambda x: str(x["ngpus"])),
+    "gpus": ("GPUS", 9, False, lambda x: ",".join(map(str, x["gpus"])) if "gpus" in x else "-"),
+    "held": ("HELD", 7, True, lambda x: _num(
+        None if not x["granted_at"] else time.time() - x["granted_at"], "{:.1f}s")),
+    "expires": ("EXPIRES", 7, True, lambda x: _num(x["deadline_at"] - time.time(), "{:.1f}s")),
+}
+DEFAULTS = {
+    "jobs": "jobid,user,name,pool,gpus,st,phase,gpuh,dedic,saved,slowdn,reason",
+    "pools": "pool,st,gpus,partition,nodes,slurmjob,members,reason",
+    "leases": "lease,jobid,pool,phase,st,ngpus,gpus,held,expires",
+}
+
+
+class StatusError(Exception):
+    pass
+
+
+def parse_format(spec: str, table: dict[str, Field]) -> list[Field]:
+    out: list[Field] = []
+    for item in (s.strip() for s in spec.split(",")):
+        name, _, width = item.lower().partition(":")
+        if name not in table:
+            raise click.UsageError(f"unknown field {name!r} in --format; valid: "
+                                   f"{', '.join(table)}")
+        header, w, right, get = table[name]
+        if width:
+            if not width.isdigit():
+                raise click.UsageError(f"width of {name!r} must be a number, got {width!r}")
+            w = int(width)
+        out.append((header, w, right, get))
+    return out
+
+
+def render(rows: Sequence[dict[str, Any]], cols: list[Field], header: bool) -> str:
+    lines = []
+    cells = [[get(r) for _, _, _, get in cols] for r in rows]
+    widths = [max([w, len(h)] + [len(c[i]) for c in cells]) if w else 0
+              for i, (h, w, _, _) in enumerate(cols)]
+    def line(values: Sequence[str]) -> str:
+        parts = []
+        for (_, w, right, _), v, width in zip(cols, values, widths, strict=True):
+            parts.append(v if not w else (v.rjust(width) if right else v.ljust(width)))
+        return " ".join(parts).rstrip()
+    if header:
+        lines.append(line([h for h, _, _, _ in cols]))
+    lines.extend(line(c) for c in cells)
+    return "\n".join(lines)
+
+
+def fetch(url: str, query: dict[str, str]) -> dict[str, Any]:
+    from slurmrl.client.rpc import ControllerError, RpcClient
+
+    try:
+        _, ans = RpcClient(url, retry_for_s=0.0, timeout_s=10.0).call(
+            "GET", "/v1/status", query=query or None, retry=False)
+    except ControllerError as exc:
+        raise StatusError(str(exc)) from None
+    except ValueError as exc:
+        raise StatusError(str(exc)) from None
+    return ans
+
+
+def _controller_url(given: str | None) -> str:
+    if given:
+        return given
+    if os.environ.get("SLURMRL_CONTROLLER"):
+        return os.environ["SLURMRL_CONTROLLER"]
+    try:
+        from slurmrl.config import load
+
+        cfg = load()
+        host = "127.0.0.1" if cfg.controller.host in ("0.0.0.0", "") else cfg.controller.host
+        return f"http://{host}:{cfg.controller.port}"
+    except Exception as exc:
+        raise StatusError(f"cannot read the site config: {exc}") from None
+
+
+@click.command("status", context_settings={"help_option_names": ["--help"]})
+@click.option("--controller", "url", help="controller URL (default: $SLURMRL_CONTROLLER, "
+              "else the site config)")
+@click.option("--pools", "what", flag_value="pools", help="list pools")
+@click.option("--leases", "what", flag_value="leases", help="list current leases")
+@click.option("--json", "as_json", is_flag=True, help="one JSON envelope")
+@click.option("-o", "--format", "fmt", help="comma-separated fields; 'help' lists them")
+@click.option("-h", "--noheader", is_flag=True, help="no header line")
+@click.option("-i", "--iterate", type=click.FloatRange(min=0.1), help="repeat every SECS")
+@click.option("--me", is_flag=True, help="only my jobs")
+@click.option("-u", "--user", help="only this user's jobs")
+@click.option("-j", "--jobs", "ids", help="only these job ids (comma-separated)")
+@click.option("-a", "--all", "show_all", is_flag=True, help="include ended jobs")
+def status(url: str | None, what: str | None, as_json: bool, fmt: str | None,
+           noheader: bool, iterate: float | None, me: bool, user: str | None,
+           ids: str | None, show_all: bool) -> None:
+    """Show RL jobs (or --pools, --leases) known to the slurmrl controller."""
+    what = what or "jobs"
+    table = {"jobs": JOB_FIELDS, "pools": POOL_FIELDS, "leases": LEASE_FIELDS}[what]
+    if fmt == "help":
+        click.echo("\n".join(f"{k:10} {v[0]}" for k, v in table.items()))
+        return
+    cols = parse_format(fmt or DEFAULTS[what], table)
+    if me and user:
+        raise click.UsageError("--me and -u are exclusive")
+    if me:
+        import pwd
+
+        user = pwd.getpwuid(os.getuid()).pw_name
+    query = {k: v for k, v in {"user": user, "ids": ids,
+                               "all": "1" if show_all else None}.items() if v}
+    while True:
+        try:
+            ans = fetch(_controller_url(url), query)
+        except StatusError as exc:
+            if as_json:
+                click.echo(json.dumps(_envelope(what, [], [str(exc)], query)))
+            click.echo(f"slurmrl status: {exc}", err=True)
+            sys.exit(1)
+        rows = ans.get(what, [])
+        if as_json:
+            click.echo(json.dumps(_envelope(what, rows, [], query), indent=2))
+        else:
+            click.echo(render(rows, cols, not noheader))
+        if iterate is None:
+            return
+        time.sleep(iterate)
+        if not as_json:
+            click.echo()
+
+
+def _envelope(what: str, rows: list[Any], errors: list[str],
+              query: dict[str, str]) -> dict[str, Any]:
+    return {"meta": {"command": "slurmrl status", "slurmrl_version": __version__,
+                     "api": "v1", "time": time.time(), "query": query},
+            "errors": errors, "warnings": [], what: rows}
