@@ -129,7 +129,12 @@ class SlurmBackend(Protocol):
         ...
 
     def cancel(self, job_id: int, signal: str | int | None = None) -> None:
-        """scancel the job (optionally with a signal). Cancelling an ended job is a no-op."""
+        """scancel the job (optionally with a signal). Cancelling an ended job is a no-op.
+
+        A cancel acknowledged just before a slurmctld restart can be lost (the job is
+        recovered from saved state and runs on): callers that must be sure check
+        `job()` afterwards and repeat.
+        """
         ...
 
     def signal(self, job_id: int, sig: str | int, step: str | int | None = None) -> None:

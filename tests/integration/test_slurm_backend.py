@@ -90,9 +90,19 @@ def submit(backend: SlurmBackend) -> Iterator[Callable[[BatchSpec], int]]:
         return job_id
 
     yield _submit
-    for job_id in ids:
-        with contextlib.suppress(SlurmError):
-            backend.cancel(job_id)
+    # A cancel acknowledged just before a slurmctld restart can be lost (seen here:
+    # the job was recovered and ran again), so repeat until Slurm shows it ended.
+    pending = set(ids)
+    deadline = time.monotonic() + 60
+    while pending and time.monotonic() < deadline:
+        for job_id in sorted(pending):
+            with contextlib.suppress(SlurmError):
+                job = backend.job(job_id)
+                if job is None or job.state.terminal:
+                    pending.discard(job_id)
+                else:
+                    backend.cancel(job_id)
+        time.sleep(0.5)
 
 
 @pytest.fixture
