@@ -107,11 +107,15 @@ def holder_pool(jobs: Any, ctl: ControllerProc, gpus: int = 2) -> int:
 
 
 DRIVER = '''#!{python}
-"""A test driver: alternates rollout and train phases for some rounds."""
-import sys, time, slurmrl
+"""A test driver: alternates rollout and train phases for some rounds (or holds one)."""
+import os, sys, time, slurmrl
 url, rounds, hold_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 job = slurmrl.connect(url=url)
-print("registered", job.job_id, flush=True)
+print("registered", job.job_id, os.getpid(), flush=True)
+if rounds == 0:  # hold a rollout lease until killed
+    with job.phase("rollout") as lease:
+        print("holding", lease.lease_id, flush=True)
+        time.sleep(hold_s)
 for i in range(rounds):
     with job.phase("rollout") as lease:
         print("rollout", i, lease.lease_id, list(lease.gpus), flush=True)
