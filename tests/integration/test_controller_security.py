@@ -1,0 +1,131 @@
+"""Who may do what, with real MUNGE credentials from real users.
+
+rlbob's driver holds a lease. rlalice (another uid) cannot heartbeat, release, shrink,
+end, or read the private details of bob's job; she sees only its public fields. A request
+without a credential, with a forged one, with one made for another request, or with a
+replayed one is refused with 401 and a code saying why. Root (an admin) sees all.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmrl.auth.requests import sign_request
+from tests.integration.controller_harness import (
+    VENV_PY,
+    ControllerProc,
+    driver_script,
+    env_for_controller,
+    holder_pool,
+    read_out,
+)
+
+RPC_AS = """
+import json, sys
+from slurmrl.client.rpc import ControllerError, RpcClient
+url, method, path, body = sys.argv[1:5]
+try:
+    status, ans = RpcClient(url, retry_for_s=0).call(method, path, json.loads(body))
+except ControllerError as exc:
+    status, ans = exc.status, {"error": {"code": exc.code, "message": exc.message}}
+print(json.dumps({"status": status, "answer": ans}))
+"""
+
+
+@pytest.fixture
+def controller(shared_tmp: Path, slurm_env: dict[str, str]) -> Iterator[ControllerProc]:
+    ctl = ControllerProc(shared_tmp, env_for_controller(slurm_env), lease_timeout_s=30.0)
+    ctl.start()
+    yield ctl
+    ctl.stop()
+
+
+def _raw(url: str, method: str, path: str, body: bytes, headers: dict[str, str],
+         ) -> tuple[int, dict[str, Any]]:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_users_act_only_on_their_own_jobs(controller: ControllerProc, jobs,  # type: ignore[no-untyped-def]
+                                          shared_tmp: Path) -> None:
+    holder_pool(jobs, controller, gpus=2)
+    driver = driver_script(shared_tmp)
+    out = shared_tmp / "bob.out"
+    sub = jobs.sbatch(["--rl-gpus=2", f"--output={out}", "--time=10",
+                       f"--wrap={driver} {controller.url} 0 600"], user="rlbob")
+    assert sub.job_id, sub.stderr
+    bob = sub.job_id
+    deadline = time.monotonic() + 60
+    while "holding" not in read_out(out):
+        assert time.monotonic() < deadline, read_out(out)
+        time.sleep(0.1)
+    lease_id = int(read_out(out).split("holding")[1].split()[0])
+
+    def as_alice(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        proc = jobs.run([VENV_PY, "-c", RPC_AS, controller.url, method, path,
+                         json.dumps(body)], user="rlalice")
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    for method, path, body in [
+        ("POST", f"/v1/jobs/{bob}/heartbeat", {}),
+        ("POST", f"/v1/jobs/{bob}/leases/{lease_id}/release", {"timing": {}}),
+        ("POST", f"/v1/jobs/{bob}/leases/{lease_id}/shrink", {"keep": 1}),
+        ("POST", f"/v1/jobs/{bob}/leases", {"phase": "train", "wait_s": 0}),
+        ("POST", f"/v1/jobs/{bob}/end", {}),
+        ("GET", f"/v1/jobs/{bob}/leases", None),
+        ("GET", f"/v1/jobs/{bob}/observations", None),
+        ("POST", "/v1/pools", {"slurm_job_id": bob}),
+    ]:
+        got = as_alice(method, path, body)
+        assert got["status"] == 403, (method, path, got)
+        assert got["answer"]["error"]["code"] in ("not-your-job", "admin-only")
+    # registering bob's Slurm job as hers is refused too (Slurm says whose job it is)
+    got = as_alice("POST", "/v1/jobs", {"job_id": bob, "env": {"SLURMRL_GPUS": "2"}})
+    assert got["status"] == 403
+
+    public = as_alice("GET", f"/v1/jobs/{bob}", None)["answer"]["job"]
+    assert public["user"] == "rlbob" and public["private"] is False
+    for private in ("name", "request", "pool_gpus", "gpu_seconds", "secret", "services"):
+        assert private not in public
+    leases = [x for x in as_alice("GET", "/v1/status", None)["answer"]["leases"]
+              if x["job_id"] == bob]
+    assert leases and "gpus" not in leases[0]
+
+    # bob's lease survived all of that
+    _, ans = controller.admin().call("GET", f"/v1/jobs/{bob}/leases/{lease_id}")
+    assert ans["lease"]["state"] == "held"
+    _, full = controller.admin().call("GET", f"/v1/jobs/{bob}")
+    assert full["job"]["private"] and full["job"]["name"] and "secret" not in full["job"]
+
+
+def test_bad_credentials_are_refused(controller: ControllerProc) -> None:
+    url, path = controller.url, "/v1/jobs"
+    status, ans = _raw(url, "GET", path, b"", {})
+    assert status == 401 and ans["error"]["code"] == "auth-missing"
+    status, ans = _raw(url, "GET", path, b"", {"Authorization": "MUNGE MUNGE:AAAAforged:"})
+    assert status == 401 and ans["error"]["code"] in ("auth-invalid", "auth-malformed")
+    status, ans = _raw(url, "GET", path, b"", {"Authorization": "Bearer x"})
+    assert status == 401 and ans["error"]["code"] == "auth-malformed"
+    other = sign_request("GET", "/v1/pools")
+    status, ans = _raw(url, "GET", path, b"", {"Authorization": other})
+    assert status == 401 and ans["error"]["code"] == "auth-mismatch"
+
+    good = sign_request("GET", path)
+    status, _ = _raw(url, "GET", path, b"", {"Authorization": good})
+    assert status == 200
+    status, ans = _raw(url, "GET", path, b"", {"Authorization": good})
+    assert status == 401 and ans["error"]["code"] == "auth-replayed"
