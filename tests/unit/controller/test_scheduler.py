@@ -1,0 +1,209 @@
+"""The persisted lease scheduler: grants, waiting drivers, expiry, shrink, restart.
+
+Runs on a real in-memory Store and the real FIFO slice policy; time is a settable
+clock (the scheduler takes the clock as an argument, as the lease table does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from policies.registry import load
+from slurmrl.controller.scheduler import LeaseScheduler, RequestEnded
+from slurmrl.db import JobRecord, Store
+from slurmrl.leases import LeaseError
+from slurmrl.leases.invariants import check_history
+from slurmrl.model import JobState, Layout, LeaseState, Phase, RlRequest
+
+TIMEOUT_S = 10.0
+
+
+def run(fn: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
+    """Run an async test on a fresh event loop (no pytest-asyncio here)."""
+
+    @functools.wraps(fn)
+    def wrapper() -> None:
+        asyncio.run(fn())
+
+    return wrapper
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _setup(layout: Layout = Layout.COLOCATED) -> tuple[Store, int, Clock]:
+    store = Store(":memory:")
+    pool = store.add_pool(gpus=2, opened_at=0.0)
+    for job_id in (1, 2):
+        req = RlRequest(gpus=2, layout=layout, rollout_gpus=1 if layout is
+                        Layout.DISAGGREGATED else None)
+        store.add_job(JobRecord(job_id, "u", 1000 + job_id, req, JobState.RUNNING, 0.0,
+                                pool_id=pool, pool_gpus=(0, 1)))
+    return store, pool, Clock()
+
+
+def _sched(store: Store, clock: Clock) -> LeaseScheduler:
+    s = LeaseScheduler(store, lambda: load("slice", "fifo"), TIMEOUT_S, clock=clock,
+                       check_invariants=True)
+    s.restore()
+    return s
+
+
+def _job(store: Store, job_id: int) -> JobRecord:
+    job = store.job(job_id)
+    assert job is not None
+    return job
+
+
+@run
+async def test_release_grants_the_waiter_at_once() -> None:
+    store, pool, clock = _setup()
+    s = _sched(store, clock)
+    a = s.request(_job(store, 1), Phase.ROLLOUT)
+    b = s.request(_job(store, 2), Phase.TRAIN)
+    assert a.lease is not None and b.lease is None
+    waiter = asyncio.create_task(s.wait(b.request_id, 5.0))
+    await asyncio.sleep(0)
+    clock.now += 3
+    s.release(_job(store, 1), a.request_id, {"busy_s": 2.5})
+    lease = await waiter
+    assert lease is not None and lease.granted_at == clock.now and lease.gpus == {0, 1}
+    obs = store.observations(1)
+    assert obs[0].busy_s == 2.5 and obs[0].released_at == clock.now
+    assert store.gpu_seconds([1]) == {1: pytest.approx(6.0)}
+    check_history(store.intervals(pool))
+
+
+@run
+async def test_disaggregated_jobs_share_the_pool_by_sets() -> None:
+    store, _, clock = _setup(Layout.DISAGGREGATED)
+    s = _sched(store, clock)
+    a = s.request(_job(store, 1), Phase.ROLLOUT)  # GPU 0
+    b = s.request(_job(store, 2), Phase.TRAIN)  # GPU 1
+    assert a.lease is not None and b.lease is not None
+    assert a.lease.gpus == {0} and b.lease.gpus == {1}
+    with pytest.raises(LeaseError, match="already holds"):
+        s.request(_job(store, 1), Phase.SYNC)  # sync needs both sets, A holds one
+
+
+@run
+async def test_a_lease_not_renewed_expires_and_the_waiter_gets_it() -> None:
+    store, _, clock = _setup()
+    s = _sched(store, clock)
+    a = s.request(_job(store, 1), Phase.ROLLOUT)
+    b = s.request(_job(store, 2), Phase.TRAIN)
+    clock.now += TIMEOUT_S / 2
+    s.heartbeat(_job(store, 2))  # only the waiter heartbeats
+    clock.now += TIMEOUT_S / 2
+    s.expire()
+    assert store.lease(a.request_id).state is LeaseState.REVOKED  # type: ignore[union-attr]
+    assert store.lease(a.request_id).reason == "expired"  # type: ignore[union-attr]
+    assert store.lease(b.request_id).state is LeaseState.HELD  # type: ignore[union-attr]
+
+
+@run
+async def test_heartbeats_keep_a_lease() -> None:
+    store, _, clock = _setup()
+    s = _sched(store, clock)
+    a = s.request(_job(store, 1), Phase.ROLLOUT)
+    for _ in range(5):
+        clock.now += TIMEOUT_S * 0.8
+        assert [x.lease_id for x in s.heartbeat(_job(store, 1))] == [a.request_id]
+        s.expire()
+    assert store.lease(a.request_id).state is LeaseState.HELD  # type: ignore[union-attr]
+
+
+@run
+async def test_a_disconnected_waiter_is_withdrawn_unless_shutting_down() -> None:
+    store, _, clock = _setup()
+    s = _sched(store, clock)
+    s.request(_job(store, 1), Phase.ROLLOUT)
+    b = s.request(_job(store, 2), Phase.TRAIN)
+    task = asyncio.create_task(s.wait(b.request_id, 5.0))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert store.lease(b.request_id).state is LeaseState.CANCELLED  # type: ignore[union-attr]
+
+    c = s.request(_job(store, 2), Phase.TRAIN)
+    s.stopping = True
+    task = asyncio.create_task(s.wait(c.request_id, 5.0))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert store.lease(c.request_id).state is LeaseState.WAITING  # type: ignore[union-attr]
+
+
+@run
+async def test_a_revoked_request_wakes_its_waiter_with_the_reason() -> None:
+    store, _, clock = _setup()
+    s = _sched(store, clock)
+    s.request(_job(store, 1), Phase.ROLLOUT)
+    b = s.request(_job(store, 2), Phase.TRAIN)
+    task = asyncio.create_task(s.wait(b.request_id, 5.0))
+    await asyncio.sleep(0)
+    s.remove_job(2, _job(store, 2).pool_id, "job-ended")
+    with pytest.raises(RequestEnded, match="job-ended"):
+        await task
+
+
+@run
+async def test_restart_restores_holders_and_waiters_in_order() -> None:
+    store, pool, clock = _setup()
+    s = _sched(store, clock)
+    a = s.request(_job(store, 1), Phase.ROLLOUT)
+    b = s.request(_job(store, 2), Phase.TRAIN)
+    # "kill -9": drop the scheduler, build a new one from the same DB
+    s2 = _sched(store, clock)
+    assert [x.lease_id for x in s2.tables[pool].leases] == [a.request_id]
+    assert [x.request_id for x in s2.tables[pool].waiting] == [b.request_id]
+    s2.release(_job(store, 1), a.request_id, {})
+    assert store.lease(b.request_id).state is LeaseState.HELD  # type: ignore[union-attr]
+    check_history(store.intervals(pool))
+
+
+@run
+async def test_a_lapsed_lease_is_revoked_after_restart() -> None:
+    store, _, clock = _setup()
+    s = _sched(store, clock)
+    a = s.request(_job(store, 1), Phase.ROLLOUT)
+    clock.now += TIMEOUT_S + 1  # the controller was down longer than the lease timeout
+    s2 = _sched(store, clock)
+    s2.expire()
+    assert store.lease(a.request_id).state is LeaseState.REVOKED  # type: ignore[union-attr]
+
+
+@run
+async def test_shrink_hands_freed_gpus_to_an_elastic_waiter() -> None:
+    store, pool, clock = _setup()
+    s = _sched(store, clock)
+    a = s.request(_job(store, 1), Phase.ROLLOUT)
+    b = s.request(_job(store, 2), Phase.ROLLOUT, min_gpus=1)
+    assert b.lease is None
+    clock.now += 1
+    kept = s.shrink(_job(store, 1), a.request_id, 1)
+    assert kept.gpus == {0}
+    rec = store.lease(b.request_id)
+    assert rec is not None and rec.state is LeaseState.HELD and rec.gpus == (1,)
+    check_history(store.intervals(pool))
+
+
+@run
+async def test_a_job_cannot_release_another_jobs_lease() -> None:
+    store, _, clock = _setup()
+    s = _sched(store, clock)
+    a = s.request(_job(store, 1), Phase.ROLLOUT)
+    with pytest.raises(LeaseError, match="not held by job 2"):
+        s.release(_job(store, 2), a.request_id, {})

@@ -1,0 +1,105 @@
+"""The colocation DB: schema versioning, transactions, and restart from the file alone."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from slurmrl.db import JobRecord, Store, StoreError
+from slurmrl.db.migrations import LATEST
+from slurmrl.leases.invariants import InvariantViolation, check_history
+from slurmrl.leases.types import Lease
+from slurmrl.model import JobState, Layout, LeaseState, Mux, Phase, PhasePrior, RlRequest
+
+
+def _job(job_id: int, **kw: object) -> JobRecord:
+    req = RlRequest(gpus=4, model="/m/q7b", mux=Mux.ON, layout=Layout.DISAGGREGATED,
+                    rollout_gpus=3, max_slowdown=1.2,
+                    profile=PhasePrior(((Phase.ROLLOUT, 0.6), (Phase.TRAIN, 0.4)), 30.0))
+    return JobRecord(job_id=job_id, user="alice", uid=1002, request=req,
+                     state=JobState.PENDING, registered_at=1.0, **kw)  # type: ignore[arg-type]
+
+
+def test_new_db_is_at_the_latest_version_in_wal_mode(tmp_path: Path) -> None:
+    store = Store(tmp_path / "c.db")
+    assert store.version == LATEST
+    assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert {"jobs", "pools", "groups", "services", "leases", "lease_gpus", "observations",
+            "ledger"} <= set(store.db.table_names())
+
+
+def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    Store(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {LATEST + 1}")
+    conn.close()
+    with pytest.raises(StoreError, match="newer than this slurmrl"):
+        Store(path)
+
+
+def test_job_round_trips_with_its_request(tmp_path: Path) -> None:
+    store = Store(tmp_path / "c.db")
+    store.add_job(_job(7, name="grpo"))
+    store.update_job(7, state=JobState.RUNNING, pool_gpus=(2, 3, 0, 1), pool_id=None)
+    got = store.job(7)
+    assert got is not None and got.request == _job(7).request
+    assert got.state is JobState.RUNNING and got.pool_gpus == (2, 3, 0, 1)
+    assert got.pool_gpus_for(Phase.TRAIN) == frozenset({1})
+    with pytest.raises(StoreError, match="cannot update job columns"):
+        store.update_job(7, uid=0)
+
+
+def test_a_failed_transaction_changes_nothing(tmp_path: Path) -> None:
+    store = Store(tmp_path / "c.db")
+    with pytest.raises(RuntimeError), store.transaction():
+        store.add_job(_job(1))
+        raise RuntimeError("boom")
+    assert store.job(1) is None
+    assert store.count_jobs() == 0
+
+
+def test_leases_survive_a_reopen_and_history_is_checkable(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    store = Store(path)
+    store.add_job(_job(1))
+    pool = store.add_pool(gpus=2, opened_at=0.0)
+    rid = store.add_request(pool_id=pool, job_id=1, phase=Phase.ROLLOUT, wanted=[0, 1],
+                            min_gpus=2, requested_at=10.0, deadline_at=20.0)
+    store.lease_granted(pool, Lease(rid, 1, Phase.ROLLOUT, frozenset({0, 1}), 10.0, 11.0, 21.0))
+    store.lease_shrunk(Lease(rid, 1, Phase.ROLLOUT, frozenset({0}), 10.0, 11.0, 21.0), [1], 12.0)
+    waiting = store.add_request(pool_id=pool, job_id=1, phase=Phase.TRAIN, wanted=[1],
+                                min_gpus=1, requested_at=13.0, deadline_at=23.0)
+    store.close()
+
+    again = Store(path)
+    held, queued = again.open_state(pool)
+    assert [x.lease_id for x in held] == [rid] and held[0].gpus == frozenset({0})
+    assert [x.request_id for x in queued] == [waiting]
+    assert again.lease_ended(rid, LeaseState.RELEASED, 15.0) == pytest.approx(4.0 + 1.0)
+    check_history(again.intervals(pool))
+    assert again.lease(rid).state is LeaseState.RELEASED  # type: ignore[union-attr]
+
+
+def test_overlapping_holds_in_the_db_are_caught(tmp_path: Path) -> None:
+    store = Store(tmp_path / "c.db")
+    store.add_job(_job(1))
+    pool = store.add_pool(gpus=1, opened_at=0.0)
+    for t in (1.0, 2.0):
+        rid = store.add_request(pool_id=pool, job_id=1, phase=Phase.TRAIN, wanted=[0],
+                                min_gpus=1, requested_at=t, deadline_at=t + 9)
+        store.lease_granted(pool, Lease(rid, 1, Phase.TRAIN, frozenset({0}), t, t, t + 9))
+    with pytest.raises(InvariantViolation, match="overlap"):
+        check_history(store.intervals(pool))
+
+
+def test_ten_thousand_jobs(tmp_path: Path) -> None:
+    store = Store(tmp_path / "c.db")
+    with store.transaction():
+        for i in range(1, 10_001):
+            store.add_job(_job(i))
+    assert store.count_jobs() == 10_000
+    assert [j.job_id for j in store.jobs(ids=[5, 9999])] == [5, 9999]
+    assert store.jobs(active=False) == []
