@@ -1,0 +1,291 @@
+"""Service steps: launch an RL job's resident models as Slurm steps of its pool.
+
+Each service (a `rollout` or a `trainer`) is one long-lived step,
+`srun --jobid=<pool> --overlap -n1 ... setpriv ... python -m slurmrl.worker ...`,
+started through `SlurmBackend.launch_step`:
+
+- **GPUs are pinned by slurmrl.** Slurm gives every overlapping step the lowest GPU
+  indices, so the step asks for no GRES and `CUDA_VISIBLE_DEVICES` is set to the
+  pool GPUs the job was placed on (the backend puts it in the task's environment).
+- **It runs as the job's user.** Slurm 22.05 lets only a job's owner create steps in it
+  and runs them as the owner; srun has no `--uid`. Pools are therefore owned by the
+  (root) controller and each step drops privileges before anything of the user's runs:
+  `setpriv --reuid=U --regid=G --init-groups --inh-caps=-all --no-new-privs`.
+- **The job's secret never appears in argv** (world-readable in /proc): it reaches the
+  worker as `$SLURMRL_JOB_SECRET` in the step's environment, which only root and the
+  user can read.
+- The worker binds a free port and writes `host:port` into a file in a directory that
+  belongs to the user (mode 700, under `run_dir`, which only root can list). The
+  launcher waits for that file and a `status` answer, with a timeout for the model load;
+  a launch that fails or times out is killed and retried (the step launch itself is
+  retried by the backend).
+
+Known limits: one node per service (`-n1`); the worker's address is `<node>:<port>` on
+the node Slurm named for the pool, so that name must resolve for drivers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pwd
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurmrl.slurm import SlurmBackend, SlurmError, StepHandle
+from slurmrl.worker.handle import ServiceError, ServiceHandle
+
+log = logging.getLogger(__name__)
+
+SECRET_ENV = "SLURMRL_JOB_SECRET"
+ROLES = ("rollout", "trainer")
+# slurmstepd resolves the step's program on the step's PATH, whatever the caller's is.
+_STEP_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class ServiceLaunchError(RuntimeError):
+    """A service did not come up; the message carries the step's stderr tail."""
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One service to run: whose, which role and backend, on which pool GPUs."""
+
+    job_id: int
+    role: str
+    user: str  #: the RL job's user; the process runs with this uid/gid
+    cuda_devices: tuple[int, ...]  #: pool GPU indices (pinned for the service's life)
+    backend: str = "tiny"
+    model: str | None = None
+    seed: int = 0
+    lr: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"service role must be one of {ROLES}, got {self.role!r}")
+        if any(i < 0 for i in self.cuda_devices):
+            raise ValueError(f"GPU indices must be >= 0, got {self.cuda_devices}")
+        if not self.user:
+            raise ValueError("a service needs the job's user")
+
+    @property
+    def name(self) -> str:
+        return f"job{self.job_id}-{self.role}"
+
+
+@dataclass(frozen=True)
+class UserIds:
+    """A local account, as the privilege drop needs it."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+    @classmethod
+    def lookup(cls, user: str | int) -> UserIds:
+        try:
+            pw = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)
+        except KeyError:
+            raise ServiceLaunchError(f"no local account {user!r} to run the service as "
+                                     "(the pool's nodes need the site's user database)") from None
+        return cls(pw.pw_name, pw.pw_uid, pw.pw_gid, pw.pw_dir)
+
+
+@dataclass
+class RunningService:
+    """A launched service: its step, address and a control-plane client."""
+
+    spec: ServiceSpec
+    pool_job_id: int
+    step: StepHandle
+    step_id: str | None
+    address: str
+    pid: int  #: the worker's pid on the pool node (as the worker reports it)
+    handle: ServiceHandle
+    workdir: Path
+    log_path: Path
+    started_at: float = field(default_factory=time.time)
+
+    def alive(self) -> bool:
+        return self.step.poll() is None
+
+    def log_tail(self, limit: int = 2000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-limit:]
+        return ""
+
+
+def worker_argv(spec: ServiceSpec, ids: UserIds, *, python: str, workdir: Path,
+                bind_host: str, advertise_host: str) -> list[str]:
+    """The step's command: drop to the user, then run the worker. No secret in here."""
+    drop = [] if os.geteuid() == ids.uid else [
+        "/usr/bin/setpriv", f"--reuid={ids.uid}", f"--regid={ids.gid}", "--init-groups",
+        "--inh-caps=-all", "--no-new-privs", "--"]
+    # env -C: the controller's cwd may be closed to the user; HOME/USER as a login would.
+    env = ["/usr/bin/env", "-C", str(workdir), f"HOME={ids.home}", f"USER={ids.name}",
+           f"LOGNAME={ids.name}"]
+    argv = [python, "-m", "slurmrl.worker", "--backend", spec.backend, "--role", spec.role,
+            "--job-id", str(spec.job_id), "--host", bind_host,
+            "--advertise-host", advertise_host, "--address-file", str(workdir / "address"),
+            "--seed", str(spec.seed)]
+    if spec.model is not None and spec.backend != "tiny":
+        argv += ["--model", spec.model]
+    if spec.lr is not None:
+        argv += ["--lr", repr(spec.lr)]
+    return [*drop, *env, *argv]
+
+
+class ServiceLauncher:
+    """Starts and stops services as steps of pools. Blocking; call from a thread."""
+
+    def __init__(
+        self, slurm: SlurmBackend, run_dir: str | Path, *,
+        python: str = "/opt/slurmrl/venv/bin/python", bind_host: str = "0.0.0.0",
+        ready_timeout_s: float = 120.0, step_timeout_s: float = 60.0,
+        step_retries: int = 2, launch_attempts: int = 2, poll_s: float = 0.1,
+    ) -> None:
+        if launch_attempts < 1:
+            raise ValueError("launch_attempts must be >= 1")
+        self.slurm = slurm
+        self.run_dir = Path(run_dir)
+        self.python = python
+        self.bind_host = bind_host
+        self.ready_timeout_s = ready_timeout_s
+        self.step_timeout_s = step_timeout_s
+        self.step_retries = step_retries
+        self.launch_attempts = launch_attempts
+        self.poll_s = poll_s
+
+    def launch(self, pool_job_id: int, node: str, spec: ServiceSpec,
+               secret: str) -> RunningService:
+        """Start one service and wait until it answers; retried `launch_attempts` times."""
+        ids = UserIds.lookup(spec.user)
+        if os.geteuid() != 0 and os.geteuid() != ids.uid:
+            raise ServiceLaunchError(
+                f"cannot run {spec.name} as {ids.name}: dropping to the job's user needs a "
+                "controller running as root")
+        last: Exception | None = None
+        for attempt in range(1, self.launch_attempts + 1):
+            try:
+                return self._launch_once(pool_job_id, node, spec, ids, secret)
+            except (ServiceLaunchError, SlurmError) as exc:
+                last = exc
+                log.warning("service %s in pool job %d: attempt %d/%d failed: %s",
+                            spec.name, pool_job_id, attempt, self.launch_attempts, exc)
+        raise ServiceLaunchError(
+            f"{spec.name} did not start in pool job {pool_job_id} after "
+            f"{self.launch_attempts} attempt(s): {last}")
+
+    def _prepare_dir(self, pool_job_id: int, spec: ServiceSpec, ids: UserIds) -> Path:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # traversable, not listable: users reach only their own service dirs
+        self.run_dir.chmod(0o711)
+        workdir = self.run_dir / f"pool{pool_job_id}-{spec.name}"
+        shutil.rmtree(workdir, ignore_errors=True)
+        workdir.mkdir(mode=0o700)
+        os.chown(workdir, ids.uid, ids.gid)
+        return workdir
+
+    def _launch_once(self, pool_job_id: int, node: str, spec: ServiceSpec, ids: UserIds,
+                     secret: str) -> RunningService:
+        workdir = self._prepare_dir(pool_job_id, spec, ids)
+        log_path = self.run_dir / f"pool{pool_job_id}-{spec.name}.log"
+        log_path.unlink(missing_ok=True)
+        log_path.touch(mode=0o600)
+        os.chown(log_path, ids.uid, ids.gid)  # the user may read their service's output
+        argv = worker_argv(spec, ids, python=self.python, workdir=workdir,
+                           bind_host=self.bind_host, advertise_host=node)
+        t0 = time.monotonic()
+        step = self.slurm.launch_step(
+            pool_job_id, argv, env={SECRET_ENV: secret, "PATH": _STEP_PATH},
+            cuda_visible_devices=spec.cuda_devices, cpus=1, overlap=True,
+            timeout_s=self.step_timeout_s, retries=self.step_retries,
+            stdout_path=str(log_path), stderr_path=str(log_path))
+        try:
+            address = self._await_address(step, workdir / "address", log_path)
+            handle = ServiceHandle(address, secret, str(spec.job_id), spec.role)
+            status = self._await_status(step, handle, log_path)
+        except BaseException:
+            self._kill(step)
+            raise
+        step_id = step.step_id(self.slurm) or status.get("step_id")
+        log.info("service %s up in pool job %d: step %s at %s as %s (%.2f s)", spec.name,
+                 pool_job_id, step_id, address, ids.name, time.monotonic() - t0)
+        return RunningService(spec, pool_job_id, step, None if step_id is None else str(step_id),
+                              address, int(status["pid"]), handle, workdir, log_path)
+
+    def _await_address(self, step: StepHandle, path: Path, log_path: Path) -> str:
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            if path.exists():
+                text = path.read_text().strip()
+                if text:
+                    return text
+            rc = step.poll()
+            if rc is not None:
+                raise ServiceLaunchError(f"service step exited ({rc}) before listening: "
+                                         f"{_tail(log_path)}")
+            if time.monotonic() >= deadline:
+                raise ServiceLaunchError(f"service not listening within "
+                                         f"{self.ready_timeout_s:g} s: {_tail(log_path)}")
+            time.sleep(self.poll_s)
+
+    def _await_status(self, step: StepHandle, handle: ServiceHandle,
+                      log_path: Path) -> dict[str, Any]:
+        deadline = time.monotonic() + min(self.ready_timeout_s, 30.0)
+        while True:
+            try:
+                return handle.status(timeout_s=5.0)
+            except ServiceError as exc:
+                if step.poll() is not None or time.monotonic() >= deadline:
+                    raise ServiceLaunchError(f"service does not answer status ({exc}): "
+                                             f"{_tail(log_path)}") from exc
+            time.sleep(self.poll_s)
+
+    def stop(self, svc: RunningService, timeout_s: float = 10.0) -> None:
+        """Stop a service: `stop` on its control plane, then SIGTERM/SIGKILL the step."""
+        if svc.alive():
+            with contextlib.suppress(ServiceError):
+                svc.handle.stop(timeout_s=min(timeout_s, 5.0))
+            try:
+                svc.step.wait(timeout_s=timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("service %s did not stop in %g s; terminating its step",
+                            svc.spec.name, timeout_s)
+                self._kill(svc.step)
+        svc.handle.close()
+        shutil.rmtree(svc.workdir, ignore_errors=True)
+
+    @staticmethod
+    def _kill(step: StepHandle) -> None:
+        step.terminate()
+        try:
+            step.wait(timeout_s=5.0)
+        except subprocess.TimeoutExpired:
+            step.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                step.wait(timeout_s=5.0)
+
+
+def specs_for_job(job_id: int, user: str, *, rollout_gpus: Sequence[int],
+                  trainer_gpus: Sequence[int], backend: str = "tiny",
+                  model: str | None = None) -> list[ServiceSpec]:
+    """The services of one RL job: a rollout and a trainer on their pool GPUs."""
+    return [
+        ServiceSpec(job_id, "rollout", user, tuple(rollout_gpus), backend, model),
+        ServiceSpec(job_id, "trainer", user, tuple(trainer_gpus), backend, model),
+    ]
+
+
+def _tail(path: Path, limit: int = 1500) -> str:
+    with contextlib.suppress(OSError):
+        text = path.read_text(errors="replace").strip()
+        return text[-limit:] if text else "(no output)"
+    return "(no output)"
