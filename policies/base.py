@@ -50,6 +50,16 @@ class JobSnapshot:
     submitted_at: float
     partition: str = "pools"
     gpu_type: str | None = None
+    #: host memory its parked services take (weights + optimizer state), None = estimate
+    host_mem_bytes: int | None = None
+
+
+class PoolMode(StrEnum):
+    """How a pool's GPUs are sliced between members (the pairing policy says which)."""
+
+    LEASE = "lease"  #: phase leases on GPU sets, shrinkable (slurmrl)
+    LOCK = "lock"  #: one lock on the whole pool per GPU phase, no shrink (llm-d style)
+    GANG = "gang"  #: fixed time quanta regardless of phases, memory held (Slurm GANG)
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class PoolSnapshot:
     gpu_mem_bytes: int | None = None  #: per GPU, None when unknown
     host_mem_free_bytes: int | None = None  #: budget left for parked state on its nodes
     dedicated: bool = False  #: opened for a `--rl-mux=off` (or forced-dedicated) job
+    closed: bool = False  #: takes no new member (fixed groups of `fifo-lock`)
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,8 @@ class SiteLimits:
     default_max_slowdown: float = 1.25  #: used when the user gave no --rl-max-slowdown
     max_gpus_per_job: int = 1024
     max_jobs_per_pool: int = 2
+    #: host memory per pool for parked services; None = unknown (not checked)
+    parked_host_mem_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +129,7 @@ class PairingPolicy(Protocol):
     """
 
     name: str
+    mode: PoolMode  #: how pools it forms are sliced; the controller supports LEASE
 
     def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]: ...
 

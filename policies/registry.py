@@ -10,6 +10,14 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from policies.admission_limits import SiteLimitsAdmission
+from policies.pairing_dedicated import DedicatedPairing
+from policies.pairing_default import ComplementaryPairing
+from policies.pairing_fifo_lock import FifoLockPairing
+from policies.pairing_gang import GangPairing
+from policies.pairing_greedy import GreedyPairing
+from policies.pairing_random import RandomPairing
+from policies.slice_bounded import BoundedSlowdownSlice
 from policies.slice_fifo import FifoSlice
 from policies.slice_round_robin import RoundRobinSlice
 
@@ -18,9 +26,19 @@ REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {
     "slice": {
         FifoSlice.name: FifoSlice,
         RoundRobinSlice.name: RoundRobinSlice,
+        BoundedSlowdownSlice.name: BoundedSlowdownSlice,
     },
-    "pairing": {},
-    "admission": {},
+    "pairing": {
+        ComplementaryPairing.name: ComplementaryPairing,
+        DedicatedPairing.name: DedicatedPairing,
+        RandomPairing.name: RandomPairing,
+        GreedyPairing.name: GreedyPairing,
+        FifoLockPairing.name: FifoLockPairing,
+        GangPairing.name: GangPairing,
+    },
+    "admission": {
+        SiteLimitsAdmission.name: SiteLimitsAdmission,
+    },
 }
 
 

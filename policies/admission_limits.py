@@ -1,0 +1,45 @@
+"""`site-limits` admission: enforce the site's limits at registration, with a reason.
+
+Rejects a job asking for more GPUs than `max_gpus_per_job`, a `--rl-max-slowdown`
+below 1, or a per-GPU memory need above `gpu_mem_bytes` (when the site states it);
+runs `--rl-mux=off` jobs dedicated; accepts everything else. A `--rl-max-slowdown`
+above the site's cap is accepted and capped (the reason says so).
+"""
+
+from __future__ import annotations
+
+from policies.base import Admission, JobSnapshot, SiteLimits, Verdict
+from slurmrl.model import Mux
+
+
+class SiteLimitsAdmission:
+    name = "site-limits"
+
+    def __init__(self, gpu_mem_bytes: int | None = None,
+                 partitions: tuple[str, ...] | list[str] | None = None) -> None:
+        self.gpu_mem_bytes = gpu_mem_bytes
+        self.partitions = tuple(partitions) if partitions is not None else None
+
+    def admit(self, job: JobSnapshot, limits: SiteLimits) -> Admission:
+        r = job.request
+        if r.gpus < 1:
+            return Admission(Verdict.REJECT, f"--rl-gpus={r.gpus}: must be at least 1")
+        if r.gpus > limits.max_gpus_per_job:
+            return Admission(Verdict.REJECT, f"--rl-gpus={r.gpus} exceeds the site limit of "
+                             f"{limits.max_gpus_per_job} GPUs per RL job")
+        if r.max_slowdown is not None and r.max_slowdown < 1.0:
+            return Admission(Verdict.REJECT,
+                             f"--rl-max-slowdown={r.max_slowdown}: must be at least 1.0")
+        if self.partitions is not None and job.partition not in self.partitions:
+            return Admission(Verdict.REJECT, f"partition {job.partition!r} is not a pool "
+                             f"partition; valid: {', '.join(self.partitions)}")
+        if self.gpu_mem_bytes is not None and r.mem_bytes is not None \
+                and r.mem_bytes > self.gpu_mem_bytes:
+            return Admission(Verdict.REJECT, f"--rl-mem={r.mem_bytes / 2**30:.0f}GiB per GPU "
+                             f"exceeds the GPUs' {self.gpu_mem_bytes / 2**30:.0f} GiB")
+        if r.mux is Mux.OFF:
+            return Admission(Verdict.DEDICATED, "--rl-mux=off: runs on its own pool")
+        if r.max_slowdown is not None and r.max_slowdown > limits.max_slowdown:
+            return Admission(Verdict.ACCEPT, f"--rl-max-slowdown={r.max_slowdown} capped at "
+                             f"the site's {limits.max_slowdown}")
+        return Admission(Verdict.ACCEPT)

@@ -1,0 +1,267 @@
+"""Profiles: per-job statistics of phase durations, the input to pairing.
+
+A `ProfileBuilder` is fed phase observations as the job runs (`observe(phase, start,
+end)` for a phase's busy or gap interval, or `observe_lease(...)` with a lease's
+requested/granted/released times, from which the gap since the previous release is
+inferred). It keeps a sliding window of the most recent `window` durations per phase,
+so quantiles follow the drift of lengths as the policy learns, and an exponentially
+weighted mean per phase. `build()` returns a frozen `Profile`.
+
+Before any observation a profile comes from a prior: the user's `--rl-profile`
+(`PhasePrior`: phase shares of a step and the step period), else a default by model
+size (`prior_for_model`). Per phase, the prior is used until `min_obs` observations of
+that phase exist.
+
+Terms: *busy* is time in GPU phases (rollout, train, sync) per step; *gap* is time in
+reward/idle per step; a *step* starts at a rollout that follows a train or sync (or at
+the first observation). `shape` is the ordered phase sequence of the last complete step,
+used to simulate several GPU phases per step (agentic jobs alternate rollout turns and
+tool stalls).
+
+Known limits: quantiles of per-step sums are approximated by per-phase quantiles times
+the mean occurrences per step (phases of one step are treated as comonotone, which is
+conservative for p90 busy); the window forgets anything older than `window` phases.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from slurmrl.model import GPU_PHASES, Phase, PhasePrior
+
+#: phases whose time counts as a gap (no GPU needed)
+GAP_PHASES: tuple[Phase, ...] = (Phase.REWARD, Phase.IDLE)
+
+#: default shares of a colocated step when the user gave no --rl-profile
+#: (verl DAPO 7B on 32 GPUs: generation 45%, log-prob + update 48%, other 7%;
+#: shared/research/rl-workloads.md)
+DEFAULT_SHARES: tuple[tuple[Phase, float], ...] = (
+    (Phase.ROLLOUT, 0.45), (Phase.REWARD, 0.07), (Phase.TRAIN, 0.47), (Phase.SYNC, 0.01),
+)
+
+
+@dataclass(frozen=True)
+class PhaseStats:
+    """Durations (seconds) of one phase of one job: count and quantiles of the window."""
+
+    phase: Phase
+    n: int  #: observations in the window (0 = from the prior)
+    per_step: float  #: mean occurrences of this phase per step
+    p10: float
+    p50: float
+    p90: float
+    ewma: float  #: exponentially weighted mean, follows drift fastest
+
+    def quantile(self, q: float) -> float:
+        """Duration at quantile q in [0, 1], interpolated between p10, p50 and p90."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile must be in [0, 1], got {q}")
+        if q <= 0.5:
+            t = max(0.0, (q - 0.1) / 0.4)
+            return self.p10 + (self.p50 - self.p10) * t
+        t = min(1.0, (q - 0.5) / 0.4)
+        return self.p50 + (self.p90 - self.p50) * t
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What pairing knows of a job's phases. Durations in seconds."""
+
+    phases: Mapping[Phase, PhaseStats]
+    shape: tuple[Phase, ...]  #: phase order of one step (last complete one, or the prior's)
+    source: str  #: "observed", "prior", or "mixed"
+    steps: int = 0  #: complete steps observed
+
+    def per_step(self, phase: Phase, q: float = 0.5) -> float:
+        s = self.phases.get(phase)
+        return 0.0 if s is None else s.quantile(q) * s.per_step
+
+    def busy(self, q: float = 0.5) -> float:
+        """GPU time per step at quantile q."""
+        return sum(self.per_step(p, q) for p in GPU_PHASES)
+
+    def gap(self, q: float = 0.5) -> float:
+        """Gap time per step at quantile q."""
+        return sum(self.per_step(p, q) for p in GAP_PHASES)
+
+    def period(self, q: float = 0.5) -> float:
+        return self.busy(q) + self.gap(q)
+
+    def duty(self) -> float:
+        p = self.period()
+        return self.busy() / p if p > 0 else 1.0
+
+    def segments(self, q_busy: float = 0.5, q_gap: float = 0.5) -> tuple[tuple[Phase, float], ...]:
+        """One step as (phase, seconds) in order; busy at q_busy, gaps at q_gap."""
+        counts: dict[Phase, int] = {}
+        for p in self.shape:
+            counts[p] = counts.get(p, 0) + 1
+        out = []
+        for p in self.shape:
+            q = q_busy if p.needs_gpu else q_gap
+            out.append((p, self.per_step(p, q) / counts[p]))
+        return tuple(out)
+
+    def multi_phase(self) -> bool:
+        """True when a step holds more than one rollout or more than one gap."""
+        return (sum(1 for p in self.shape if p is Phase.ROLLOUT) > 1
+                or sum(1 for p in self.shape if not p.needs_gpu) > 1)
+
+
+def prior_for_model(model: str, gpus: int) -> PhasePrior:
+    """A prior step for a model with no --rl-profile: default shares, period by size.
+
+    Step periods grow with model size (verl: 7B DAPO 356-790 s; 30B-A3B 498 s); the
+    `tiny` backend steps in seconds. A rough prior: it is replaced by observations.
+    """
+    from slurmrl.gpu.estimate import parse_param_count
+
+    try:
+        params = parse_param_count(model)
+    except ValueError:
+        params = 7_000_000_000
+    billions = params / 1e9
+    step = 5.0 if billions < 0.01 else 300.0 * max(1.0, billions / 7.0) ** 0.5
+    return PhasePrior(DEFAULT_SHARES, step)
+
+
+def _quantiles(values: Iterable[float]) -> tuple[float, float, float]:
+    xs = sorted(values)
+    n = len(xs)
+
+    def q(p: float) -> float:
+        pos = p * (n - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, n - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+    return q(0.1), q(0.5), q(0.9)
+
+
+@dataclass
+class ProfileBuilder:
+    """Accumulates one job's phase observations; `build()` gives a frozen Profile."""
+
+    prior: PhasePrior | None = None
+    window: int = 32  #: durations kept per phase: older ones are forgotten (drift)
+    alpha: float = 0.2  #: weight of the newest observation in the moving mean
+    min_obs: int = 3  #: observations of a phase before they replace its prior
+    prior_spread: float = 0.25  #: prior p10/p90 = p50 * (1 -/+ spread)
+    _durations: dict[Phase, deque[float]] = field(default_factory=dict)
+    _ewma: dict[Phase, float] = field(default_factory=dict)
+    _counts: dict[Phase, int] = field(default_factory=dict)
+    _steps: int = 0
+    _current: list[Phase] = field(default_factory=list)
+    _last_shape: tuple[Phase, ...] = ()
+    _last_release: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+        if not 0.0 < self.alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
+
+    @classmethod
+    def from_observations(
+        cls, observations: Iterable[tuple[Phase | str, float, float]],
+        prior: PhasePrior | None = None, **kwargs: float,
+    ) -> ProfileBuilder:
+        """A builder fed `(phase, start, end)` tuples in time order."""
+        b = cls(prior=prior, **kwargs)  # type: ignore[arg-type]
+        for phase, start, end in observations:
+            b.observe(Phase(phase), start, end)
+        return b
+
+    def observe(self, phase: Phase, start: float, end: float) -> None:
+        """One interval of `phase` (a GPU phase's lease, or a gap)."""
+        if end < start:
+            raise ValueError(f"{phase} observation ends ({end}) before it starts ({start})")
+        d = end - start
+        # a new step starts at a rollout that follows a train/sync
+        if phase is Phase.ROLLOUT and any(p in (Phase.TRAIN, Phase.SYNC) for p in self._current):
+            self._last_shape = tuple(self._current)
+            self._current = []
+            self._steps += 1
+        self._current.append(phase)
+        buf = self._durations.setdefault(phase, deque(maxlen=self.window))
+        buf.append(d)
+        prev = self._ewma.get(phase)
+        self._ewma[phase] = d if prev is None else prev + self.alpha * (d - prev)
+        self._counts[phase] = self._counts.get(phase, 0) + 1
+        if phase.needs_gpu:
+            self._last_release = end
+
+    def observe_lease(
+        self, phase: Phase, requested_at: float, granted_at: float, released_at: float,
+    ) -> None:
+        """A GPU phase's lease; the time since the previous release is an idle gap.
+
+        Waiting for the lease (granted - requested) is contention, neither busy nor gap.
+        """
+        if self._last_release is not None and requested_at > self._last_release:
+            if not self._current or self._current[-1].needs_gpu:
+                self.observe(Phase.IDLE, self._last_release, requested_at)
+        self.observe(phase, granted_at, released_at)
+
+    def _prior_stats(self, phase: Phase, share: float, step: float) -> PhaseStats:
+        d = share * step
+        return PhaseStats(phase, 0, 1.0, d * (1 - self.prior_spread), d,
+                          d * (1 + self.prior_spread), d)
+
+    def build(self) -> Profile:
+        prior = self.prior
+        step = prior.step_s if prior is not None and prior.step_s else None
+        phases: dict[Phase, PhaseStats] = {}
+        used_prior = used_obs = False
+        steps = max(1, self._steps)
+        for phase in Phase:
+            n = len(self._durations.get(phase, ()))
+            if n >= self.min_obs or (n > 0 and prior is None):
+                p10, p50, p90 = _quantiles(self._durations[phase])
+                # occurrences per step: counted over complete steps once there are some
+                per_step = self._counts[phase] / steps if self._steps else 1.0
+                if self._steps == 0:
+                    per_step = float(self._current.count(phase)) or 1.0
+                phases[phase] = PhaseStats(phase, n, per_step, p10, p50, p90, self._ewma[phase])
+                used_obs = True
+            elif prior is not None and step is not None and prior.share(phase) > 0:
+                phases[phase] = self._prior_stats(phase, prior.share(phase), step)
+                used_prior = True
+        if self._last_shape:
+            shape = self._last_shape
+        elif self._current and self._steps == 0 and not used_prior:
+            shape = tuple(self._current)
+        else:
+            order = (Phase.ROLLOUT, Phase.REWARD, Phase.TRAIN, Phase.SYNC, Phase.IDLE)
+            shape = tuple(p for p in order if p in phases)
+        source = "mixed" if used_prior and used_obs else ("prior" if used_prior else "observed")
+        return Profile(phases, shape, source, self._steps)
+
+
+def profile_from_prior(prior: PhasePrior, spread: float = 0.25) -> Profile:
+    """The profile of a job before any observation."""
+    return ProfileBuilder(prior=prior, prior_spread=spread).build()
+
+
+def profile_from_segments(
+    segments: Iterable[tuple[Phase, float]], spread: float = 0.0
+) -> Profile:
+    """A profile of one known step (tests, simulator, replay): mean durations per phase
+    as given, p10/p90 at `spread` around them."""
+    segs = list(segments)
+    if not segs:
+        raise ValueError("a profile needs at least one phase")
+    by_phase: dict[Phase, list[float]] = {}
+    for phase, d in segs:
+        if d < 0:
+            raise ValueError(f"{phase} duration must be >= 0, got {d}")
+        by_phase.setdefault(phase, []).append(d)
+    phases = {}
+    for p, ds in by_phase.items():
+        m = sum(ds) / len(ds)
+        phases[p] = PhaseStats(p, len(ds), float(len(ds)), m * (1 - spread), m,
+                               m * (1 + spread), m)
+    return Profile(phases, tuple(p for p, _ in segs), "observed", 1)
