@@ -1,0 +1,243 @@
+"""Residency planning: which services to park so that a grant's active set fits.
+
+Pure functions over frozen values (no clock, no I/O), so they are unit-tested on small
+hand-built cases and could run in the simulator unchanged.
+
+- `footprints_for_job()` turns an RL job's request into per-service `Footprint`s: GPU
+  memory per GPU while active and while parked, and the host memory its parked state
+  pins on the pool's node. A declared `--rl-mem` (memory per GPU the job's resident
+  model set needs) wins over the `slurmrl.gpu` estimate from the model's size.
+- `plan_grant()` is called before a lease is answered: the services the phase needs are
+  made active; every other service on the lease's GPUs stays active only while the GPU
+  still fits, otherwise it is parked — other jobs' services first, then this job's
+  idle ones. Parked state goes to host memory while the node's budget (site config
+  `limits.parked_host_mem_per_node`) lasts; a rollout can be dropped instead (its
+  weights come back with the next weight sync); a trainer cannot.
+- `admit()` refuses, with a reason the user sees, a job whose services cannot fit on
+  the pool even with every other member parked or dropped.
+
+GPU capacity per GPU comes from NVML when there is a GPU (`GpuCapacity.from_reading`:
+total minus what processes that are not our services use) and from an assumed size
+otherwise. Known limits: memory is planned per GPU, not per allocation block
+(fragmentation is not modelled); NVML readings are point-in-time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from slurmrl.gpu.estimate import estimate_model_memory
+from slurmrl.model import Phase, Residency, RlRequest
+
+ServiceKey = tuple[int, str]  #: (RL job id, role)
+
+#: which services a phase must have active
+PHASE_ROLES: Mapping[Phase, tuple[str, ...]] = {
+    Phase.ROLLOUT: ("rollout",),
+    Phase.TRAIN: ("trainer",),
+    Phase.SYNC: ("trainer", "rollout"),
+}
+
+
+class ResidencyError(ValueError):
+    """A plan or an admission is impossible; the message says what does not fit."""
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """One service's memory: per GPU on its pinned GPUs, and on the node's host."""
+
+    job_id: int
+    role: str
+    gpus: frozenset[int]  #: pool GPU indices it is pinned to
+    active_bytes: int  #: GPU memory per GPU while active
+    parked_bytes: int  #: GPU memory per GPU that parking cannot free (contexts)
+    host_bytes: int  #: host memory its level-1 parked state pins (whole service)
+    residency: Residency = Residency.ACTIVE
+
+    @property
+    def key(self) -> ServiceKey:
+        return (self.job_id, self.role)
+
+    @property
+    def can_drop(self) -> bool:
+        """A rollout may drop its weights (the next sync refills them); a trainer not."""
+        return self.role == "rollout"
+
+    def device_bytes(self, residency: Residency | None = None) -> int:
+        r = self.residency if residency is None else residency
+        if r is Residency.ACTIVE:
+            return self.active_bytes
+        return 0 if r is Residency.STOPPED else self.parked_bytes
+
+    def pinned_host_bytes(self, residency: Residency | None = None) -> int:
+        r = self.residency if residency is None else residency
+        return self.host_bytes if r is Residency.PARKED else 0
+
+
+@dataclass(frozen=True)
+class GpuCapacity:
+    """GPU memory slurmrl's services may use on one pool GPU."""
+
+    index: int
+    usable_bytes: int
+
+    @classmethod
+    def from_reading(cls, index: int, total_bytes: int, used_bytes: int,
+                     services_bytes: int, reserve_bytes: int = 0) -> GpuCapacity:
+        """From NVML: total, used, and the part of `used` our own services hold."""
+        foreign = max(0, used_bytes - services_bytes)
+        return cls(index, max(0, total_bytes - foreign - reserve_bytes))
+
+
+@dataclass(frozen=True)
+class ResidencyPlan:
+    """What to do before answering a grant. Apply parks/drops first, then activations."""
+
+    park: tuple[ServiceKey, ...] = ()  #: to level 1 (weights to pinned host memory)
+    drop: tuple[ServiceKey, ...] = ()  #: to level 2 (rollouts only)
+    activate: tuple[ServiceKey, ...] = ()
+    host_bytes_after: int = 0  #: parked state pinned on the node once applied
+
+    @property
+    def empty(self) -> bool:
+        return not (self.park or self.drop or self.activate)
+
+
+def footprints_for_job(job_id: int, request: RlRequest, pool_gpus: Sequence[int]
+                       ) -> list[Footprint]:
+    """The rollout and trainer footprints of one job placed on `pool_gpus`."""
+    if len(pool_gpus) != request.gpus:
+        raise ResidencyError(f"job {job_id} asks for {request.gpus} GPUs but is placed on "
+                             f"{len(pool_gpus)}")
+    out = []
+    for role, phase in (("rollout", Phase.ROLLOUT), ("trainer", Phase.TRAIN)):
+        local = request.gpus_for(phase)
+        gpus = frozenset(pool_gpus[i] for i in local)
+        try:
+            est = estimate_model_memory(request.model, role, gpus=max(1, len(gpus)))
+        except ValueError as exc:
+            if request.mem_bytes is None:
+                raise ResidencyError(f"job {job_id}: {exc}") from None
+            est = None
+        if request.mem_bytes is not None:
+            # --rl-mem is what the resident set needs per GPU while active; parked, the
+            # contexts stay (estimate, or none for a model we cannot size) and the rest
+            # moves to host memory.
+            parked = est.parked_device_bytes() if est is not None else 0
+            parked = min(parked, request.mem_bytes)
+            active = request.mem_bytes
+            host = (request.mem_bytes - parked) * len(gpus)
+        else:
+            assert est is not None
+            active, parked = est.device_bytes, est.parked_device_bytes()
+            host = est.parked_host_bytes(1) * len(gpus)
+        out.append(Footprint(job_id, role, gpus, active, parked, host))
+    return out
+
+
+def _fits(gpus: Iterable[int], state: Mapping[ServiceKey, Residency],
+          services: Mapping[ServiceKey, Footprint], capacity: Mapping[int, int]) -> int | None:
+    """The first GPU among `gpus` over capacity, or None when all fit."""
+    for g in sorted(gpus):
+        used = sum(f.device_bytes(state[k]) for k, f in services.items() if g in f.gpus)
+        if used > capacity[g]:
+            return g
+    return None
+
+
+def plan_grant(
+    services: Sequence[Footprint], capacity: Sequence[GpuCapacity], *, job_id: int,
+    phase: Phase, host_budget_bytes: int,
+) -> ResidencyPlan:
+    """Park/drop/activate so that job `job_id`'s `phase` services run; raise if impossible."""
+    by_key = {f.key: f for f in services}
+    cap = {c.index: c.usable_bytes for c in capacity}
+    needed = [(job_id, r) for r in PHASE_ROLES.get(phase, ()) if (job_id, r) in by_key]
+    if not needed:
+        return ResidencyPlan(host_bytes_after=_host(by_key, {k: f.residency
+                                                             for k, f in by_key.items()}))
+    touched = frozenset().union(*(by_key[k].gpus for k in needed))
+    unknown = touched - cap.keys()
+    if unknown:
+        raise ResidencyError(f"no capacity known for pool GPU(s) {sorted(unknown)}")
+    state = {k: f.residency for k, f in by_key.items()}
+    for k in needed:
+        state[k] = Residency.ACTIVE
+    # park candidates: active services sharing a GPU with the phase; other jobs first,
+    # then this job's idle services; larger footprints first (fewer parks)
+    cands = sorted(
+        (f for f in services if f.key not in needed and f.gpus & touched
+         and state[f.key] is Residency.ACTIVE),
+        key=lambda f: (f.job_id == job_id, -f.active_bytes, f.key))
+    parked: list[ServiceKey] = []
+    while (over := _fits(touched, state, by_key, cap)) is not None:
+        victim = next((f for f in cands if over in f.gpus
+                       and state[f.key] is Residency.ACTIVE), None)
+        if victim is None:
+            need = sum(by_key[k].device_bytes(Residency.ACTIVE) for k in needed
+                       if over in by_key[k].gpus)
+            raise ResidencyError(
+                f"job {job_id}'s {phase} services need {_gib(need)} on pool GPU {over}, "
+                f"which has {_gib(cap[over])} usable with everything else parked")
+        state[victim.key] = Residency.PARKED
+        parked.append(victim.key)
+    park, drop = _fit_host(by_key, state, parked, host_budget_bytes)
+    activate = tuple(k for k in needed if by_key[k].residency is not Residency.ACTIVE)
+    return ResidencyPlan(tuple(park), tuple(drop), activate, _host(by_key, state))
+
+
+def _host(by_key: Mapping[ServiceKey, Footprint], state: Mapping[ServiceKey, Residency]) -> int:
+    return sum(f.pinned_host_bytes(state[k]) for k, f in by_key.items())
+
+
+def _fit_host(by_key: Mapping[ServiceKey, Footprint], state: dict[ServiceKey, Residency],
+              parked: list[ServiceKey], budget: int) -> tuple[list[ServiceKey], list[ServiceKey]]:
+    """Turn parks into drops (rollouts, largest first) until parked state fits the host."""
+    drop: list[ServiceKey] = []
+    # already-parked rollouts may be dropped too, to make room for a trainer's state
+    droppable = sorted((k for k, f in by_key.items() if f.can_drop
+                        and state[k] is Residency.PARKED),
+                       key=lambda k: -by_key[k].host_bytes)
+    for k in droppable:
+        if _host(by_key, state) <= budget:
+            break
+        state[k] = Residency.DROPPED
+        drop.append(k)
+    if _host(by_key, state) > budget:
+        raise ResidencyError(
+            f"parked trainer state needs {_gib(_host(by_key, state))} of host memory; the "
+            f"node's budget for parked state is {_gib(budget)}")
+    return [k for k in parked if state[k] is Residency.PARKED], drop
+
+
+def admit(new: Sequence[Footprint], members: Sequence[Footprint],
+          capacity: Sequence[GpuCapacity], host_budget_bytes: int) -> str | None:
+    """None if a job with services `new` can share the pool with `members`, else why not.
+
+    Every phase of the new job must fit with all other services parked (or dropped),
+    and the other members' phases must still fit with the new job parked.
+    """
+    cap = {c.index: c.usable_bytes for c in capacity}
+    for f in new:
+        missing = f.gpus - cap.keys()
+        if missing:
+            return f"the pool has no GPU(s) {sorted(missing)} for the {f.role} service"
+    everyone = [*members, *new]
+    jobs = {f.job_id for f in everyone}
+    for jid in sorted(jobs):
+        for phase in PHASE_ROLES:
+            # worst case: every other service parked
+            start = [replace(f, residency=Residency.PARKED) for f in everyone]
+            try:
+                plan_grant(start, capacity, job_id=jid, phase=phase,
+                           host_budget_bytes=host_budget_bytes)
+            except ResidencyError as exc:
+                who = "its" if jid in {f.job_id for f in new} else f"member job {jid}'s"
+                return f"resident services do not fit: {who} {phase} phase: {exc}"
+    return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"

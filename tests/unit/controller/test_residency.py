@@ -1,0 +1,162 @@
+"""Residency planning on hand-built pools where the right answer is known."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from slurmrl.controller.residency import (
+    Footprint,
+    GpuCapacity,
+    ResidencyError,
+    admit,
+    footprints_for_job,
+    plan_grant,
+)
+from slurmrl.gpu.estimate import GiB
+from slurmrl.model import Layout, Phase, Residency, RlRequest
+
+CAP80 = [GpuCapacity(i, 80 * GiB) for i in range(4)]
+
+
+def fp(job: int, role: str, gpus: tuple[int, ...], active: float, parked: float = 1,
+       host: float = 10, residency: Residency = Residency.ACTIVE) -> Footprint:
+    return Footprint(job, role, frozenset(gpus), int(active * GiB), int(parked * GiB),
+                     int(host * GiB), residency)
+
+
+def test_partner_is_parked_when_both_do_not_fit() -> None:
+    services = [fp(1, "rollout", (0, 1), 60), fp(1, "trainer", (0, 1), 30,
+                                                  residency=Residency.PARKED),
+                fp(2, "rollout", (0, 1), 60, residency=Residency.PARKED),
+                fp(2, "trainer", (0, 1), 50)]
+    plan = plan_grant(services, CAP80, job_id=1, phase=Phase.ROLLOUT,
+                      host_budget_bytes=1000 * GiB)
+    assert plan.park == ((2, "trainer"),)
+    assert plan.activate == ()  # job 1's rollout is already active
+    assert plan.drop == ()
+
+
+def test_nothing_is_parked_when_everything_fits() -> None:
+    services = [fp(1, "rollout", (0, 1), 20), fp(2, "trainer", (0, 1), 20,
+                                                  residency=Residency.PARKED)]
+    plan = plan_grant(services, CAP80, job_id=2, phase=Phase.TRAIN,
+                      host_budget_bytes=100 * GiB)
+    assert plan.park == () and plan.activate == ((2, "trainer"),)
+
+
+def test_services_on_other_gpus_are_left_alone() -> None:
+    # disaggregated neighbours: job 2 trains on GPUs 2,3 while job 1 rolls out on 0,1
+    services = [fp(1, "rollout", (0, 1), 79, residency=Residency.PARKED),
+                fp(2, "trainer", (2, 3), 79)]
+    plan = plan_grant(services, CAP80, job_id=1, phase=Phase.ROLLOUT,
+                      host_budget_bytes=100 * GiB)
+    assert plan.park == () and plan.activate == ((1, "rollout"),)
+
+
+def test_other_jobs_are_parked_before_this_jobs_idle_service() -> None:
+    services = [fp(1, "rollout", (0,), 40, residency=Residency.PARKED),
+                fp(1, "trainer", (0,), 30), fp(2, "rollout", (0,), 30)]
+    plan = plan_grant(services, CAP80, job_id=1, phase=Phase.ROLLOUT,
+                      host_budget_bytes=100 * GiB)
+    assert plan.park == ((2, "rollout"),)  # job 1's trainer stays resident
+
+
+def test_rollouts_are_dropped_when_host_memory_runs_out() -> None:
+    services = [fp(1, "trainer", (0,), 70, host=50), fp(2, "rollout", (0,), 70, host=40),
+                fp(2, "trainer", (0,), 0.5, residency=Residency.PARKED, host=30)]
+    # job 1 trains: job 2's rollout must leave the GPU; 30 + 40 GiB of parked state > 50
+    plan = plan_grant(services, CAP80, job_id=1, phase=Phase.TRAIN,
+                      host_budget_bytes=50 * GiB)
+    assert plan.drop == ((2, "rollout"),) and plan.park == ()
+    assert plan.host_bytes_after == 30 * GiB
+
+
+def test_trainer_state_that_fits_no_host_is_refused_with_the_sizes() -> None:
+    services = [fp(1, "rollout", (0,), 70, host=5), fp(2, "trainer", (0,), 70, host=90)]
+    with pytest.raises(ResidencyError, match=r"host memory.*50\.00 GiB"):
+        plan_grant(services, CAP80, job_id=1, phase=Phase.ROLLOUT,
+                   host_budget_bytes=50 * GiB)
+
+
+def test_a_phase_bigger_than_the_gpu_is_refused_naming_the_gpu() -> None:
+    services = [fp(1, "rollout", (2,), 90, residency=Residency.PARKED)]
+    with pytest.raises(ResidencyError, match=r"pool GPU 2.*80\.00 GiB"):
+        plan_grant(services, CAP80, job_id=1, phase=Phase.ROLLOUT, host_budget_bytes=0)
+
+
+def test_sync_needs_both_services_of_the_job_active() -> None:
+    services = [fp(1, "rollout", (0,), 30, residency=Residency.DROPPED),
+                fp(1, "trainer", (0,), 30, residency=Residency.PARKED),
+                fp(2, "rollout", (0,), 30)]
+    plan = plan_grant(services, CAP80, job_id=1, phase=Phase.SYNC,
+                      host_budget_bytes=100 * GiB)
+    assert set(plan.activate) == {(1, "rollout"), (1, "trainer")}
+    assert plan.park == ((2, "rollout"),)
+
+
+def test_gaps_need_no_plan() -> None:
+    services = [fp(1, "rollout", (0,), 30)]
+    assert plan_grant(services, CAP80, job_id=1, phase=Phase.REWARD,
+                      host_budget_bytes=0).empty
+
+
+def test_gpu_capacity_from_nvml_counts_only_foreign_memory() -> None:
+    cap = GpuCapacity.from_reading(0, total_bytes=80 * GiB, used_bytes=30 * GiB,
+                                   services_bytes=25 * GiB, reserve_bytes=1 * GiB)
+    assert cap.usable_bytes == 74 * GiB
+
+
+def test_declared_rl_mem_wins_over_the_estimate() -> None:
+    req = RlRequest(gpus=2, model="Qwen2.5-7B", mem_bytes=40 * GiB)
+    ro, tr = footprints_for_job(7, req, (2, 3))
+    assert ro.active_bytes == tr.active_bytes == 40 * GiB
+    assert ro.gpus == tr.gpus == frozenset({2, 3})
+    assert ro.parked_bytes == GiB  # the CUDA context stays
+    assert ro.host_bytes == 2 * 39 * GiB
+
+
+def test_disaggregated_services_are_pinned_to_their_sets() -> None:
+    req = RlRequest(gpus=4, model="7B", layout=Layout.DISAGGREGATED, rollout_gpus=1)
+    ro, tr = footprints_for_job(7, req, (3, 2, 1, 0))
+    assert ro.gpus == frozenset({3}) and tr.gpus == frozenset({0, 1, 2})
+    # 7B trainer over 3 GPUs: 16 bytes per parameter plus a 1 GiB context
+    assert tr.active_bytes == -(-7_000_000_000 // 3) * 16 + GiB
+
+
+def test_unsizeable_model_without_rl_mem_is_an_error_naming_it() -> None:
+    with pytest.raises(ResidencyError, match="my-model"):
+        footprints_for_job(7, RlRequest(gpus=1, model="my-model"), (0,))
+
+
+def test_admission_refuses_a_job_that_cannot_fit_even_alone() -> None:
+    req = RlRequest(gpus=2, model="70B")  # a 70B trainer over 2 GPUs is ~560 GB per GPU
+    reason = admit(footprints_for_job(5, req, (0, 1)), [], CAP80, 10_000 * GiB)
+    assert reason is not None and "rollout phase" in reason and "pool GPU 0" in reason
+
+
+def test_admission_refuses_when_parked_state_exceeds_the_node_budget() -> None:
+    a = footprints_for_job(1, RlRequest(gpus=2, model="7B"), (0, 1))
+    b = footprints_for_job(2, RlRequest(gpus=2, model="7B"), (0, 1))
+    # each 7B trainer parks 14 bytes/param = 98 GB on the host
+    assert admit(b, a, CAP80, 1000 * GiB) is None
+    reason = admit(b, a, CAP80, 100 * GiB)
+    assert reason is not None and "host memory" in reason
+
+
+def test_admission_of_tiny_jobs_on_fake_gpus() -> None:
+    a = footprints_for_job(1, RlRequest(gpus=2), (0, 1))
+    b = footprints_for_job(2, RlRequest(gpus=2), (2, 3))
+    assert admit(b, a, CAP80, 64 * GiB) is None
+    assert admit(b, a, [GpuCapacity(0, 80 * GiB)], 64 * GiB) is not None
+
+
+def test_plan_leaves_inputs_unchanged_and_is_deterministic() -> None:
+    services = [fp(1, "rollout", (0,), 60), fp(2, "trainer", (0,), 60,
+                                                 residency=Residency.PARKED)]
+    snapshot = [replace(s) for s in services]
+    p1 = plan_grant(services, CAP80, job_id=2, phase=Phase.TRAIN, host_budget_bytes=GiB * 99)
+    p2 = plan_grant(services, CAP80, job_id=2, phase=Phase.TRAIN, host_budget_bytes=GiB * 99)
+    assert p1 == p2 and services == snapshot
+    assert p1.park == ((1, "rollout"),) and p1.activate == ((2, "trainer"),)
