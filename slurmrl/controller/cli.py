@@ -64,6 +64,7 @@ async def _run(cfg: object, debug_invariants: bool) -> None:
     if cfg.slurm.slurm_conf:
         env["SLURM_CONF"] = cfg.slurm.slurm_conf
     store = Store(cfg.controller.db_path)
+    store.checkpoint_in_background()
     c = Controller(cfg, store, default_backend(env), check_invariants=debug_invariants)
     runner = await serve(c, cfg.controller.host, cfg.controller.port)
     stop = asyncio.Event()

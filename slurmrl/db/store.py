@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,11 +61,39 @@ class Store:
         self.conn.execute("PRAGMA foreign_keys=ON")
         self.conn.execute("PRAGMA busy_timeout=5000")
         self.db = sqlite_utils.Database(self.conn)
+        self._checkpointer: threading.Thread | None = None
+        self._closing = threading.Event()
         self._depth = 0
         self.migrate()
 
     def close(self) -> None:
+        self._closing.set()
+        if self._checkpointer is not None:
+            self._checkpointer.join()
         self.conn.close()
+
+    def checkpoint_in_background(self, interval_s: float = 1.0) -> None:
+        """Move WAL checkpoints (which fsync) off the writer's thread.
+
+        The controller calls this: its event loop then never waits for a checkpoint's
+        fsync inside a lease operation. A second connection checkpoints passively every
+        `interval_s`; automatic checkpoints on the writer are turned off.
+        """
+        if self.path == ":memory:" or self._checkpointer is not None:
+            return
+        self.conn.execute("PRAGMA wal_autocheckpoint=0")
+
+        def run() -> None:
+            conn = sqlite3.connect(self.path, check_same_thread=False)
+            try:
+                while not self._closing.wait(interval_s):
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            finally:
+                conn.close()
+
+        self._checkpointer = threading.Thread(target=run, name="slurmrl-db-checkpoint",
+                                              daemon=True)
+        self._checkpointer.start()
 
     # -- schema ----------------------------------------------------------------------
     @property
