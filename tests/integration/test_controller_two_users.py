@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,4 +96,11 @@ def test_two_users_alternate_on_one_pool(controller: ControllerProc, jobs,  # ty
         check_history(intervals)
     finally:
         store.close()
+    with urllib.request.urlopen(controller.url + "/metrics", timeout=5) as resp:
+        metrics = resp.read().decode()
+    granted = [line for line in metrics.splitlines()
+               if line.startswith(f'slurmrl_leases_granted_total{{pool="{pool_id}"}}')]
+    assert granted and float(granted[0].split()[-1]) == 2 * 2 * ROUNDS
+    assert f'slurmrl_gpu_seconds_total{{job="{a}"}}' in metrics
+    assert "slurmrl_lease_wait_seconds_bucket" in metrics
     assert "Traceback" not in controller.log.read_text()
