@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from slurmrl.client.job import NoLease
+from slurmrl.worker.handle import ServiceUnreachable
 
 if TYPE_CHECKING:
     from slurmrl.client.job import Job
@@ -50,6 +51,30 @@ class LeasedService:
                 raise NoLease(f"{self._handle.role}.{name}() needs a held lease: call it "
                               "inside `with job.phase(...)`")
             lease.check()
-            return attr(*args, **kwargs)
+            try:
+                return attr(*args, **kwargs)
+            except ServiceUnreachable as exc:
+                raise self._explain(exc) from exc
 
         return guarded
+
+    # issue 4 (pool manager): a service that vanished mid-call usually went down with its
+    # pool; ask the controller why, so the driver sees the reason, not ECONNREFUSED.
+    def _explain(self, exc: Exception, wait_s: float = 15.0) -> Exception:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                st = self._job.status()
+            except Exception:
+                return exc
+            if st.get("state") in ("CD", "F", "CA"):
+                return ServiceLost(f"the {self._handle.role} service of RL job "
+                                   f"{self._job.job_id} is gone: the job ended "
+                                   f"({st.get('state')}): {st.get('reason') or 'no reason'}")
+            if time.monotonic() >= deadline:
+                return exc
+            time.sleep(0.5)
+
+
+class ServiceLost(RuntimeError):
+    """A service's job ended under it (e.g. its pool was cancelled); says why."""

@@ -30,9 +30,16 @@ from slurmrl.config import ConfigError, load
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--debug-invariants", is_flag=True,
               help="check the lease invariants after every event (tests; slower)")
+# pool manager (issue 4, controller/pools.py): "slurm" opens pools and launches services
+@click.option("--pool-manager", type=click.Choice(["attached", "slurm"]), default="attached",
+              show_default=True, help="attached: admin-attached pools, no services; slurm: "
+              "open pools on Slurm and run each job's services in them")
+@click.option("--services-dir", default=None,
+              help="pool manager's service work dirs (default: next to the DB)")
 def controller(config_path: str | None, host: str | None, port: int | None,
                db_path: str | None, lease_timeout: float | None, heartbeat: float | None,
-               log_level: str | None, debug_invariants: bool) -> None:
+               log_level: str | None, debug_invariants: bool, pool_manager: str = "attached",
+               services_dir: str | None = None) -> None:
     """Run the slurmrl controller (RPC, leases, colocation DB) in the foreground."""
     overrides = {k: v for k, v in {
         "controller.host": host, "controller.port": port, "controller.db_path": db_path,
@@ -46,13 +53,14 @@ def controller(config_path: str | None, host: str | None, port: int | None,
     logging.basicConfig(level=cfg.controller.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(_run(cfg, debug_invariants))
+        asyncio.run(_run(cfg, debug_invariants, pool_manager, services_dir))
     except Exception as exc:  # a startup failure: say what, exit 1
         click.echo(f"slurmrl controller: {exc}", err=True)
         sys.exit(1)
 
 
-async def _run(cfg: object, debug_invariants: bool) -> None:
+async def _run(cfg: object, debug_invariants: bool, pool_manager: str = "attached",
+               services_dir: str | None = None) -> None:
     from slurmrl.config import Config
     from slurmrl.controller.core import Controller
     from slurmrl.controller.server import serve
@@ -65,7 +73,12 @@ async def _run(cfg: object, debug_invariants: bool) -> None:
         env["SLURM_CONF"] = cfg.slurm.slurm_conf
     store = Store(cfg.controller.db_path)
     store.checkpoint_in_background()
-    c = Controller(cfg, store, default_backend(env), check_invariants=debug_invariants)
+    pools = None
+    if pool_manager == "slurm":  # issue 4: pools and services on Slurm
+        from slurmrl.controller.pools import SlurmPools
+        pools = SlurmPools(run_dir=services_dir)
+    c = Controller(cfg, store, default_backend(env), pools=pools,
+                   check_invariants=debug_invariants)
     runner = await serve(c, cfg.controller.host, cfg.controller.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

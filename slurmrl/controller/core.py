@@ -103,7 +103,9 @@ class Controller:
     def active_job(self, who: Identity, job_id: int) -> JobRecord:
         job = self.own_job(who, job_id)
         if job.state.terminal:
-            raise RpcError(409, "job-ended", f"RL job {job_id} has ended ({job.state})")
+            # the reason (e.g. the pool's loss) is what the driver needs to hear
+            raise RpcError(409, "job-ended", f"RL job {job_id} has ended ({job.state})"
+                           + (f": {job.reason}" if job.reason else ""))
         return job
 
     def require_admin(self, who: Identity, what: str) -> None:

@@ -21,13 +21,32 @@ Known limits: single-node pools (one node's GPUs); a pool that Slurm keeps pendi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
+from slurmrl.controller.residency import (
+    Footprint,
+    GpuCapacity,
+    ResidencyError,
+    admit,
+    footprints_for_job,
+    plan_grant,
+)
+from slurmrl.controller.services import RunningService, ServiceLauncher, ServiceSpec
+from slurmrl.db import JobRecord, PoolRecord
+from slurmrl.leases.types import Lease
+from slurmrl.model import JobState, Mux, Phase, Residency
 from slurmrl.slurm import BatchSpec, JobInfo, SlurmBackend, SlurmError, SlurmJobState
+from slurmrl.worker.handle import ServiceError, ServiceHandle
+
+if TYPE_CHECKING:
+    from slurmrl.controller.core import Controller
 
 log = logging.getLogger(__name__)
 
@@ -158,3 +177,296 @@ class PoolAllocator:
             elif info.state.terminal or info.state is SlurmJobState.COMPLETING:
                 out.append(PoolLoss(jid, str(info.state), info.reason))
         return out
+
+
+# --------------------------------------------------------------------------------------
+# The controller's pool manager (the `PoolManager` plug-in of controller/manager.py)
+
+
+@dataclass
+class _Live:
+    """A live service as the manager tracks it (the step handle is lost on restart)."""
+
+    record_id: int
+    job_id: int
+    role: str
+    pool_id: int
+    handle: ServiceHandle
+    footprint: Footprint
+    running: RunningService | None = None
+
+
+@dataclass(frozen=True)
+class HandoffTiming:
+    """What the last `before_answer` cost, for benchmarks and logs (seconds)."""
+
+    job_id: int
+    lease_id: int
+    plan_s: float
+    park_s: float
+    activate_s: float
+    parked: tuple[tuple[int, str], ...]
+    activated: tuple[tuple[int, str], ...]
+
+
+class SlurmPools:
+    """Opens pools on Slurm, launches services in them, parks/activates at handoffs.
+
+    Placement is first-fit: a job joins an open pool with room whose GPUs it fits on
+    (residency admitted), or opens a new pool of its own size; it shares the pool's
+    GPUs 0..n-1 with the other members, time-sliced by leases. `park_others=True`
+    parks every other job's service on a granted lease's GPUs (an RL phase wants nearly
+    all of HBM); `False` parks only what the residency plan needs.
+    """
+
+    def __init__(
+        self, *, run_dir: str | None = None, bind_host: str = "0.0.0.0",
+        gpu_memory_bytes: int = 80 << 30, park_others: bool = True,
+        allocator: PoolAllocator | None = None, launcher: ServiceLauncher | None = None,
+    ) -> None:
+        self._run_dir = run_dir
+        self._bind_host = bind_host
+        self._gpu_bytes = gpu_memory_bytes
+        self.park_others = park_others
+        self.allocator = allocator
+        self.launcher = launcher
+        self._c: Controller | None = None
+        self._live: dict[tuple[int, str], _Live] = {}
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.handoffs: list[HandoffTiming] = []  #: the most recent handoffs, newest last
+
+    @property
+    def c(self) -> Controller:
+        assert self._c is not None, "start() first"
+        return self._c
+
+    async def start(self, controller: Controller) -> None:
+        self._c = controller
+        cfg = controller.config
+        if self.allocator is None:
+            self.allocator = PoolAllocator(
+                controller.slurm, cfg.slurm.pool_partition,
+                start_timeout_s=cfg.slurm.step_launch_timeout_s)
+        if self.launcher is None:
+            run_dir = self._run_dir or os.path.join(
+                os.path.dirname(cfg.controller.db_path), "services")
+            self.launcher = ServiceLauncher(
+                controller.slurm, run_dir, python=cfg.services.python,
+                bind_host=self._bind_host, ready_timeout_s=cfg.services.launch_timeout_s,
+                step_timeout_s=cfg.slurm.step_launch_timeout_s,
+                step_retries=cfg.slurm.step_launch_retries)
+        self._reattach()
+        self._spawn(self._place_pending())
+
+    def _reattach(self) -> None:
+        """After a restart: talk to the services still listed live (their steps run on)."""
+        for svc in self.c.store.services(live_only=True):
+            job = self.c.store.job(svc.job_id)
+            if job is None or job.state.terminal or not svc.address or svc.pool_id is None:
+                continue
+            fps = {f.role: f for f in footprints_for_job(job.job_id, job.request,
+                                                         job.pool_gpus or ())}
+            fp = replace(fps[svc.role], residency=Residency(svc.residency))
+            handle = ServiceHandle(svc.address, job.secret, str(job.job_id), svc.role)
+            self._live[(job.job_id, svc.role)] = _Live(svc.service_id, job.job_id, svc.role,
+                                                       svc.pool_id, handle, fp)
+
+    async def stop(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for live in self._live.values():
+            live.handle.close()  # services keep running: a restart re-attaches them
+        self._c = None
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def job_registered(self, job: JobRecord) -> None:
+        self._spawn(self._place_pending())
+
+    async def pool_opened(self, pool: PoolRecord) -> None:
+        self._spawn(self._place_pending())
+
+    # -- placement --------------------------------------------------------------------------
+    def _capacity(self, pool: PoolRecord) -> list[GpuCapacity]:
+        # Without NVML readings from the pool's node (the controller usually runs
+        # elsewhere), each GPU is assumed to have `gpu_memory_bytes`.
+        return [GpuCapacity(i, self._gpu_bytes) for i in range(pool.gpus)]
+
+    def _members_fp(self, pool_id: int) -> list[Footprint]:
+        return [lv.footprint for lv in self._live.values() if lv.pool_id == pool_id]
+
+    async def _place_pending(self) -> None:
+        async with self._lock:
+            for job in self.c.store.jobs(active=True):
+                if job.pool_id is None and not job.state.terminal:
+                    try:
+                        await self._place(job)
+                    except Exception as exc:  # refuse this job, keep placing others
+                        log.exception("placing job %d failed", job.job_id)
+                        await self.c.end_job(job.job_id, JobState.FAILED, f"refused: {exc}")
+
+    async def _place(self, job: JobRecord) -> None:
+        assert self.allocator is not None
+        c = self.c
+        gpus = tuple(range(job.request.gpus))
+        mine = footprints_for_job(job.job_id, job.request, gpus)
+        limit = c.config.limits.max_jobs_per_pool
+        host = c.config.limits.parked_host_mem_per_node
+        target: PoolRecord | None = None
+        for pool in c.store.pools(open_only=True):
+            members = c.store.jobs(active=True, pool_id=pool.pool_id)
+            alone = job.request.mux is Mux.OFF or any(m.request.mux is Mux.OFF for m in members)
+            if (pool.slurm_job_id is None or pool.gpus < job.request.gpus or pool.dedicated
+                    or len(members) >= (1 if alone else limit)):
+                continue
+            if admit(mine, self._members_fp(pool.pool_id), self._capacity(pool), host) is None:
+                target = pool
+                break
+        if target is None:
+            caps = [GpuCapacity(i, self._gpu_bytes) for i in gpus]
+            reason = admit(mine, [], caps, host)
+            if reason is not None:
+                await c.end_job(job.job_id, JobState.FAILED, f"admission refused: {reason}")
+                return
+            opened = await asyncio.to_thread(self.allocator.open, job.request.gpus,
+                                             f"for job {job.job_id}")
+            target = c.open_pool(gpus=opened.gpus, slurm_job_id=opened.slurm_job_id,
+                                 partition=opened.partition, nodes=opened.nodes,
+                                 gpu_indices=opened.gpu_indices,
+                                 dedicated=job.request.mux is Mux.OFF)
+        await self._launch_services(job, target, mine)
+        c.place_job(job.job_id, target.pool_id, gpus)
+
+    async def _launch_services(self, job: JobRecord, pool: PoolRecord,
+                               fps: list[Footprint]) -> None:
+        assert self.launcher is not None and pool.slurm_job_id is not None
+        node = pool.nodes[0] if pool.nodes else "localhost"
+        backend = {"rollout": self.c.config.services.rollout_backend,
+                   "trainer": self.c.config.services.trainer_backend}
+        for fp in fps:
+            # pool GPU i is Slurm's GPU pool.gpu_indices[i] on the node
+            devices = tuple(pool.gpu_indices[g] if g < len(pool.gpu_indices) else g
+                            for g in sorted(fp.gpus))
+            spec = ServiceSpec(job.job_id, fp.role, job.user, devices,
+                               backend=backend[fp.role], model=job.request.model)
+            rid = self.c.store.add_service(job_id=job.job_id, role=fp.role,
+                                           started_at=self.c.clock(), pool_id=pool.pool_id,
+                                           backend=spec.backend, gpus=sorted(fp.gpus))
+            try:
+                svc = await asyncio.to_thread(self.launcher.launch, pool.slurm_job_id, node,
+                                              spec, job.secret)
+            except Exception:
+                self.c.store.update_service(rid, state="failed", ended_at=self.c.clock())
+                await self._stop_job_services(job.job_id)
+                raise
+            self.c.store.update_service(rid, step_id=svc.step_id, address=svc.address,
+                                        residency="active", state="running")
+            self._live[(job.job_id, fp.role)] = _Live(rid, job.job_id, fp.role, pool.pool_id,
+                                                      svc.handle, fp, svc)
+
+    # -- handoffs -----------------------------------------------------------------------------
+    async def before_answer(self, job: JobRecord, lease: Lease) -> None:
+        if job.pool_id is None:
+            return
+        t0 = time.perf_counter()
+        services = self._members_fp(job.pool_id)
+        phase = Phase(lease.phase)
+        try:
+            plan = plan_grant(services, self._capacity_by_id(job.pool_id), job_id=job.job_id,
+                              phase=phase, host_budget_bytes=self.c.config.limits
+                              .parked_host_mem_per_node)
+        except ResidencyError as exc:
+            log.error("job %d %s: residency does not fit: %s", job.job_id, phase, exc)
+            return
+        park = list(plan.park)
+        if self.park_others:
+            lease_gpus = set(lease.gpus)
+            park += [f.key for f in services if f.job_id != job.job_id
+                     and f.residency is Residency.ACTIVE and f.gpus & lease_gpus
+                     and f.key not in plan.drop and f.key not in park]
+        t1 = time.perf_counter()
+        await asyncio.gather(*(self._set(k, Residency.PARKED) for k in park),
+                             *(self._set(k, Residency.DROPPED) for k in plan.drop))
+        t2 = time.perf_counter()
+        await asyncio.gather(*(self._set(k, Residency.ACTIVE) for k in plan.activate))
+        t3 = time.perf_counter()
+        self.handoffs = [*self.handoffs[-99:], HandoffTiming(
+            job.job_id, lease.lease_id, t1 - t0, t2 - t1, t3 - t2,
+            tuple(park) + plan.drop, plan.activate)]
+        if park or plan.drop or plan.activate:
+            log.info("handoff to job %d (%s): parked %s, dropped %s, activated %s "
+                     "(%.1f/%.1f ms)", job.job_id, phase, park, list(plan.drop),
+                     list(plan.activate), (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+
+    def _capacity_by_id(self, pool_id: int) -> list[GpuCapacity]:
+        pool = self.c.store.pool(pool_id)
+        return self._capacity(pool) if pool is not None else []
+
+    async def _set(self, key: tuple[int, str], residency: Residency) -> None:
+        live = self._live.get(key)
+        if live is None:
+            return
+        try:
+            if residency is Residency.ACTIVE:
+                ans = await asyncio.to_thread(live.handle.activate)
+            else:
+                level = 2 if residency is Residency.DROPPED else 1
+                ans = await asyncio.to_thread(live.handle.park, level)
+        except ServiceError as exc:
+            log.error("service %s of job %d: %s failed: %s", key[1], key[0], residency, exc)
+            return
+        now = Residency(str(ans.get("residency", residency)))
+        live.footprint = replace(live.footprint, residency=now)
+        self.c.store.update_service(live.record_id, residency=str(now))
+
+    # -- endings ------------------------------------------------------------------------------
+    async def job_ended(self, job: JobRecord, reason: str) -> None:
+        await self._stop_job_services(job.job_id)
+        if job.pool_id is not None:
+            await self._close_if_empty(job.pool_id)
+        self._spawn(self._place_pending())
+
+    async def _stop_job_services(self, job_id: int) -> None:
+        assert self.launcher is not None
+        launcher = self.launcher
+        for key in [k for k in self._live if k[0] == job_id]:
+            live = self._live.pop(key)
+            if live.running is not None:
+                await asyncio.to_thread(launcher.stop, live.running)
+            else:  # re-attached after a restart: no srun of ours to end
+                with contextlib.suppress(ServiceError):
+                    await asyncio.to_thread(live.handle.stop, 5.0)
+            self.c.store.update_service(live.record_id, state="stopped", residency="stopped",
+                                        ended_at=self.c.clock())
+
+    async def _close_if_empty(self, pool_id: int) -> None:
+        assert self.allocator is not None
+        pool = self.c.store.pool(pool_id)
+        if pool is None or pool.state == "closed":
+            return
+        if self.c.store.jobs(active=True, pool_id=pool_id):
+            return
+        if pool.slurm_job_id is not None:
+            with contextlib.suppress(SlurmError):
+                await asyncio.to_thread(self.allocator.close, pool.slurm_job_id)
+        await self.c.close_pool(pool_id, "group empty")
+
+    async def reconcile(self) -> None:
+        assert self.allocator is not None
+        pools = [p for p in self.c.store.pools(open_only=True) if p.slurm_job_id is not None]
+        ids = [p.slurm_job_id for p in pools if p.slurm_job_id is not None]
+        losses = {x.slurm_job_id: x for x in await asyncio.to_thread(self.allocator.losses, ids)}
+        for pool in pools:
+            loss = losses.get(pool.slurm_job_id or -1)
+            if loss is None:
+                continue
+            log.warning("pool %d: %s", pool.pool_id, loss.message)
+            # its steps died with it; the drivers learn the reason from their revoked
+            # leases and from the job's state
+            await self.c.close_pool(pool.pool_id, loss.message)
+        self._spawn(self._place_pending())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import tempfile
@@ -175,6 +176,9 @@ def test_cancelling_the_pool_ends_its_services_and_is_reported(
         assert not svc.alive(), "the service step outlived its pool"
         assert not Path(f"/proc/{svc.pid}").exists(), "the worker process outlived its pool"
         losses = allocator.losses([opened.slurm_job_id])
+        while losses and losses[0].state == "COMPLETING" and time.monotonic() < deadline:
+            time.sleep(0.2)  # reported as lost at once; the final state follows
+            losses = allocator.losses([opened.slurm_job_id])
         assert [loss.slurm_job_id for loss in losses] == [opened.slurm_job_id]
         assert "cancelled" in losses[0].message
         assert str(opened.slurm_job_id) in losses[0].message
@@ -208,3 +212,149 @@ def test_pool_over_the_partitions_gpus_is_refused(allocator: PoolAllocator) -> N
     with pytest.raises(PoolError, match="pools"):
         allocator.open(64)
     assert os.geteuid() == 0
+
+
+# --------------------------------------------------------------------------------------
+# The whole path: a controller with the Slurm pool manager, two users' drivers
+
+POOL_DRIVER = '''#!{python}
+"""Alternate rollout/train through the job's own tiny services until told otherwise."""
+import json, sys, time, slurmrl
+url = sys.argv[1]
+job = slurmrl.connect(url=url)
+ro, tr = job.service("rollout"), job.service("trainer")
+prompts = ["1+2=", "3*4=", "9-7=", "5+5="]
+last = None
+try:
+    for i in range(10000):
+        with job.phase("rollout"):
+            out = [s.completion_ids for s in ro.generate(prompts, max_tokens=8,
+                                                         seed=11).samples]
+            # same weights, same seed: a service whose state survived parking repeats
+            print(json.dumps({{"round": i, "same": last is None or out == last}}), flush=True)
+            last = out
+        with job.phase("train"):
+            tr.train_step([{{"prompt_ids": [1], "completion_ids": [2, 3],
+                            "advantage": 0.0}}])
+        time.sleep(0.1)
+except Exception as exc:
+    print("ERROR", type(exc).__name__, exc, flush=True)
+    sys.exit(3)
+'''
+
+
+def _rounds(path: Path) -> list[dict[str, object]]:
+    import json
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()
+            if line.startswith("{")]
+
+
+def _wait(cond: object, timeout_s: float, what: str) -> None:
+    assert callable(cond)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def test_two_users_share_a_pool_with_resident_services(
+    shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
+) -> None:
+    from slurmrl.db import Store
+    from tests.integration.controller_harness import VENV_PY, ControllerProc, env_for_controller
+
+    env = env_for_controller(slurm_env)
+    env["SLURMRL_CONTROLLER__RECONCILE_INTERVAL_S"] = "1"
+    ctl = ControllerProc(shared_tmp, env, lease_timeout_s=10.0)
+    ctl.args += ["--pool-manager", "slurm", "--services-dir", str(run_dir)]
+    ctl.start()
+    driver = shared_tmp / "pool_driver.py"
+    driver.write_text(POOL_DRIVER.format(python=VENV_PY))
+    driver.chmod(0o755)
+    outs = {u: shared_tmp / f"{u}.out" for u in ("rlalice", "rlbob")}
+    ids: dict[str, int] = {}
+    try:
+        for user in ("rlalice", "rlbob"):
+            sub = jobs.sbatch(["--rl-gpus=4", "--rl-model=tiny",  # type: ignore[attr-defined]
+                               f"--output={outs[user]}", "--time=15",
+                               f"--wrap={driver} {ctl.url}"], user=user)
+            assert sub.returncode == 0 and sub.job_id, sub.stderr
+            ids[user] = sub.job_id
+        _wait(lambda: all(len(_rounds(o)) >= 4 for o in outs.values()), 180,
+              "both drivers to finish 4 rounds:\n" + "\n".join(
+                  read(o) for o in outs.values()) + read(ctl.log))
+        store = Store(ctl.db)
+        jobs_by_user = {u: store.job(i) for u, i in ids.items()}
+        pool_ids = {j.pool_id for j in jobs_by_user.values() if j is not None}
+        assert len(pool_ids) == 1 and None not in pool_ids, "both jobs share one pool"
+        pool = store.pool(pool_ids.pop() or 0)
+        assert pool is not None and pool.slurm_job_id is not None and pool.gpus == 4
+        steps_then = {(s.job_id, s.role): s.step_id
+                      for s in store.services(pool_id=pool.pool_id, live_only=True)}
+        assert len(steps_then) == 4 and None not in steps_then.values()
+
+        # each service runs as its job's user, on the pool's GPUs
+        from slurmrl.worker.handle import ServiceHandle
+        pids: dict[tuple[int, str], int] = {}
+        for s in store.services(pool_id=pool.pool_id, live_only=True):
+            job = store.job(s.job_id)
+            assert job is not None
+            st = ServiceHandle(s.address, job.secret, str(job.job_id), s.role).status()
+            pids[(s.job_id, s.role)] = int(st["pid"])
+            assert _proc_field(int(st["pid"]), "Uid").split()[0] == str(job.uid)
+            assert _environ(int(st["pid"]))["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+
+        # more rounds: every handoff parked the partner and its state survived
+        n = {u: len(_rounds(o)) for u, o in outs.items()}
+        _wait(lambda: all(len(_rounds(o)) >= n[u] + 3 for u, o in outs.items()), 120,
+              "three more rounds each")
+        for out in outs.values():
+            assert all(r["same"] for r in _rounds(out)), read(out)
+        log = read(ctl.log)
+        for user in ("rlalice", "rlbob"):
+            other = ids["rlbob" if user == "rlalice" else "rlalice"]
+            assert log.count(f"handoff to job {ids[user]} ") >= 3
+            assert f"parked [({other}, " in log
+        # no service was relaunched between phases
+        assert {(s.job_id, s.role): s.step_id for s in store.services(
+            pool_id=pool.pool_id, live_only=True)} == steps_then
+
+        # scancel alice's RL job: her services stop, bob carries on in the pool
+        jobs.run(["scancel", str(ids["rlalice"])])  # type: ignore[attr-defined]
+        alice_pids = [p for (j, _), p in pids.items() if j == ids["rlalice"]]
+        _wait(lambda: not any(Path(f"/proc/{p}").exists() for p in alice_pids), 60,
+              "alice's services to stop")
+        b_now = len(_rounds(outs["rlbob"]))
+        _wait(lambda: len(_rounds(outs["rlbob"])) >= b_now + 2, 60, "bob to go on alone")
+        assert [s.job_id for s in store.services(pool_id=pool.pool_id, live_only=True)
+                ] == [ids["rlbob"]] * 2
+        assert jobs.state(pool.slurm_job_id) == "RUNNING"  # type: ignore[attr-defined]
+
+        # scancel the pool: bob's driver fails with a clear error, nothing stays up
+        jobs.run(["scancel", str(pool.slurm_job_id)])  # type: ignore[attr-defined]
+        _wait(lambda: "ERROR" in read(outs["rlbob"]), 60, "bob's driver to get an error")
+        err = read(outs["rlbob"])
+        assert "ServiceLost" in err or "LeaseRevoked" in err or "job-ended" in err, err
+        # Slurm may still show the pool COMPLETING when the controller notices
+        assert re.search(rf"pool allocation \(Slurm job {pool.slurm_job_id}\) "
+                         r"(cancelled|ended \(COMPLETING\))", err), err
+        bob_pids = [p for (j, _), p in pids.items() if j == ids["rlbob"]]
+        _wait(lambda: not any(Path(f"/proc/{p}").exists() for p in bob_pids), 30,
+              "bob's services to end")
+        _wait(lambda: jobs.state(ids["rlbob"]) in (None, "FAILED", "COMPLETED"),  # type: ignore[attr-defined]
+              30, "bob's driver job to end")
+        closed = store.pool(pool.pool_id)
+        assert closed is not None and closed.state == "closed"
+        assert store.services(pool_id=pool.pool_id, live_only=True) == []
+    finally:
+        ctl.stop()
+        for path in run_dir.glob("*.log"):
+            print(path.name, path.read_text()[-1500:])
+
+
+def read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
