@@ -134,9 +134,9 @@ def fits_memory(members: Sequence[JobSnapshot], pool: PoolSnapshot | None,
 
 def _loads(p: Profile, job: JobSnapshot, q: float) -> tuple[float, float]:
     """Busy seconds per step on (rollout set, trainer set)."""
-    roll = p.per_step(Phase.ROLLOUT, q)
-    train = p.per_step(Phase.TRAIN, q)
-    sync = p.per_step(Phase.SYNC, q)
+    roll = p.load(Phase.ROLLOUT, q)
+    train = p.load(Phase.TRAIN, q)
+    sync = p.load(Phase.SYNC, q)
     if job.request.layout is Layout.COLOCATED:
         return roll + train + sync, roll + train + sync
     return roll + sync, train + sync
@@ -154,28 +154,48 @@ def formula(members: Sequence[JobSnapshot]) -> GroupPrediction:
     return GroupPrediction(tuple(t / p for p in periods), util, t)
 
 
-def predict(members: Sequence[JobSnapshot], steps: int = 6) -> GroupPrediction:
-    """Formula, refined by simulating the slice policy where the formula does not hold."""
+def predict(members: Sequence[JobSnapshot], steps: int = 6,
+            bound: float | None = None) -> GroupPrediction:
+    """Formula where it holds, else a simulation of the slice policy on the profiles.
+
+    The formula holds for one rollout and one gap per step and equal periods (within
+    5%); otherwise (unequal periods, several GPU phases per step, groups above two) the
+    members' steps run through a real LeaseTable (`simulate_group`). With `bound`, a
+    group whose load alone exceeds it (sum a_i / P_i > bound: no slicer can serve it)
+    is not simulated.
+    """
     f = formula(members)
     profs = [profile_of(m) for m in members]
-    if len(members) > 2 or any(p.multi_phase() for p in profs):
-        key = tuple(_sim_key(m, p) for m, p in zip(members, profs, strict=True))
-        sim = _simulate_cached(key, steps)
-        f = GroupPrediction(
-            tuple(max(a, b) for a, b in zip(f.slowdowns, sim, strict=True)),
-            f.utilisation, f.round_s,
-        )
-    return f
+    periods = [p.period(Q_PERIOD) for p in profs]
+    equal = max(periods) <= 1.05 * min(periods)
+    if len(members) <= 2 and equal and not any(p.multi_phase() for p in profs):
+        return f
+    load = sum(p.busy(Q_BUSY) / max(p.period(Q_PERIOD), 1e-9) for p in profs)
+    if bound is not None and load > bound:
+        return GroupPrediction(tuple(max(s, load) for s in f.slowdowns), f.utilisation,
+                               f.round_s)
+    key = tuple(_sim_key(m, p) for m, p in zip(members, profs, strict=True))
+    return GroupPrediction(_simulate_cached(key, steps), f.utilisation, f.round_s)
 
 
 SimKey = tuple[int, int, tuple[tuple[str, float], ...]]
 
 
 def _sim_key(job: JobSnapshot, p: Profile) -> SimKey:
-    # rounding to 2 significant-ish digits lets similar jobs share a cached simulation
-    segs = tuple((ph.value, float(f"{d:.2g}")) for ph, d in p.segments(Q_BUSY, Q_PERIOD))
-    rg, tg = _sets(job)
-    return (rg if job.request.layout is Layout.DISAGGREGATED else 0, job.request.gpus, segs)
+    # rounding to 2 significant digits lets similar jobs share a cached simulation. A
+    # rollout holds its set for its GPU share of the time and runs on without it after
+    # (the shrunk tail, approximated as needing no GPU a partner could use)
+    segs: list[tuple[str, float]] = []
+    for ph, d in p.segments(Q_BUSY, Q_PERIOD):
+        share = p.phases[ph].gpu_share if ph in p.phases else 1.0
+        if ph is Phase.ROLLOUT and share < 1.0:
+            segs.append((ph.value, float(f"{d * share:.2g}")))
+            segs.append((Phase.IDLE.value, float(f"{d * (1 - share):.2g}")))
+        else:
+            segs.append((ph.value, float(f"{d:.2g}")))
+    rg, _tg = _sets(job)
+    return (rg if job.request.layout is Layout.DISAGGREGATED else 0, job.request.gpus,
+            tuple(segs))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -186,16 +206,18 @@ def _simulate_cached(key: tuple[SimKey, ...], steps: int) -> tuple[float, ...]:
 def simulate_group(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ...]:
     """Run the members' steps through a real LeaseTable; slowdown of each vs alone.
 
-    Each member repeats its step `steps` times; its slowdown is its time to finish
-    them shared over alone (the first step, where everyone starts at once, included:
-    conservative).
+    Each member repeats its step for `steps` periods of the longest member; its
+    slowdown is its time to finish them shared over alone (the first step, where
+    everyone starts at once, included: conservative).
     """
     gpus = members[0][1]
     table = LeaseTable(0, range(gpus), RoundRobinSlice(), lease_timeout_s=1e12)
     segs = [[(Phase(ph), d) for ph, d in m[2]] for m in members]
-    solo = [steps * sum(d for _, d in s) for s in segs]
+    period = [max(sum(d for _, d in s), 1e-9) for s in segs]
+    reps = [max(1, round(steps * max(period) / p)) for p in period]
+    solo = [r * p for r, p in zip(reps, period, strict=True)]
     pos = [0] * len(members)  # index into the flattened steps
-    total = [steps * len(s) for s in segs]
+    total = [r * len(s) for r, s in zip(reps, segs, strict=True)]
     done_at = [0.0] * len(members)
     # (time, seq, job) timers; pending lease per job
     import heapq

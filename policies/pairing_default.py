@@ -77,7 +77,8 @@ class ComplementaryPairing:
             return None
         if fits_memory(members, pool, limits) is not None:
             return None
-        pred = predict(members)
+        bound = min(limit_of(m, limits) for m in members) / self.margin
+        pred = predict(members, bound=bound)
         for m, s in zip(members, pred.slowdowns, strict=True):
             if s > limit_of(m, limits) / self.margin:
                 return None

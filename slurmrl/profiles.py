@@ -42,6 +42,11 @@ DEFAULT_SHARES: tuple[tuple[Phase, float], ...] = (
     (Phase.ROLLOUT, 0.45), (Phase.REWARD, 0.07), (Phase.TRAIN, 0.47), (Phase.SYNC, 0.01),
 )
 
+#: share of a rollout's GPU set its lease holds on average once the tail shrinks it, before
+#: any observation (Seer: the last 10% of requests take ~50% of rollout time: half the
+#: rollout on the whole set, half on the few GPUs the last 10% need, ~0.5 + 0.5 * 0.1)
+ROLLOUT_PRIOR_GPU_SHARE = 0.55
+
 
 @dataclass(frozen=True)
 class PhaseStats:
@@ -54,6 +59,7 @@ class PhaseStats:
     p50: float
     p90: float
     ewma: float  #: exponentially weighted mean, follows drift fastest
+    gpu_share: float = 1.0  #: mean share of its GPU set the phase's lease held (tail shrink)
 
     def quantile(self, q: float) -> float:
         """Duration at quantile q in [0, 1], interpolated between p10, p50 and p90."""
@@ -76,11 +82,21 @@ class Profile:
     steps: int = 0  #: complete steps observed
 
     def per_step(self, phase: Phase, q: float = 0.5) -> float:
+        """Wall seconds per step in `phase` at quantile q."""
         s = self.phases.get(phase)
         return 0.0 if s is None else s.quantile(q) * s.per_step
 
+    def load(self, phase: Phase, q: float = 0.5) -> float:
+        """Set-equivalent busy seconds per step: wall time x the GPU share it held."""
+        s = self.phases.get(phase)
+        return 0.0 if s is None else s.quantile(q) * s.per_step * s.gpu_share
+
     def busy(self, q: float = 0.5) -> float:
-        """GPU time per step at quantile q."""
+        """Set-equivalent GPU time per step at quantile q (a shrunk tail counts less)."""
+        return sum(self.load(p, q) for p in GPU_PHASES)
+
+    def busy_wall(self, q: float = 0.5) -> float:
+        """Wall time in GPU phases per step at quantile q."""
         return sum(self.per_step(p, q) for p in GPU_PHASES)
 
     def gap(self, q: float = 0.5) -> float:
@@ -88,7 +104,8 @@ class Profile:
         return sum(self.per_step(p, q) for p in GAP_PHASES)
 
     def period(self, q: float = 0.5) -> float:
-        return self.busy(q) + self.gap(q)
+        """Wall seconds of one step at quantile q."""
+        return self.busy_wall(q) + self.gap(q)
 
     def duty(self) -> float:
         p = self.period()
@@ -149,9 +166,10 @@ class ProfileBuilder:
     window: int = 32  #: durations kept per phase: older ones are forgotten (drift)
     alpha: float = 0.2  #: weight of the newest observation in the moving mean
     min_obs: int = 3  #: observations of a phase before they replace its prior
-    prior_spread: float = 0.25  #: prior p10/p90 = p50 * (1 -/+ spread)
+    prior_spread: float = 0.15  #: prior p10/p90 = p50 * (1 -/+ spread)
     _durations: dict[Phase, deque[float]] = field(default_factory=dict)
     _ewma: dict[Phase, float] = field(default_factory=dict)
+    _share: dict[Phase, float] = field(default_factory=dict)
     _counts: dict[Phase, int] = field(default_factory=dict)
     _steps: int = 0
     _current: list[Phase] = field(default_factory=list)
@@ -175,11 +193,28 @@ class ProfileBuilder:
             b.observe(Phase(phase), start, end)
         return b
 
-    def observe(self, phase: Phase, start: float, end: float) -> None:
-        """One interval of `phase` (a GPU phase's lease, or a gap)."""
+    @property
+    def observations(self) -> int:
+        """Phase observations seen so far."""
+        return sum(self._counts.values())
+
+    def observe(self, phase: Phase, start: float, end: float, gpu_share: float = 1.0) -> None:
+        """One interval of `phase` (a GPU phase's lease, or a gap).
+
+        `gpu_share` is the mean fraction of the phase's GPU set the lease held (below 1
+        when it shrank through the rollout's tail); busy time is counted as
+        `(end - start) * gpu_share`, the set-equivalent time a partner cannot use, while
+        the period keeps the wall time.
+        """
         if end < start:
             raise ValueError(f"{phase} observation ends ({end}) before it starts ({start})")
+        if not 0.0 < gpu_share <= 1.0:
+            raise ValueError(f"gpu_share must be in (0, 1], got {gpu_share}")
         d = end - start
+        if phase.needs_gpu:
+            prev_share = self._share.get(phase)
+            self._share[phase] = (gpu_share if prev_share is None
+                                  else prev_share + self.alpha * (gpu_share - prev_share))
         # a new step starts at a rollout that follows a train/sync
         if phase is Phase.ROLLOUT and any(p in (Phase.TRAIN, Phase.SYNC) for p in self._current):
             self._last_shape = tuple(self._current)
@@ -201,15 +236,17 @@ class ProfileBuilder:
 
         Waiting for the lease (granted - requested) is contention, neither busy nor gap.
         """
-        if self._last_release is not None and requested_at > self._last_release:
-            if not self._current or self._current[-1].needs_gpu:
-                self.observe(Phase.IDLE, self._last_release, requested_at)
+        last = self._last_release
+        if (last is not None and requested_at > last
+                and (not self._current or self._current[-1].needs_gpu)):
+            self.observe(Phase.IDLE, last, requested_at)
         self.observe(phase, granted_at, released_at)
 
     def _prior_stats(self, phase: Phase, share: float, step: float) -> PhaseStats:
         d = share * step
+        gpu_share = ROLLOUT_PRIOR_GPU_SHARE if phase is Phase.ROLLOUT else 1.0
         return PhaseStats(phase, 0, 1.0, d * (1 - self.prior_spread), d,
-                          d * (1 + self.prior_spread), d)
+                          d * (1 + self.prior_spread), d, gpu_share)
 
     def build(self) -> Profile:
         prior = self.prior
@@ -225,7 +262,8 @@ class ProfileBuilder:
                 per_step = self._counts[phase] / steps if self._steps else 1.0
                 if self._steps == 0:
                     per_step = float(self._current.count(phase)) or 1.0
-                phases[phase] = PhaseStats(phase, n, per_step, p10, p50, p90, self._ewma[phase])
+                phases[phase] = PhaseStats(phase, n, per_step, p10, p50, p90, self._ewma[phase],
+                                           self._share.get(phase, 1.0))
                 used_obs = True
             elif prior is not None and step is not None and prior.share(phase) > 0:
                 phases[phase] = self._prior_stats(phase, prior.share(phase), step)

@@ -1,0 +1,419 @@
+"""The discrete-event simulation: arrivals, Slurm queue, pools, leases, phases.
+
+Events (a heapq on simulated time): a job arrives; a pairing round; a phase segment
+ends; a rollout lease shrinks through its tail; a gang quantum ends. Every pool's GPUs
+are sliced by a real `LeaseTable` with the real slice policy, jobs are placed by the real
+pairing policy from a `ClusterSnapshot`, admitted by the real admission policy, and
+`check_table` runs on the touched table after every event. Pool modes (`PoolMode`):
+LEASE (phase leases, elastic rollout start at >= half its set, shrink through the tail),
+LOCK (each GPU phase locks the whole pool, no shrink), GANG (whole-pool time quanta,
+the job frozen outside its quantum, memory held).
+
+Profiles: each job's `ProfileBuilder` sees its phases as the controller would (a
+rollout's busy time weighted by the GPUs its lease kept) and starts from the job's
+--rl-profile prior, or the model-size prior.
+
+Known limits: no node topology (a pool is G interchangeable GPUs); no service start
+cost (dedicated runs pay it too); a lease never grows back after starting small.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from policies.base import (
+    Action,
+    AdmissionPolicy,
+    ClusterSnapshot,
+    JobSnapshot,
+    PairingPolicy,
+    PoolMode,
+    PoolSnapshot,
+    SiteLimits,
+    SlicePolicy,
+    Verdict,
+)
+from slurmrl.leases.invariants import check_table
+from slurmrl.leases.table import LeaseTable
+from slurmrl.leases.types import Event, Grant, Released, Revoke, Shrunk
+from slurmrl.model import Mux, Phase, RlRequest
+from slurmrl.profiles import Profile, ProfileBuilder
+from slurmrl.sim import costs
+from slurmrl.sim.workload import SimJob
+
+PARTITION = "pools"
+
+
+class SimError(RuntimeError):
+    """The simulation reached an impossible state: a bug in a policy or the simulator."""
+
+
+@dataclass
+class JobRun:
+    job: SimJob
+    builder: ProfileBuilder
+    admitted: bool = True
+    reject_reason: str = ""
+    dedicated: bool = False
+    placed_at: float | None = None
+    finished_at: float | None = None
+    pool: Pool | None = None
+    step: int = 0
+    seg: int = 0
+    token: int = 0
+    lease_id: int | None = None
+    seg_start: float = 0.0
+    held_n: int = 0
+    held_since: float = 0.0
+    lease_gpu_s: float = 0.0  #: GPU-seconds of all its leases (the ledger's numerator)
+    seg_gpu_s: float = 0.0
+    handoffs: int = 0
+    progress: float = 0.0  #: gang: solo-seconds done
+    solo_s: float = 0.0
+    _profile: Profile | None = None
+
+    def profile(self) -> Profile:
+        if self._profile is None:
+            self._profile = self.builder.build()
+        return self._profile
+
+
+@dataclass
+class Pool:
+    pool_id: int
+    gpus: int
+    table: LeaseTable
+    mode: PoolMode
+    dedicated: bool
+    opened_at: float
+    members: list[JobRun] = field(default_factory=list)
+    history: list[JobRun] = field(default_factory=list)  #: every job that was a member
+    last_holder: dict[int, int] = field(default_factory=dict)
+    resident: bool = True  #: every member fits GPU memory at once
+    closed_at: float | None = None
+    gang_holder: JobRun | None = None
+    gang_since: float = 0.0
+    gang_token: int = 0
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    gpus: int
+    gpu_mem_bytes: int = 80 * 2**30
+    host_mem_per_pool_bytes: int | None = None
+    limits: SiteLimits = field(default_factory=SiteLimits)
+    elastic_min: float = 0.5  #: a rollout starts on at least this share of its set
+    gang_quantum_s: float = 30.0
+    check_invariants: bool = True
+
+
+class Simulation:
+    """One run. `run()` returns the JobRuns and pools; see `slurmrl.sim.metrics`."""
+
+    def __init__(self, jobs: list[SimJob], config: SimConfig, pairing: PairingPolicy,
+                 slice_factory: Callable[[], SlicePolicy], admission: AdmissionPolicy,
+                 progress: Callable[[float], None] | None = None) -> None:
+        self.cfg, self.pairing, self.admission = config, pairing, admission
+        self.slice_factory = slice_factory
+        self.mode = pairing.mode
+        self.runs = {j.job_id: JobRun(j, ProfileBuilder(prior=j.prior), solo_s=j.solo_s())
+                     for j in jobs}
+        self.free = config.gpus
+        self.pools: dict[int, Pool] = {}
+        self.closed: list[Pool] = []
+        self.waiting: list[JobRun] = []
+        self.heap: list[tuple[float, int, str, Any]] = []
+        self._seq = itertools.count()
+        self._pool_ids = itertools.count(1)
+        self._pair_pending = False
+        self.now = 0.0
+        self.events = 0
+        self.progress = progress
+        self._left = len(jobs)
+        for j in jobs:
+            if j.gpus > config.gpus:
+                raise SimError(f"job {j.job_id} needs {j.gpus} GPUs, the cluster has "
+                               f"{config.gpus}")
+            self._push(j.submit_s, "arrive", j.job_id)
+
+    def _push(self, t: float, kind: str, data: Any) -> None:
+        heapq.heappush(self.heap, (t, next(self._seq), kind, data))
+
+    # -- main loop -----------------------------------------------------------------
+    def run(self) -> Simulation:
+        total = len(self.runs)
+        while self.heap:
+            t, _, kind, data = heapq.heappop(self.heap)
+            self.now = t
+            self.events += 1
+            getattr(self, f"_on_{kind}")(data)
+            if self.progress is not None and self.events % 20000 == 0:
+                self.progress(1.0 - self._left / total)
+        unfinished = [r.job.job_id for r in self.runs.values()
+                      if r.admitted and r.finished_at is None]
+        if unfinished:
+            raise SimError(f"jobs never finished: {unfinished[:10]}")
+        return self
+
+    def _check(self, pool: Pool) -> None:
+        if self.cfg.check_invariants:
+            check_table(pool.table)
+
+    # -- arrivals and placement ----------------------------------------------------
+    def _snapshot(self, run: JobRun) -> JobSnapshot:
+        j = run.job
+        mux = Mux.OFF if (j.mux_off or run.dedicated) else Mux.AUTO
+        req = RlRequest(j.gpus, j.model, None, mux, None, j.max_slowdown, j.prior, j.layout,
+                        j.rollout_gpus if j.rollout_gpus != j.gpus else None)
+        prof = run.profile() if (j.prior is not None or run.builder.observations) else None
+        return JobSnapshot(j.job_id, j.user, req, prof, j.submit_s, PARTITION,
+                           host_mem_bytes=costs.host_bytes(j))
+
+    def _on_arrive(self, job_id: int) -> None:
+        run = self.runs[job_id]
+        verdict = self.admission.admit(self._snapshot(run), self.cfg.limits)
+        if verdict.verdict is Verdict.REJECT:
+            run.admitted, run.reject_reason = False, verdict.reason
+            self._left -= 1
+            return
+        run.dedicated = verdict.verdict is Verdict.DEDICATED
+        self.waiting.append(run)
+        self._want_pairing()
+
+    def _want_pairing(self) -> None:
+        if self.waiting and not self._pair_pending:
+            self._pair_pending = True
+            self._push(self.now, "pair", None)  # after every event at this instant
+
+    def _on_pair(self, _: None) -> None:
+        self._pair_pending = False
+        pools = tuple(
+            PoolSnapshot(p.pool_id, p.gpus, tuple(self._snapshot(m) for m in p.members),
+                         PARTITION, None, self.cfg.gpu_mem_bytes,
+                         self._host_free(p), p.dedicated)
+            for p in self.pools.values()
+        )
+        snap = ClusterSnapshot(self.now, pools, tuple(self._snapshot(r) for r in self.waiting),
+                               {PARTITION: self.free}, self.cfg.limits)
+        placements = self.pairing.place(snap)
+        if sorted(p.job_id for p in placements) != sorted(r.job.job_id for r in self.waiting):
+            raise SimError(f"pairing policy {self.pairing.name!r} must place every waiting job")
+        new: dict[int, Pool] = {}
+        still: list[JobRun] = []
+        for pl in placements:
+            run = self.runs[pl.job_id]
+            if pl.action is Action.WAIT:
+                still.append(run)
+                continue
+            if pl.action is Action.JOIN:
+                pool = self.pools.get(pl.pool_id if pl.pool_id is not None else 0)
+                if pool is None or pool.dedicated or pool.gpus != run.job.gpus:
+                    raise SimError(f"job {pl.job_id} told to join unusable pool {pl.pool_id}")
+            elif pl.action is Action.OPEN and pl.pool_id in new:
+                pool = new[pl.pool_id]
+                if pool.gpus != run.job.gpus:
+                    raise SimError(f"jobs of pool {pl.pool_id} differ in GPU count")
+            else:
+                if self.free < run.job.gpus:
+                    still.append(run)  # the policy over-allocated: Slurm would queue it
+                    continue
+                pool = self._open(run.job.gpus, pl.action is Action.DEDICATED or run.dedicated)
+                if pl.action is Action.OPEN and pl.pool_id is not None:
+                    new[pl.pool_id] = pool
+            self._add(pool, run)
+        self.waiting = still
+
+    def _host_free(self, pool: Pool) -> int | None:
+        cap = self.cfg.host_mem_per_pool_bytes
+        return None if cap is None else cap - sum(costs.host_bytes(m.job) for m in pool.members)
+
+    def _open(self, gpus: int, dedicated: bool) -> Pool:
+        pid = next(self._pool_ids)
+        table = LeaseTable(pid, range(gpus), self.slice_factory(), lease_timeout_s=1e15)
+        pool = Pool(pid, gpus, table, self.mode, dedicated, self.now)
+        self.pools[pid] = pool
+        self.free -= gpus
+        return pool
+
+    def _add(self, pool: Pool, run: JobRun) -> None:
+        run.pool, run.placed_at = pool, self.now
+        pool.members.append(run)
+        pool.history.append(run)
+        pool.resident = costs.fits_together([m.job for m in pool.members], self.cfg.gpu_mem_bytes)
+        pool.table.set_member(run.job.job_id, run.job.max_slowdown)
+        if pool.mode is PoolMode.GANG:
+            if pool.gang_holder is None:
+                self._gang_next(pool)
+        else:
+            self._start_segment(run)
+
+    # -- phases --------------------------------------------------------------------
+    def _segment(self, run: JobRun) -> tuple[Phase, float]:
+        s = run.job.steps[run.step][run.seg]
+        return s.phase, s.seconds
+
+    def _start_segment(self, run: JobRun) -> None:
+        pool = run.pool
+        assert pool is not None
+        phase, seconds = self._segment(run)
+        run.token += 1
+        run.seg_start = self.now
+        if not phase.needs_gpu:
+            self._push(self.now + seconds, "seg_end", (run.job.job_id, run.token))
+            return
+        gpus = self._gpus_for(run, phase)
+        need = len(gpus)
+        if phase is Phase.ROLLOUT and pool.mode is PoolMode.LEASE:
+            need = max(1, int(len(gpus) * self.cfg.elastic_min))
+        _, events = pool.table.request(run.job.job_id, phase, gpus, self.now, min_gpus=need)
+        self._handle(pool, events)
+
+    def _gpus_for(self, run: JobRun, phase: Phase) -> range:
+        j = run.job
+        if run.pool is not None and run.pool.mode is not PoolMode.LEASE:
+            return range(run.pool.gpus)
+        if phase is Phase.ROLLOUT:
+            return range(j.rollout_gpus)
+        if phase is Phase.TRAIN and j.trainer_gpus != j.gpus:
+            return range(j.rollout_gpus, j.gpus)
+        return range(j.gpus)
+
+    def _handle(self, pool: Pool, events: list[Event]) -> None:
+        for ev in events:
+            if isinstance(ev, Grant):
+                self._granted(pool, self.runs[ev.lease.job_id], ev)
+            elif isinstance(ev, Shrunk):
+                run = self.runs[ev.lease.job_id]
+                self._account(run)
+                run.held_n = len(ev.lease.gpus)
+            elif isinstance(ev, Released | Revoke) and ev.lease is not None:
+                self._account(self.runs[ev.lease.job_id])
+                self.runs[ev.lease.job_id].held_n = 0
+        self._check(pool)
+
+    def _account(self, run: JobRun) -> None:
+        d = (self.now - run.held_since) * run.held_n
+        run.lease_gpu_s += d
+        run.seg_gpu_s += d
+        run.held_since = self.now
+
+    def _granted(self, pool: Pool, run: JobRun, ev: Grant) -> None:
+        lease = ev.lease
+        jid = run.job.job_id
+        run.lease_id, run.held_n, run.held_since, run.seg_gpu_s = lease.lease_id, len(
+            lease.gpus), self.now, 0.0
+        run.seg_start = self.now
+        prev = {pool.last_holder.get(g) for g in lease.gpus} - {None, jid}
+        cost = 0.0
+        if prev:
+            out = self.runs[max(p for p in prev if p is not None)].job
+            cost = costs.switch_s(run.job, out, pool.resident)
+            run.handoffs += 1
+        for g in lease.gpus:
+            pool.last_holder[g] = jid
+        phase, seconds = self._segment(run)
+        t = self.now + cost
+        if pool.mode is PoolMode.GANG:
+            return
+        if phase is Phase.ROLLOUT and pool.mode is PoolMode.LEASE:
+            g, prev_frac, keep = len(lease.gpus), 0.0, len(self._gpus_for(run, phase))
+            held = g
+            for frac, k in (*run.job.tail, (1.0, 0)):
+                t += (frac - prev_frac) * seconds * max(1.0, keep / g)
+                prev_frac, keep = frac, k
+                if 0 < k < held:
+                    held = k
+                    self._push(t, "shrink", (jid, run.token, k))
+        else:
+            t += seconds
+        self._push(t, "seg_end", (jid, run.token))
+
+    def _on_shrink(self, data: tuple[int, int, int]) -> None:
+        jid, token, keep = data
+        run = self.runs[jid]
+        if token != run.token or run.lease_id is None or run.pool is None:
+            return
+        pool = run.pool
+        self._handle(pool, pool.table.shrink(run.lease_id, keep, self.now))
+
+    def _on_seg_end(self, data: tuple[int, int]) -> None:
+        jid, token = data
+        run = self.runs[jid]
+        if token != run.token:
+            return
+        pool = run.pool
+        assert pool is not None
+        phase, _ = self._segment(run)
+        if phase.needs_gpu:
+            if run.lease_id is None:
+                raise SimError(f"job {jid} ended {phase} without a lease")
+            lid, run.lease_id = run.lease_id, None
+            self._handle(pool, pool.table.release(lid, self.now))
+            set_gpu_s = max(1e-12, (self.now - run.seg_start) * len(self._gpus_for(run, phase)))
+            share = min(1.0, max(1e-6, run.seg_gpu_s / set_gpu_s))
+            run.builder.observe(phase, run.seg_start, self.now, share)
+        else:
+            run.builder.observe(phase, run.seg_start, self.now)
+        run._profile = None
+        run.seg += 1
+        if run.seg == len(run.job.steps[run.step]):
+            run.seg, run.step = 0, run.step + 1
+        if run.step == len(run.job.steps):
+            self._finish(run)
+        else:
+            self._start_segment(run)
+
+    def _finish(self, run: JobRun) -> None:
+        pool = run.pool
+        assert pool is not None
+        run.finished_at = self.now
+        self._left -= 1
+        self._handle(pool, pool.table.remove_job(run.job.job_id, self.now, "job-ended"))
+        pool.members.remove(run)
+        pool.resident = costs.fits_together([m.job for m in pool.members], self.cfg.gpu_mem_bytes)
+        if not pool.members:
+            pool.closed_at = self.now
+            del self.pools[pool.pool_id]
+            self.closed.append(pool)
+            self.free += pool.gpus
+        self._want_pairing()
+
+    # -- gang ----------------------------------------------------------------------
+    def _gang_next(self, pool: Pool) -> None:
+        """Give the whole pool to the next member for one quantum."""
+        cur = pool.gang_holder
+        members = pool.members
+        if not members:
+            pool.gang_holder = None
+            return
+        nxt = members[0] if cur is None or cur not in members else \
+            members[(members.index(cur) + 1) % len(members)]
+        pool.gang_holder, pool.gang_since = nxt, self.now
+        _, events = pool.table.request(nxt.job.job_id, Phase.TRAIN, range(pool.gpus), self.now)
+        self._handle(pool, events)
+        if nxt.lease_id is None:
+            raise SimError(f"gang pool {pool.pool_id} could not grant job {nxt.job.job_id}")
+        left = nxt.solo_s - nxt.progress
+        pool.gang_token += 1
+        self._push(self.now + min(self.cfg.gang_quantum_s, left), "gang",
+                   (pool.pool_id, pool.gang_token))
+
+    def _on_gang(self, data: tuple[int, int]) -> None:
+        pid, token = data
+        pool = self.pools.get(pid)
+        if pool is None or token != pool.gang_token or pool.gang_holder is None:
+            return
+        run = pool.gang_holder
+        run.progress += self.now - pool.gang_since
+        assert run.lease_id is not None
+        lid, run.lease_id = run.lease_id, None
+        self._handle(pool, pool.table.release(lid, self.now))
+        if run.progress >= run.solo_s - 1e-9:
+            self._finish(run)
+            if pool.pool_id not in self.pools:
+                return
+        self._gang_next(pool)

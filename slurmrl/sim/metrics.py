@@ -1,0 +1,139 @@
+"""The figures a simulation reports, and their exact definitions.
+
+- **dedicated GPU-s**: each finished job alone on its own GPUs for its solo duration
+  (every phase and gap back to back, no waiting): sum of gpus x solo_s.
+- **used GPU-s**: what the cluster allocated to pools: sum over pools of
+  gpus x (closed_at - opened_at). Idle pool GPUs count. The **ledger** charges it to
+  members by the lease GPU-seconds each used in that pool, so the charges add up to it.
+- **savings** = 1 - used / dedicated.
+- **lower bound GPU-s** (what no phase-level slicer can remove): per job, its GPU phases
+  at the GPU count of their set with the rollout tail consolidated (G/2, G/4 ... 1 GPUs
+  as active sequences thin), plus per step the cheapest handoff it could have
+  (`costs.min_switch_s`, capped by that step's gap time: a job alone pays none) times
+  its GPUs. **ideal savings** = 1 - lower bound / dedicated; **captured** =
+  savings / ideal savings.
+- **slowdown** of a job = (finished - placed) / solo duration; **JCT** = finished -
+  submitted; **queueing delay** = placed - submitted.
+- **utilisation** = lease GPU-s / used GPU-s; **makespan** = last finish - first submit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from slurmrl.model import Phase
+from slurmrl.sim import costs
+from slurmrl.sim.engine import JobRun, Pool, Simulation
+
+
+class ConservationError(AssertionError):
+    """GPU-seconds do not add up: a simulator bug."""
+
+
+def _q(xs: list[float], p: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    pos = p * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def lower_bound_gpu_s(run: JobRun, gpu_mem_bytes: int) -> float:
+    j = run.job
+    switch = costs.min_switch_s(j, gpu_mem_bytes)
+    total = j.busy_gpu_s()
+    for step in j.steps:
+        gap = sum(s.seconds for s in step if not s.phase.needs_gpu)
+        total += min(switch, gap) * j.gpus
+    return total
+
+
+@dataclass(frozen=True)
+class Metrics:
+    jobs: int
+    rejected: int
+    dedicated_gpu_h: float
+    used_gpu_h: float
+    lower_bound_gpu_h: float
+    savings: float
+    ideal_savings: float
+    captured: float
+    slowdown_p50: float
+    slowdown_p95: float
+    slowdown_max: float
+    jct_mean_h: float
+    jct_p95_h: float
+    queue_mean_h: float
+    queue_p95_h: float
+    utilisation: float
+    makespan_h: float
+    pools: int
+    shared_pools: int
+    handoffs: int
+    events: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def ledger(pools: list[Pool]) -> dict[int, float]:
+    """GPU-seconds charged to each job: its pool's allocation, split by lease use."""
+    charge: dict[int, float] = {}
+    for pool in pools:
+        assert pool.closed_at is not None
+        alloc = pool.gpus * (pool.closed_at - pool.opened_at)
+        members = {r.job.job_id: r for r in _all_members(pool)}
+        leased = sum(r.lease_gpu_s for r in members.values())
+        for jid, r in members.items():
+            share = r.lease_gpu_s / leased if leased > 0 else 1.0 / len(members)
+            charge[jid] = charge.get(jid, 0.0) + alloc * share
+    return charge
+
+
+def _all_members(pool: Pool) -> list[JobRun]:
+    return pool.history
+
+
+def compute(sim: Simulation) -> Metrics:
+    runs = [r for r in sim.runs.values() if r.admitted]
+    if sim.pools:
+        raise ConservationError(f"{len(sim.pools)} pools still open at the end")
+    used = sum(p.gpus * ((p.closed_at or 0.0) - p.opened_at) for p in sim.closed)
+    leased = sum(r.lease_gpu_s for r in runs)
+    if leased > used * (1 + 1e-9) + 1e-6:
+        raise ConservationError(f"leases hold {leased:.1f} GPU-s of {used:.1f} allocated")
+    dedicated = sum(r.job.gpus * r.solo_s for r in runs)
+    lb = sum(lower_bound_gpu_s(r, sim.cfg.gpu_mem_bytes) for r in runs)
+    slow = [((r.finished_at or 0.0) - (r.placed_at or 0.0)) / r.solo_s for r in runs]
+    jct = [((r.finished_at or 0.0) - r.job.submit_s) / 3600 for r in runs]
+    queue = [((r.placed_at or 0.0) - r.job.submit_s) / 3600 for r in runs]
+    savings = 1 - used / dedicated if dedicated else 0.0
+    ideal = 1 - lb / dedicated if dedicated else 0.0
+    first = min((r.job.submit_s for r in runs), default=0.0)
+    last = max((r.finished_at or 0.0 for r in runs), default=0.0)
+    shared = sum(1 for p in sim.closed if len(_all_members(p)) > 1)
+    return Metrics(
+        len(runs), len(sim.runs) - len(runs), dedicated / 3600, used / 3600, lb / 3600,
+        savings, ideal, savings / ideal if ideal > 0 else 0.0,
+        _q(slow, 0.5), _q(slow, 0.95), max(slow, default=0.0),
+        sum(jct) / len(jct) if jct else 0.0, _q(jct, 0.95),
+        sum(queue) / len(queue) if queue else 0.0, _q(queue, 0.95),
+        leased / used if used else 0.0, (last - first) / 3600,
+        len(sim.closed), shared, sum(r.handoffs for r in runs), sim.events,
+    )
+
+
+def slowdowns(sim: Simulation) -> list[float]:
+    return sorted(((r.finished_at or 0.0) - (r.placed_at or 0.0)) / r.solo_s
+                  for r in sim.runs.values() if r.admitted)
+
+
+def phase_share(sim: Simulation, phase: Phase) -> float:
+    """Share of solo time spent in `phase` over all jobs (for reports)."""
+    tot = sum(r.solo_s for r in sim.runs.values())
+    part = sum(s.seconds for r in sim.runs.values() for st in r.job.steps for s in st
+               if s.phase is phase)
+    return part / tot if tot else 0.0

@@ -1,0 +1,319 @@
+"""Workload files and the synthetic RL jobs they describe.
+
+A workload file (JSON, `format: "slurmrl-workload/1"`, documented in workloads/README.md)
+names the cluster, the site limits, the arrival processes (`steady`: Poisson; `bursty`:
+Poisson bursts of several jobs at once) and job classes. `generate` draws jobs from it,
+seeded: arrival time, GPU count, layout, model, and every step's phase durations.
+
+The RL job model, per step: rollout (one or several turns separated by tool stalls),
+reward gap, train (log-prob + update), sync, idle gap. Rollout lengths drift over the
+job's steps (`drift`: relative growth from first to last step) with per-step lognormal
+noise (`noise_cv`). The rollout's long tail: response lengths follow the class's length
+distribution (PolyTrace's math mixture, or a lognormal with p99 ~ 10x median); a rollout
+of G GPUs may shrink to G/2, G/4, ... 1 GPUs once the still-active sequences fit, at
+the instants the length quantiles give. Everything cites shared/research/rl-workloads.md.
+
+Known limits: no correlation between jobs' phases; rollout speed on fewer GPUs than
+asked scales the bulk by G/g (memory-bound decode), the tail keeps its length.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from slurmrl.model import Layout, Phase, PhasePrior
+
+FORMAT = "slurmrl-workload/1"
+#: the suite: workloads/ of the source tree, else of the current directory (an installed
+#: copy has no source tree next to it)
+WORKLOAD_DIR = next(
+    (p for p in (Path(__file__).resolve().parents[2] / "workloads", Path("workloads").resolve())
+     if p.is_dir()),
+    Path("workloads").resolve(),
+)
+
+#: PolyTrace math (235B, n=385,024): component weights and means of output tokens; the
+#: per-component sd (3,780) is chosen so the mixture's sd is the published 5,943.
+MATH_MIXTURE = ((0.36, 4959.0), (0.37, 9175.0), (0.07, 12720.0), (0.19, 17655.0))
+MATH_COMPONENT_SD = 3780.0
+#: lognormal sigma of "heavy" tails: 0.75 puts the last 10% of responses at ~70% of the
+#: rollout's time and p99 at ~5.7x the median, between Seer (last 10% take ~50% of the
+#: time) and Laminar (p99 ~ 10x median): a modelling choice, see workloads/README.md
+HEAVY_SIGMA = 0.75
+
+
+class WorkloadError(ValueError):
+    """A workload file is malformed; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One phase of one step: `seconds` at full speed on its GPU set (or a gap)."""
+
+    phase: Phase
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One synthetic RL job, fully drawn: what happens to it is up to the pool."""
+
+    job_id: int
+    cls: str
+    user: str
+    submit_s: float
+    model: str
+    params: float  #: parameters
+    gpus: int
+    layout: Layout
+    rollout_gpus: int  #: == gpus when colocated
+    steps: tuple[tuple[Segment, ...], ...]
+    tail: tuple[tuple[float, int], ...]  #: (fraction of rollout time, GPUs still needed)
+    prior: PhasePrior | None  #: the job's --rl-profile, if it gave one
+    max_slowdown: float | None
+    mux_off: bool
+
+    @property
+    def trainer_gpus(self) -> int:
+        return self.gpus if self.layout is Layout.COLOCATED else self.gpus - self.rollout_gpus
+
+    def set_size(self, phase: Phase) -> int:
+        if self.layout is Layout.COLOCATED or phase is Phase.SYNC:
+            return self.gpus
+        return self.rollout_gpus if phase is Phase.ROLLOUT else self.trainer_gpus
+
+    def solo_s(self) -> float:
+        """Wall time alone on dedicated GPUs: every phase back to back."""
+        return sum(seg.seconds for step in self.steps for seg in step)
+
+    def rollout_gpu_s(self, seconds: float) -> float:
+        """GPU-seconds of a full-speed rollout of `seconds` with its tail consolidated."""
+        total, prev = 0.0, 0.0
+        keep = self.rollout_gpus
+        for frac, k in self.tail:
+            total += (frac - prev) * keep
+            prev, keep = frac, k
+        return seconds * (total + (1.0 - prev) * keep)
+
+    def busy_gpu_s(self) -> float:
+        """GPU-seconds its GPU phases need: GPU count of each set, the tail consolidated."""
+        total = 0.0
+        for step in self.steps:
+            for seg in step:
+                if seg.phase is Phase.ROLLOUT:
+                    total += self.rollout_gpu_s(seg.seconds)
+                elif seg.phase.needs_gpu:
+                    total += seg.seconds * self.set_size(seg.phase)
+        return total
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    data: Mapping[str, Any]
+    path: Path | None
+
+    @property
+    def cluster_gpus(self) -> int:
+        return int(self.data["cluster"]["gpus"])
+
+    @property
+    def gpu_mem_bytes(self) -> int:
+        return int(float(self.data["cluster"].get("gpu_mem_gib", 80)) * 2**30)
+
+    @property
+    def host_mem_per_pool_bytes(self) -> int | None:
+        v = self.data["cluster"].get("host_mem_per_pool_gib")
+        return None if v is None else int(float(v) * 2**30)
+
+    @property
+    def limits(self) -> Mapping[str, Any]:
+        return dict(self.data.get("limits", {}))
+
+    @property
+    def n_jobs(self) -> int:
+        return int(self.data["jobs"])
+
+
+def _need(d: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise WorkloadError(f"{where}: missing key {key!r}")
+    return d[key]
+
+
+def load(name_or_path: str) -> Workload:
+    """A workload by suite name (workloads/NAME.json) or by path."""
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = WORKLOAD_DIR / f"{name_or_path}.json"
+    if not p.is_file():
+        names = sorted(x.stem for x in WORKLOAD_DIR.glob("*.json"))
+        raise WorkloadError(f"no workload {name_or_path!r}; suite: {', '.join(names)}")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(f"{p}: not JSON: {exc}") from exc
+    return validate(data, str(p), p)
+
+
+def validate(data: Mapping[str, Any], where: str = "workload", path: Path | None = None
+             ) -> Workload:
+    if data.get("format") != FORMAT:
+        raise WorkloadError(f"{where}: format must be {FORMAT!r}, got {data.get('format')!r}")
+    name = str(_need(data, "name", where))
+    _need(_need(data, "cluster", where), "gpus", f"{where}: cluster")
+    if int(_need(data, "jobs", where)) < 1:
+        raise WorkloadError(f"{where}: jobs must be >= 1")
+    arr = _need(data, "arrivals", where)
+    for kind in ("steady", "bursty"):
+        a = _need(arr, kind, f"{where}: arrivals")
+        if float(_need(a, "rate_per_h", f"{where}: arrivals.{kind}")) <= 0:
+            raise WorkloadError(f"{where}: arrivals.{kind}.rate_per_h must be > 0")
+    classes = _need(data, "classes", where)
+    if not classes:
+        raise WorkloadError(f"{where}: classes is empty")
+    for i, c in enumerate(classes):
+        w = f"{where}: classes[{i}]"
+        for key in ("name", "weight", "model", "gpus", "layout", "steps", "step_s", "shares"):
+            _need(c, key, w)
+        try:
+            Layout(c["layout"])
+            shares = {Phase(k): float(v) for k, v in c["shares"].items()}
+        except ValueError as exc:
+            raise WorkloadError(f"{w}: {exc}") from exc
+        if abs(sum(shares.values()) - 1.0) > 0.02:
+            raise WorkloadError(f"{w}: shares must sum to 1, got {sum(shares.values()):.3f}")
+        if c.get("tail", "heavy") not in ("math", "heavy", "none"):
+            raise WorkloadError(f"{w}: tail must be 'math', 'heavy' or 'none'")
+    return Workload(name, data, path)
+
+
+@lru_cache(maxsize=64)
+def tail_points(kind: str, gpus: int, batch: int = 512) -> tuple[tuple[float, int], ...]:
+    """(fraction of rollout time, GPUs needed from then on), for k = G/2, G/4, ..., 1.
+
+    A sequence's decode time is proportional to its length, the rollout lasts as long
+    as the batch's longest response (quantile 1 - 1/batch), and `k` GPUs suffice once
+    at most k/G of the sequences are still active.
+    """
+    if kind == "none" or gpus <= 1:
+        return ()
+    rng = random.Random(12345)
+    if kind == "math":
+        ws = [w for w, _ in MATH_MIXTURE]
+        xs = sorted(
+            min(28_000.0, max(1.0, rng.gauss(rng.choices(MATH_MIXTURE, ws)[0][1],
+                                             MATH_COMPONENT_SD)))
+            for _ in range(20_000)
+        )
+    else:
+        xs = sorted(math.exp(rng.gauss(0.0, HEAVY_SIGMA)) for _ in range(20_000))
+
+    def q(p: float) -> float:
+        return xs[min(len(xs) - 1, int(p * len(xs)))]
+
+    top = q(1.0 - 1.0 / batch)
+    points = []
+    k = gpus // 2
+    while k >= 1:
+        points.append((min(1.0, q(1.0 - k / gpus) / top), k))
+        k //= 2
+    return tuple(points)
+
+
+def _pick(rng: random.Random, spec: Any) -> Any:
+    """A value from a spec: scalar, [lo, hi] uniform range, or {"choices", "weights"}."""
+    if isinstance(spec, Mapping):
+        return rng.choices(spec["choices"], spec.get("weights"))[0]
+    if isinstance(spec, Sequence) and not isinstance(spec, str) and len(spec) == 2:
+        lo, hi = spec
+        if isinstance(lo, int) and isinstance(hi, int):
+            return rng.randint(lo, hi)
+        return rng.uniform(float(lo), float(hi))
+    return spec
+
+
+def _params(model: str) -> float:
+    from slurmrl.gpu.estimate import parse_param_count
+
+    return float(parse_param_count(model))
+
+
+def _draw_job(rng: random.Random, c: Mapping[str, Any], job_id: int, submit: float) -> SimJob:
+    model = str(_pick(rng, c["model"]))
+    gpus = int(_pick(rng, c["gpus"]))
+    layout = Layout(c["layout"])
+    rollout_gpus = gpus if layout is Layout.COLOCATED else max(1, int(gpus * c.get(
+        "rollout_fraction", 0.5)))
+    n_steps = int(_pick(rng, c["steps"]))
+    step_s = float(_pick(rng, c["step_s"]))
+    shares = {Phase(k): float(v) for k, v in c["shares"].items()}
+    drift, cv = float(c.get("drift", 0.0)), float(c.get("noise_cv", 0.1))
+    turns = c.get("turns", 1)
+    tool = c.get("tool_gap_s", [0.0, 0.0])
+    sigma = math.sqrt(math.log(1 + cv * cv))
+
+    def noisy(x: float) -> float:
+        return x * math.exp(rng.gauss(-sigma * sigma / 2, sigma)) if x > 0 else 0.0
+
+    steps = []
+    for k in range(n_steps):
+        grow = 1.0 + drift * k / max(1, n_steps - 1)
+        segs: list[Segment] = []
+        m = int(_pick(rng, turns))
+        roll = noisy(step_s * shares.get(Phase.ROLLOUT, 0.0) * grow)
+        for t in range(m):
+            segs.append(Segment(Phase.ROLLOUT, roll / m))
+            if t < m - 1:
+                segs.append(Segment(Phase.IDLE, float(_pick(rng, tool))))
+        for ph in (Phase.REWARD, Phase.TRAIN, Phase.SYNC, Phase.IDLE):
+            d = noisy(step_s * shares.get(ph, 0.0) * (grow if ph is Phase.REWARD else 1.0))
+            if ph is Phase.SYNC:
+                d = max(d, float(c.get("sync_s", 0.0)))
+            if d > 0:
+                segs.append(Segment(ph, d))
+        steps.append(tuple(segs))
+    prior = None
+    if rng.random() < float(c.get("profile_hint", 0.0)):
+        # the user's --rl-profile: the class's shares and step, as a user would guess them
+        err = 1.0 + rng.uniform(-0.15, 0.15)
+        prior = PhasePrior(tuple(sorted(shares.items())), step_s * err)
+    ms = c.get("max_slowdown")
+    return SimJob(
+        job_id, str(c["name"]), f"user{rng.randint(1, 20)}", submit, model, _params(model),
+        gpus, layout, rollout_gpus, tuple(steps),
+        tail_points(str(c.get("tail", "heavy")), rollout_gpus), prior,
+        None if ms is None else float(_pick(rng, ms)), rng.random() < float(c.get("mux_off", 0.0)),
+    )
+
+
+def generate(w: Workload, seed: int, arrivals: str = "steady", n_jobs: int | None = None,
+             load_scale: float = 1.0) -> list[SimJob]:
+    """Draw the workload's jobs: Poisson arrivals (bursts for `bursty`), seeded."""
+    if arrivals not in ("steady", "bursty"):
+        raise WorkloadError(f"arrivals must be 'steady' or 'bursty', got {arrivals!r}")
+    if load_scale <= 0:
+        raise WorkloadError(f"load_scale must be > 0, got {load_scale}")
+    rng = random.Random(seed)
+    a = w.data["arrivals"][arrivals]
+    rate = float(a["rate_per_h"]) * load_scale / 3600.0
+    burst = float(a.get("burst_mean", 1.0)) if arrivals == "bursty" else 1.0
+    classes = list(w.data["classes"])
+    weights = [float(c["weight"]) for c in classes]
+    jobs: list[SimJob] = []
+    t = 0.0
+    total = w.n_jobs if n_jobs is None else n_jobs
+    while len(jobs) < total:
+        t += rng.expovariate(rate / burst)
+        size = 1 if burst <= 1 else 1 + int(rng.expovariate(1.0 / (burst - 1)))
+        for _ in range(min(size, total - len(jobs))):
+            c = rng.choices(classes, weights)[0]
+            jobs.append(_draw_job(rng, c, len(jobs) + 1, t))
+    return jobs
