@@ -330,8 +330,9 @@ def test_two_users_share_a_pool_with_resident_services(
               "alice's services to stop")
         b_now = len(_rounds(outs["rlbob"]))
         _wait(lambda: len(_rounds(outs["rlbob"])) >= b_now + 2, 60, "bob to go on alone")
-        assert [s.job_id for s in store.services(pool_id=pool.pool_id, live_only=True)
-                ] == [ids["rlbob"]] * 2
+        _wait(lambda: [s.job_id for s in store.services(pool_id=pool.pool_id,
+                                                         live_only=True)] == [ids["rlbob"]] * 2,
+              30, "only bob's services to be listed live")
         assert jobs.state(pool.slurm_job_id) == "RUNNING"  # type: ignore[attr-defined]
 
         # scancel the pool: bob's driver fails with a clear error, nothing stays up
@@ -349,7 +350,8 @@ def test_two_users_share_a_pool_with_resident_services(
               30, "bob's driver job to end")
         closed = store.pool(pool.pool_id)
         assert closed is not None and closed.state == "closed"
-        assert store.services(pool_id=pool.pool_id, live_only=True) == []
+        _wait(lambda: store.services(pool_id=pool.pool_id, live_only=True) == [], 30,
+              "the DB to list no live service in the closed pool")
     finally:
         ctl.stop()
         for path in run_dir.glob("*.log"):
