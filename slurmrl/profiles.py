@@ -171,6 +171,7 @@ class ProfileBuilder:
     _ewma: dict[Phase, float] = field(default_factory=dict)
     _share: dict[Phase, float] = field(default_factory=dict)
     _counts: dict[Phase, int] = field(default_factory=dict)
+    _done: dict[Phase, int] = field(default_factory=dict)
     _steps: int = 0
     _current: list[Phase] = field(default_factory=list)
     _last_shape: tuple[Phase, ...] = ()
@@ -220,6 +221,7 @@ class ProfileBuilder:
             self._last_shape = tuple(self._current)
             self._current = []
             self._steps += 1
+            self._done = dict(self._counts)  # occurrences in complete steps only
         self._current.append(phase)
         buf = self._durations.setdefault(phase, deque(maxlen=self.window))
         buf.append(d)
@@ -259,7 +261,7 @@ class ProfileBuilder:
             if n >= self.min_obs or (n > 0 and prior is None):
                 p10, p50, p90 = _quantiles(self._durations[phase])
                 # occurrences per step: counted over complete steps once there are some
-                per_step = self._counts[phase] / steps if self._steps else 1.0
+                per_step = self._done.get(phase, 0) / steps if self._steps else 1.0
                 if self._steps == 0:
                     per_step = float(self._current.count(phase)) or 1.0
                 phases[phase] = PhaseStats(phase, n, per_step, p10, p50, p90, self._ewma[phase],

@@ -250,8 +250,11 @@ def _draw_job(rng: random.Random, c: Mapping[str, Any], job_id: int, submit: flo
     model = str(_pick(rng, c["model"]))
     gpus = int(_pick(rng, c["gpus"]))
     layout = Layout(c["layout"])
-    rollout_gpus = gpus if layout is Layout.COLOCATED else max(1, int(gpus * c.get(
-        "rollout_fraction", 0.5)))
+    if layout is Layout.DISAGGREGATED and gpus < 2:
+        raise WorkloadError(f"class {c['name']!r}: a disaggregated job needs at least 2 GPUs "
+                            f"(a rollout set and a trainer set), drew {gpus}")
+    rollout_gpus = gpus if layout is Layout.COLOCATED else min(gpus - 1, max(1, int(
+        gpus * c.get("rollout_fraction", 0.5))))
     n_steps = int(_pick(rng, c["steps"]))
     step_s = float(_pick(rng, c["step_s"]))
     shares = {Phase(k): float(v) for k, v in c["shares"].items()}

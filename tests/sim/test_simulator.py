@@ -1,0 +1,156 @@
+"""Simulator invariants on generated workloads, determinism, replay and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slurmrl.sim.cli import simulate
+from slurmrl.sim.metrics import ledger
+from slurmrl.sim.runner import config_for, run_jobs, run_workload
+from slurmrl.sim.workload import WorkloadError, generate, load, validate
+
+POLICIES = ["complementary", "dedicated", "random", "greedy", "fifo-lock", "gang"]
+
+
+def small_workload(layout: str, tail: str, turns: int, gpus: list[int], rate: float,
+                   model: str, mux_off: float) -> dict[str, object]:
+    return {
+        "format": "slurmrl-workload/1", "name": "gen", "jobs": 6,
+        "cluster": {"gpus": 32, "gpu_mem_gib": 80, "host_mem_per_pool_gib": 1024},
+        "arrivals": {"steady": {"rate_per_h": rate}, "bursty": {"rate_per_h": rate,
+                                                               "burst_mean": 3}},
+        "limits": {"max_slowdown": 1.5, "default_max_slowdown": 1.25, "max_jobs_per_pool": 3},
+        "classes": [{
+            "name": "c", "weight": 1, "model": model, "gpus": {"choices": gpus},
+            "layout": layout, "steps": [2, 5], "step_s": [20.0, 60.0],
+            "shares": {"rollout": 0.4, "train": 0.3, "reward": 0.2, "idle": 0.1},
+            "sync_s": 0.5, "tail": tail, "turns": turns, "tool_gap_s": [0.5, 3.0],
+            "drift": 0.3, "noise_cv": 0.2, "profile_hint": 0.5, "mux_off": mux_off,
+        }],
+    }
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layout=st.sampled_from(["colocated", "disaggregated"]),
+    tail=st.sampled_from(["math", "heavy", "none"]),
+    turns=st.integers(1, 3),
+    gpus=st.sampled_from([[1], [2, 4], [8], [4, 8]]),
+    rate=st.floats(5.0, 200.0),
+    model=st.sampled_from(["Qwen2.5-7B", "Llama-3-70B", "tiny"]),
+    mux_off=st.sampled_from([0.0, 0.3]),
+    policy=st.sampled_from(POLICIES),
+    arrivals=st.sampled_from(["steady", "bursty"]),
+    seed=st.integers(0, 10_000),
+)
+def test_invariants_hold_on_generated_workloads(layout: str, tail: str, turns: int,
+                                                gpus: list[int], rate: float, model: str,
+                                                mux_off: float, policy: str, arrivals: str,
+                                                seed: int) -> None:
+    w = validate(small_workload(layout, tail, turns, gpus, rate, model, mux_off))
+    if layout == "disaggregated" and 1 in gpus:
+        with pytest.raises(WorkloadError, match="at least 2 GPUs"):
+            run_workload(w, seed, arrivals, pairing=policy)
+        return
+    # check_invariants=True: check_table runs after every event (raises on a double grant)
+    r = run_workload(w, seed, arrivals, pairing=policy)
+    m, sim = r.metrics, r.sim
+    assert all(run.finished_at is not None for run in sim.runs.values())  # every job ends
+    assert not sim.pools and sim.free == w.cluster_gpus  # every GPU returned
+    used = sum(p.gpus * (p.closed_at - p.opened_at) for p in sim.closed)  # type: ignore[operator]
+    leased = sum(run.lease_gpu_s for run in sim.runs.values())
+    assert leased <= used * (1 + 1e-9) + 1e-6  # leases never exceed the allocation
+    charges = ledger(sim.closed)
+    assert sum(charges.values()) == pytest.approx(used)  # the ledger conserves GPU-seconds
+    assert m.savings <= m.ideal_savings + 1e-9  # nobody beats the lower bound
+    assert m.slowdown_p50 >= 1.0 - 1e-9
+    if policy == "dedicated":
+        assert m.savings == pytest.approx(0.0, abs=1e-9)
+        assert m.shared_pools == 0
+
+
+def test_same_seed_same_result_other_seed_differs() -> None:
+    w = load("polytrace-mix")
+    a = run_workload(w, 3, n_jobs=15).metrics
+    b = run_workload(w, 3, n_jobs=15).metrics
+    c = run_workload(w, 4, n_jobs=15).metrics
+    assert a == b
+    assert a != c
+
+
+def test_gang_saves_nothing_and_doubles_paired_jobs_time() -> None:
+    w = load("math-sync")
+    m = run_workload(w, 1, n_jobs=10, pairing="gang").metrics
+    assert abs(m.savings) < 0.02
+    if m.shared_pools:
+        assert m.slowdown_max > 1.5
+
+
+def test_every_suite_workload_loads_with_both_arrival_processes() -> None:
+    for name in ("math-sync", "long-cot", "agentic-tools", "disaggregated", "mixed-sizes",
+                 "polytrace-mix"):
+        w = load(name)
+        for arrivals in ("steady", "bursty"):
+            jobs = generate(w, 0, arrivals, n_jobs=5)
+            assert len(jobs) == 5 and all(j.solo_s() > 0 for j in jobs)
+
+
+def test_bad_workload_names_the_key() -> None:
+    with pytest.raises(WorkloadError, match="format"):
+        validate({"format": "v0"})
+    bad = small_workload("colocated", "math", 1, [1], 10.0, "tiny", 0.0)
+    bad["classes"][0]["shares"] = {"rollout": 0.9}  # type: ignore[index]
+    with pytest.raises(WorkloadError, match="sum to 1"):
+        validate(bad)
+    with pytest.raises(WorkloadError, match="suite"):
+        load("no-such-workload")
+
+
+def test_cli_json_envelope_and_bad_policy() -> None:
+    res = CliRunner().invoke(simulate, ["-w", "math-sync", "--jobs", "4", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["meta"]["workload"] == "math-sync" and out["errors"] == []
+    for key in ("savings", "lower_bound_gpu_h", "captured", "slowdown_p95", "jct_mean_h",
+                "queue_mean_h", "utilisation", "makespan_h"):
+        assert key in out["metrics"]
+    res = CliRunner().invoke(simulate, ["--pairing", "nope"])
+    assert res.exit_code == 2 and "complementary" in res.output
+
+
+def test_replay_predicts_a_recorded_pair(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    lines = [
+        {"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2, "pool": 1},
+                                               {"job_id": 2, "gpus": 2, "pool": 1}]},
+        {"job_id": 1, "phase": "rollout", "requested_at": 0, "granted_at": 0, "released_at": 4},
+        {"job_id": 2, "phase": "rollout", "requested_at": 0.5, "granted_at": 4,
+         "released_at": 8},
+        {"job_id": 1, "phase": "train", "requested_at": 7, "granted_at": 8, "released_at": 10},
+        {"job_id": 2, "phase": "train", "requested_at": 11, "granted_at": 11,
+         "released_at": 13},
+    ]
+    trace.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    res = CliRunner().invoke(simulate, ["--replay", str(trace), "--json"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.output)["replay"]
+    assert rep["recorded_makespan_s"] == 13
+    assert abs(rep["error"]) < 0.15
+    assert rep["used_gpu_s"] < rep["dedicated_gpu_s"]
+    trace.write_text('{"format": "nope"}\n')
+    res = CliRunner().invoke(simulate, ["--replay", str(trace)])
+    assert res.exit_code == 1 and "slurmrl-trace/1" in res.output
+
+
+def test_runs_with_every_slice_policy() -> None:
+    w = load("agentic-tools")
+    jobs = generate(w, 0, "bursty", n_jobs=8)
+    for s in ("fifo", "round-robin", "bounded-slowdown"):
+        m = run_jobs(jobs, config_for(w), "complementary", s).metrics
+        assert m.jobs == 8

@@ -1,0 +1,144 @@
+"""Pairing and admission policies on hand-built jobs where the right answer is known."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies import registry
+from policies.base import Action, ClusterSnapshot, JobSnapshot, PoolSnapshot, SiteLimits, Verdict
+from policies.complementarity import formula, predict
+from slurmrl.model import Mux, Phase, RlRequest
+from slurmrl.profiles import profile_from_segments
+
+GiB = 2**30
+
+
+def job(jid: int, busy: float, gap: float, *, gpus: int = 8, mux: Mux = Mux.AUTO,
+        max_slowdown: float | None = None, host: int | None = 0,
+        turns: int = 1) -> JobSnapshot:
+    segs: list[tuple[Phase, float]] = []
+    for _ in range(turns):
+        segs += [(Phase.ROLLOUT, busy / 2 / turns), (Phase.IDLE, gap / 2 / turns)]
+    segs += [(Phase.TRAIN, busy / 2), (Phase.REWARD, gap / 2)]
+    req = RlRequest(gpus, "Qwen2.5-7B", mux=mux, max_slowdown=max_slowdown)
+    return JobSnapshot(jid, f"u{jid}", req, profile_from_segments(segs), float(jid),
+                       host_mem_bytes=host)
+
+
+def snap(waiting: list[JobSnapshot], pools: tuple[PoolSnapshot, ...] = (), free: int = 64,
+         limits: SiteLimits | None = None) -> ClusterSnapshot:
+    return ClusterSnapshot(0.0, pools, tuple(waiting), {"pools": free},
+                           limits or SiteLimits(max_slowdown=1.5, default_max_slowdown=1.25))
+
+
+def by_job(placements: object) -> dict[int, object]:
+    return {p.job_id: p for p in placements}  # type: ignore[attr-defined]
+
+
+def test_formula_perfect_complement_has_no_slowdown() -> None:
+    a, b = job(1, 50, 50), job(2, 50, 50)
+    pred = formula([a, b])
+    assert pred.slowdowns == pytest.approx((1.0, 1.0))
+    assert pred.utilisation == pytest.approx(1.0)
+    assert pred.gain() == pytest.approx(1.0)
+
+
+def test_complementary_pairs_a_perfect_complement_into_one_new_pool() -> None:
+    pol = registry.load("pairing", "complementary")
+    out = by_job(pol.place(snap([job(1, 40, 60), job(2, 50, 50)])))
+    assert out[1].action is Action.OPEN and out[2].action is Action.OPEN
+    assert out[1].pool_id == out[2].pool_id
+
+
+def test_two_rollout_heavy_jobs_are_not_paired() -> None:
+    pol = registry.load("pairing", "complementary")
+    out = by_job(pol.place(snap([job(1, 90, 10), job(2, 85, 15)])))
+    assert out[1].action is Action.OPEN and out[2].action is Action.OPEN
+    assert out[1].pool_id != out[2].pool_id  # each alone, at once: nobody waits for a partner
+    assert predict([job(1, 90, 10), job(2, 85, 15)]).max_slowdown > 1.5
+
+
+def test_parked_state_that_does_not_fit_host_memory_blocks_the_pair() -> None:
+    limits = SiteLimits(max_slowdown=1.5, default_max_slowdown=1.25,
+                        parked_host_mem_bytes=1500 * GiB)
+    big = [job(1, 40, 60, host=1100 * GiB), job(2, 50, 50, host=1100 * GiB)]
+    out = by_job(registry.load("pairing", "complementary").place(snap(big, limits=limits)))
+    assert out[1].pool_id != out[2].pool_id
+    small = [job(1, 40, 60, host=100 * GiB), job(2, 50, 50, host=100 * GiB)]
+    out = by_job(registry.load("pairing", "complementary").place(snap(small, limits=limits)))
+    assert out[1].pool_id == out[2].pool_id
+
+
+def test_a_users_max_slowdown_is_respected() -> None:
+    # unequal periods: the formula predicts 1.2 for the shorter job
+    a, b = job(1, 40, 60, max_slowdown=1.1), job(2, 48, 72)
+    assert predict([a, b]).slowdowns[0] > 1.1
+    out = by_job(registry.load("pairing", "complementary").place(snap([a, b])))
+    assert out[1].pool_id != out[2].pool_id
+
+
+def test_mux_off_runs_dedicated_and_nobody_joins_it() -> None:
+    pol = registry.load("pairing", "complementary")
+    out = by_job(pol.place(snap([job(1, 40, 60, mux=Mux.OFF), job(2, 50, 50)])))
+    assert out[1].action is Action.DEDICATED
+    assert out[2].action is Action.OPEN
+
+
+def test_single_arrival_joins_an_open_pool_with_a_complementary_member() -> None:
+    member = job(1, 50, 50)
+    pool = PoolSnapshot(7, 8, (member,))
+    out = registry.load("pairing", "complementary").place(snap([job(2, 50, 50)], (pool,)))
+    assert out[0].action is Action.JOIN and out[0].pool_id == 7
+
+
+def test_different_gpu_counts_never_share() -> None:
+    out = by_job(registry.load("pairing", "complementary").place(
+        snap([job(1, 40, 60), job(2, 50, 50, gpus=4)])))
+    assert out[1].pool_id != out[2].pool_id
+
+
+def test_no_free_gpus_means_wait_not_a_bad_pair() -> None:
+    out = by_job(registry.load("pairing", "complementary").place(
+        snap([job(1, 90, 10), job(2, 85, 15)], free=8)))
+    assert out[1].action is Action.OPEN and out[2].action is Action.WAIT
+
+
+def test_several_rollout_turns_are_scored_by_simulating_the_slice_policy() -> None:
+    a, b = job(1, 50, 50, turns=4), job(2, 50, 50, turns=4)
+    pred = predict([a, b])
+    assert pred.max_slowdown >= formula([a, b]).max_slowdown - 1e-9
+    assert pred.max_slowdown > 1.0  # turns collide: the formula alone would say 1.0
+
+
+@pytest.mark.parametrize("name", ["dedicated", "random", "greedy", "fifo-lock", "gang"])
+def test_baselines_place_every_job_once(name: str) -> None:
+    jobs = [job(i, 40 + i, 60 - i) for i in range(1, 6)]
+    out = registry.load("pairing", name).place(snap(jobs))
+    assert sorted(p.job_id for p in out) == [1, 2, 3, 4, 5]
+    if name == "dedicated":
+        assert all(p.action is Action.DEDICATED for p in out)
+
+
+def test_matching_pairs_a_batch_of_four_into_complementary_pairs() -> None:
+    jobs = [job(1, 30, 70), job(2, 70, 30), job(3, 31, 69), job(4, 69, 31)]
+    out = by_job(registry.load("pairing", "complementary").place(snap(jobs)))
+    assert out[1].pool_id == out[2].pool_id or out[1].pool_id == out[4].pool_id
+    assert len({out[i].pool_id for i in range(1, 5)}) == 2
+
+
+def test_site_limits_admission_gives_reasons() -> None:
+    adm = registry.load("admission", "site-limits", {"gpu_mem_bytes": 80 * GiB})
+    lim = SiteLimits(max_gpus_per_job=16)
+    too_big = JobSnapshot(1, "u", RlRequest(32), None, 0.0)
+    v = adm.admit(too_big, lim)
+    assert v.verdict is Verdict.REJECT and "32" in v.reason and "16" in v.reason
+    mem = JobSnapshot(2, "u", RlRequest(8, mem_bytes=100 * GiB), None, 0.0)
+    assert "GiB" in adm.admit(mem, lim).reason
+    off = JobSnapshot(3, "u", RlRequest(8, mux=Mux.OFF), None, 0.0)
+    assert adm.admit(off, lim).verdict is Verdict.DEDICATED
+    assert adm.admit(JobSnapshot(4, "u", RlRequest(8), None, 0.0), lim).verdict is Verdict.ACCEPT
+
+
+def test_unknown_policy_names_the_valid_ones() -> None:
+    with pytest.raises(registry.UnknownPolicy, match="complementary"):
+        registry.load("pairing", "nope")

@@ -1,0 +1,73 @@
+"""Profiles from observations, and the bounded-slowdown slice policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.slice_bounded import BoundedSlowdownSlice
+from slurmrl.leases import LeaseTable
+from slurmrl.model import Phase, PhasePrior
+from slurmrl.profiles import ProfileBuilder, prior_for_model
+
+
+def test_profile_starts_from_the_prior_and_follows_observations() -> None:
+    prior = PhasePrior(((Phase.ROLLOUT, 0.5), (Phase.TRAIN, 0.4), (Phase.REWARD, 0.1)), 100.0)
+    b = ProfileBuilder(prior=prior)
+    p0 = b.build()
+    assert p0.source == "prior"
+    assert p0.period() == pytest.approx(100.0)
+    t = 0.0
+    for _ in range(5):
+        for phase, d in ((Phase.ROLLOUT, 300.0), (Phase.REWARD, 30.0), (Phase.TRAIN, 100.0)):
+            b.observe(phase, t, t + d)
+            t += d
+    p = b.build()
+    assert p.source == "observed"
+    assert p.period() == pytest.approx(430.0)
+    assert p.steps == 4
+
+
+def test_profile_window_follows_drift() -> None:
+    b = ProfileBuilder(window=8)
+    t = 0.0
+    for d in [10.0] * 20 + [50.0] * 8:
+        b.observe(Phase.ROLLOUT, t, t + d)
+        b.observe(Phase.TRAIN, t + d, t + d + 1)
+        t += d + 1
+    assert b.build().phases[Phase.ROLLOUT].p50 == pytest.approx(50.0)
+
+
+def test_shrunk_rollout_counts_less_busy_but_keeps_its_wall_time() -> None:
+    b = ProfileBuilder()
+    for i in range(4):
+        b.observe(Phase.ROLLOUT, i * 100.0, i * 100.0 + 80.0, gpu_share=0.5)
+        b.observe(Phase.TRAIN, i * 100.0 + 80.0, i * 100.0 + 100.0)
+    p = b.build()
+    assert p.busy_wall() == pytest.approx(100.0)
+    assert p.busy() == pytest.approx(60.0)
+
+
+def test_observe_lease_infers_gaps_and_rejects_bad_times() -> None:
+    b = ProfileBuilder()
+    b.observe_lease(Phase.ROLLOUT, 0.0, 1.0, 11.0)
+    b.observe_lease(Phase.TRAIN, 21.0, 21.0, 26.0)
+    assert b.build().phases[Phase.IDLE].p50 == pytest.approx(10.0)
+    with pytest.raises(ValueError, match="before it starts"):
+        b.observe(Phase.TRAIN, 5.0, 4.0)
+
+
+def test_model_size_prior_grows_with_the_model() -> None:
+    small, big = prior_for_model("Qwen2.5-7B", 8), prior_for_model("Llama-3-70B", 8)
+    assert small.step_s is not None and big.step_s is not None and big.step_s > small.step_s
+
+
+def test_bounded_slowdown_serves_the_member_that_waited_most() -> None:
+    table = LeaseTable(1, range(2), BoundedSlowdownSlice(), lease_timeout_s=1e9)
+    table.set_member(1, 1.1)
+    table.set_member(2, 2.0)
+    lease, _ = table.request(3, Phase.TRAIN, {0, 1}, 0.0)  # a third holds the pool
+    table.request(2, Phase.TRAIN, {0, 1}, 1.0)
+    table.request(1, Phase.TRAIN, {0, 1}, 2.0)
+    events = table.release(lease.request_id, 10.0)
+    granted = [e for e in events if type(e).__name__ == "Grant"]
+    assert granted[0].lease.job_id == 1  # tighter limit, similar wait: goes first
