@@ -73,7 +73,7 @@ def speed() -> dict[str, float]:
     t = time.perf_counter()
     placements = pol.place(snap)
     pair_s = time.perf_counter() - t
-    paired = sum(1 for p in placements if p.action.value == "open" and p.reason.startswith("paired"))
+    paired = sum(1 for p in placements if p.reason.startswith("paired"))
     return {"sim_1000_s": sim_s, "arrival_span_days": span_d, "sim_events": r.sim.events,
             "pair_1000_s": pair_s, "pair_1000_paired": paired}
 

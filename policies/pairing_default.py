@@ -166,8 +166,8 @@ class ComplementaryPairing:
                 for b in bucket[i + 1:i + 1 + self.neighbours]:
                     pred = self.accepts((a, b), limits)
                     if pred is not None:
-                        w = int(1000 * pred.gain() * a.request.gpus) + 1
-                        graph.add_edge(("j", a.job_id), ("j", b.job_id), weight=w)
+                        weight = int(1000 * pred.gain() * a.request.gpus) + 1
+                        graph.add_edge(("j", a.job_id), ("j", b.job_id), weight=weight)
                         preds[("j", a.job_id, "j", b.job_id)] = pred
         matching = nx.max_weight_matching(graph)
         by_id = {j.job_id: j for j in jobs}

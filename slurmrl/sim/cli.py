@@ -59,12 +59,12 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
 
             payload: dict[str, Any] = {"replay": replay(replay_path, pairing=pairing,
                                                         slice_name=slice_name)}
-            meta = {"command": "simulate", "replay": replay_path, "pairing": pairing,
-                    "slice": slice_name}
+            meta: dict[str, Any] = {"command": "simulate", "replay": replay_path,
+                                    "pairing": pairing, "slice": slice_name}
         else:
             payload, meta = _run(workload, arrivals, pairing, slice_name, admission, seed,
                                  n_jobs, load_scale, not no_check, as_json)
-        meta["wall_s"] = round(time.perf_counter() - t0, 3)
+        meta["wall_s"] = f"{time.perf_counter() - t0:.3f}"
     except (WorkloadError, ValueError) as exc:
         if isinstance(exc, click.UsageError):
             raise
