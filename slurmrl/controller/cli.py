@@ -46,7 +46,7 @@ def controller(config_path: str | None, host: str | None, port: int | None,
         "controller.lease_timeout_s": lease_timeout, "controller.heartbeat_s": heartbeat,
         "controller.log_level": log_level}.items() if v is not None}
     try:
-        cfg = load(config_path, overrides=overrides, known={"slice": registry.names("slice")})
+        cfg = load(config_path, overrides=overrides, known=registry.known())
     except ConfigError as exc:
         click.echo(f"slurmrl controller: {exc}", err=True)
         sys.exit(1)

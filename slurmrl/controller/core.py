@@ -17,20 +17,23 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from policies import registry
+from policies.base import Verdict
 from slurmrl.auth.requests import is_admin
 from slurmrl.auth.tokens import mint_secret
 from slurmrl.config import Config
 from slurmrl.controller.manager import AttachedPools, PoolManager
 from slurmrl.controller.metrics import Metrics
+from slurmrl.controller.placement import job_snapshot, load_policies
 from slurmrl.controller.scheduler import LeaseScheduler
 from slurmrl.controller.validate import RpcError
 from slurmrl.db import JobRecord, PoolRecord, Store
 from slurmrl.directives import DirectiveError, parse_env
 from slurmrl.leases.types import Lease
-from slurmrl.model import Identity, JobState
+from slurmrl.model import Identity, JobState, Mux
 from slurmrl.slurm import SlurmBackend, SlurmError, SlurmJobState
 
 log = logging.getLogger(__name__)
@@ -59,6 +62,8 @@ class Controller:
         self.metrics = Metrics()
         slice_name = config.policies.slice
         registry.load("slice", slice_name, config.policies.params_for(slice_name))  # fail early
+        #: the pairing and admission policies the simulator runs too (fail early as well)
+        self.policies = load_policies(config)
         self.scheduler = LeaseScheduler(
             store,
             lambda: registry.load("slice", slice_name, config.policies.params_for(slice_name)),
@@ -119,7 +124,8 @@ class Controller:
         if existing is not None:
             job = self.own_job(who, job_id)
             if job.state.terminal:
-                raise RpcError(409, "job-ended", f"RL job {job_id} has ended ({job.state})")
+                raise RpcError(409, "job-ended", f"RL job {job_id} has ended ({job.state})"
+                               + (f": {job.reason}" if job.reason else ""))
             return job
         try:
             request = parse_env(env)
@@ -138,15 +144,28 @@ class Controller:
         if info.state is not SlurmJobState.RUNNING:
             raise RpcError(409, "job-not-running",
                            f"Slurm job {job_id} is {info.state}, not RUNNING")
-        limit = self.config.limits.max_gpus_per_job
-        if request.gpus > limit:
-            raise RpcError(403, "admission-refused",
-                           f"--rl-gpus={request.gpus} exceeds this site's limit of {limit}")
         job = JobRecord(
             job_id=job_id, user=info.user, uid=info.uid, request=request,
             state=JobState.PENDING, registered_at=self.clock(), name=info.name,
             partition=info.partition, reason="PoolPending", secret=mint_secret(),
         )
+        verdict = self.policies.admission.admit(
+            job_snapshot(job, self.config.slurm.pool_partition), self.policies.limits)
+        limit = self.config.limits.max_gpus_per_job
+        if verdict.verdict is Verdict.ACCEPT and request.gpus > limit:
+            # a site admission policy that ignores the hard limit still cannot pass it
+            verdict = replace(verdict, verdict=Verdict.REJECT, reason=(
+                f"--rl-gpus={request.gpus} exceeds this site's limit of {limit}"))
+        if verdict.verdict is Verdict.REJECT:
+            # recorded, so that `slurmrl status` shows the reason too
+            why = f"admission refused: {verdict.reason}"
+            self.store.add_job(replace(job, state=JobState.FAILED, reason=why,
+                                       ended_at=self.clock()))
+            log.info("refused RL job %d of %s: %s", job_id, info.user, verdict.reason)
+            raise RpcError(403, "admission-refused", why)
+        if verdict.verdict is Verdict.DEDICATED and request.mux is not Mux.OFF:
+            job = replace(job, request=replace(request, mux=Mux.OFF),
+                          reason=f"PoolPending (dedicated: {verdict.reason})")
         self.store.add_job(job)
         log.info("registered RL job %d of %s (%d GPUs, %s)", job_id, info.user,
                  request.gpus, request.layout)

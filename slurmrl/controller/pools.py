@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from policies.base import Action, Placement
+from slurmrl.controller.placement import controller_snapshot
 from slurmrl.controller.residency import (
     Footprint,
     GpuCapacity,
@@ -212,9 +214,12 @@ class HandoffTiming:
 class SlurmPools:
     """Opens pools on Slurm, launches services in them, parks/activates at handoffs.
 
-    Placement is first-fit: a job joins an open pool with room whose GPUs it fits on
-    (residency admitted), or opens a new pool of its own size; it shares the pool's
-    GPUs 0..n-1 with the other members, time-sliced by leases. `park_others=True`
+    Placement is the site's pairing policy (`controller.policies.pairing`, the object
+    the simulator runs): it sees a `ClusterSnapshot` (placement.py) and says, per waiting
+    job, join a pool, open one (OPENs with the same provisional id share it), run
+    dedicated, or wait. A join is enacted only if residency admits it (else the job
+    opens its own pool: it never waits for a partner); a job shares the pool's GPUs
+    0..n-1 with the other members, time-sliced by leases. `park_others=True`
     parks every other job's service on a granted lease's GPUs (an RL phase wants nearly
     all of HBM); `False` parks only what the residency plan needs.
     """
@@ -302,45 +307,87 @@ class SlurmPools:
 
     async def _place_pending(self) -> None:
         async with self._lock:
-            for job in self.c.store.jobs(active=True):
-                if job.pool_id is None and not job.state.terminal:
-                    try:
-                        await self._place(job)
-                    except Exception as exc:  # refuse this job, keep placing others
-                        log.exception("placing job %d failed", job.job_id)
-                        await self.c.end_job(job.job_id, JobState.FAILED, f"refused: {exc}")
+            c = self.c
+            waiting = [j for j in c.store.jobs(active=True)
+                       if j.pool_id is None and not j.state.terminal]
+            if not waiting:
+                return
+            snap = await controller_snapshot(c, waiting, self._gpu_bytes)
+            try:
+                placements = list(c.policies.pairing.place(snap))
+            except Exception:  # a site policy's bug: leave the jobs waiting, retry later
+                log.exception("pairing policy %r failed", c.policies.pairing.name)
+                return
+            decided = {pl.job_id for pl in placements}
+            for job in waiting:
+                if job.job_id not in decided:
+                    log.error("pairing policy %r gave job %d no placement: it waits",
+                              c.policies.pairing.name, job.job_id)
+            by_id = {j.job_id: j for j in waiting}
+            new: dict[int, PoolRecord] = {}  # provisional (negative) pool id -> opened pool
+            for pl in placements:
+                rec = by_id.get(pl.job_id)
+                if rec is None:
+                    continue
+                try:
+                    await self._enact(rec, pl, new)
+                except Exception as exc:  # refuse this job, keep placing others
+                    log.exception("placing job %d failed", rec.job_id)
+                    await c.end_job(rec.job_id, JobState.FAILED, f"refused: {exc}")
 
-    async def _place(self, job: JobRecord) -> None:
+    async def _enact(self, job: JobRecord, pl: Placement, new: dict[int, PoolRecord]) -> None:
+        """Carry out one placement: join, open (shared or dedicated), or wait."""
         assert self.allocator is not None
         c = self.c
+        if pl.action is Action.WAIT:
+            why = f"PoolPending: {pl.reason}" if pl.reason else "PoolPending"
+            if job.reason != why:
+                c.store.update_job(job.job_id, reason=why)
+            return
         gpus = tuple(range(job.request.gpus))
         mine = footprints_for_job(job.job_id, job.request, gpus)
-        limit = c.config.limits.max_jobs_per_pool
         host = c.config.limits.parked_host_mem_per_node
         target: PoolRecord | None = None
-        for pool in c.store.pools(open_only=True):
-            members = c.store.jobs(active=True, pool_id=pool.pool_id)
-            alone = job.request.mux is Mux.OFF or any(m.request.mux is Mux.OFF for m in members)
-            if (pool.slurm_job_id is None or pool.gpus < job.request.gpus or pool.dedicated
-                    or len(members) >= (1 if alone else limit)):
-                continue
-            if admit(mine, self._members_fp(pool.pool_id), self._capacity(pool), host) is None:
-                target = pool
-                break
+        if pl.action is Action.JOIN and pl.pool_id is not None:
+            target = self._joinable(job, c.store.pool(pl.pool_id), mine)
+            if target is None:  # never wait for a partner: open alone instead
+                log.info("job %d cannot join pool %s; opens its own", job.job_id, pl.pool_id)
+        elif pl.action is Action.OPEN and pl.pool_id is not None and pl.pool_id in new:
+            target = self._joinable(job, c.store.pool(new[pl.pool_id].pool_id), mine)
         if target is None:
             caps = [GpuCapacity(i, self._gpu_bytes) for i in gpus]
             reason = admit(mine, [], caps, host)
             if reason is not None:
                 await c.end_job(job.job_id, JobState.FAILED, f"admission refused: {reason}")
                 return
-            opened = await asyncio.to_thread(self.allocator.open, job.request.gpus,
+            dedicated = pl.action is Action.DEDICATED or job.request.mux is Mux.OFF
+            size = max(pl.gpus or 0, job.request.gpus)
+            opened = await asyncio.to_thread(self.allocator.open, size,
                                              f"for job {job.job_id}")
             target = c.open_pool(gpus=opened.gpus, slurm_job_id=opened.slurm_job_id,
                                  partition=opened.partition, nodes=opened.nodes,
-                                 gpu_indices=opened.gpu_indices,
-                                 dedicated=job.request.mux is Mux.OFF)
+                                 gpu_indices=opened.gpu_indices, dedicated=dedicated)
+            if pl.action is Action.OPEN and pl.pool_id is not None and not dedicated:
+                new[pl.pool_id] = target
         await self._launch_services(job, target, mine)
         c.place_job(job.job_id, target.pool_id, gpus)
+
+    def _joinable(self, job: JobRecord, pool: PoolRecord | None,
+                  mine: list[Footprint]) -> PoolRecord | None:
+        """`pool` if the job may join it now (the controller's own guard), else None."""
+        if pool is None or pool.state != "open" or pool.slurm_job_id is None or pool.dedicated:
+            return None
+        members = self.c.store.jobs(active=True, pool_id=pool.pool_id)
+        alone = job.request.mux is Mux.OFF or any(m.request.mux is Mux.OFF for m in members)
+        if (pool.gpus < job.request.gpus
+                or len(members) >= (1 if alone else self.c.config.limits.max_jobs_per_pool)):
+            return None
+        reason = admit(mine, self._members_fp(pool.pool_id), self._capacity(pool),
+                       self.c.config.limits.parked_host_mem_per_node)
+        if reason is not None:
+            log.info("job %d cannot join pool %d: %s", job.job_id, pool.pool_id, reason)
+            return None
+        return pool
 
     async def _launch_services(self, job: JobRecord, pool: PoolRecord,
                                fps: list[Footprint]) -> None:

@@ -269,6 +269,9 @@ def test_two_users_share_a_pool_with_resident_services(
 
     env = env_for_controller(slurm_env)
     env["SLURMRL_CONTROLLER__RECONCILE_INTERVAL_S"] = "1"
+    # these drivers are busy nearly all the time: the default pairing policy predicts
+    # ~1.8x slowdown for the pair, so the site and both users accept up to 3x
+    env["SLURMRL_LIMITS__MAX_SLOWDOWN"] = "3"
     ctl = ControllerProc(shared_tmp, env, lease_timeout_s=10.0)
     ctl.args += ["--pool-manager", "slurm", "--services-dir", str(run_dir)]
     ctl.start()
@@ -280,6 +283,7 @@ def test_two_users_share_a_pool_with_resident_services(
     try:
         for user in ("rlalice", "rlbob"):
             sub = jobs.sbatch(["--rl-gpus=4", "--rl-model=tiny",  # type: ignore[attr-defined]
+                               "--rl-max-slowdown=3",
                                f"--output={outs[user]}", "--time=15",
                                f"--wrap={driver} {ctl.url}"], user=user)
             assert sub.returncode == 0 and sub.job_id, sub.stderr

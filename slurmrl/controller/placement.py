@@ -1,0 +1,171 @@
+"""The controller's side of the site policies: load them, build their snapshots.
+
+The pairing and admission policies (`policies/`) are pure: they see a `JobSnapshot` or a
+`ClusterSnapshot` and decide. The simulator (slurmrl/sim/engine.py) builds those
+snapshots from its simulated cluster; this module builds them from the controller's DB
+and Slurm, so both call the same objects with the same kind of input:
+
+- a job's profile comes from its phase observations in the DB (leases the scheduler
+  recorded, gaps the driver reported), with its `--rl-profile` as the prior; with
+  neither it is None and the policy falls back to a prior by model size;
+- every job is placed in the site's pool partition (the driver's own partition is
+  where the driver runs, not where its GPUs come from);
+- free GPUs per partition are the GPUs of the partition's usable nodes minus what is
+  allocated there: the larger of what Slurm reports for running jobs and what the
+  controller's own open pools hold (see `free_gpus`).
+
+Known limits: free GPUs are summed over nodes while a pool needs all its GPUs on one
+node, so a fragmented partition may be over-estimated; the pool then stays pending in
+Slurm and is refused after `slurm.step_launch_timeout_s`, as before. Per-GPU memory is
+the pool manager's assumed `gpu_memory_bytes`, not an NVML reading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from policies import registry
+from policies.base import (
+    AdmissionPolicy,
+    ClusterSnapshot,
+    JobSnapshot,
+    PairingPolicy,
+    PoolMode,
+    PoolSnapshot,
+    SiteLimits,
+)
+from policies.complementarity import host_bytes
+from slurmrl.config import Config
+from slurmrl.db import JobRecord, ObservationRecord, PoolRecord
+from slurmrl.profiles import Profile, ProfileBuilder
+from slurmrl.slurm import JobInfo, NodeInfo, SlurmError, SlurmJobState
+
+if TYPE_CHECKING:
+    from slurmrl.controller.core import Controller
+
+log = logging.getLogger(__name__)
+
+#: node state flags under which Slurm allocates nothing new
+_UNUSABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER", "MAINT", "RESERVED", "FUTURE")
+
+
+@dataclass(frozen=True)
+class SitePolicies:
+    """The site's pairing and admission policies, loaded once at controller start."""
+
+    pairing: PairingPolicy
+    admission: AdmissionPolicy
+    limits: SiteLimits
+
+
+def site_limits(cfg: Config) -> SiteLimits:
+    lim = cfg.limits
+    return SiteLimits(
+        max_slowdown=lim.max_slowdown, default_max_slowdown=lim.default_max_slowdown,
+        max_gpus_per_job=lim.max_gpus_per_job, max_jobs_per_pool=lim.max_jobs_per_pool,
+        parked_host_mem_bytes=lim.parked_host_mem_per_node or None)
+
+
+def load_policies(cfg: Config) -> SitePolicies:
+    """Build the configured pairing and admission policies; a bad name fails here.
+
+    Raises `registry.UnknownPolicy` naming the valid policies, or for a pairing policy
+    whose pools the controller cannot slice (it enacts phase leases only).
+    """
+    p = cfg.policies
+    pairing: Any = registry.load("pairing", p.pairing, p.params_for(p.pairing))
+    admission: Any = registry.load("admission", p.admission, p.params_for(p.admission))
+    if not isinstance(pairing, PairingPolicy):
+        raise registry.UnknownPolicy(f"pairing policy {p.pairing!r} has no place()/mode")
+    if not isinstance(admission, AdmissionPolicy):
+        raise registry.UnknownPolicy(f"admission policy {p.admission!r} has no admit()")
+    if pairing.mode is not PoolMode.LEASE:
+        usable = [n for n in registry.names("pairing")
+                  if getattr(registry.REGISTRY["pairing"][n], "mode", None) is PoolMode.LEASE]
+        raise registry.UnknownPolicy(
+            f"pairing policy {p.pairing!r} forms {pairing.mode} pools, which only the "
+            f"simulator runs; the controller slices by leases: {', '.join(usable)}")
+    return SitePolicies(pairing, admission, site_limits(cfg))
+
+
+def profile_of(job: JobRecord, observations: Iterable[ObservationRecord]) -> Profile | None:
+    """The job's profile from its observations (prior: its --rl-profile), or None."""
+    b = ProfileBuilder(prior=job.request.profile)
+    for o in observations:
+        if o.granted_at is None or o.released_at is None or o.released_at < o.granted_at:
+            continue  # never granted (ended while waiting): no phase ran
+        if o.phase.needs_gpu:
+            b.observe_lease(o.phase, o.requested_at if o.requested_at is not None
+                            else o.granted_at, o.granted_at, o.released_at)
+        else:
+            b.observe(o.phase, o.granted_at, o.released_at)
+    if b.observations == 0 and job.request.profile is None:
+        return None
+    return b.build()
+
+
+def job_snapshot(job: JobRecord, partition: str,
+                 observations: Iterable[ObservationRecord] = ()) -> JobSnapshot:
+    return JobSnapshot(job.job_id, job.user, job.request, profile_of(job, observations),
+                       job.registered_at, partition)
+
+
+def pool_snapshot(pool: PoolRecord, members: Sequence[JobSnapshot], partition: str,
+                  gpu_mem_bytes: int | None, limits: SiteLimits) -> PoolSnapshot:
+    budget = limits.parked_host_mem_bytes
+    free = None if budget is None else budget - sum(host_bytes(m) for m in members)
+    return PoolSnapshot(pool.pool_id, pool.gpus, tuple(members), pool.partition or partition,
+                        None, gpu_mem_bytes, free, pool.dedicated)
+
+
+def free_gpus(nodes: Sequence[NodeInfo], running: Sequence[JobInfo],
+              own_pools: Sequence[PoolRecord], partition: str) -> dict[str, int]:
+    """GPUs Slurm could still allocate in `partition` (conservative, see module doc)."""
+    usable = {n.name: n.gpus for n in nodes if partition in n.partitions
+              and not any(flag in n.state.upper() for flag in _UNUSABLE)}
+    used_slurm = 0
+    for j in running:
+        if j.state is not SlurmJobState.RUNNING:
+            continue
+        by_node = dict(j.gpu_indices_by_node) or (
+            {j.nodes[0]: j.gpu_indices} if j.nodes and j.gpu_indices else {})
+        used_slurm += sum(len(g) for n, g in by_node.items() if n in usable)
+    used_own = sum(p.gpus for p in own_pools
+                   if p.state == "open" and (not p.nodes or p.nodes[0] in usable))
+    return {partition: max(0, sum(usable.values()) - max(used_slurm, used_own))}
+
+
+def cluster_snapshot(now: float, pools: Sequence[PoolSnapshot],
+                     waiting: Sequence[JobSnapshot], free: dict[str, int],
+                     limits: SiteLimits) -> ClusterSnapshot:
+    """`waiting` oldest first, as the policies expect."""
+    order = sorted(waiting, key=lambda j: (j.submitted_at, j.job_id))
+    return ClusterSnapshot(now, tuple(pools), tuple(order), dict(free), limits)
+
+
+async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
+                              gpu_mem_bytes: int | None) -> ClusterSnapshot:
+    """What the pairing policy sees now: open pools, `waiting` jobs, free GPUs."""
+    part = c.config.slurm.pool_partition
+    limits = c.policies.limits
+
+    def snap(job: JobRecord) -> JobSnapshot:
+        return job_snapshot(job, part, c.store.observations(job.job_id))
+
+    open_pools = c.store.pools(open_only=True)
+    pools = [pool_snapshot(p, [snap(m) for m in c.store.jobs(active=True, pool_id=p.pool_id)],
+                           part, gpu_mem_bytes, limits)
+             for p in open_pools if p.slurm_job_id is not None]
+    try:
+        nodes, running = await asyncio.to_thread(lambda: (c.slurm.nodes(), c.slurm.jobs()))
+        free = free_gpus(nodes, running, open_pools, part)
+    except SlurmError as exc:
+        # Slurm unreachable: assume room for everyone; opening the pool then fails with
+        # Slurm's own error, as it did before pairing asked
+        log.warning("cannot read free GPUs from Slurm (%s); assuming enough", exc)
+        free = {part: sum(j.request.gpus for j in waiting)}
+    return cluster_snapshot(c.clock(), pools, [snap(j) for j in waiting], free, limits)
