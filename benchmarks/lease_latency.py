@@ -6,8 +6,12 @@ handoff latency is the time from a holder *sending* its release to the next driv
 
 1. `asyncio.Lock`: N tasks, one lock, same hold — the floor of any asyncio handoff.
 2. `scheduler (in-process)`: the controller's LeaseScheduler + SQLite Store, no RPC.
-3. `RPC (MUNGE + HTTP + SQLite)`: a real `slurmrl controller` process on loopback;
-   drivers in this process use aiohttp with a fresh MUNGE credential per request.
+3. `RPC session (HMAC + HTTP + SQLite)`: a real `slurmrl controller` process on
+   loopback; each driver (aiohttp, in this process) opens a session with one MUNGE
+   credential and signs every request with the session's HMAC (what `slurmrl.client`
+   drivers do).
+4. `RPC MUNGE (MUNGE + HTTP + SQLite)`: the same with a fresh MUNGE credential per
+   request (what a one-shot `slurmrl status` does), for comparison.
 
 The controller's DB is pre-filled with `--jobs` registered RL jobs (default 10,000:
 the benchmark drivers plus pending and ended ones), to show the DB size does not slow
@@ -31,11 +35,15 @@ from pathlib import Path
 
 import aiohttp
 
-from policies.registry import load
-from slurmrl.auth.requests import sign_request
-from slurmrl.controller.scheduler import LeaseScheduler
-from slurmrl.db import JobRecord, Store
-from slurmrl.model import JobState, Phase, RlRequest
+# benchmarks/policies.py would shadow the `policies` package when run as a script
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+
+from policies.registry import load  # noqa: E402
+from slurmrl.auth.requests import sign_request  # noqa: E402
+from slurmrl.auth.sessions import sign  # noqa: E402
+from slurmrl.controller.scheduler import LeaseScheduler  # noqa: E402
+from slurmrl.db import JobRecord, Store  # noqa: E402
+from slurmrl.model import JobState, Phase, RlRequest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -130,14 +138,19 @@ async def bench_scheduler(n: int, seconds: float, hold_s: float, jobs: int,
     return m
 
 
-async def bench_rpc(n: int, seconds: float, hold_s: float, url: str) -> Meter:
+async def bench_rpc(n: int, seconds: float, hold_s: float, url: str,
+                    sessions: bool) -> Meter:
     m = Meter()
-    stop = time.perf_counter() + seconds
+    ready, stop = asyncio.Event(), float("inf")
 
-    async def call(s: aiohttp.ClientSession, path: str, body: bytes) -> dict[str, object]:
-        auth = sign_request("POST", path, body)
-        async with s.post(url + path, data=body, headers={
-                "Authorization": auth, "Content-Type": "application/json"}) as r:
+    async def call(s: aiohttp.ClientSession, path: str, body: bytes,
+                   session: tuple[str, str] | None) -> dict[str, object]:
+        if session is None:
+            headers = {"Authorization": sign_request("POST", path, body)}
+        else:
+            headers = sign(session[0], session[1], "POST", path, body)
+        headers["Content-Type"] = "application/json"
+        async with s.post(url + path, data=body, headers=headers) as r:
             out = await r.json()
             if r.status >= 400:
                 raise RuntimeError(f"{path}: {r.status} {out}")
@@ -146,18 +159,33 @@ async def bench_rpc(n: int, seconds: float, hold_s: float, url: str) -> Meter:
 
     async def driver(s: aiohttp.ClientSession, job_id: int) -> None:
         acquire = b'{"phase": "rollout", "wait_s": 30}'
+        session = None
+        if sessions:
+            opened = await call(s, "/v1/sessions", f'{{"job_id": {job_id}}}'.encode(), None)
+            info = opened["session"]
+            assert isinstance(info, dict)
+            session = (str(info["session_id"]), str(info["key"]))
+        await ready.wait()
         while time.perf_counter() < stop:
-            ans = await call(s, f"/v1/jobs/{job_id}/leases", acquire)
+            ans = await call(s, f"/v1/jobs/{job_id}/leases", acquire, session)
             lease = ans["lease"]
             assert isinstance(lease, dict)
             m.granted()
             await asyncio.sleep(hold_s)
             m.releasing()
-            await call(s, f"/v1/jobs/{job_id}/leases/{lease['lease_id']}/release", b"{}")
+            await call(s, f"/v1/jobs/{job_id}/leases/{lease['lease_id']}/release", b"{}",
+                       session)
+
+    async def start() -> None:
+        nonlocal stop
+        await asyncio.sleep(0.2)  # sessions opened: measure the steady state only
+        m.started = time.perf_counter()
+        stop = m.started + seconds
+        ready.set()
 
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn) as s:
-        await asyncio.gather(*(driver(s, i) for i in range(1, n + 1)))
+        await asyncio.gather(start(), *(driver(s, i) for i in range(1, n + 1)))
     return m
 
 
@@ -202,13 +230,15 @@ def main() -> None:
         store = Store(db)
         fill(store, a.drivers, a.jobs)
         store.close()
-        proc, url = start_controller(db)
-        try:
-            print(asyncio.run(bench_rpc(a.drivers, a.seconds, hold, url))
-                  .row("RPC (MUNGE+HTTP+SQLite)"))
-        finally:
-            proc.terminate()
-            proc.wait(10)
+        for sessions, name in ((True, "RPC session (HMAC+HTTP+SQLite)"),
+                               (False, "RPC MUNGE (MUNGE+HTTP+SQLite)")):
+            proc, url = start_controller(db)
+            try:
+                print(asyncio.run(bench_rpc(a.drivers, a.seconds, hold, url, sessions))
+                      .row(name))
+            finally:
+                proc.terminate()
+                proc.wait(10)
 
 
 if __name__ == "__main__":

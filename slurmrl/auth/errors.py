@@ -19,6 +19,7 @@ class AuthCode(StrEnum):
     REWOUND = "rewound"  #: made in the future (clock skew between nodes)
     REPLAYED = "replayed"  #: already used once
     MISMATCH = "mismatch"  #: valid, but made for another request (method, path or body)
+    NO_SESSION = "no-session"  #: session unknown, expired or its job ended: open a new one
     UNAVAILABLE = "unavailable"  #: munged unreachable or libmunge missing: not the caller's fault
 
 

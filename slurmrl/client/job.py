@@ -117,6 +117,8 @@ class Job:
         _, ans = self._rpc.call("POST", "/v1/jobs", {"job_id": job_id, "env": dict(env)})
         self.info: dict[str, Any] = ans["job"]
         self.secret: str = str(self.info.pop("secret", ""))
+        for rpc in (self._rpc, self._hb_rpc):  # registered: HMAC sessions from now on
+            rpc.session_job_id, rpc.use_sessions = job_id, True
         self.heartbeat_s = 2.0
         self.current: Lease | None = None
         self._stop = threading.Event()

@@ -1,6 +1,11 @@
 """The blocking RPC client of the controller: MUNGE-signed JSON over HTTP, with retries.
 
-Each attempt is signed afresh (a MUNGE credential decodes once). Connection failures
+Each attempt is signed afresh (a MUNGE credential decodes once). With `use_sessions=True`
+(the driver client) the first call opens a session with MUNGE (`POST /v1/sessions`) and
+later calls are HMAC-signed with it (`slurmrl.auth.sessions`): no munged round trip per
+call. When the controller no longer knows the session (restart, expiry, its job ended)
+it answers 401 `auth-no-session` before doing anything, and the client opens a new
+session and sends the call again, once. Connection failures
 and 503 answers are retried with exponential backoff for up to `retry_for_s`, so a
 driver pauses while the controller restarts and then carries on. Other 4xx answers are
 not retried: they raise `ControllerError` with the controller's code and message.
@@ -17,7 +22,7 @@ import time
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from slurmrl.auth import AuthError
+from slurmrl.auth import AuthCode, AuthError, sessions
 from slurmrl.auth.requests import sign_request
 
 log = logging.getLogger(__name__)
@@ -37,7 +42,8 @@ _NET_ERRORS = (ConnectionError, TimeoutError, OSError, http.client.HTTPException
 
 class RpcClient:
     def __init__(self, url: str, *, retry_for_s: float = 300.0, timeout_s: float = 30.0,
-                 munge_socket: str | None = None) -> None:
+                 munge_socket: str | None = None, use_sessions: bool = False,
+                 session_job_id: int | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"controller URL {url!r} must look like http://host:port")
@@ -48,6 +54,10 @@ class RpcClient:
         self._socket = munge_socket
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
+        self.use_sessions = use_sessions
+        #: tie the session to this RL job: it dies with the job
+        self.session_job_id = session_job_id
+        self._session: tuple[str, str] | None = None  # (id, key)
 
     def close(self) -> None:
         with self._lock:
@@ -87,9 +97,47 @@ class RpcClient:
 
     def _once(self, method: str, target: str, raw: bytes,
               wait_s: float) -> tuple[int, dict[str, Any]]:
+        if not self.use_sessions:
+            return self._send(method, target, raw, wait_s, session=None)
+        for attempt in range(2):
+            if self._session is None:
+                try:
+                    self._session = self._open_session()
+                except ControllerError as exc:
+                    if exc.status is None or exc.status >= 500:  # retried by call()
+                        return exc.status or 503, {"error": {"code": exc.code,
+                                                             "message": exc.message}}
+                    # e.g. the session's job has ended: MUNGE-sign this call, so the
+                    # controller answers it as such (409 job-ended, ...)
+                    return self._send(method, target, raw, wait_s, session=None)
+            status, answer = self._send(method, target, raw, wait_s, session=self._session)
+            code = (answer.get("error") or {}).get("code")
+            if status != 401 or code != f"auth-{AuthCode.NO_SESSION}" or attempt:
+                return status, answer
+            log.info("controller forgot our session; opening a new one")
+            self._session = None
+        raise AssertionError("unreachable")
+
+    def _open_session(self) -> tuple[str, str]:
+        body = {"job_id": self.session_job_id}
+        status, answer = self._send("POST", "/v1/sessions", json.dumps(body).encode(), 0.0,
+                                    session=None)
+        if status >= 400:
+            err = answer.get("error") or {}
+            raise ControllerError(status, str(err.get("code", "error")),
+                                  "cannot open a session: " + str(err.get("message", answer)))
+        s = answer["session"]
+        return str(s["session_id"]), str(s["key"])
+
+    def _send(self, method: str, target: str, raw: bytes, wait_s: float,
+              session: tuple[str, str] | None) -> tuple[int, dict[str, Any]]:
         with self._lock:
-            headers = {"Authorization": sign_request(method, target, raw, socket=self._socket),
-                       "Content-Type": "application/json"}
+            if session is None:
+                headers = {"Authorization": sign_request(method, target, raw,
+                                                         socket=self._socket)}
+            else:
+                headers = sessions.sign(session[0], session[1], method, target, raw)
+            headers["Content-Type"] = "application/json"
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(self._host, self._port,
                                                         timeout=self.timeout_s + wait_s)

@@ -1,11 +1,14 @@
-"""The controller's RPC: JSON over HTTP/1.1 (aiohttp) under `/v1/`, MUNGE on every call.
+"""The controller's RPC: JSON over HTTP/1.1 (aiohttp) under `/v1/`, MUNGE or a session.
 
 See docs/rpc.md for every endpoint and field. Each request is authenticated before its
-handler runs (`Authorization: MUNGE <credential>` bound to method, path and body; the
-uid comes from MUNGE only), its body is bounded by `controller.max_body_bytes` and
-validated whole before anything changes. Errors are JSON: `{"error": {"code",
-"message"}}` with 400 (malformed), 401 (credential), 403 (not yours / admins only),
-404, 409 (state conflict), 413 (too big), 503 (Slurm or munged unavailable).
+handler runs: `Authorization: MUNGE <credential>` bound to method, path and body (the
+uid comes from MUNGE only; decoded in a worker thread, so a round trip to munged never
+stalls a grant), or `Authorization: SLURMRL-SESSION <id>` with an HMAC over the same
+(`slurmrl.auth.sessions`; the session was opened with MUNGE). Its body is bounded by
+`controller.max_body_bytes` and validated whole before anything changes. Errors are
+JSON: `{"error": {"code", "message"}}` with 400 (malformed), 401 (credential),
+403 (not yours / admins only), 404, 409 (state conflict), 413 (too big),
+503 (Slurm or munged unavailable).
 
 A driver waiting for a lease holds its HTTP request open (long poll, `wait_s`); if it
 disconnects, the server cancels the handler (`handler_cancellation=True`) and the waiting
@@ -15,6 +18,7 @@ request is withdrawn, unless another poll of the same request is still waiting.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,7 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from slurmrl import __version__
-from slurmrl.auth import AuthCode, AuthError
+from slurmrl.auth import AuthCode, AuthError, sessions
 from slurmrl.auth.requests import verify_request
 from slurmrl.controller.core import Controller
 from slurmrl.controller.scheduler import RequestEnded
@@ -47,6 +51,7 @@ API_VERSION = "v1"
 MAX_WAIT_S = 300.0
 PUBLIC = {("GET", "/v1/ping"), ("GET", "/metrics")}
 CTRL: web.AppKey[Controller] = web.AppKey("controller", Controller)
+SESSIONS: web.AppKey[sessions.SessionTable] = web.AppKey("sessions", sessions.SessionTable)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -65,10 +70,20 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         body = await request.read()
         if (request.method, request.path) not in PUBLIC:
-            request["who"] = verify_request(
-                request.headers.get("Authorization"), request.method, request.raw_path, body,
-                socket=c.config.auth.munge_socket or None,
-                max_age_s=c.config.auth.credential_ttl_s)
+            header = request.headers.get("Authorization")
+            request["session"] = sessions.is_session(header)
+            if request["session"]:
+                assert header is not None
+                request["who"] = request.app[SESSIONS].verify(
+                    header, request.headers, request.method, request.raw_path, body,
+                    job_alive=lambda job_id: _job_alive(c, job_id))
+            else:
+                # munged's round trip runs in a worker thread: grants go on meanwhile
+                request["who"] = await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: verify_request(
+                        header, request.method, request.raw_path, body,
+                        socket=c.config.auth.munge_socket or None,
+                        max_age_s=c.config.auth.credential_ttl_s))
         request["body"] = body
         return await handler(request)
     except AuthError as exc:
@@ -90,6 +105,11 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             raise
         c.metrics.rpc_errors.labels(str(exc.status)).inc()
         return _error(exc.status, "http", f"{exc.reason}: {request.method} {request.path}")
+
+
+def _job_alive(c: Controller, job_id: int) -> bool:
+    job = c.store.job(job_id)
+    return job is not None and not job.state.terminal
 
 
 def _who(request: web.Request) -> Identity:
@@ -141,6 +161,19 @@ class Api:
         job = await self.c.register(_who(request), b["job_id"], b["env"])
         view = job_view(job, private=True, gpu_s=0.0, now=self.c.clock(), secret=True)
         return _json({"job": view})
+
+    async def open_session(self, request: web.Request) -> web.Response:
+        b = _body(request, {"job_id": F("int", lo=1, hi=2**53, nullable=True)})
+        if request["session"]:
+            raise RpcError(401, "auth-mismatch",
+                           "a session is opened with a MUNGE credential, not another session")
+        who = _who(request)
+        if b["job_id"] is not None:
+            self.c.active_job(who, b["job_id"])  # yours and running, or 403/404/409
+        g = request.app[SESSIONS].open(who, b["job_id"])
+        return _json({"session": {"session_id": g.session_id, "key": g.key,
+                                  "expires_at": g.expires_at, "job_id": g.job_id,
+                                  "uid": who.uid}})
 
     async def list_jobs(self, request: web.Request) -> web.Response:
         return _json({"jobs": self._jobs(request)})
@@ -261,8 +294,9 @@ class Api:
         b = _body(request, {"timing": F("nummap")})
         job = self.c.active_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
         lease_id = parse_id(request.match_info["lease_id"], "lease id")
-        self.c.scheduler.release(job, lease_id, b["timing"] or {})
-        self.c.store.update_job(job.job_id, phase="idle")
+        with self.c.store.transaction():  # one commit for the release, grant and phase
+            self.c.scheduler.release(job, lease_id, b["timing"] or {})
+            self.c.store.update_job(job.job_id, phase="idle")
         rec = self.c.store.lease(lease_id)
         assert rec is not None
         return _json({"lease": self._lease(rec, rec.pool_id)})
@@ -345,9 +379,11 @@ class Api:
 def make_app(c: Controller) -> web.Application:
     app = web.Application(middlewares=[_guard], client_max_size=c.config.controller.max_body_bytes)
     app[CTRL] = c
+    app[SESSIONS] = sessions.SessionTable()
     a = Api(c)
     r = app.router
     r.add_get("/v1/ping", a.ping)
+    r.add_post("/v1/sessions", a.open_session)
     r.add_get("/metrics", a.metrics)
     r.add_post("/v1/jobs", a.register)
     r.add_get("/v1/jobs", a.list_jobs)
