@@ -11,8 +11,8 @@ and Slurm, so both call the same objects with the same kind of input:
 - every job is placed in the site's pool partition (the driver's own partition is
   where the driver runs, not where its GPUs come from);
 - free GPUs per partition are the GPUs of the partition's usable nodes minus what is
-  allocated there: the larger of what Slurm reports for running jobs and what the
-  controller's own open pools hold (see `free_gpus`).
+  allocated on them: the GPUs Slurm lists for running jobs (any partition: nodes are
+  shared), plus the controller's own open pools Slurm listed without GPUs.
 
 Known limits: free GPUs are summed over nodes while a pool needs all its GPUs on one
 node, so a fragmented partition may be over-estimated; the pool then stays pending in
@@ -127,16 +127,19 @@ def free_gpus(nodes: Sequence[NodeInfo], running: Sequence[JobInfo],
     """GPUs Slurm could still allocate in `partition` (conservative, see module doc)."""
     usable = {n.name: n.gpus for n in nodes if partition in n.partitions
               and not any(flag in n.state.upper() for flag in _UNUSABLE)}
-    used_slurm = 0
+    used, seen = 0, set()
     for j in running:
         if j.state is not SlurmJobState.RUNNING:
             continue
         by_node = dict(j.gpu_indices_by_node) or (
             {j.nodes[0]: j.gpu_indices} if j.nodes and j.gpu_indices else {})
-        used_slurm += sum(len(g) for n, g in by_node.items() if n in usable)
-    used_own = sum(p.gpus for p in own_pools
-                   if p.state == "open" and (not p.nodes or p.nodes[0] in usable))
-    return {partition: max(0, sum(usable.values()) - max(used_slurm, used_own))}
+        if by_node:
+            seen.add(j.job_id)
+        used += sum(len(g) for n, g in by_node.items() if n in usable)
+    # our pools whose GPUs Slurm did not list (an older squeue) count at their size
+    used += sum(p.gpus for p in own_pools if p.state == "open" and p.slurm_job_id not in seen
+                and (not p.nodes or p.nodes[0] in usable))
+    return {partition: max(0, sum(usable.values()) - used)}
 
 
 def cluster_snapshot(now: float, pools: Sequence[PoolSnapshot],

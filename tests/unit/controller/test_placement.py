@@ -1,0 +1,135 @@
+"""The controller's snapshot builder feeding the real site policies.
+
+Jobs live in a real Store with phase observations as the scheduler records them; the
+snapshot the controller builds from them goes to the default pairing policy and the
+site-limits admission policy, the objects the simulator runs. Also: a site config that
+names an unknown policy stops `slurmrl controller` at start, naming the valid ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from policies.base import Action, Verdict
+from policies.registry import UnknownPolicy
+from slurmrl.config import Config
+from slurmrl.config.schema import LimitsConfig, PoliciesConfig
+from slurmrl.controller.cli import controller
+from slurmrl.controller.placement import (
+    cluster_snapshot,
+    free_gpus,
+    job_snapshot,
+    load_policies,
+    pool_snapshot,
+)
+from slurmrl.db import JobRecord, PoolRecord, Store
+from slurmrl.model import JobState, Mux, Phase, RlRequest
+from slurmrl.slurm import JobInfo, NodeInfo, SlurmJobState
+
+NODE = NodeInfo("n1", "IDLE", 8, 16, 64000, ("drivers", "pools"))
+
+
+def _job(store: Store, job_id: int, at: float, mux: Mux = Mux.AUTO, gpus: int = 4) -> JobRecord:
+    job = JobRecord(job_id, f"user{job_id}", 1000 + job_id, RlRequest(gpus, "tiny", mux=mux),
+                    JobState.PENDING, at, partition="drivers")
+    store.add_job(job)
+    return job
+
+
+def _steps(store: Store, job_id: int, offset: float, busy: float, gap: float,
+           n: int = 6) -> None:
+    """n steps of rollout + train (busy/2 each) then a reported reward gap."""
+    t = offset
+    for _ in range(n):
+        for phase in (Phase.ROLLOUT, Phase.TRAIN):
+            store.add_observation(job_id=job_id, phase=phase, requested_at=t, granted_at=t,
+                                  released_at=t + busy / 2, gpus=4)
+            t += busy / 2
+        store.add_observation(job_id=job_id, phase=Phase.REWARD, requested_at=t,
+                              granted_at=t, released_at=t + gap)
+        t += gap
+
+
+def test_a_complementary_pair_shares_one_new_pool_and_mux_off_runs_alone(
+        tmp_path: Path) -> None:
+    store = Store(tmp_path / "c.db")
+    cfg = Config()
+    site = load_policies(cfg)
+    # two jobs busy 40% of a 10 s step: together they fill the GPUs without slowing down
+    a, b = _job(store, 11, 1.0), _job(store, 12, 2.0)
+    _steps(store, 11, 0.0, busy=4.0, gap=6.0)
+    _steps(store, 12, 5.0, busy=4.0, gap=6.0)
+    alone = _job(store, 13, 3.0, mux=Mux.OFF)
+    waiting = [job_snapshot(j, "pools", store.observations(j.job_id)) for j in (alone, b, a)]
+    snap_a = waiting[2]
+    assert snap_a.profile is not None and snap_a.profile.source == "observed"
+    assert snap_a.profile.steps >= 5 and abs(snap_a.profile.period() - 10.0) < 1e-6
+    free = free_gpus([NODE], [], [], "pools")
+    assert free == {"pools": 8}
+
+    snap = cluster_snapshot(100.0, [], waiting, free, site.limits)
+    assert [j.job_id for j in snap.waiting] == [11, 12, 13]  # oldest first
+    got = {p.job_id: p for p in site.pairing.place(snap)}
+    assert got[11].action is Action.OPEN and got[12].action is Action.OPEN
+    assert got[11].pool_id == got[12].pool_id and got[11].pool_id is not None
+    assert got[11].predicted_slowdown is not None and got[11].predicted_slowdown < 1.1
+    assert got[13].action is Action.DEDICATED
+
+
+def test_a_job_joins_an_open_pool_and_waits_when_slurm_has_no_gpus(tmp_path: Path) -> None:
+    store = Store(tmp_path / "c.db")
+    site = load_policies(Config())
+    first, second = _job(store, 21, 1.0), _job(store, 22, 2.0)
+    _steps(store, 21, 0.0, busy=4.0, gap=6.0)
+    _steps(store, 22, 3.0, busy=4.0, gap=6.0)
+    pool = PoolRecord(5, 4, "open", 0.0, slurm_job_id=900, partition="pools", nodes=("n1",))
+    members = [job_snapshot(first, "pools", store.observations(21))]
+    pools = [pool_snapshot(pool, members, "pools", 80 << 30, site.limits)]
+    # Slurm runs our pool (4 GPUs) and another job's 4: nothing left to open a pool with
+    other = JobInfo(901, "x", "u", 1, SlurmJobState.RUNNING, partition="other",
+                    nodes=("n1",), gpu_indices=(4, 5, 6, 7))
+    free = free_gpus([NODE], [other], [pool], "pools")
+    assert free == {"pools": 0}
+    waiting = [job_snapshot(second, "pools", store.observations(22))]
+    (pl,) = site.pairing.place(cluster_snapshot(50.0, pools, waiting, free, site.limits))
+    assert (pl.action, pl.pool_id) == (Action.JOIN, 5)
+    # a never-mux job cannot join it and, with no GPUs free, waits
+    third = _job(store, 23, 3.0, mux=Mux.OFF)
+    (pl,) = site.pairing.place(cluster_snapshot(
+        50.0, pools, [job_snapshot(third, "pools")], free, site.limits))
+    assert pl.action is Action.WAIT and "no free GPUs" in pl.reason
+
+
+def test_admission_rejects_over_the_limit_and_forces_mux_off_dedicated() -> None:
+    site = load_policies(Config(limits=LimitsConfig(max_gpus_per_job=8)))
+    big = JobRecord(1, "u", 1, RlRequest(16, "tiny"), JobState.PENDING, 0.0)
+    verdict = site.admission.admit(job_snapshot(big, "pools"), site.limits)
+    assert verdict.verdict is Verdict.REJECT and "limit of 8 GPUs" in verdict.reason
+    off = JobRecord(2, "u", 1, RlRequest(2, "tiny", mux=Mux.OFF), JobState.PENDING, 0.0)
+    assert site.admission.admit(job_snapshot(off, "pools"), site.limits).verdict \
+        is Verdict.DEDICATED
+
+
+def test_a_pairing_policy_the_controller_cannot_enact_fails_at_load() -> None:
+    with pytest.raises(UnknownPolicy, match="complementary"):
+        load_policies(Config(policies=PoliciesConfig(pairing="gang")))
+    with pytest.raises(UnknownPolicy, match="cannot be imported"):
+        load_policies(Config(policies=PoliciesConfig(admission="nosuch.module:Policy")))
+
+
+@pytest.mark.parametrize(("key", "value", "valid"), [
+    ("pairing", "best-pairs", "complementary, dedicated, fifo-lock, gang, greedy, random"),
+    ("admission", "strict", "site-limits"),
+])
+def test_controller_start_fails_on_an_unknown_policy_naming_the_valid_ones(
+        tmp_path: Path, key: str, value: str, valid: str) -> None:
+    site = tmp_path / "slurmrl.toml"
+    site.write_text(f'[policies]\n{key} = "{value}"\n')
+    result = CliRunner().invoke(controller, ["--config", str(site),
+                                             "--db", str(tmp_path / "c.db")])
+    assert result.exit_code == 1
+    assert f"unknown {key} policy {value!r}; valid: {valid}" in result.output
+    assert not (tmp_path / "c.db").exists()  # stopped before opening anything
