@@ -15,11 +15,12 @@ import pytest
 
 from slurmrl.client import Job
 from slurmrl.client.rpc import ControllerError
+from tests.integration.conftest import JobFactory
 from tests.integration.controller_harness import ControllerProc, env_for_controller, wait_running
 
 
 def test_an_admission_reject_reaches_the_driver_and_status_with_its_reason(
-        shared_tmp: Path, slurm_env: dict[str, str], jobs) -> None:  # type: ignore[no-untyped-def]
+        shared_tmp: Path, slurm_env: dict[str, str], jobs: JobFactory) -> None:
     env = env_for_controller(slurm_env)
     env["SLURMRL_LIMITS__MAX_GPUS_PER_JOB"] = "2"
     ctl = ControllerProc(shared_tmp, env)
