@@ -1,0 +1,188 @@
+"""`slurmrl report`: GPU-seconds granted vs dedicated, slowdown, lease waits, rewards.
+
+    slurmrl report [--db PATH | --controller URL] [-j IDS] [--baseline DB_OR_JSON]
+                   [--json] [--plot FILE.png] [-h/--noheader]
+
+Without `--db` or `--controller` it reads the DB named by the site config's
+`controller.db_path` if that file is readable, else asks the controller. Slowdown needs
+`--baseline` (a dedicated run: its DB, its `slurmrl report --json`, or
+`{"job name": wall_s}`); without one it is "n/a" — never estimated. `--json` prints the
+envelope `slurmrl status --json` uses: `meta`, `errors`, `warnings`, and the payload
+(`jobs`, `pools`, `totals`, `handoffs`). Exit 1 on errors, 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import click
+
+from slurmrl import __version__
+from slurmrl.cli.status import Field, render
+
+JOB_COLS: list[Field] = [
+    ("JOBID", 7, True, lambda j: str(j["job_id"])),
+    ("USER", 9, False, lambda j: j["user"]),
+    ("NAME", 14, False, lambda j: j["name"] or "-"),
+    ("POOL", 5, True, lambda j: f"p{j['pool_id']}" if j["pool_id"] else "-"),
+    ("GPUS", 4, True, lambda j: str(j["gpus"])),
+    ("ST", 2, False, lambda j: j["state"]),
+    ("WALL", 8, True, lambda j: f"{j['wall_s']:.0f}s"),
+    ("GPU-S", 8, True, lambda j: f"{j['granted_gpu_s']:.1f}"),
+    ("DEDIC-S", 8, True, lambda j: f"{j['dedicated_gpu_s']:.1f}"),
+    ("SAVED", 6, True, lambda j: _pct(j["saved"])),
+    ("SLOWDN", 6, True, lambda j: "n/a" if j["slowdown"] is None else f"{j['slowdown']:.2f}"),
+    ("LEASES", 6, True, lambda j: str(j["leases"])),
+    ("WAIT-S", 7, True, lambda j: f"{j['wait']['total_s']:.1f}"),
+    ("P50", 6, True, lambda j: _s(j["wait"]["p50_s"])),
+    ("P95", 6, True, lambda j: _s(j["wait"]["p95_s"])),
+    ("REWARD", 0, False, lambda j: _reward(j)),
+]
+POOL_COLS: list[Field] = [
+    ("POOL", 5, True, lambda p: f"p{p['pool_id']}"),
+    ("GPUS", 4, True, lambda p: str(p["gpus"])),
+    ("OPEN-S", 8, True, lambda p: f"{p['open_s']:.0f}"),
+    ("LEASED-S", 9, True, lambda p: f"{p['leased_gpu_s']:.1f}"),
+    ("UTIL", 6, True, lambda p: _pct(p["utilisation"])),
+    ("HANDOFFS", 8, True, lambda p: str(p["handoffs"])),
+    ("KIND", 9, False, lambda p: "dedicated" if p["dedicated"] else "shared"),
+    ("MEMBERS", 0, False, lambda p: ",".join(map(str, p["members"])) or "-"),
+]
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _reward(j: dict[str, Any]) -> str:
+    if j["reward_first"] is None:
+        return "-"
+    return (f"{j['reward_first']:.2f} -> {j['reward_last']:.2f} "
+            f"({len(j['rewards'])} steps)")
+
+
+def _ids(raw: str | None) -> list[int] | None:
+    if not raw:
+        return None
+    out = []
+    for part in raw.split(","):
+        if not part.strip().isdigit():
+            raise click.UsageError(f"-j takes comma-separated job ids, got {part.strip()!r}")
+        out.append(int(part))
+    return out
+
+
+def _default_db() -> str | None:
+    try:
+        from slurmrl.config import load
+
+        path = load().controller.db_path
+    except Exception:
+        return None
+    return path if os.access(path, os.R_OK) else None
+
+
+@click.command("report", context_settings={"help_option_names": ["--help"]})
+@click.option("--db", "db_path", help="colocation DB file (default: the site config's "
+              "controller.db_path when readable)")
+@click.option("--controller", "url", help="read through the controller's RPC instead")
+@click.option("-j", "--jobs", "ids", help="only these job ids (comma-separated)")
+@click.option("--baseline", help="a dedicated run (DB, report JSON or {name: wall_s}) "
+              "for per-job slowdown")
+@click.option("--json", "as_json", is_flag=True, help="one JSON envelope")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="write a timeline PNG (leases per pool GPU, handoffs, reward curves)")
+@click.option("-h", "--noheader", is_flag=True, help="no header lines")
+def report(db_path: str | None, url: str | None, ids: str | None, baseline: str | None,
+           as_json: bool, plot_path: str | None, noheader: bool) -> None:
+    """GPU-seconds each RL job was granted vs a dedicated allocation, and what it cost."""
+    from slurmrl.report.compute import compute
+    from slurmrl.report.sources import (
+        SourceError,
+        from_controller,
+        from_store,
+        load_baseline,
+        open_store,
+    )
+
+    if db_path and url:
+        raise click.UsageError("--db and --controller are exclusive")
+    job_ids = _ids(ids)
+    if plot_path and not plot_path.lower().endswith(".png"):
+        raise click.UsageError(f"--plot writes a PNG: give a FILE.png, got {plot_path!r}")
+    now = time.time()
+    query = {k: v for k, v in {"db": db_path, "controller": url, "jobs": ids,
+                               "baseline": baseline}.items() if v}
+    warnings: list[str] = []
+    try:
+        if not url and not db_path:
+            db_path = _default_db()
+            if db_path is None:
+                from slurmrl.cli.status import StatusError, _controller_url
+
+                try:
+                    url = _controller_url(None)
+                except StatusError as exc:
+                    raise SourceError(str(exc)) from None
+        if db_path:
+            store = open_store(db_path)
+            try:
+                data = from_store(store, job_ids, now)
+            finally:
+                store.close()
+        else:
+            assert url is not None
+            data, warnings = from_controller(url, job_ids, now)
+        base, dup = load_baseline(baseline, now) if baseline else (None, set())
+    except SourceError as exc:
+        if as_json:
+            click.echo(json.dumps(_envelope({}, [str(exc)], warnings, query), indent=2))
+        click.echo(f"slurmrl report: {exc}", err=True)
+        sys.exit(1)
+    if job_ids:
+        missing = sorted(set(job_ids) - {j.job_id for j in data.jobs})
+        if missing:
+            warnings.append(f"no RL job {', '.join(map(str, missing))} in this record")
+    rep = compute(data, base, dup)
+    warnings += list(rep.warnings)
+    payload = rep.to_dict()
+    payload.pop("warnings")
+    if plot_path:
+        from slurmrl.report.plot import plot_timeline
+
+        try:
+            plot_timeline(data, rep, plot_path)
+        except OSError as exc:
+            click.echo(f"slurmrl report: cannot write {plot_path}: {exc}", err=True)
+            sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(_envelope(payload, [], warnings, query), indent=2))
+        return
+    click.echo(render(payload["jobs"], JOB_COLS, not noheader))
+    click.echo()
+    click.echo(render(payload["pools"], POOL_COLS, not noheader))
+    t = rep.totals
+    click.echo()
+    click.echo(f"ledger: {t.jobs} jobs granted {t.granted_gpu_s:.1f} GPU-s "
+               f"({t.granted_gpu_s / 3600:.3f} GPU-h) vs {t.dedicated_gpu_s:.1f} dedicated "
+               f"({t.dedicated_gpu_s / 3600:.3f} GPU-h): saved {_pct(t.saved)}; pools held "
+               f"{t.pool_gpu_s:.1f} GPU-s")
+    if plot_path:
+        click.echo(f"timeline written to {plot_path}")
+    for w in warnings:
+        click.echo(f"slurmrl report: warning: {w}", err=True)
+
+
+def _envelope(payload: dict[str, Any], errors: list[str], warnings: list[str],
+              query: dict[str, str]) -> dict[str, Any]:
+    return {"meta": {"command": "slurmrl report", "slurmrl_version": __version__,
+                     "api": "v1", "time": time.time(), "query": query},
+            "errors": errors, "warnings": warnings, **payload}

@@ -1,0 +1,313 @@
+"""The report's arithmetic, on plain value types: per job, per pool, and the ledger.
+
+Inputs (`ReportInput`) are what the colocation DB records — jobs, pools, per-GPU lease
+holds, phase requests and reward points — so the same numbers come out whether they are
+read from the DB file, from the controller's RPC, or built by hand in a test.
+`compute()` is pure: it reads no clock (the caller passes `now`) and no file.
+
+Definitions (also in docs/user-guide.md):
+- wall time of a job: `ended_at - registered_at` (to `now` while it runs);
+- dedicated GPU-seconds: the job's GPUs × its wall time — what it would have held on a
+  dedicated allocation of the same length;
+- granted GPU-seconds: the sum over its lease holds of (end - start) per GPU (a shrink
+  ends a GPU's hold early; a hold still open counts to `now`);
+- saved: `1 - granted / dedicated`;
+- slowdown: wall time / wall time of the same job (matched by name) in a baseline run
+  (a dedicated `--rl-mux=off` run); `None` — shown as "n/a" — when no baseline is given
+  or the name is not in it. Never estimated;
+- wait: `granted_at - requested_at` of each granted lease; requests never granted
+  are counted apart;
+- pool utilisation: leased GPU-seconds / (pool GPUs × time the pool was open);
+- handoffs: the instants a pool GPU passed from one job's lease to another job's. With
+  `park_others` (the default) each is where the controller parked the previous job's
+  services and activated the next one's. They are derived from lease history, not
+  recorded park/activate calls (the DB keeps only the current residency).
+
+Known limits: a baseline matches jobs by name only (duplicate names in the baseline are
+ambiguous and give "n/a" with a warning).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One RL job as the report needs it."""
+
+    job_id: int
+    user: str
+    gpus: int
+    registered_at: float
+    name: str = ""
+    state: str = "R"
+    ended_at: float | None = None
+    pool_id: int | None = None
+    dedicated: bool = False  #: ran with --rl-mux=off (a pool of its own)
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    pool_id: int
+    gpus: int
+    opened_at: float
+    closed_at: float | None = None
+    dedicated: bool = False
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One pool GPU held by one lease from `start` to `end` (None: still held)."""
+
+    lease_id: int
+    job_id: int
+    pool_id: int
+    gpu: int
+    phase: str
+    start: float
+    end: float | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    """A phase request; granted requests became leases."""
+
+    lease_id: int
+    job_id: int
+    pool_id: int
+    phase: str
+    requested_at: float
+    granted_at: float | None = None
+    ended_at: float | None = None
+    state: str = "released"
+
+
+@dataclass(frozen=True)
+class RewardPoint:
+    """The mean reward of one RL step, as the driver reported it."""
+
+    job_id: int
+    step: int
+    at: float
+    reward: float
+
+
+@dataclass(frozen=True)
+class ReportInput:
+    jobs: tuple[JobInfo, ...]
+    pools: tuple[PoolInfo, ...] = ()
+    holds: tuple[Hold, ...] = ()
+    requests: tuple[Request, ...] = ()
+    rewards: tuple[RewardPoint, ...] = ()
+    now: float = 0.0
+
+
+@dataclass(frozen=True)
+class WaitStats:
+    count: int
+    total_s: float
+    p50_s: float | None
+    p95_s: float | None
+    never_granted: int
+
+
+@dataclass(frozen=True)
+class JobReport:
+    job_id: int
+    user: str
+    name: str
+    state: str
+    pool_id: int | None
+    gpus: int
+    wall_s: float
+    granted_gpu_s: float
+    dedicated_gpu_s: float
+    saved: float | None  #: fraction; None when dedicated is 0
+    slowdown: float | None  #: None: no baseline for this job
+    baseline_wall_s: float | None
+    wait: WaitStats
+    leases: int
+    rewards: tuple[tuple[int, float, float], ...]  #: (step, at, reward)
+    reward_first: float | None  #: mean of the first 5 reported steps
+    reward_last: float | None  #: mean of the last 5 reported steps
+
+
+@dataclass(frozen=True)
+class PoolReport:
+    pool_id: int
+    gpus: int
+    open_s: float
+    leased_gpu_s: float
+    utilisation: float | None  #: None when the pool was open for no time
+    members: tuple[int, ...]
+    handoffs: int
+    dedicated: bool
+
+
+@dataclass(frozen=True)
+class Totals:
+    jobs: int
+    granted_gpu_s: float
+    dedicated_gpu_s: float
+    saved: float | None
+    pool_gpu_s: float
+
+
+@dataclass(frozen=True)
+class Handoff:
+    pool_id: int
+    gpu: int
+    at: float
+    from_job: int
+    to_job: int
+
+
+@dataclass(frozen=True)
+class Report:
+    jobs: tuple[JobReport, ...]
+    pools: tuple[PoolReport, ...]
+    totals: Totals
+    handoffs: tuple[Handoff, ...]
+    warnings: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["warnings"] = list(self.warnings)
+        return d
+
+
+def quantile(xs: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated quantile (numpy's default); None for no data."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def handoffs(holds: Iterable[Hold]) -> list[Handoff]:
+    """Where a pool GPU's holder changed from one job to another, in time order."""
+    by_gpu: dict[tuple[int, int], list[Hold]] = defaultdict(list)
+    for h in holds:
+        by_gpu[(h.pool_id, h.gpu)].append(h)
+    out = []
+    for (pool_id, gpu), hs in by_gpu.items():
+        hs.sort(key=lambda h: (h.start, h.lease_id))
+        for prev, cur in itertools.pairwise(hs):
+            if prev.job_id != cur.job_id:
+                out.append(Handoff(pool_id, gpu, cur.start, prev.job_id, cur.job_id))
+    return sorted(out, key=lambda x: (x.at, x.pool_id, x.gpu))
+
+
+def _held(h: Hold, now: float) -> float:
+    end = h.end if h.end is not None else now
+    return max(0.0, end - h.start)
+
+
+def compute(
+    data: ReportInput, baseline: Mapping[str, float] | None = None,
+    ambiguous: Iterable[str] = (),
+) -> Report:
+    """The report of `data`; `baseline` maps job name -> wall seconds of its solo run."""
+    warnings: list[str] = []
+    ambiguous = set(ambiguous)
+    now = data.now
+    granted: dict[int, float] = defaultdict(float)
+    leased_in_pool: dict[int, float] = defaultdict(float)
+    for h in data.holds:
+        s = _held(h, now)
+        granted[h.job_id] += s
+        leased_in_pool[h.pool_id] += s
+    waits: dict[int, list[float]] = defaultdict(list)
+    never: dict[int, int] = defaultdict(int)
+    for r in data.requests:
+        if r.granted_at is not None:
+            waits[r.job_id].append(max(0.0, r.granted_at - r.requested_at))
+        elif r.state != "waiting":
+            never[r.job_id] += 1
+    rewards: dict[int, list[RewardPoint]] = defaultdict(list)
+    for pt in data.rewards:
+        rewards[pt.job_id].append(pt)
+
+    jobs = []
+    for j in sorted(data.jobs, key=lambda j: j.job_id):
+        end = j.ended_at if j.ended_at is not None else now
+        wall = max(0.0, end - j.registered_at)
+        dedic = j.gpus * wall
+        g = granted.get(j.job_id, 0.0)
+        base = None
+        if baseline is not None:
+            if j.name in ambiguous:
+                warnings.append(f"job {j.job_id}: name {j.name!r} appears more than once "
+                                "in the baseline; slowdown n/a")
+            elif j.name and j.name in baseline:
+                base = baseline[j.name]
+            else:
+                warnings.append(f"job {j.job_id}: no job named {j.name!r} in the baseline; "
+                                "slowdown n/a")
+        ws = waits.get(j.job_id, [])
+        pts = sorted(rewards.get(j.job_id, []), key=lambda p: (p.step, p.at))
+        vals = [p.reward for p in pts]
+        jobs.append(JobReport(
+            job_id=j.job_id, user=j.user, name=j.name, state=j.state, pool_id=j.pool_id,
+            gpus=j.gpus, wall_s=wall, granted_gpu_s=g, dedicated_gpu_s=dedic,
+            saved=(1 - g / dedic) if dedic > 0 else None,
+            slowdown=(wall / base) if base else None, baseline_wall_s=base,
+            wait=WaitStats(len(ws), sum(ws), quantile(ws, 0.5), quantile(ws, 0.95),
+                           never.get(j.job_id, 0)),
+            leases=len(ws), rewards=tuple((p.step, p.at, p.reward) for p in pts),
+            reward_first=sum(vals[:5]) / len(vals[:5]) if vals else None,
+            reward_last=sum(vals[-5:]) / len(vals[-5:]) if vals else None,
+        ))
+
+    hand = handoffs(data.holds)
+    members: dict[int, set[int]] = defaultdict(set)
+    for h in data.holds:
+        members[h.pool_id].add(h.job_id)
+    for j in data.jobs:
+        if j.pool_id is not None:
+            members[j.pool_id].add(j.job_id)
+    pools = []
+    pool_total = 0.0
+    for p in sorted(data.pools, key=lambda p: p.pool_id):
+        open_s = max(0.0, (p.closed_at if p.closed_at is not None else now) - p.opened_at)
+        cap = p.gpus * open_s
+        pool_total += cap
+        pools.append(PoolReport(
+            pool_id=p.pool_id, gpus=p.gpus, open_s=open_s,
+            leased_gpu_s=leased_in_pool.get(p.pool_id, 0.0),
+            utilisation=leased_in_pool.get(p.pool_id, 0.0) / cap if cap > 0 else None,
+            members=tuple(sorted(members.get(p.pool_id, ()))),
+            handoffs=sum(1 for x in hand if x.pool_id == p.pool_id), dedicated=p.dedicated,
+        ))
+    tg = sum(j.granted_gpu_s for j in jobs)
+    td = sum(j.dedicated_gpu_s for j in jobs)
+    totals = Totals(len(jobs), tg, td, (1 - tg / td) if td > 0 else None, pool_total)
+    return Report(tuple(jobs), tuple(pools), totals, tuple(hand), tuple(warnings))
+
+
+def baseline_from_report(report: Report) -> tuple[dict[str, float], set[str]]:
+    """Wall seconds by job name of a (dedicated) run, and the names seen twice."""
+    return baseline_from_pairs((j.name, j.wall_s) for j in report.jobs)
+
+
+def baseline_from_pairs(pairs: Iterable[tuple[str, float]]) -> tuple[dict[str, float], set[str]]:
+    out: dict[str, float] = {}
+    dup: set[str] = set()
+    for name, wall in pairs:
+        if not name:
+            continue
+        if name in out:
+            dup.add(name)
+        out[name] = float(wall)
+    for name in dup:
+        del out[name]
+    return out, dup

@@ -1,0 +1,180 @@
+"""Where a report's data comes from: the colocation DB (through `Store`) or the controller.
+
+- `from_store(store, ids, now)` reads everything through the Store's read API: exact
+  per-GPU holds (shrinks included), closed pools, every job.
+- `from_controller(url, ids, now)` reads the RPC (`/v1/status?all=1`, then each job's
+  leases and observations). What a non-admin caller may see limits it: other users'
+  leases come without GPU sets and their observations are refused, so their rows are
+  incomplete (a warning says so). The RPC lists open pools only, and a lease view has
+  its final GPU set, so a shrunk lease counts its final GPUs for its whole life.
+  Use `--db` on the controller host for exact numbers.
+- `load_baseline(path)` reads a dedicated run: its DB file, a `slurmrl report --json`
+  envelope, or a JSON object mapping job name -> wall seconds.
+
+Reward curves: the driver reports the mean reward of each step on its `reward` gap
+observation, as numbers in the observation's `detail`: `{"step": N, "reward": R}`
+(`POST /v1/jobs/{id}/observations`, docs/rpc.md). Observations without a `reward`
+number are ignored; a missing `step` takes the observation's rank.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from slurmrl.report.compute import (
+    Hold,
+    JobInfo,
+    PoolInfo,
+    ReportInput,
+    Request,
+    RewardPoint,
+    baseline_from_pairs,
+    baseline_from_report,
+    compute,
+)
+
+
+class SourceError(Exception):
+    """The report's data cannot be read (missing DB, unreachable controller, bad JSON)."""
+
+
+Obs = tuple[str, float | None, Mapping[str, Any]]  #: (phase, ended_at, detail)
+
+
+def rewards_from(job_id: int, observations: Iterable[Obs]) -> list[RewardPoint]:
+    """Reward points from (phase, ended_at, detail) observations of one job."""
+    out = []
+    rank = 0
+    for phase, at, detail in observations:
+        if phase != "reward":
+            continue
+        r = detail.get("reward")
+        if isinstance(r, bool) or not isinstance(r, int | float):
+            continue
+        step = detail.get("step")
+        out.append(RewardPoint(job_id, int(step) if isinstance(step, int | float) else rank,
+                               float(at or 0.0), float(r)))
+        rank += 1
+    return out
+
+
+def from_store(store: Any, ids: Sequence[int] | None, now: float) -> ReportInput:
+    """The report input from a `slurmrl.db.Store` (all jobs, or `ids`)."""
+    jobs = store.jobs(ids=list(ids)) if ids else store.jobs()
+    wanted = {j.job_id for j in jobs}
+    pools = store.pools()
+    leases = [x for x in store.leases() if x.job_id in wanted]
+    by_lease = {x.lease_id: x for x in leases}
+    holds = [Hold(i.lease_id, by_lease[i.lease_id].job_id, i.pool_id, i.gpu,
+                  str(by_lease[i.lease_id].phase), i.start, i.end)
+             for i in store.intervals() if i.lease_id in by_lease]
+    requests = [Request(x.lease_id, x.job_id, x.pool_id, str(x.phase), x.requested_at,
+                        x.granted_at, x.released_at, str(x.state)) for x in leases]
+    rewards: list[RewardPoint] = []
+    for j in jobs:
+        rewards += rewards_from(j.job_id, ((str(o.phase), o.released_at, o.detail)
+                                           for o in store.observations(j.job_id)))
+    used_pools = {j.pool_id for j in jobs} | {x.pool_id for x in leases}
+    return ReportInput(
+        jobs=tuple(JobInfo(j.job_id, j.user, j.request.gpus, j.registered_at, j.name,
+                           str(j.state), j.ended_at, j.pool_id,
+                           str(j.request.mux) == "off") for j in jobs),
+        pools=tuple(PoolInfo(p.pool_id, p.gpus, p.opened_at, p.closed_at, p.dedicated)
+                    for p in pools if not ids or p.pool_id in used_pools),
+        holds=tuple(holds), requests=tuple(requests), rewards=tuple(rewards), now=now,
+    )
+
+
+def open_store(path: str) -> Any:
+    """Open an existing colocation DB (never creates one: a typo must not make a new DB)."""
+    if not Path(path).is_file():
+        raise SourceError(f"no colocation DB at {path} (give --db PATH, or --controller URL)")
+    from slurmrl.db import Store, StoreError
+
+    try:
+        return Store(path)
+    except (StoreError, sqlite3.Error) as exc:
+        raise SourceError(f"cannot open {path}: {exc}") from None
+
+
+def from_controller(url: str, ids: Sequence[int] | None,
+                    now: float) -> tuple[ReportInput, list[str]]:
+    """The report input through the controller's RPC, and warnings on what it lacks."""
+    from slurmrl.client.rpc import ControllerError, RpcClient
+
+    rpc = RpcClient(url, retry_for_s=0.0, timeout_s=10.0)
+    warnings: list[str] = ["via the controller: closed pools are not listed and a shrunk "
+                           "lease counts its final GPUs; use --db for exact numbers"]
+    query = {"all": "1"}
+    if ids:
+        query["ids"] = ",".join(map(str, ids))
+    try:
+        _, ans = rpc.call("GET", "/v1/status", query=query, retry=False)
+        jobs_v = ans.get("jobs", [])
+        jobs, holds, requests, rewards = [], [], [], []
+        for j in jobs_v:
+            jid = int(j["job_id"])
+            jobs.append(JobInfo(jid, j["user"], int(j["gpus"]), float(j["registered_at"]),
+                                j.get("name") or "", j["state"], j.get("ended_at"),
+                                j.get("pool_id"), (j.get("request") or {}).get("mux") == "off"))
+            _, la = rpc.call("GET", f"/v1/jobs/{jid}/leases", retry=False)
+            for x in la.get("leases", []):
+                requests.append(Request(x["lease_id"], jid, x["pool_id"], x["phase"],
+                                        x["requested_at"], x.get("granted_at"),
+                                        x.get("released_at"), x["state"]))
+                if x.get("granted_at") is None:
+                    continue
+                if "gpus" not in x:
+                    continue
+                for g in x["gpus"]:
+                    holds.append(Hold(x["lease_id"], jid, x["pool_id"], int(g), x["phase"],
+                                      x["granted_at"], x.get("released_at")))
+            if not j.get("private"):
+                warnings.append(f"job {jid} is another user's: its GPU-seconds and reward "
+                                "curve are not visible to you")
+                continue
+            _, ob = rpc.call("GET", f"/v1/jobs/{jid}/observations", retry=False)
+            rewards += rewards_from(jid, ((o["phase"], o.get("released_at"), o["detail"])
+                                          for o in ob.get("observations", [])))
+        _, pa = rpc.call("GET", "/v1/pools", retry=False)
+    except (ControllerError, ValueError, OSError) as exc:
+        raise SourceError(str(exc)) from None
+    pools = [PoolInfo(p["pool_id"], p["gpus"], p["opened_at"], None, p.get("dedicated", False))
+             for p in pa.get("pools", [])]
+    return ReportInput(tuple(jobs), tuple(pools), tuple(holds), tuple(requests),
+                       tuple(rewards), now), warnings
+
+
+def load_baseline(path: str, now: float) -> tuple[dict[str, float], set[str]]:
+    """Wall seconds by job name of a dedicated run, and names that appear twice."""
+    p = Path(path)
+    if not p.is_file():
+        raise SourceError(f"baseline {path}: no such file")
+    with p.open("rb") as f:
+        head = f.read(16)
+    if head.startswith(b"SQLite format 3"):
+        store = open_store(path)
+        try:
+            return baseline_from_report(compute(from_store(store, None, now)))
+        finally:
+            store.close()
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SourceError(f"baseline {path}: neither a colocation DB nor JSON ({exc})") from None
+    if isinstance(data, dict) and isinstance(data.get("jobs"), list):  # a report envelope
+        try:
+            return baseline_from_pairs((str(j["name"]), float(j["wall_s"]))
+                                       for j in data["jobs"])
+        except (KeyError, TypeError, ValueError):
+            raise SourceError(f"baseline {path}: jobs[] entries need 'name' and 'wall_s' "
+                              "(a `slurmrl report --json` output)") from None
+    if isinstance(data, dict) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in data.values()):
+        return baseline_from_pairs((str(k), float(v)) for k, v in data.items())
+    raise SourceError(f"baseline {path}: expected a `slurmrl report --json` output or an "
+                      'object {"job name": wall seconds, ...}')
