@@ -134,8 +134,8 @@ class JobReport:
     wait: WaitStats
     leases: int
     rewards: tuple[tuple[int, float, float], ...]  #: (step, at, reward)
-    reward_first: float | None  #: mean of the first 5 reported steps
-    reward_last: float | None  #: mean of the last 5 reported steps
+    reward_first: float | None  #: mean of the first min(5, n//2) reported steps
+    reward_last: float | None  #: mean of the last min(5, n//2) reported steps
 
 
 @dataclass(frozen=True)
@@ -256,6 +256,7 @@ def compute(
         ws = waits.get(j.job_id, [])
         pts = sorted(rewards.get(j.job_id, []), key=lambda p: (p.step, p.at))
         vals = [p.reward for p in pts]
+        w = min(5, max(1, len(vals) // 2))  # first/last window; never overlapping
         jobs.append(JobReport(
             job_id=j.job_id, user=j.user, name=j.name, state=j.state, pool_id=j.pool_id,
             gpus=j.gpus, wall_s=wall, granted_gpu_s=g, dedicated_gpu_s=dedic,
@@ -264,8 +265,8 @@ def compute(
             wait=WaitStats(len(ws), sum(ws), quantile(ws, 0.5), quantile(ws, 0.95),
                            never.get(j.job_id, 0)),
             leases=len(ws), rewards=tuple((p.step, p.at, p.reward) for p in pts),
-            reward_first=sum(vals[:5]) / len(vals[:5]) if vals else None,
-            reward_last=sum(vals[-5:]) / len(vals[-5:]) if vals else None,
+            reward_first=sum(vals[:w]) / w if vals else None,
+            reward_last=sum(vals[-w:]) / w if vals else None,
         ))
 
     hand = handoffs(data.holds)
