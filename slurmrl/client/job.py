@@ -176,10 +176,18 @@ class Job:
             if not failed and lease.revoked_reason is not None:
                 raise LeaseRevoked(lease.lease_id, lease.phase, lease.revoked_reason)
 
-    def observe(self, phase: str, started_at: float, ended_at: float) -> None:
-        """Report a gap phase (`reward`, `idle`) the job spent off GPU."""
-        self._rpc.call("POST", f"/v1/jobs/{self.job_id}/observations",
-                       {"phase": phase, "started_at": started_at, "ended_at": ended_at})
+    def observe(self, phase: str, started_at: float, ended_at: float, *,
+                detail: Mapping[str, float] | None = None) -> None:
+        """Report a gap phase (`reward`, `idle`) the job spent off GPU.
+
+        `detail` (numbers only) is stored with the observation; `slurmrl report` draws
+        the reward curve from `{"step": N, "reward": mean reward}` on `reward` gaps.
+        """
+        body: dict[str, Any] = {"phase": phase, "started_at": started_at,
+                                "ended_at": ended_at}
+        if detail:  # added for `slurmrl report` (reward curves); the RPC already takes it
+            body["detail"] = dict(detail)
+        self._rpc.call("POST", f"/v1/jobs/{self.job_id}/observations", body)
 
     def service(self, role: str, backend: str | None = None, *,
                 timeout_s: float = 120.0) -> Any:
