@@ -100,6 +100,33 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def targets(rows: list[dict[str, Any]], sp: dict[str, float]) -> str:
+    """The issue's targets against what was measured, stated plainly."""
+    out = []
+
+    def mean(w: str, p: str, k: str) -> float:
+        return statistics.fmean(r[k] for r in rows if r["workload"] == w
+                                and r["policy"] == p and r["load"] == 1.0)
+
+    for w in WORKLOADS:
+        cap, p95 = mean(w, "complementary", "captured"), mean(w, "complementary", "slowdown_p95")
+        sav = mean(w, "complementary", "savings")
+        better = [p for p in POLICIES if p not in ("complementary", "dedicated")
+                  and mean(w, p, "savings") > sav + 1e-3]
+        ok = cap >= 0.9 and p95 <= 1.15 and not better
+        out.append(f"- {w}: captured {100 * cap:.0f}% of ideal (target >= 90%), p95 slowdown "
+                   f"{p95:.3f} (target <= 1.15); baselines saving more: "
+                   f"{', '.join(better) or 'none'} -> **{'met' if ok else 'MISSED'}**")
+    pt = mean("polytrace-mix", "complementary", "savings")
+    out.append(f"- polytrace-mix savings {100 * pt:.1f}% (target >= 40%) -> "
+               f"**{'met' if pt >= 0.4 else 'MISSED'}**")
+    out.append(f"- 1,000 jobs / 30 days: {sp['sim_1000_s']:.1f} s (target <= 60 s) -> "
+               f"**{'met' if sp['sim_1000_s'] <= 60 else 'MISSED'}**")
+    out.append(f"- pairing 1,000 waiting jobs: {sp['pair_1000_s']:.2f} s (target <= 1 s) -> "
+               f"**{'met' if sp['pair_1000_s'] <= 1 else 'MISSED'}**")
+    return "\n".join(out)
+
+
 def plots(rows: list[dict[str, Any]], outdir: Path) -> list[str]:
     import matplotlib
 
@@ -178,7 +205,7 @@ def main() -> None:
     text = SECTION.format(
         table=tab, jobs=a.jobs, seeds=a.seeds, grid_s=grid_s, runs=len(tasks),
         machine=f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-        suite=suite, png_a=pngs[0], png_b=pngs[1], **sp)
+        suite=suite, png_a=pngs[0], png_b=pngs[1], targets=targets(rows, sp), **sp)
     write_section(text)
 
 
@@ -205,6 +232,19 @@ arrivals of {jobs} jobs drawn from the workload (suite: {suite}; parameters and 
   **gap to lower bound** = ideal - savings, in percentage points.
 - **slowdown** = (finished - placed) / solo time (queueing excluded; it is reported
   separately as queue h = mean placed - submitted).
+
+### Status against the issue's targets (measured, not tuned)
+
+{targets}
+
+Why the default policy falls short, as far as the simulator shows: it pairs only when
+every member's *predicted* slowdown stays under its limit (1.15 by default in the suite),
+and with the job model here — a step is ~90% wall time in GPU phases, the rollout's tail
+frees GPUs only to a partner rollout that can start on half the set, training needs the
+whole set — few pairs satisfy that, so it mostly opens pools alone (near-zero slowdown,
+little saving). The baselines save more only by accepting p95 slowdowns of 1.3-2.3. The
+lower bound counts the consolidated tail as reclaimable; no policy here reclaims most of
+it, so "captured" is low for all. `dedicated` and `gang` overlap at 0% in the load plot.
 
 ### Results
 
