@@ -1,0 +1,359 @@
+"""`slurmrl doctor`: check an installation, one result per check, each with a remedy.
+
+Each check is a function returning `CheckResult` (OK / WARN / FAIL, what was found,
+how to fix it). The `evaluate_*` functions are pure (they judge values already read);
+the `check_*` functions read the system: the site config, Slurm (through
+`slurmrl.slurm`), munged (through `slurmrl.auth.munge`), the controller (a MUNGE-signed
+RPC), NVML, and file permissions of the services' Python. `run_checks` runs them all,
+never raising: a check that crashes is reported as FAIL with the exception.
+
+Known limits: the SPANK check sees this host's plugstack.conf only (run doctor on a
+login node and a compute node); the Python check tests permission bits (and, as root,
+an import as `nobody`), not every user's environment; the NVML check reports this
+host's GPUs (a controller host usually has none, which is fine).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from slurmrl.config import Config, ConfigError
+from slurmrl.slurm.site import PartitionInfo
+
+
+class Level(StrEnum):
+    """How bad a finding is; any FAIL makes `slurmrl doctor` exit 1."""
+
+    OK = "OK"
+    WARN = "WARN"  #: works, but not as a site should run it
+    FAIL = "FAIL"  #: slurmrl will not work until this is fixed
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    level: Level
+    detail: str
+    remedy: str = ""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the checks look at; from the site config unless a flag overrides it."""
+
+    config: Config
+    config_result: CheckResult
+    controller_url: str
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    timeout_s: float = 10.0
+
+
+# -- site config -------------------------------------------------------------------------
+
+def load_settings(config_path: str | None, controller_url: str | None,
+                  timeout_s: float = 10.0) -> Settings:
+    from slurmrl.config import DEFAULT_PATH, ENV_PATH, load
+
+    path = config_path or os.environ.get(ENV_PATH) or None
+    try:
+        cfg = load(path)
+        src = cfg.source or ""
+        bad = _policy_problem(cfg)
+        if bad:
+            res = CheckResult("config", Level.FAIL, f"{src or 'defaults'}: {bad}",
+                              "name a listed policy, or fix its [policies.params] table "
+                              "(docs/site-policies.md)")
+        elif src:
+            res = CheckResult("config", Level.OK, f"site config {src} loads; policies "
+                              f"{cfg.policies.pairing}/{cfg.policies.slice}/"
+                              f"{cfg.policies.admission} build")
+        else:
+            res = CheckResult("config", Level.WARN, "no site config: built-in defaults",
+                              f"write {DEFAULT_PATH} (example: site-configs/slurmrl.toml)")
+    except ConfigError as exc:
+        cfg = Config()
+        res = CheckResult("config", Level.FAIL, str(exc),
+                          "fix the key named above (every key: site-configs/slurmrl.toml)")
+    env = dict(os.environ)
+    if cfg.slurm.slurm_conf:
+        env["SLURM_CONF"] = cfg.slurm.slurm_conf
+    if not controller_url:
+        controller_url = os.environ.get("SLURMRL_CONTROLLER") or ""
+    if not controller_url:
+        host = cfg.controller.host
+        host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        controller_url = f"http://{host}:{cfg.controller.port}"
+    return Settings(cfg, res, controller_url, env, timeout_s)
+
+
+def _policy_problem(cfg: Config) -> str:
+    """Why the configured policies cannot be built (as the controller builds them)."""
+    from policies.registry import UnknownPolicy
+    from policies.registry import load as load_policy
+
+    for kind in ("pairing", "slice", "admission"):
+        name = getattr(cfg.policies, kind)
+        try:
+            load_policy(kind, name, cfg.policies.params_for(name))
+        except UnknownPolicy as exc:
+            return str(exc)
+    return ""
+
+
+# -- Slurm -------------------------------------------------------------------------------
+
+def check_slurm(s: Settings) -> CheckResult:
+    from slurmrl.slurm import CommandBackend, SlurmError
+
+    b = CommandBackend(s.env, timeout_s=s.timeout_s)
+    where = f" (SLURM_CONF={s.env['SLURM_CONF']})" if s.env.get("SLURM_CONF") else ""
+    try:
+        up = b.ping()
+        major, minor, micro = b.version()
+        version = f"{major}.{minor:02d}.{micro}"
+    except SlurmError as exc:
+        return CheckResult("slurm", Level.FAIL, f"Slurm commands fail{where}: {exc}",
+                           "install the Slurm client commands and set SLURM_CONF "
+                           "(or [slurm] slurm_conf)")
+    if not up:
+        return CheckResult("slurm", Level.FAIL, f"slurmctld does not answer scontrol ping{where}",
+                           "start slurmctld; check SlurmctldHost and munge on this host")
+    if (major, minor) < (22, 5):
+        return CheckResult("slurm", Level.WARN, f"Slurm {version} is older than 22.05",
+                           "slurmrl is tested on Slurm 22.05 and later")
+    return CheckResult("slurm", Level.OK, f"Slurm {version}, slurmctld UP{where}")
+
+
+def evaluate_spank(help_text: str) -> CheckResult:
+    """Judge `sbatch --help`: the plugin adds --rl-gpus and friends."""
+    wanted = ("--rl-gpus", "--rl-model", "--rl-mux")
+    missing = [o for o in wanted if o not in help_text]
+    if not missing:
+        return CheckResult("spank", Level.OK, "sbatch lists the --rl-* options "
+                           "(SPANK plugin loaded on this host)")
+    if len(missing) < len(wanted):
+        return CheckResult("spank", Level.FAIL, f"sbatch lacks {', '.join(missing)}: an old "
+                           "slurmrl.so?", "rebuild spank_plugin/ and reinstall it on every node")
+    return CheckResult("spank", Level.FAIL, "sbatch --help lists no --rl-* option: the SPANK "
+                       "plugin is not loaded on this host",
+                       "build spank_plugin/ against this Slurm's headers and list it in "
+                       "plugstack.conf (site-configs/plugstack.conf; docs/install.md)")
+
+
+def check_spank(s: Settings) -> CheckResult:
+    from slurmrl.slurm import CommandBackend, SlurmError
+    from slurmrl.slurm.site import sbatch_help
+
+    try:
+        return evaluate_spank(sbatch_help(CommandBackend(s.env, timeout_s=s.timeout_s)))
+    except SlurmError as exc:
+        return CheckResult("spank", Level.FAIL, f"sbatch --help failed: {exc}",
+                           "a bad plugstack.conf line makes sbatch fail: check it")
+
+
+def evaluate_pool(name: str, part: PartitionInfo | None,
+                  node_gpus: Sequence[int]) -> CheckResult:
+    """Judge the pool partition: exists, UP, has GPUs (GRES), closed to ordinary users."""
+    check = "pool-partition"
+    if part is None:
+        return CheckResult(check, Level.FAIL, f"no partition {name!r} in Slurm",
+                           f"add PartitionName={name} (GPU nodes, AllowGroups=root) to "
+                           "slurm.conf (site-configs/slurm.conf.fragment), or set "
+                           "[slurm] pool_partition")
+    if part.state != "UP":
+        return CheckResult(check, Level.FAIL, f"partition {name} is {part.state}",
+                           f"scontrol update PartitionName={name} State=UP")
+    gpus = sum(node_gpus)
+    if gpus == 0:
+        return CheckResult(check, Level.FAIL, f"partition {name} has no GPU GRES on its "
+                           f"nodes ({part.nodes})", "configure GresTypes=gpu, gres.conf and "
+                           "Gres=gpu:N on the pool nodes")
+    summary = f"partition {name} UP, {len(node_gpus)} node(s), {gpus} GPU(s)"
+    if part.allow_groups.upper() == "ALL" and not part.root_only:
+        return CheckResult(check, Level.WARN, summary + "; any user may submit to it",
+                           "restrict it: AllowGroups=root (the controller submits pools "
+                           "as root; users never do)")
+    return CheckResult(check, Level.OK, summary + f"; AllowGroups={part.allow_groups}"
+                       + (" RootOnly" if part.root_only else ""))
+
+
+def check_pool(s: Settings) -> CheckResult:
+    from slurmrl.slurm import CommandBackend, SlurmError
+    from slurmrl.slurm.site import partition
+
+    name = s.config.slurm.pool_partition
+    b = CommandBackend(s.env, timeout_s=s.timeout_s)
+    try:
+        part = partition(b, name)
+        nodes = [n.gpus for n in b.nodes() if name in n.partitions] if part else []
+    except SlurmError as exc:
+        return CheckResult("pool-partition", Level.FAIL, f"cannot read partition {name}: "
+                           f"{exc}", "make Slurm reachable first (see the slurm check)")
+    return evaluate_pool(name, part, nodes)
+
+
+# -- MUNGE and the controller ---------------------------------------------------------------
+
+def check_munge(s: Settings) -> CheckResult:
+    from slurmrl.auth import munge
+
+    sock = s.config.auth.munge_socket or None
+    if not munge.available():
+        return CheckResult("munge", Level.FAIL, "libmunge.so.2 is not installed",
+                           "apt-get install libmunge2 munge (the same key as Slurm's)")
+    try:
+        cred = munge.encode(b"slurmrl-doctor", ttl_s=60, socket=sock)
+        got = munge.decode(cred, socket=sock)
+    except munge.MungeError as exc:
+        return CheckResult("munge", Level.FAIL, f"MUNGE round trip failed: {exc}",
+                           "start munged (systemctl start munge) with the cluster's key; "
+                           "check [auth] munge_socket")
+    if got.uid != os.getuid() or got.payload != b"slurmrl-doctor":
+        return CheckResult("munge", Level.FAIL, f"munged decoded uid {got.uid}, expected "
+                           f"{os.getuid()}", "munged is misbehaving: restart it")
+    return CheckResult("munge", Level.OK, "encode/decode round trip as uid "
+                       f"{os.getuid()}" + (f" via {sock}" if sock else ""))
+
+
+def check_controller(s: Settings) -> CheckResult:
+    from slurmrl.client.rpc import ControllerError, RpcClient
+
+    url = s.controller_url
+    try:
+        rpc = RpcClient(url, retry_for_s=0.0, timeout_s=s.timeout_s,
+                        munge_socket=s.config.auth.munge_socket or None)
+        _, ping = rpc.call("GET", "/v1/ping", retry=False)
+        _, status = rpc.call("GET", "/v1/status", retry=False)  # MUNGE-signed
+    except ValueError as exc:
+        return CheckResult("controller", Level.FAIL, str(exc),
+                           "set [controller] host/port or pass --controller http://host:port")
+    except ControllerError as exc:
+        if exc.status in (401, 403):
+            return CheckResult("controller", Level.FAIL, f"{url} refused a MUNGE-signed "
+                               f"request: {exc}", "this host's munged must share the "
+                               "controller's key, and clocks must agree")
+        return CheckResult("controller", Level.FAIL, f"cannot reach the controller at {url}: "
+                           f"{exc}", "systemctl start slurmrl-controller (journalctl -u "
+                           "slurmrl-controller says why it stopped)")
+    pools = len(status.get("pools", []))
+    jobs = len(status.get("jobs", []))
+    return CheckResult("controller", Level.OK, f"{url} answers (slurmrl {ping.get('version')}, "
+                       f"API {ping.get('api')}): {jobs} active RL job(s), {pools} pool(s)")
+
+
+# -- this host -------------------------------------------------------------------------------
+
+def check_nvml(s: Settings) -> CheckResult:
+    from slurmrl.gpu import NvmlMonitor
+
+    mon = NvmlMonitor()
+    try:
+        if mon.available:
+            n = mon.device_count()
+            return CheckResult("nvml", Level.OK, f"NVML sees {n} GPU(s) on this host")
+        if "not installed" in mon.reason:
+            return CheckResult("nvml", Level.WARN, mon.reason,
+                               "pip install nvidia-ml-py into the slurmrl venv")
+        return CheckResult("nvml", Level.OK, f"{mon.reason} (fine on a controller or login "
+                           "node; GPU nodes need the NVIDIA driver)")
+    finally:
+        mon.close()
+
+
+def evaluate_path_access(path: Path) -> list[str]:
+    """Why a user other than the owner cannot use `path` (empty: they can).
+
+    Every directory above must be traversable by others (o+x), and the file itself
+    readable and executable by others (o+rx; a directory o+rx).
+    """
+    problems = []
+    p = path.absolute()
+    for d in reversed(p.parents):
+        try:
+            mode = d.stat().st_mode
+        except OSError as exc:
+            return [f"{d}: {exc.strerror}"]
+        if not mode & stat.S_IXOTH:
+            problems.append(f"{d} is not traversable by other users (chmod o+x)")
+    try:
+        mode = p.stat().st_mode
+    except OSError as exc:
+        return [*problems, f"{p}: {exc.strerror}"]
+    if not (mode & stat.S_IROTH and mode & stat.S_IXOTH):
+        problems.append(f"{p} is not readable and executable by other users (chmod o+rx)")
+    return problems
+
+
+def check_python(s: Settings, run_as: str = "nobody") -> CheckResult:
+    """The services' Python (they run as the job's user) can be run and import slurmrl."""
+    py = Path(s.config.services.python)
+    if not py.exists():
+        return CheckResult("python", Level.FAIL, f"[services] python {py} does not exist",
+                           "install the slurmrl venv there, or point [services] python at it")
+    problems = evaluate_path_access(py)
+    argv = [str(py), "-c", "import slurmrl, os; print(os.path.dirname(slurmrl.__file__))"]
+    cp = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    if cp.returncode != 0:
+        return CheckResult("python", Level.FAIL, f"{py} cannot import slurmrl: "
+                           f"{cp.stderr.strip().splitlines()[-1:]}",
+                           "pip install slurmrl into that venv (make install)")
+    problems += evaluate_path_access(Path(cp.stdout.strip()))
+    if problems:
+        return CheckResult("python", Level.FAIL, "; ".join(problems[:3]),
+                           "services run as the job's user: make the venv world-readable "
+                           "(not under /root)")
+    if os.getuid() == 0:
+        try:
+            pw = pwd.getpwnam(run_as)
+        except KeyError:
+            return CheckResult("python", Level.OK, f"{py} imports slurmrl; other users have "
+                               f"access by permission bits (no user {run_as!r} to try)")
+        cp = subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}",
+                             "--clear-groups", *argv], capture_output=True, text=True,
+                            timeout=60, check=False, cwd="/")
+        if cp.returncode != 0:
+            return CheckResult("python", Level.FAIL, f"as {run_as}, {py} cannot import "
+                               f"slurmrl: {cp.stderr.strip().splitlines()[-1:]}",
+                               "make the venv readable by every user")
+        return CheckResult("python", Level.OK, f"{py} imports slurmrl as {run_as} too")
+    return CheckResult("python", Level.OK, f"{py} imports slurmrl; readable by other users")
+
+
+CHECKS: tuple[tuple[str, Callable[[Settings], CheckResult]], ...] = (
+    ("slurm", check_slurm),
+    ("spank", check_spank),
+    ("munge", check_munge),
+    ("controller", check_controller),
+    ("pool-partition", check_pool),
+    ("nvml", check_nvml),
+    ("python", check_python),
+)
+
+
+def run_checks(s: Settings, only: Sequence[str] | None = None) -> list[CheckResult]:
+    """Every check (or `only` these, by name), in order; the config's result first."""
+    out = [s.config_result] if not only or "config" in only else []
+    for name, fn in CHECKS:
+        if only and name not in only:
+            continue
+        try:
+            out.append(fn(s))
+        except Exception as exc:  # a crashing check is a finding, not a traceback
+            out.append(CheckResult(name, Level.FAIL, f"check crashed: {type(exc).__name__}: "
+                                   f"{exc}", "report this as a slurmrl bug"))
+    return out
+
+
+def as_dict(r: CheckResult) -> dict[str, Any]:
+    return {"name": r.name, "level": str(r.level), "detail": r.detail, "remedy": r.remedy}
+
+
+CHECK_NAMES = ("config", *(n for n, _ in CHECKS))
