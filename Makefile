@@ -37,7 +37,7 @@ install: venv
 	$(PY) -m pip install -q --no-deps --no-build-isolation --force-reinstall .
 
 lint: install
-	$(VENV)/bin/ruff check slurmrl policies tests benchmarks examples
+	$(VENV)/bin/ruff check .
 
 typecheck: install
 	$(VENV)/bin/mypy
