@@ -1,0 +1,130 @@
+"""`slurmrl doctor` judgements on given values, and checks that need no Slurm."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurmrl.cli.doctor import doctor
+from slurmrl.doctor import (
+    Level,
+    evaluate_path_access,
+    evaluate_pool,
+    evaluate_spank,
+    load_settings,
+    run_checks,
+)
+from slurmrl.slurm.site import PartitionInfo
+
+
+def _part(**kw: object) -> PartitionInfo:
+    base: dict[str, object] = dict(name="pools", state="UP", nodes="gpu[1-2]",
+                                   allow_groups="root", allow_accounts="ALL",
+                                   root_only=False, max_time="UNLIMITED")
+    base.update(kw)
+    return PartitionInfo(**base)  # type: ignore[arg-type]
+
+
+def test_pool_partition_judgements() -> None:
+    assert evaluate_pool("pools", _part(), [4, 4]).level is Level.OK
+    missing = evaluate_pool("pools", None, [])
+    assert missing.level is Level.FAIL and "PartitionName=pools" in missing.remedy
+    down = evaluate_pool("pools", _part(state="DOWN"), [4])
+    assert down.level is Level.FAIL and "State=UP" in down.remedy
+    nogpu = evaluate_pool("pools", _part(), [0, 0])
+    assert nogpu.level is Level.FAIL and "Gres=gpu" in nogpu.remedy
+    open_ = evaluate_pool("pools", _part(allow_groups="ALL"), [4])
+    assert open_.level is Level.WARN and "AllowGroups=root" in open_.remedy
+    assert evaluate_pool("pools", _part(allow_groups="ALL", root_only=True), [4]).level \
+        is Level.OK
+
+
+def test_spank_judgement_from_sbatch_help() -> None:
+    ok = "  --rl-gpus=N  slurmrl: GPUs\n  --rl-model=NAME\n  --rl-mux=auto|on|off\n"
+    assert evaluate_spank(ok).level is Level.OK
+    none = evaluate_spank("Usage: sbatch [OPTIONS...] executable\n  --gpus=n\n")
+    assert none.level is Level.FAIL and "plugstack.conf" in none.remedy
+    assert "old" in evaluate_spank("--rl-gpus=N\n").detail
+
+
+def test_path_access_names_the_closed_directory(tmp_path: Path) -> None:
+    d = tmp_path / "venv" / "bin"
+    d.mkdir(parents=True)
+    py = d / "python"
+    py.write_text("#!/bin/sh\n")
+    for p in (tmp_path, tmp_path / "venv", d):
+        p.chmod(0o755)
+    py.chmod(0o755)
+    # pytest's own base directory may be closed (0700): judge only what the test changes
+    base = evaluate_path_access(py)
+    assert not [p for p in base if str(tmp_path / "venv") in p]
+    (tmp_path / "venv").chmod(0o700)
+    problems = [p for p in evaluate_path_access(py) if p not in base]
+    assert problems == [f"{tmp_path / 'venv'} is not traversable by other users (chmod o+x)"]
+    (tmp_path / "venv").chmod(0o755)
+    py.chmod(0o700)
+    assert "not readable and executable by other users" in evaluate_path_access(py)[-1]
+
+
+def test_config_check_fails_naming_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "s.toml"
+    bad.write_text("[controller]\nport = 0\n")
+    s = load_settings(str(bad), None)
+    assert s.config_result.level is Level.FAIL and "controller.port" in s.config_result.detail
+    unknown = tmp_path / "u.toml"
+    unknown.write_text('[policies]\npairing = "nope"\n')
+    r = load_settings(str(unknown), None).config_result
+    assert r.level is Level.FAIL and "nope" in r.detail and "complementary" in r.detail
+    good = tmp_path / "g.toml"
+    good.write_text('[controller]\nport = 7001\n[policies]\nslice = "fifo"\n')
+    s = load_settings(str(good), None)
+    assert s.config_result.level is Level.OK and s.controller_url.endswith(":7001")
+
+
+def test_python_check_fails_for_a_missing_interpreter(tmp_path: Path) -> None:
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(f'[services]\npython = "{tmp_path}/no/python"\n')
+    (r,) = [x for x in run_checks(load_settings(str(cfg), None), ["python"])]
+    assert r.level is Level.FAIL and "does not exist" in r.detail
+
+
+def test_nvml_without_a_gpu_is_a_clean_ok() -> None:
+    """This machine has no GPU (the real NVML library is absent): a clean OK, no crash."""
+    (r,) = run_checks(load_settings(None, "http://127.0.0.1:1"), ["nvml"])
+    assert r.level is Level.OK and "no GPU" in r.detail
+
+
+def test_cli_controller_down_fails_with_exit_1_and_json(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURMRL_CONFIG", "")
+    res = CliRunner().invoke(doctor, ["--controller", "http://127.0.0.1:1",
+                                      "--check", "controller", "--json"])
+    assert res.exit_code == 1
+    env = json.loads(res.stdout)
+    assert env["meta"]["command"] == "slurmrl doctor"
+    (c,) = [x for x in env["checks"] if x["name"] == "controller"]
+    assert c["level"] == "FAIL" and "127.0.0.1:1" in c["detail"]
+    assert "systemctl start slurmrl-controller" in c["remedy"]
+    assert any(e.startswith("controller:") for e in env["errors"])
+
+
+def test_cli_text_lines_and_usage_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURMRL_CONFIG", "")
+    res = CliRunner().invoke(doctor, ["--check", "nvml", "--check", "config"])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("WARN config") and lines[1].startswith("OK   nvml")
+    res = CliRunner().invoke(doctor, ["--check", "bogus"])
+    assert res.exit_code == 2 and "bogus" in res.output
+
+
+def test_python_check_with_the_real_venv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The site venv works for other users; as root doctor proves it by importing as nobody."""
+    monkeypatch.setenv("SLURMRL_CONFIG", "")
+    (r,) = run_checks(load_settings(None, None), ["python"])
+    assert r.level is Level.OK
+    assert ("as nobody" in r.detail) == (os.getuid() == 0)
