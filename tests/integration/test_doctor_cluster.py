@@ -1,0 +1,46 @@
+"""`slurmrl doctor` on the real dev cluster: passes with everything up, fails (exit 1)
+naming the controller when the controller is down."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.integration.controller_harness import ControllerProc, env_for_controller
+
+
+def _doctor(env: dict[str, str], url: str) -> tuple[int, dict[str, Any]]:
+    cp = subprocess.run([sys.executable, "-m", "slurmrl.cli.main", "doctor", "--controller",
+                         url, "--json"], capture_output=True, text=True, env=env, timeout=120,
+                        check=False)
+    return cp.returncode, json.loads(cp.stdout)
+
+
+def test_doctor_passes_with_all_up_and_fails_on_a_stopped_controller(
+        shared_tmp: Path, slurm_env: dict[str, str]) -> None:
+    env = env_for_controller(slurm_env)
+    ctl = ControllerProc(shared_tmp, env)
+    ctl.start()
+    try:
+        rc, out = _doctor(env, ctl.url)
+        levels = {c["name"]: c["level"] for c in out["checks"]}
+        assert rc == 0, out
+        assert out["errors"] == []
+        for name in ("slurm", "spank", "munge", "controller", "nvml", "python"):
+            assert levels[name] == "OK", (name, out)
+        # the dev cluster's pools partition has 4 (fake) GPUs but is open to every user
+        assert levels["pool-partition"] == "WARN"
+        (pool,) = [c for c in out["checks"] if c["name"] == "pool-partition"]
+        assert "4 GPU(s)" in pool["detail"] and "AllowGroups=root" in pool["remedy"]
+    finally:
+        ctl.stop()
+    rc, out = _doctor(env, ctl.url)
+    assert rc == 1
+    (c,) = [c for c in out["checks"] if c["name"] == "controller"]
+    assert c["level"] == "FAIL" and ctl.url in c["detail"]
+    assert "systemctl start slurmrl-controller" in c["remedy"]
+    # the rest of the installation is still reported as fine
+    assert {x["name"] for x in out["checks"] if x["level"] == "FAIL"} == {"controller"}
