@@ -6,7 +6,7 @@ import pytest
 
 from policies.slice_fifo import FifoSlice
 from policies.slice_round_robin import RoundRobinSlice
-from slurmrl.leases import Grant, LeaseError, LeaseTable, Revoke
+from slurmrl.leases import Event, Grant, Lease, LeaseError, LeaseTable, Revoke
 from slurmrl.leases.invariants import Interval, InvariantViolation, check_history, check_table
 from slurmrl.leases.types import Released, Shrunk
 from slurmrl.model import Phase
@@ -18,7 +18,7 @@ def table(policy: object = None, timeout: float = 10.0) -> LeaseTable:
     return LeaseTable(1, ALL, policy or FifoSlice(), lease_timeout_s=timeout)  # type: ignore[arg-type]
 
 
-def grants(events: list) -> list:
+def grants(events: list[Event]) -> list[Lease]:
     return [e.lease for e in events if isinstance(e, Grant)]
 
 

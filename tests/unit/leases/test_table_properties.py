@@ -8,7 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from policies.slice_fifo import FifoSlice
 from policies.slice_round_robin import RoundRobinSlice
-from slurmrl.leases import Grant, LeaseError, LeaseTable
+from slurmrl.leases import Event, Grant, LeaseError, LeaseTable
 from slurmrl.leases.invariants import Interval, check_history, check_table
 from slurmrl.leases.types import Released, Revoke, Shrunk
 from slurmrl.model import Phase
@@ -17,14 +17,16 @@ GPUS = (0, 1, 2, 3)
 
 
 class LeaseMachine(RuleBasedStateMachine):
+    policy: type[FifoSlice] | type[RoundRobinSlice] = FifoSlice
+
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
-        self.table = LeaseTable(7, GPUS, FifoSlice(), lease_timeout_s=5.0)
+        self.table = LeaseTable(7, GPUS, self.policy(), lease_timeout_s=5.0)
         self.open: dict[tuple[int, int], float] = {}  # (lease, gpu) -> start
         self.history: list[Interval] = []
 
-    def _record(self, events: list) -> None:
+    def _record(self, events: list[Event]) -> None:
         for e in events:
             if isinstance(e, Grant):
                 for g in e.lease.gpus:
@@ -78,11 +80,6 @@ class LeaseMachine(RuleBasedStateMachine):
     def job_ends(self, job: int) -> None:
         self._record(self.table.remove_job(job, self.now, "job-ended"))
 
-    @rule()
-    def switch_policy(self) -> None:
-        fifo = isinstance(self.table.policy, FifoSlice)
-        self.table.policy = RoundRobinSlice() if fifo else FifoSlice()
-
     @invariant()
     def never_two_leases_on_one_gpu(self) -> None:
         check_table(self.table)
@@ -90,15 +87,21 @@ class LeaseMachine(RuleBasedStateMachine):
         check_history(self.history + open_ivs)
 
     @invariant()
-    def no_free_gpu_is_left_to_a_waiter_that_fits(self) -> None:
-        # work conservation: a waiter whose minimum fits in free GPUs it was not
-        # out-queued for would have been granted
+    def no_waiter_is_left_while_its_gpus_are_free(self) -> None:
+        # work conservation: walking the policy's order, every waiter either lacks free
+        # GPUs or is queued behind an earlier waiter that wants them
         view = self.table.view(self.now)
-        if view.waiting:
-            head = sorted(view.waiting, key=lambda r: (r.requested_at, r.request_id))[0]
-            if isinstance(self.table.policy, FifoSlice):
-                assert len(head.gpus & view.free()) < head.min_gpus
+        free, reserved = set(view.free()), set[int]()
+        for req in self.table.policy.order(view):
+            assert len((req.gpus & free) - reserved) < req.min_gpus
+            reserved |= req.gpus
 
 
-TestLeaseMachine = LeaseMachine.TestCase
-TestLeaseMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+class RoundRobinMachine(LeaseMachine):
+    policy = RoundRobinSlice
+
+
+TestFifoLeases = LeaseMachine.TestCase
+TestFifoLeases.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestRoundRobinLeases = RoundRobinMachine.TestCase
+TestRoundRobinLeases.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
