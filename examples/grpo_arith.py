@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds of simulated tool waiting per step, in the reward gap "
                    "(models an agentic job; a sleep, not real tool use)")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--controller", default=None,
+                   help="controller URL (default: $SLURMRL_CONTROLLER, which the SPANK "
+                   "plugin sets from plugstack.conf)")
     p.add_argument("--metrics", type=Path, default=None,
                    help="also append each step's JSON line to this file")
     return p.parse_args(argv)
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     import slurmrl
 
     t0 = time.time()
-    with slurmrl.connect() as job:
+    with slurmrl.connect(url=args.controller) as job:
         print(json.dumps({"event": "registered", "job_id": job.job_id,
                           "config": cfg.__dict__}), flush=True)
         rollout = job.service("rollout", timeout_s=300)

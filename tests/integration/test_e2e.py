@@ -119,13 +119,15 @@ def test_two_users_jobs_learn_while_sharing_a_pool(jobs, shared_tmp: Path) -> No
     ctl.args += ["--pool-manager", "slurm", "--services-dir", str(shared_tmp / "services")]
     ctl.start()
     try:
-        work = shared_tmp / "examples"
-        shutil.copytree(REPO / "examples", work)
+        # the scripts find the driver in their submit dir (the jobs factory's cwd)
+        shutil.copytree(REPO / "examples", shared_tmp, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        shared_tmp.chmod(0o1777)  # copytree copied examples/'s mode onto it
         subs = {}
         for user, script in (("rlalice", "math.sbatch"), ("rlbob", "agentic.sbatch")):
-            sub = jobs.sbatch([f"--export=ALL,SLURMRL_CONTROLLER={ctl.url}",
-                               "--output", str(shared_tmp / f"{user}.out"),
-                               str(work / "jobs" / script)], user=user)
+            sub = jobs.sbatch(["--output", str(shared_tmp / f"{user}.out"),
+                               str(shared_tmp / "jobs" / script), "--controller", ctl.url],
+                              user=user)
             assert sub.returncode == 0, sub.stderr
             subs[user] = sub.job_id
         for user, jid in subs.items():
