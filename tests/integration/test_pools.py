@@ -14,6 +14,7 @@ import pwd
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ from slurmrl.devcluster import DevCluster
 from slurmrl.slurm import CommandBackend
 from slurmrl.worker.handle import ServiceParked, ServiceUnauthorized
 
-PYTHON = "/opt/slurmrl/venv/bin/python"
+PYTHON = sys.executable  # the venv make test runs in (under /opt: every user can run it)
 PROMPTS = ["1+2=", "7*3=", "12-5=", "9*9="]
 
 
