@@ -11,7 +11,8 @@ Definitions (also in docs/user-guide.md):
   dedicated allocation of the same length;
 - granted GPU-seconds: the sum over its lease holds of (end - start) per GPU (a shrink
   ends a GPU's hold early; a hold still open counts to `now`);
-- saved: `1 - granted / dedicated`;
+- saved: `1 - granted / dedicated`; 0 for a `--rl-mux=off` job (its pool was its own:
+  the GPU time it left idle could not go to anyone else);
 - slowdown: wall time / wall time of the same job (matched by name) in a baseline run
   (a dedicated `--rl-mux=off` run); `None` — shown as "n/a" — when no baseline is given
   or the name is not in it. Never estimated;
@@ -260,7 +261,9 @@ def compute(
         jobs.append(JobReport(
             job_id=j.job_id, user=j.user, name=j.name, state=j.state, pool_id=j.pool_id,
             gpus=j.gpus, wall_s=wall, granted_gpu_s=g, dedicated_gpu_s=dedic,
-            saved=(1 - g / dedic) if dedic > 0 else None,
+            # a --rl-mux=off job holds its pool alone: what it left idle nobody else
+            # could use, so it saved nothing
+            saved=0.0 if j.dedicated else (1 - g / dedic) if dedic > 0 else None,
             slowdown=(wall / base) if base else None, baseline_wall_s=base,
             wait=WaitStats(len(ws), sum(ws), quantile(ws, 0.5), quantile(ws, 0.95),
                            never.get(j.job_id, 0)),

@@ -81,6 +81,17 @@ def test_a_running_job_and_an_open_hold_count_up_to_now() -> None:
     assert j.wait.count == 1 and j.wait.never_granted == 1
 
 
+def test_a_mux_off_job_saved_nothing_however_idle_its_pool_was() -> None:
+    # a dedicated job leased 50 of its pool's 400 GPU-seconds: the rest was idle, but
+    # nobody else could have used it, so the report must not call that a saving
+    data = ReportInput((JobInfo(5, "u", 4, 100.0, "solo", "CD", 200.0, 1, dedicated=True),),
+                       (PoolInfo(1, 4, 100.0, 200.0, dedicated=True),),
+                       (Hold(1, 5, 1, 0, "train", 150.0, 200.0),), (), now=300.0)
+    (j,) = compute(data).jobs
+    assert j.granted_gpu_s == 50.0 and j.dedicated_gpu_s == 400.0
+    assert j.saved == 0.0
+
+
 def test_reward_curve_summary_first_and_last_steps() -> None:
     a = compute(_pair()).jobs[0]
     assert len(a.rewards) == 10

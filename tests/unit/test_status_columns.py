@@ -1,0 +1,23 @@
+"""`slurmrl status` columns computed from a job view (pure formatting, no controller)."""
+
+from __future__ import annotations
+
+from slurmrl.cli.status import JOB_FIELDS
+
+
+def _saved(view: dict[str, object]) -> str:
+    return str(JOB_FIELDS["saved"][3](view))
+
+
+def test_saved_is_the_share_of_dedicated_gpu_time_not_leased() -> None:
+    view = {"gpu_seconds": 100.0, "dedicated_gpu_seconds": 400.0, "request": {"mux": "auto"}}
+    assert _saved(view) == "75.0%"
+
+
+def test_a_mux_off_job_shows_no_saving_however_little_it_leased() -> None:
+    view = {"gpu_seconds": 24.0, "dedicated_gpu_seconds": 400.0, "request": {"mux": "off"}}
+    assert _saved(view) == "0.0%"
+
+
+def test_saved_is_a_dash_without_the_private_figures() -> None:
+    assert _saved({"gpu_seconds": None, "dedicated_gpu_seconds": None}) == "-"
