@@ -128,34 +128,21 @@ class JobFactory:
             time.sleep(0.2)
         raise AssertionError(f"job {job_id} still {state} after {timeout_s:g} s")
 
-    def wait_queue_empty(self, timeout_s: float = JOB_WAIT_S) -> None:
-        """Wait until no job of anyone is pending, running or completing."""
-        deadline = time.monotonic() + timeout_s
-        live: list[str] = []
-        while time.monotonic() < deadline:
-            proc = self.run(["squeue", "-h", "-o", "%i %u %T %j"])
-            live = proc.stdout.splitlines()
-            if proc.returncode == 0 and not live:
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"the queue still holds jobs after {timeout_s:g} s: {live}")
-
     def jobs_named(self, name: str) -> list[str]:
         """Ids of every job (any state) called `name`."""
         proc = self.run(["squeue", "-h", "-t", "all", "-n", name, "-o", "%i"])
         return proc.stdout.split()
 
-    def cancel_all(self, timeout_s: float = JOB_WAIT_S) -> None:
-        """scancel every job this factory submitted and wait until Slurm has ended them.
+    def cancel_all(self) -> None:
+        """scancel every job this factory submitted and wait until Slurm has ended them."""
+        self.cancel_and_wait(self.job_ids)
 
-        Waiting matters: a test after this one may kill -9 the daemons, and a cancel that
-        slurmctld had not finished (jobs still COMPLETING, state not yet saved) comes back
-        from its state files as a running job holding the pool GPUs.
-        """
-        if not self.job_ids:
+    def cancel_and_wait(self, job_ids: Sequence[int], timeout_s: float = JOB_WAIT_S) -> None:
+        """scancel `job_ids` and wait until none is pending, running or completing."""
+        if not job_ids:
             return
-        ids = ",".join(map(str, self.job_ids))
-        self.run(["scancel", *map(str, self.job_ids)])
+        ids = ",".join(map(str, job_ids))
+        self.run(["scancel", *map(str, job_ids)])
         deadline = time.monotonic() + timeout_s
         live: list[str] = []
         while time.monotonic() < deadline:
@@ -164,8 +151,16 @@ class JobFactory:
                     if line.split()[-1] not in TERMINAL]
             if proc.returncode == 0 and not live:
                 return
+            if "Invalid job id" in proc.stderr:  # every one already purged from the queue
+                return
             time.sleep(0.2)
         raise AssertionError(f"jobs still not ended {timeout_s:g} s after scancel: {live}")
+
+    def live_job_ids(self) -> list[int]:
+        """Every job of anyone that is pending, running or completing."""
+        proc = self.run(["squeue", "-h", "-o", "%i"])
+        assert proc.returncode == 0, proc.stderr
+        return [int(x) for x in proc.stdout.split()]
 
 
 @pytest.fixture
