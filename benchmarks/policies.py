@@ -69,7 +69,7 @@ def speed() -> dict[str, float]:
     pol = registry.load("pairing", "complementary")
     from policies import complementarity
 
-    complementarity._simulate_cached.cache_clear()
+    complementarity.clear_caches()
     t = time.perf_counter()
     placements = pol.place(snap)
     pair_s = time.perf_counter() - t

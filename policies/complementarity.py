@@ -10,9 +10,10 @@ T = max(max_i P_i, load on the rollout set, load on the trainer set). Busy time 
 at a high quantile and periods at the median, so long tails and drift are priced in.
 
 Where the formula does not hold — several GPU phases per step (agentic rollout turns
-between tool stalls) or groups of more than two — `simulate_group` runs the real
-`LeaseTable` with a slice policy on the members' profile steps and measures the
-slowdowns; the prediction is the worse of the two.
+between tool stalls) or groups of more than two — `simulate_group` runs the
+round-robin slice schedule (identical to the real `LeaseTable` with `RoundRobinSlice`,
+see policies/groupsim.py) on the members' profile steps and measures the slowdowns;
+the prediction is the worse of the two.
 
 Known limits: the formula assumes the members settle into alternation (true for equal
 periods; pessimistic for unequal ones, whose lock-step T is the longer period); the
@@ -26,9 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies.base import JobSnapshot, PoolSnapshot, SiteLimits
-from policies.slice_round_robin import RoundRobinSlice
-from slurmrl.leases.table import LeaseTable
-from slurmrl.leases.types import Grant, Shrunk
+from policies.groupsim import SimKey, simulate_group
 from slurmrl.model import Layout, Mux, Phase
 from slurmrl.profiles import Profile, prior_for_model, profile_from_prior
 
@@ -142,16 +141,63 @@ def _loads(p: Profile, job: JobSnapshot, q: float) -> tuple[float, float]:
     return roll + sync, train + sync
 
 
+@dataclass(frozen=True)
+class _Facts:
+    """What the predictor needs of one job, computed once per job snapshot."""
+
+    period: float  #: step wall time at Q_PERIOD (> 0)
+    load_r: float  #: busy seconds per step on the rollout set at Q_BUSY
+    load_t: float  #: ... on the trainer set
+    busy_mid: float  #: set-equivalent busy seconds per step at Q_PERIOD
+    busy_hi: float  #: ... at Q_BUSY
+    multi: bool  #: several rollouts or gaps per step
+    sets: tuple[int, int]  #: (rollout set or 0 when colocated, pool GPUs)
+    segs: tuple[tuple[str, float], ...]  #: one step for `simulate_group`, unrounded
+
+
+#: job snapshot id -> (the snapshot, its facts). Snapshots are immutable, so the facts of
+#: one are fixed; the entry keeps the snapshot alive so its id is not reused meanwhile.
+_FACTS: dict[int, tuple[JobSnapshot, _Facts]] = {}
+
+
+def _facts(job: JobSnapshot) -> _Facts:
+    hit = _FACTS.get(id(job))
+    if hit is not None and hit[0] is job:
+        return hit[1]
+    p = profile_of(job)
+    lr, lt = _loads(p, job, Q_BUSY)
+    segs: list[tuple[str, float]] = []
+    # a rollout holds its set for its GPU share of the time and runs on without it after
+    # (the shrunk tail, approximated as needing no GPU a partner could use)
+    for ph, d in p.segments(Q_BUSY, Q_PERIOD):
+        share = p.phases[ph].gpu_share if ph in p.phases else 1.0
+        if ph is Phase.ROLLOUT and share < 1.0:
+            segs += [(ph.value, d * share), (Phase.IDLE.value, d * (1 - share))]
+        else:
+            segs.append((ph.value, d))
+    rg, _tg = _sets(job)
+    f = _Facts(max(p.period(Q_PERIOD), 1e-9), lr, lt, p.busy(Q_PERIOD), p.busy(Q_BUSY),
+               p.multi_phase(), (rg if job.request.layout is Layout.DISAGGREGATED else 0,
+                                 job.request.gpus), tuple(segs))
+    if len(_FACTS) > 50_000:
+        _FACTS.clear()
+    _FACTS[id(job)] = (job, f)
+    return f
+
+
+def period_of(job: JobSnapshot) -> float:
+    """The job's step period (median), seconds."""
+    return _facts(job).period
+
+
 def formula(members: Sequence[JobSnapshot]) -> GroupPrediction:
-    profs = [profile_of(m) for m in members]
-    periods = [max(p.period(Q_PERIOD), 1e-9) for p in profs]
-    loads = [_loads(p, m, Q_BUSY) for p, m in zip(profs, members, strict=True)]
-    load_r = sum(x[0] for x in loads)
-    load_t = sum(x[1] for x in loads)
-    t = max(max(periods), load_r, load_t)
-    busy = sum(p.busy(Q_PERIOD) for p in profs)
+    fs = [_facts(m) for m in members]
+    load_r = sum(f.load_r for f in fs)
+    load_t = sum(f.load_t for f in fs)
+    t = max(max(f.period for f in fs), load_r, load_t)
+    busy = sum(f.busy_mid for f in fs)
     util = min(1.0, busy / t) if t > 0 else 0.0
-    return GroupPrediction(tuple(t / p for p in periods), util, t)
+    return GroupPrediction(tuple(t / f.period for f in fs), util, t)
 
 
 def predict(members: Sequence[JobSnapshot], steps: int = 6,
@@ -160,42 +206,36 @@ def predict(members: Sequence[JobSnapshot], steps: int = 6,
 
     The formula holds for one rollout and one gap per step and equal periods (within
     5%); otherwise (unequal periods, several GPU phases per step, groups above two) the
-    members' steps run through a real LeaseTable (`simulate_group`). With `bound`, a
-    group whose load alone exceeds it (sum a_i / P_i > bound: no slicer can serve it)
-    is not simulated.
+    members' steps run through the round-robin schedule (`simulate_group`). With
+    `bound`, a group whose load alone exceeds it (sum a_i / P_i > bound: no slicer can
+    serve it) is not simulated.
     """
     f = formula(members)
-    profs = [profile_of(m) for m in members]
-    periods = [p.period(Q_PERIOD) for p in profs]
+    fs = [_facts(m) for m in members]
+    periods = [x.period for x in fs]
     equal = max(periods) <= 1.05 * min(periods)
-    if len(members) <= 2 and equal and not any(p.multi_phase() for p in profs):
+    if len(members) <= 2 and equal and not any(x.multi for x in fs):
         return f
-    load = sum(p.busy(Q_BUSY) / max(p.period(Q_PERIOD), 1e-9) for p in profs)
+    load = sum(x.busy_hi / x.period for x in fs)
     if bound is not None and load > bound:
         return GroupPrediction(tuple(max(s, load) for s in f.slowdowns), f.utilisation,
                                f.round_s)
-    key = tuple(_sim_key(m, p) for m, p in zip(members, profs, strict=True))
-    return GroupPrediction(_simulate_cached(key, steps), f.utilisation, f.round_s)
+    return GroupPrediction(_simulate_scaled(fs, steps), f.utilisation, f.round_s)
 
 
-SimKey = tuple[int, int, tuple[tuple[str, float], ...]]
-
-
-def _sim_key(job: JobSnapshot, p: Profile) -> SimKey:
-    # rounding to 2 significant digits lets similar jobs share a cached simulation. A
-    # rollout holds its set for its GPU share of the time and runs on without it after
-    # (the shrunk tail, approximated as needing no GPU a partner could use)
-    segs: list[tuple[str, float]] = []
-    for ph, d in p.segments(Q_BUSY, Q_PERIOD):
-        share = p.phases[ph].gpu_share if ph in p.phases else 1.0
-        if ph is Phase.ROLLOUT and share < 1.0:
-            segs.append((ph.value, float(f"{d * share:.2g}")))
-            segs.append((Phase.IDLE.value, float(f"{d * (1 - share):.2g}")))
-        else:
-            segs.append((ph.value, float(f"{d:.2g}")))
-    rg, _tg = _sets(job)
-    return (rg if job.request.layout is Layout.DISAGGREGATED else 0, job.request.gpus,
-            tuple(segs))
+def _simulate_scaled(fs: Sequence[_Facts], steps: int) -> tuple[float, ...]:
+    # slowdowns do not change when every duration is scaled alike: durations relative to
+    # the group's longest step, at 2 significant digits, in a canonical member order, let
+    # similar groups share one cached simulation
+    scale = max(sum(d for _, d in x.segs) for x in fs) or 1.0
+    keys = [(*x.sets, tuple((ph, float(f"{d / scale:.2g}")) for ph, d in x.segs))
+            for x in fs]
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    out = _simulate_cached(tuple(keys[i] for i in order), steps)
+    res = [1.0] * len(keys)
+    for k, i in enumerate(order):
+        res[i] = out[k]
+    return tuple(res)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -203,67 +243,7 @@ def _simulate_cached(key: tuple[SimKey, ...], steps: int) -> tuple[float, ...]:
     return simulate_group(key, steps)
 
 
-def simulate_group(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ...]:
-    """Run the members' steps through a real LeaseTable; slowdown of each vs alone.
-
-    Each member repeats its step for `steps` periods of the longest member; its
-    slowdown is its time to finish them shared over alone (the first step, where
-    everyone starts at once, included: conservative).
-    """
-    gpus = members[0][1]
-    table = LeaseTable(0, range(gpus), RoundRobinSlice(), lease_timeout_s=1e12)
-    segs = [[(Phase(ph), d) for ph, d in m[2]] for m in members]
-    period = [max(sum(d for _, d in s), 1e-9) for s in segs]
-    reps = [max(1, round(steps * max(period) / p)) for p in period]
-    solo = [r * p for r, p in zip(reps, period, strict=True)]
-    pos = [0] * len(members)  # index into the flattened steps
-    total = [r * len(s) for r, s in zip(reps, segs, strict=True)]
-    done_at = [0.0] * len(members)
-    # (time, seq, job) timers; pending lease per job
-    import heapq
-
-    timers: list[tuple[float, int, int]] = []
-    seq = 0
-    lease_of: dict[int, int] = {}
-
-    def gpus_for(j: int, phase: Phase) -> range:
-        rg = members[j][0]
-        if rg == 0 or phase is Phase.SYNC:
-            return range(gpus)
-        return range(rg) if phase is Phase.ROLLOUT else range(rg, gpus)
-
-    def start(j: int, now: float) -> None:
-        nonlocal seq
-        if pos[j] >= total[j]:
-            done_at[j] = now
-            return
-        phase, d = segs[j][pos[j] % len(segs[j])]
-        if phase.needs_gpu:
-            _, events = table.request(j, phase, gpus_for(j, phase), now)
-            for ev in events:
-                on_grant(ev, now)
-        else:
-            seq += 1
-            heapq.heappush(timers, (now + d, seq, j))
-
-    def on_grant(ev: object, now: float) -> None:
-        nonlocal seq
-        if isinstance(ev, Grant):
-            j = ev.lease.job_id
-            lease_of[j] = ev.lease.lease_id
-            d = segs[j][pos[j] % len(segs[j])][1]
-            seq += 1
-            heapq.heappush(timers, (now + d, seq, j))
-
-    for j in range(len(members)):
-        start(j, 0.0)
-    while timers:
-        now, _, j = heapq.heappop(timers)
-        lid = lease_of.pop(j, None)
-        pos[j] += 1
-        if lid is not None:
-            for ev in table.release(lid, now):
-                if not isinstance(ev, Shrunk):
-                    on_grant(ev, now)
-        start(j, now)
-    return tuple(max(1.0, d / s) if s > 0 else 1.0 for d, s in zip(done_at, solo, strict=True))
+def clear_caches() -> None:
+    """Forget memoised per-job facts and group simulations (cold-start benchmarks)."""
+    _FACTS.clear()
+    _simulate_cached.cache_clear()

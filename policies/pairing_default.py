@@ -43,8 +43,8 @@ from policies.complementarity import (
     compatible,
     fits_memory,
     limit_of,
+    period_of,
     predict,
-    profile_of,
     shareable,
 )
 
@@ -161,7 +161,7 @@ class ComplementaryPairing:
                     graph.add_edge(("j", j.job_id), ("p", pool.pool_id), weight=w[0])
                     preds[("j", j.job_id, "p", pool.pool_id)] = w[1]
         for bucket in by_bucket.values():
-            bucket.sort(key=lambda j: profile_of(j).period())
+            bucket.sort(key=period_of)
             for i, a in enumerate(bucket):
                 for b in bucket[i + 1:i + 1 + self.neighbours]:
                     pred = self.accepts((a, b), limits)
@@ -169,7 +169,11 @@ class ComplementaryPairing:
                         weight = int(1000 * pred.gain() * a.request.gpus) + 1
                         graph.add_edge(("j", a.job_id), ("j", b.job_id), weight=weight)
                         preds[("j", a.job_id, "j", b.job_id)] = pred
-        matching = nx.max_weight_matching(graph)
+        # matching is superlinear in the graph's size: match each connected component
+        # (a bucket, with the pools its jobs may join) on its own; same result
+        matching: set[tuple[tuple[str, int], tuple[str, int]]] = set()
+        for comp in nx.connected_components(graph):
+            matching |= nx.max_weight_matching(graph.subgraph(comp))
         by_id = {j.job_id: j for j in jobs}
         joins: dict[int, tuple[int, GroupPrediction]] = {}
         pairs = []
@@ -180,7 +184,7 @@ class ComplementaryPairing:
                 joins[u[1]] = (v[1], preds[("j", u[1], "p", v[1])])
             else:
                 key = ("j", u[1], "j", v[1])
-                a, b = (u, v) if key in preds else (v, u)
-                pairs.append((by_id[a[1]], by_id[b[1]], preds[("j", a[1], "j", b[1])]))
+                x, y = (u, v) if key in preds else (v, u)
+                pairs.append((by_id[x[1]], by_id[y[1]], preds[("j", x[1], "j", y[1])]))
         pairs.sort(key=lambda t: min(t[0].submitted_at, t[1].submitted_at))
         return joins, pairs
