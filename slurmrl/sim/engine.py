@@ -1,11 +1,14 @@
 """The discrete-event simulation: arrivals, Slurm queue, pools, leases, phases.
 
 Events (a heapq on simulated time): a job arrives; a pairing round; a phase segment
-ends; a rollout lease shrinks through its tail; a gang quantum ends. Every pool's GPUs
+ends; a rollout reaches its next tail point (its leases shrink) or gets grown GPUs
+active; a gang quantum ends. Every pool's GPUs
 are sliced by a real `LeaseTable` with the real slice policy, jobs are placed by the real
 pairing policy from a `ClusterSnapshot`, admitted by the real admission policy, and
 `check_table` runs on the touched table after every event. Pool modes (`PoolMode`):
-LEASE (phase leases, elastic rollout start at >= half its set, shrink through the tail),
+LEASE (phase leases; a rollout starts on >= half its set, asks for the rest with a second
+lease on the missing GPUs (`min_gpus=1`, queued under the slice policy like any request)
+and grows as they free, then gives GPUs back through its tail),
 LOCK (each GPU phase locks the whole pool, no shrink), GANG (whole-pool time quanta,
 the job frozen outside its quantum, memory held).
 
@@ -13,8 +16,13 @@ Profiles: each job's `ProfileBuilder` sees its phases as the controller would (a
 rollout's busy time weighted by the GPUs its lease kept) and starts from the job's
 --rl-profile prior, or the model-size prior.
 
+Rollout speed is GPUs working / GPUs its still-active sequences need (capped at 1);
+grown GPUs start working after the same handoff cost as any grant (RLix expands a
+running rollout by adding workers and syncing weights only to them:
+shared/research/prior-art.md).
+
 Known limits: no node topology (a pool is G interchangeable GPUs); no service start
-cost (dedicated runs pay it too); a lease never grows back after starting small.
+cost (dedicated runs pay it too); requests are rebalanced onto grown GPUs at once.
 """
 
 from __future__ import annotations
@@ -73,6 +81,16 @@ class JobRun:
     seg_gpu_s: float = 0.0
     handoffs: int = 0
     progress: float = 0.0  #: gang: solo-seconds done
+    #: LEASE-mode rollout in progress: extra leases that grew it, the pending grow request,
+    #: full-speed fraction done, when that was, GPUs the rollout needs now, next tail point
+    grow_leases: list[int] = field(default_factory=list)
+    grow_req: int | None = None
+    roll_f: float = 0.0
+    roll_t: float = 0.0
+    roll_need: int = 0
+    roll_i: int = 0
+    roll_token: int = 0
+    roll_gpus: int = 0  #: GPUs working on it (grown ones count once activated)
     solo_s: float = 0.0
     _profile: Profile | None = None
 
@@ -286,14 +304,17 @@ class Simulation:
         for ev in events:
             if isinstance(ev, Grant):
                 self._granted(pool, self.runs[ev.lease.job_id], ev)
-            elif isinstance(ev, Shrunk):
+            elif isinstance(ev, Shrunk | Released | Revoke) and ev.lease is not None:
                 run = self.runs[ev.lease.job_id]
                 self._account(run)
-                run.held_n = len(ev.lease.gpus)
-            elif isinstance(ev, Released | Revoke) and ev.lease is not None:
-                self._account(self.runs[ev.lease.job_id])
-                self.runs[ev.lease.job_id].held_n = 0
+                run.held_n = self._held(pool, run)
         self._check(pool)
+
+    @staticmethod
+    def _held(pool: Pool, run: JobRun) -> int:
+        """GPUs the job holds in the pool now, over all its leases."""
+        jid = run.job.job_id
+        return sum(len(le.gpus) for le in pool.table.leases if le.job_id == jid)
 
     def _account(self, run: JobRun) -> None:
         d = (self.now - run.held_since) * run.held_n
@@ -304,6 +325,9 @@ class Simulation:
     def _granted(self, pool: Pool, run: JobRun, ev: Grant) -> None:
         lease = ev.lease
         jid = run.job.job_id
+        if lease.lease_id == run.grow_req:
+            self._grew(pool, run, lease.lease_id)
+            return
         run.lease_id, run.held_n, run.held_since, run.seg_gpu_s = lease.lease_id, len(
             lease.gpus), self.now, 0.0
         run.seg_start = self.now
@@ -320,25 +344,113 @@ class Simulation:
         if pool.mode is PoolMode.GANG:
             return
         if phase is Phase.ROLLOUT and pool.mode is PoolMode.LEASE:
-            g, prev_frac, keep = len(lease.gpus), 0.0, len(self._gpus_for(run, phase))
-            held = g
-            for frac, k in (*run.job.tail, (1.0, 0)):
-                t += (frac - prev_frac) * seconds * max(1.0, keep / g)
-                prev_frac, keep = frac, k
-                if 0 < k < held:
-                    held = k
-                    self._push(t, "shrink", (jid, run.token, k))
-        else:
-            t += seconds
+            run.roll_f, run.roll_t, run.roll_i = 0.0, t, 0
+            run.roll_need = len(self._gpus_for(run, phase))
+            run.roll_gpus = len(lease.gpus)
+            self._roll_schedule(run)
+            self._want_grow(pool, run)
+            return
+        t += seconds
         self._push(t, "seg_end", (jid, run.token))
 
-    def _on_shrink(self, data: tuple[int, int, int]) -> None:
-        jid, token, keep = data
+    # -- elastic rollout: start on part of the set, grow as GPUs free, shrink in the tail
+    def _roll_speed(self, run: JobRun) -> float:
+        return min(1.0, run.roll_gpus / max(1, run.roll_need))
+
+    def _roll_advance(self, run: JobRun) -> None:
+        """Bring the rollout's progress up to now at the speed it had since roll_t."""
+        if self.now > run.roll_t:
+            _, seconds = self._segment(run)
+            run.roll_f += (self.now - run.roll_t) * self._roll_speed(run) / max(seconds, 1e-12)
+            run.roll_t = self.now
+
+    def _roll_schedule(self, run: JobRun) -> None:
+        """Push the rollout's next checkpoint: its next tail point, or its end."""
+        _, seconds = self._segment(run)
+        tail = run.job.tail
+        target = tail[run.roll_i][0] if run.roll_i < len(tail) else 1.0
+        left = max(0.0, target - run.roll_f) * seconds / self._roll_speed(run)
+        run.roll_token += 1
+        self._push(max(self.now, run.roll_t) + left, "roll",
+                   (run.job.job_id, run.token, run.roll_token))
+
+    def _want_grow(self, pool: Pool, run: JobRun) -> None:
+        """Ask for the rest of the set while the rollout holds less than it needs."""
+        if run.grow_req is not None or run.held_n >= run.roll_need or run.lease_id is None:
+            return
+        held: set[int] = set()
+        for le in pool.table.leases:
+            if le.job_id == run.job.job_id:
+                held |= le.gpus
+        rest = [g for g in self._gpus_for(run, Phase.ROLLOUT) if g not in held]
+        if not rest:
+            return
+        req, events = pool.table.request(run.job.job_id, Phase.ROLLOUT, rest, self.now,
+                                         min_gpus=1)
+        run.grow_req = req.request_id
+        self._handle(pool, events)
+
+    def _grew(self, pool: Pool, run: JobRun, lease_id: int) -> None:
+        """A grow lease was granted: its GPUs join the rollout once the job's services
+        are active on them (the same handoff cost as any grant)."""
+        self._account(run)
+        run.grow_req = None
+        run.grow_leases.append(lease_id)
+        run.held_n = self._held(pool, run)
+        jid = run.job.job_id
+        gpus = next(le.gpus for le in pool.table.leases if le.lease_id == lease_id)
+        prev = {pool.last_holder.get(g) for g in gpus} - {None, jid}
+        cost = 0.0
+        if prev:
+            out = self.runs[max(p for p in prev if p is not None)].job
+            cost = costs.switch_s(run.job, out, pool.resident)
+            run.handoffs += 1
+        for g in gpus:
+            pool.last_holder[g] = jid
+        self._push(self.now + cost, "grown", (jid, run.token, lease_id, len(gpus)))
+        self._want_grow(pool, run)
+
+    def _on_grown(self, data: tuple[int, int, int, int]) -> None:
+        jid, token, lease_id, n = data
         run = self.runs[jid]
-        if token != run.token or run.lease_id is None or run.pool is None:
+        if token != run.token or lease_id not in run.grow_leases:
+            return
+        self._roll_advance(run)
+        run.roll_gpus += n
+        self._roll_schedule(run)
+
+    def _stop_growing(self, pool: Pool, run: JobRun) -> None:
+        """Withdraw a pending grow request and give back the grown leases."""
+        if run.grow_req is not None:
+            rid, run.grow_req = run.grow_req, None
+            self._handle(pool, pool.table.cancel(rid, self.now))
+        while run.grow_leases:
+            self._handle(pool, pool.table.release(run.grow_leases.pop(), self.now))
+
+    def _on_roll(self, data: tuple[int, int, int]) -> None:
+        jid, token, rtoken = data
+        run = self.runs[jid]
+        if token != run.token or rtoken != run.roll_token or run.pool is None:
             return
         pool = run.pool
-        self._handle(pool, pool.table.shrink(run.lease_id, keep, self.now))
+        self._roll_advance(run)
+        tail = run.job.tail
+        if run.roll_i >= len(tail):
+            self._stop_growing(pool, run)
+            self._push(self.now, "seg_end", (jid, run.token))
+            return
+        run.roll_f = tail[run.roll_i][0]
+        keep = tail[run.roll_i][1]
+        run.roll_i += 1
+        run.roll_need = keep
+        if keep < run.held_n:
+            # the tail thins: give back grown GPUs first, then shrink the first lease
+            self._stop_growing(pool, run)
+            if run.lease_id is not None and keep < run.held_n:
+                self._handle(pool, pool.table.shrink(run.lease_id, keep, self.now))
+            run.roll_gpus = min(run.roll_gpus, run.held_n)
+        self._roll_schedule(run)
+        self._want_grow(pool, run)
 
     def _on_seg_end(self, data: tuple[int, int]) -> None:
         jid, token = data
@@ -351,6 +463,7 @@ class Simulation:
         if phase.needs_gpu:
             if run.lease_id is None:
                 raise SimError(f"job {jid} ended {phase} without a lease")
+            self._stop_growing(pool, run)
             lid, run.lease_id = run.lease_id, None
             self._handle(pool, pool.table.release(lid, self.now))
             set_gpu_s = max(1e-12, (self.now - run.seg_start) * len(self._gpus_for(run, phase)))
@@ -372,6 +485,7 @@ class Simulation:
         assert pool is not None
         run.finished_at = self.now
         self._left -= 1
+        run.grow_req, run.grow_leases = None, []
         self._handle(pool, pool.table.remove_job(run.job.job_id, self.now, "job-ended"))
         pool.members.remove(run)
         pool.resident = costs.fits_together([m.job for m in pool.members], self.cfg.gpu_mem_bytes)

@@ -1,0 +1,70 @@
+"""A rollout started on part of its set during a partner's tail grows back to the whole
+set when the partner lets go (and still shrinks through its own tail)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from policies import registry
+from policies.base import Action, ClusterSnapshot, Placement, PoolMode
+from slurmrl.leases.invariants import check_table
+from slurmrl.model import Layout, Phase
+from slurmrl.sim.engine import SimConfig, Simulation
+from slurmrl.sim.workload import Segment, SimJob
+
+
+class OnePool:
+    """Every job into one shared pool: the first opens it, the others join."""
+
+    name = "one-pool"
+    mode = PoolMode.LEASE
+
+    def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:
+        if snapshot.pools:
+            pid = snapshot.pools[0].pool_id
+            return [Placement(j.job_id, Action.JOIN, pid) for j in snapshot.waiting]
+        return [Placement(j.job_id, Action.OPEN, -1, j.request.gpus) for j in snapshot.waiting]
+
+
+def job(jid: int, submit: float, segs: list[tuple[Phase, float]],
+        tail: tuple[tuple[float, int], ...]) -> SimJob:
+    return SimJob(jid, "c", f"u{jid}", submit, "Qwen2.5-7B", 7e9, 8, Layout.COLOCATED, 8,
+                  (tuple(Segment(p, s) for p, s in segs),), tail, None, None, False)
+
+
+def run(jobs: list[SimJob]) -> Simulation:
+    sim = Simulation(jobs, SimConfig(gpus=8), OnePool(),
+                     lambda: registry.load("slice", "round-robin"),
+                     registry.load("admission", "site-limits"))
+    return sim.run()
+
+
+def test_a_rollout_started_on_half_its_set_grows_when_the_partner_releases() -> None:
+    # A's rollout needs 4 GPUs after half its time (its tail), then A has a long gap.
+    a = job(1, 0.0, [(Phase.ROLLOUT, 100.0), (Phase.REWARD, 200.0), (Phase.TRAIN, 10.0)],
+            ((0.5, 4),))
+    # B arrives in A's tail: starts on the 4 free GPUs (half speed), and gets the other 4
+    # when A's rollout ends at t=100 (0.1 s to activate B's resident services there)
+    b = job(2, 60.0, [(Phase.ROLLOUT, 100.0)], ())
+    sim = run([a, b])
+    rb = sim.runs[2]
+    assert rb.finished_at is not None
+    # 40 s at half speed (20 s of work), then 80 s at full speed: ends ~180, not 260
+    assert abs(rb.finished_at - 180.1) < 0.5
+    # B's lease GPU-seconds: 4 GPUs from 60 to 100, 8 from 100 to ~180
+    assert abs(rb.lease_gpu_s - (4 * 40 + 8 * 80)) < 8
+    for pool in sim.closed:
+        check_table(pool.table)
+
+
+def test_the_grown_rollout_gives_gpus_back_through_its_own_tail() -> None:
+    a = job(1, 0.0, [(Phase.ROLLOUT, 100.0), (Phase.REWARD, 300.0), (Phase.TRAIN, 10.0)],
+            ((0.5, 4),))
+    # B's own tail: 2 GPUs suffice after 80% of its rollout
+    b = job(2, 60.0, [(Phase.ROLLOUT, 100.0), (Phase.REWARD, 1.0)], ((0.8, 2),))
+    sim = run([a, b])
+    rb = sim.runs[2]
+    # 60-100: 4 GPUs, 20 s of work; 100.1-160.1: 8 GPUs to 80% of the work; then 2 GPUs
+    # for the last 20% (needing 2, it runs at full speed): ends at ~180.1
+    assert rb.finished_at is not None and abs(rb.finished_at - 181.1) < 0.5
+    assert abs(rb.lease_gpu_s - (4 * 40.1 + 8 * 60 + 2 * 20)) < 8
