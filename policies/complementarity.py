@@ -138,7 +138,9 @@ def _loads(p: Profile, job: JobSnapshot, q: float) -> tuple[float, float]:
     sync = p.load(Phase.SYNC, q)
     if job.request.layout is Layout.COLOCATED:
         return roll + train + sync, roll + train + sync
-    return roll + sync, train + sync
+    # disaggregated: sync needs the trainer set; the rollout engine loads the weights when
+    # it is next activated (as the simulator and policies/groupsim.py model it)
+    return roll, train + sync
 
 
 @dataclass(frozen=True)
@@ -216,7 +218,8 @@ def predict(members: Sequence[JobSnapshot], steps: int = 6,
     equal = max(periods) <= 1.05 * min(periods)
     if len(members) <= 2 and equal and not any(x.multi for x in fs):
         return f
-    load = sum(x.busy_hi / x.period for x in fs)
+    # the busier GPU set's load: no slicer can serve a group whose load exceeds the bound
+    load = max(sum(x.load_r / x.period for x in fs), sum(x.load_t / x.period for x in fs))
     if bound is not None and load > bound:
         return GroupPrediction(tuple(max(s, load) for s in f.slowdowns), f.utilisation,
                                f.round_s)

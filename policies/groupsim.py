@@ -16,6 +16,9 @@ Two implementations with the same semantics:
   It is ~20x faster, which pairing a batch of 1,000 jobs needs; a hypothesis test
   checks that both give identical slowdowns.
 
+A disaggregated member's sync holds its trainer set only (its rollout engine loads the
+new weights when next activated), as in the simulator.
+
 Known limits: requests always need their whole set (no elastic start, no tail shrink:
 the key approximates a shrunk tail as a gap); one pending request per member.
 """
@@ -51,8 +54,6 @@ def _plan(members: Sequence[SimKey], steps: int
                 out.append((0, d))
             elif ph == Phase.ROLLOUT.value:
                 out.append((roll, d))
-            elif ph == Phase.SYNC.value:
-                out.append((full, d))
             else:
                 out.append((train, d))
         segs.append(out)
@@ -146,7 +147,7 @@ def simulate_group_table(members: Sequence[SimKey], steps: int = 6) -> tuple[flo
 
     def gpus_for(j: int, phase: Phase) -> range:
         rg = members[j][0]
-        if rg == 0 or phase is Phase.SYNC:
+        if rg == 0:
             return range(gpus)
         return range(rg) if phase is Phase.ROLLOUT else range(rg, gpus)
 

@@ -296,7 +296,11 @@ class Simulation:
             return range(run.pool.gpus)
         if phase is Phase.ROLLOUT:
             return range(j.rollout_gpus)
-        if phase is Phase.TRAIN and j.trainer_gpus != j.gpus:
+        if phase in (Phase.TRAIN, Phase.SYNC) and j.trainer_gpus != j.gpus:
+            # a disaggregated job's sync needs its trainer set only: the new weights are
+            # staged, and its rollout engine loads them when it is next activated
+            # (vLLM wake_up(tags=["weights"]) -> load weights -> wake the KV cache;
+            # shared/research/resident-models.md), not while a partner holds that set
             return range(j.rollout_gpus, j.gpus)
         return range(j.gpus)
 
