@@ -2,7 +2,7 @@
 
 Events (a heapq on simulated time): a job arrives; a pairing round; a phase segment
 ends; a rollout reaches its next tail point (its leases shrink) or gets grown GPUs
-active; a gang quantum ends. Every pool's GPUs
+active (slurmrl/sim/elastic.py); a gang quantum ends. Every pool's GPUs
 are sliced by a real `LeaseTable` with the real slice policy, jobs are placed by the real
 pairing policy from a `ClusterSnapshot`, admitted by the real admission policy, and
 `check_table` runs on the touched table after every event. Pool modes (`PoolMode`):
@@ -50,7 +50,7 @@ from slurmrl.leases.table import LeaseTable
 from slurmrl.leases.types import Event, Grant, Released, Revoke, Shrunk
 from slurmrl.model import Mux, Phase, RlRequest
 from slurmrl.profiles import Profile, ProfileBuilder
-from slurmrl.sim import costs
+from slurmrl.sim import costs, elastic
 from slurmrl.sim.workload import SimJob
 
 PARTITION = "pools"
@@ -330,7 +330,7 @@ class Simulation:
         lease = ev.lease
         jid = run.job.job_id
         if lease.lease_id == run.grow_req:
-            self._grew(pool, run, lease.lease_id)
+            elastic.grew(self, pool, run, lease.lease_id)
             return
         run.lease_id, run.held_n, run.held_since, run.seg_gpu_s = lease.lease_id, len(
             lease.gpus), self.now, 0.0
@@ -348,113 +348,16 @@ class Simulation:
         if pool.mode is PoolMode.GANG:
             return
         if phase is Phase.ROLLOUT and pool.mode is PoolMode.LEASE:
-            run.roll_f, run.roll_t, run.roll_i = 0.0, t, 0
-            run.roll_need = len(self._gpus_for(run, phase))
-            run.roll_gpus = len(lease.gpus)
-            self._roll_schedule(run)
-            self._want_grow(pool, run)
+            elastic.start(self, pool, run, t, len(lease.gpus))
             return
         t += seconds
         self._push(t, "seg_end", (jid, run.token))
 
-    # -- elastic rollout: start on part of the set, grow as GPUs free, shrink in the tail
-    def _roll_speed(self, run: JobRun) -> float:
-        return min(1.0, run.roll_gpus / max(1, run.roll_need))
-
-    def _roll_advance(self, run: JobRun) -> None:
-        """Bring the rollout's progress up to now at the speed it had since roll_t."""
-        if self.now > run.roll_t:
-            _, seconds = self._segment(run)
-            run.roll_f += (self.now - run.roll_t) * self._roll_speed(run) / max(seconds, 1e-12)
-            run.roll_t = self.now
-
-    def _roll_schedule(self, run: JobRun) -> None:
-        """Push the rollout's next checkpoint: its next tail point, or its end."""
-        _, seconds = self._segment(run)
-        tail = run.job.tail
-        target = tail[run.roll_i][0] if run.roll_i < len(tail) else 1.0
-        left = max(0.0, target - run.roll_f) * seconds / self._roll_speed(run)
-        run.roll_token += 1
-        self._push(max(self.now, run.roll_t) + left, "roll",
-                   (run.job.job_id, run.token, run.roll_token))
-
-    def _want_grow(self, pool: Pool, run: JobRun) -> None:
-        """Ask for the rest of the set while the rollout holds less than it needs."""
-        if run.grow_req is not None or run.held_n >= run.roll_need or run.lease_id is None:
-            return
-        held: set[int] = set()
-        for le in pool.table.leases:
-            if le.job_id == run.job.job_id:
-                held |= le.gpus
-        rest = [g for g in self._gpus_for(run, Phase.ROLLOUT) if g not in held]
-        if not rest:
-            return
-        req, events = pool.table.request(run.job.job_id, Phase.ROLLOUT, rest, self.now,
-                                         min_gpus=1)
-        run.grow_req = req.request_id
-        self._handle(pool, events)
-
-    def _grew(self, pool: Pool, run: JobRun, lease_id: int) -> None:
-        """A grow lease was granted: its GPUs join the rollout once the job's services
-        are active on them (the same handoff cost as any grant)."""
-        self._account(run)
-        run.grow_req = None
-        run.grow_leases.append(lease_id)
-        run.held_n = self._held(pool, run)
-        jid = run.job.job_id
-        gpus = next(le.gpus for le in pool.table.leases if le.lease_id == lease_id)
-        prev = {pool.last_holder.get(g) for g in gpus} - {None, jid}
-        cost = 0.0
-        if prev:
-            out = self.runs[max(p for p in prev if p is not None)].job
-            cost = costs.switch_s(run.job, out, pool.resident)
-            run.handoffs += 1
-        for g in gpus:
-            pool.last_holder[g] = jid
-        self._push(self.now + cost, "grown", (jid, run.token, lease_id, len(gpus)))
-        self._want_grow(pool, run)
+    def _on_roll(self, data: tuple[int, int, int]) -> None:
+        elastic.on_roll(self, data)
 
     def _on_grown(self, data: tuple[int, int, int, int]) -> None:
-        jid, token, lease_id, n = data
-        run = self.runs[jid]
-        if token != run.token or lease_id not in run.grow_leases:
-            return
-        self._roll_advance(run)
-        run.roll_gpus += n
-        self._roll_schedule(run)
-
-    def _stop_growing(self, pool: Pool, run: JobRun) -> None:
-        """Withdraw a pending grow request and give back the grown leases."""
-        if run.grow_req is not None:
-            rid, run.grow_req = run.grow_req, None
-            self._handle(pool, pool.table.cancel(rid, self.now))
-        while run.grow_leases:
-            self._handle(pool, pool.table.release(run.grow_leases.pop(), self.now))
-
-    def _on_roll(self, data: tuple[int, int, int]) -> None:
-        jid, token, rtoken = data
-        run = self.runs[jid]
-        if token != run.token or rtoken != run.roll_token or run.pool is None:
-            return
-        pool = run.pool
-        self._roll_advance(run)
-        tail = run.job.tail
-        if run.roll_i >= len(tail):
-            self._stop_growing(pool, run)
-            self._push(self.now, "seg_end", (jid, run.token))
-            return
-        run.roll_f = tail[run.roll_i][0]
-        keep = tail[run.roll_i][1]
-        run.roll_i += 1
-        run.roll_need = keep
-        if keep < run.held_n:
-            # the tail thins: give back grown GPUs first, then shrink the first lease
-            self._stop_growing(pool, run)
-            if run.lease_id is not None and keep < run.held_n:
-                self._handle(pool, pool.table.shrink(run.lease_id, keep, self.now))
-            run.roll_gpus = min(run.roll_gpus, run.held_n)
-        self._roll_schedule(run)
-        self._want_grow(pool, run)
+        elastic.on_grown(self, data)
 
     def _on_seg_end(self, data: tuple[int, int]) -> None:
         jid, token = data
@@ -467,7 +370,7 @@ class Simulation:
         if phase.needs_gpu:
             if run.lease_id is None:
                 raise SimError(f"job {jid} ended {phase} without a lease")
-            self._stop_growing(pool, run)
+            elastic.stop_growing(self, pool, run)
             lid, run.lease_id = run.lease_id, None
             self._handle(pool, pool.table.release(lid, self.now))
             set_gpu_s = max(1e-12, (self.now - run.seg_start) * len(self._gpus_for(run, phase)))

@@ -1,0 +1,139 @@
+"""Elastic rollouts in LEASE pools: start on part of the set, grow, shrink in the tail.
+
+A rollout is granted at least half its set (`SimConfig.elastic_min`). While it holds
+less than its still-active sequences need, it asks for the missing GPUs with a second
+lease (`min_gpus=1`, queued under the slice policy like any request); each grown GPU
+works after the usual handoff cost. At each tail point of the job (`SimJob.tail`: the
+fraction of rollout time after which k GPUs suffice) it gives grown leases back first,
+then shrinks its first lease to k. Speed = GPUs working / GPUs needed (at most 1), so
+progress is tracked as a full-speed fraction and re-timed whenever either changes.
+
+Grow is RLix's "expand rollout one group at a time, sync weights only to the added
+workers" (shared/research/prior-art.md). Known limits: requests move to grown GPUs at
+once (no rebalancing cost beyond the handoff); the controller has no grow request yet.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from slurmrl.model import Phase
+from slurmrl.sim import costs
+
+if TYPE_CHECKING:
+    from slurmrl.sim.engine import JobRun, Pool, Simulation
+
+
+def start(sim: Simulation, pool: Pool, run: JobRun, t: float, granted: int) -> None:
+    """The rollout's first lease was granted (`granted` GPUs); work starts at `t`."""
+    run.roll_f, run.roll_t, run.roll_i = 0.0, t, 0
+    run.roll_need = len(sim._gpus_for(run, Phase.ROLLOUT))
+    run.roll_gpus = granted
+    roll_schedule(sim, run)
+    want_grow(sim, pool, run)
+
+
+def roll_speed(sim: Simulation, run: JobRun) -> float:
+    return min(1.0, run.roll_gpus / max(1, run.roll_need))
+
+
+def roll_advance(sim: Simulation, run: JobRun) -> None:
+    """Bring the rollout's progress up to now at the speed it had since roll_t."""
+    if sim.now > run.roll_t:
+        _, seconds = sim._segment(run)
+        run.roll_f += (sim.now - run.roll_t) * roll_speed(sim, run) / max(seconds, 1e-12)
+        run.roll_t = sim.now
+
+
+def roll_schedule(sim: Simulation, run: JobRun) -> None:
+    """Push the rollout's next checkpoint: its next tail point, or its end."""
+    _, seconds = sim._segment(run)
+    tail = run.job.tail
+    target = tail[run.roll_i][0] if run.roll_i < len(tail) else 1.0
+    left = max(0.0, target - run.roll_f) * seconds / roll_speed(sim, run)
+    run.roll_token += 1
+    sim._push(max(sim.now, run.roll_t) + left, "roll",
+              (run.job.job_id, run.token, run.roll_token))
+
+
+def want_grow(sim: Simulation, pool: Pool, run: JobRun) -> None:
+    """Ask for the rest of the set while the rollout holds less than it needs."""
+    if run.grow_req is not None or run.held_n >= run.roll_need or run.lease_id is None:
+        return
+    held: set[int] = set()
+    for le in pool.table.leases:
+        if le.job_id == run.job.job_id:
+            held |= le.gpus
+    rest = [g for g in sim._gpus_for(run, Phase.ROLLOUT) if g not in held]
+    if not rest:
+        return
+    req, events = pool.table.request(run.job.job_id, Phase.ROLLOUT, rest, sim.now,
+                                     min_gpus=1)
+    run.grow_req = req.request_id
+    sim._handle(pool, events)
+
+
+def grew(sim: Simulation, pool: Pool, run: JobRun, lease_id: int) -> None:
+    """A grow lease was granted: its GPUs join the rollout once the job's services
+    are active on them (the same handoff cost as any grant)."""
+    sim._account(run)
+    run.grow_req = None
+    run.grow_leases.append(lease_id)
+    run.held_n = sim._held(pool, run)
+    jid = run.job.job_id
+    gpus = next(le.gpus for le in pool.table.leases if le.lease_id == lease_id)
+    prev = {pool.last_holder.get(g) for g in gpus} - {None, jid}
+    cost = 0.0
+    if prev:
+        out = sim.runs[max(p for p in prev if p is not None)].job
+        cost = costs.switch_s(run.job, out, pool.resident)
+        run.handoffs += 1
+    for g in gpus:
+        pool.last_holder[g] = jid
+    sim._push(sim.now + cost, "grown", (jid, run.token, lease_id, len(gpus)))
+    want_grow(sim, pool, run)
+
+
+def on_grown(sim: Simulation, data: tuple[int, int, int, int]) -> None:
+    jid, token, lease_id, n = data
+    run = sim.runs[jid]
+    if token != run.token or lease_id not in run.grow_leases:
+        return
+    roll_advance(sim, run)
+    run.roll_gpus += n
+    roll_schedule(sim, run)
+
+
+def stop_growing(sim: Simulation, pool: Pool, run: JobRun) -> None:
+    """Withdraw a pending grow request and give back the grown leases."""
+    if run.grow_req is not None:
+        rid, run.grow_req = run.grow_req, None
+        sim._handle(pool, pool.table.cancel(rid, sim.now))
+    while run.grow_leases:
+        sim._handle(pool, pool.table.release(run.grow_leases.pop(), sim.now))
+
+
+def on_roll(sim: Simulation, data: tuple[int, int, int]) -> None:
+    jid, token, rtoken = data
+    run = sim.runs[jid]
+    if token != run.token or rtoken != run.roll_token or run.pool is None:
+        return
+    pool = run.pool
+    roll_advance(sim, run)
+    tail = run.job.tail
+    if run.roll_i >= len(tail):
+        stop_growing(sim, pool, run)
+        sim._push(sim.now, "seg_end", (jid, run.token))
+        return
+    run.roll_f = tail[run.roll_i][0]
+    keep = tail[run.roll_i][1]
+    run.roll_i += 1
+    run.roll_need = keep
+    if keep < run.held_n:
+        # the tail thins: give back grown GPUs first, then shrink the first lease
+        stop_growing(sim, pool, run)
+        if run.lease_id is not None and keep < run.held_n:
+            sim._handle(pool, pool.table.shrink(run.lease_id, keep, sim.now))
+        run.roll_gpus = min(run.roll_gpus, run.held_n)
+    roll_schedule(sim, run)
+    want_grow(sim, pool, run)
