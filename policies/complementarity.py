@@ -23,11 +23,12 @@ simulation uses the profiles' quantiles, not their full distributions.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies.base import JobSnapshot, PoolSnapshot, SiteLimits
-from policies.groupsim import SimKey, simulate_group
+from policies.groupsim import TAIL, SimKey, simulate_group
 from slurmrl.model import Layout, Mux, Phase
 from slurmrl.profiles import Profile, prior_for_model, profile_from_prior
 
@@ -152,9 +153,11 @@ class _Facts:
     load_t: float  #: ... on the trainer set
     busy_mid: float  #: set-equivalent busy seconds per step at Q_PERIOD
     busy_hi: float  #: ... at Q_BUSY
-    multi: bool  #: several rollouts or gaps per step
+    multi: bool  #: several rollouts or gaps per step, or a rollout tail (simulate it)
     sets: tuple[int, int]  #: (rollout set or 0 when colocated, pool GPUs)
     segs: tuple[tuple[str, float], ...]  #: one step for `simulate_group`, unrounded
+    whole: float  #: colocated: wall seconds per step needing the whole set (train, sync)
+    hold: float  #: colocated: wall seconds per step holding any GPU (rollout incl. tail)
 
 
 #: job snapshot id -> (the snapshot, its facts). Snapshots are immutable, so the facts of
@@ -169,18 +172,24 @@ def _facts(job: JobSnapshot) -> _Facts:
     p = profile_of(job)
     lr, lt = _loads(p, job, Q_BUSY)
     segs: list[tuple[str, float]] = []
-    # a rollout holds its set for its GPU share of the time and runs on without it after
-    # (the shrunk tail, approximated as needing no GPU a partner could use)
+    rg, _tg = _sets(job)
+    tail = False
+    # a rollout that held share s of its G GPUs on average (its lease shrank through the
+    # tail) is scored as x of its time on the whole set and the rest on one GPU, with
+    # s = x + (1 - x) / G: the tail blocks a partner's whole-set phases but not its rollout
     for ph, d in p.segments(Q_BUSY, Q_PERIOD):
         share = p.phases[ph].gpu_share if ph in p.phases else 1.0
-        if ph is Phase.ROLLOUT and share < 1.0:
-            segs += [(ph.value, d * share), (Phase.IDLE.value, d * (1 - share))]
+        if ph is Phase.ROLLOUT and share < 1.0 and rg > 1:
+            x = min(1.0, max(0.0, (share - 1 / rg) / (1 - 1 / rg)))
+            segs += [(ph.value, d * x), (TAIL, d * (1 - x))]
+            tail = True
         else:
             segs.append((ph.value, d))
-    rg, _tg = _sets(job)
     f = _Facts(max(p.period(Q_PERIOD), 1e-9), lr, lt, p.busy(Q_PERIOD), p.busy(Q_BUSY),
-               p.multi_phase(), (rg if job.request.layout is Layout.DISAGGREGATED else 0,
-                                 job.request.gpus), tuple(segs))
+               p.multi_phase() or tail, (rg if job.request.layout is Layout.DISAGGREGATED else 0,
+                                 job.request.gpus), tuple(segs),
+               p.per_step(Phase.TRAIN, Q_BUSY) + p.per_step(Phase.SYNC, Q_BUSY),
+               p.busy_wall(Q_BUSY))
     if len(_FACTS) > 50_000:
         _FACTS.clear()
     _FACTS[id(job)] = (job, f)
@@ -220,6 +229,12 @@ def predict(members: Sequence[JobSnapshot], steps: int = 6,
         return f
     # the busier GPU set's load: no slicer can serve a group whose load exceeds the bound
     load = max(sum(x.load_r / x.period for x in fs), sum(x.load_t / x.period for x in fs))
+    if all(m.request.layout is Layout.COLOCATED for m in members):
+        # a member's whole-set phases cannot overlap any GPU-holding phase of another
+        # (a shrunk tail still holds a GPU): with slowdowns <= s, whole_i/P_i + hold_j/P_j
+        # <= s for every ordered pair, so their maximum bounds the worst slowdown below
+        load = max(load, max((a.whole / a.period + b.hold / b.period
+                              for a, b in itertools.permutations(fs, 2)), default=0.0))
     if bound is not None and load > bound:
         return GroupPrediction(tuple(max(s, load) for s in f.slowdowns), f.utilisation,
                                f.round_s)

@@ -16,11 +16,14 @@ Two implementations with the same semantics:
   It is ~20x faster, which pairing a batch of 1,000 jobs needs; a hypothesis test
   checks that both give identical slowdowns.
 
-A disaggregated member's sync holds its trainer set only (its rollout engine loads the
-new weights when next activated), as in the simulator.
+As in the simulator: a rollout starts on at least half its set (`ELASTIC_MIN`) and runs
+slower by set/granted; a `tail` segment after it keeps only the lowest GPU of its lease
+(the lease shrinks; the rest go to whoever waits); a disaggregated member's sync holds
+its trainer set only (its rollout engine loads the new weights when next activated).
 
-Known limits: requests always need their whole set (no elastic start, no tail shrink:
-the key approximates a shrunk tail as a gap); one pending request per member.
+Known limits: no growth back to the whole set (the simulator grows a rollout; this is
+pessimistic for a rollout started small); the tail is one step to one GPU, not G/2,
+G/4, ...; one pending request per member.
 """
 
 from __future__ import annotations
@@ -32,38 +35,58 @@ from slurmrl.model import Phase
 
 SimKey = tuple[int, int, tuple[tuple[str, float], ...]]
 
+#: pseudo-phase of a key: the rollout's tail, on one GPU of the set it was granted (the
+#: lease shrinks to its lowest GPU; the rest go to whoever waits)
+TAIL = "tail"
+#: a rollout starts on at least this share of its set (as the simulator's default)
+ELASTIC_MIN = 0.5
 #: at most this many steps of one member per simulation
 MAX_REPS = 200
 
 _NEEDS_GPU = {p.value: p.needs_gpu for p in Phase}
+_NEEDS_GPU[TAIL] = True
+
+GAP, REQUEST, SHRINK = 0, 1, 2
 
 
 def _plan(members: Sequence[SimKey], steps: int
-          ) -> tuple[list[list[tuple[int, float]]], list[float], list[int]]:
-    """Per member: segments as (GPU mask or 0 for a gap, seconds); solo time; total
+          ) -> tuple[list[list[tuple[int, int, int, float]]], list[float], list[int]]:
+    """Per member: segments as (kind, GPU mask, min GPUs, seconds); solo time; total
     segments to run."""
     gpus = members[0][1]
     full = (1 << gpus) - 1
-    segs: list[list[tuple[int, float]]] = []
+    segs: list[list[tuple[int, int, int, float]]] = []
     for rg, _g, step in members:
         roll = full if rg == 0 else (1 << rg) - 1
         train = full if rg == 0 else full & ~roll
-        out = []
+        out: list[tuple[int, int, int, float]] = []
         for ph, d in step:
-            if not _NEEDS_GPU[ph]:
-                out.append((0, d))
+            if ph == TAIL:
+                if out and out[-1][1] and out[-1][0] == REQUEST:
+                    out.append((SHRINK, out[-1][1], 1, d))
+                else:  # no rollout before it: a gap
+                    out.append((GAP, 0, 0, d))
+            elif not _NEEDS_GPU[ph]:
+                out.append((GAP, 0, 0, d))
             elif ph == Phase.ROLLOUT.value:
-                out.append((roll, d))
+                n = roll.bit_count()
+                out.append((REQUEST, roll, max(1, int(n * ELASTIC_MIN)), d))
             else:
-                out.append((train, d))
+                m = train
+                out.append((REQUEST, m, m.bit_count(), d))
         segs.append(out)
-    period = [max(sum(d for _, d in s), 1e-9) for s in segs]
+    period = [max(sum(x[3] for x in s), 1e-9) for s in segs]
     # a member whose step is tiny next to the longest one would repeat it millions of
     # times: cap the repetitions (its slowdown is then measured over fewer periods)
     reps = [min(MAX_REPS, max(1, round(steps * max(period) / p))) for p in period]
     solo = [r * p for r, p in zip(reps, period, strict=True)]
     total = [r * len(s) for r, s in zip(reps, segs, strict=True)]
     return segs, solo, total
+
+
+def _run_time(mask: int, got: int, d: float) -> float:
+    """A rollout granted `got` of its set's GPUs runs slower by set/got."""
+    return d * mask.bit_count() / max(1, got.bit_count())
 
 
 def simulate_group(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ...]:
@@ -75,7 +98,7 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ..
     done_at = [0.0] * n
     held = [0] * n  # GPU mask each member holds now
     last_grant = [-1.0] * n
-    waiting: dict[int, tuple[float, float, int, int]] = {}  # j -> order key + mask
+    waiting: dict[int, tuple[float, float, int, int, int]] = {}  # j -> order key, mask, min
     timers: list[tuple[float, int, int]] = []
     seq = 0
     rid = 0
@@ -90,14 +113,16 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ..
         free = full & ~used
         reserved = 0
         for j in sorted(waiting, key=waiting.__getitem__):
-            mask = waiting[j][3]
-            if mask & free & ~reserved == mask:
+            _, _, _, mask, need = waiting[j]
+            avail = mask & free & ~reserved
+            if avail.bit_count() >= need:
                 del waiting[j]
-                held[j] = mask
-                free &= ~mask
+                held[j] = avail
+                free &= ~avail
                 last_grant[j] = now
                 seq += 1
-                heapq.heappush(timers, (now + segs[j][pos[j] % len(segs[j])][1], seq, j))
+                d = segs[j][pos[j] % len(segs[j])][3]
+                heapq.heappush(timers, (now + _run_time(mask, avail, d), seq, j))
             else:
                 reserved |= mask
             if not free & ~reserved:
@@ -108,11 +133,19 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ..
         if pos[j] >= total[j]:
             done_at[j] = now
             return
-        mask, d = segs[j][pos[j] % len(segs[j])]
-        if mask:
+        kind, mask, need, d = segs[j][pos[j] % len(segs[j])]
+        if kind == REQUEST:
             rid += 1
-            waiting[j] = (last_grant[j], now, rid, mask)
+            waiting[j] = (last_grant[j], now, rid, mask, need)
             schedule(now)
+        elif kind == SHRINK and held[j]:
+            low = held[j] & -held[j]
+            shrunk = held[j] != low
+            held[j] = low
+            if shrunk:  # the freed GPUs go to waiters first, as LeaseTable.shrink does
+                schedule(now)
+            seq += 1
+            heapq.heappush(timers, (now + d, seq, j))
         else:
             seq += 1
             heapq.heappush(timers, (now + d, seq, j))
@@ -122,7 +155,8 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ..
     while timers:
         now, _, j = heapq.heappop(timers)
         pos[j] += 1
-        if held[j]:
+        nxt = segs[j][pos[j] % len(segs[j])][0] if pos[j] < total[j] else GAP
+        if held[j] and nxt != SHRINK:
             held[j] = 0
             schedule(now)
         start(j, now)
@@ -133,42 +167,42 @@ def simulate_group_table(members: Sequence[SimKey], steps: int = 6) -> tuple[flo
     """The same as `simulate_group`, through the real LeaseTable and RoundRobinSlice."""
     from policies.slice_round_robin import RoundRobinSlice
     from slurmrl.leases.table import LeaseTable
-    from slurmrl.leases.types import Grant, Shrunk
+    from slurmrl.leases.types import Grant
 
     gpus = members[0][1]
     table = LeaseTable(0, range(gpus), RoundRobinSlice(), lease_timeout_s=1e12)
-    segs = [[(Phase(ph), d) for ph, d in m[2]] for m in members]
-    _, solo, total = _plan(members, steps)
+    segs, solo, total = _plan(members, steps)
     pos = [0] * len(members)
     done_at = [0.0] * len(members)
     timers: list[tuple[float, int, int]] = []
     seq = 0
     lease_of: dict[int, int] = {}
 
-    def gpus_for(j: int, phase: Phase) -> range:
-        rg = members[j][0]
-        if rg == 0:
-            return range(gpus)
-        return range(rg) if phase is Phase.ROLLOUT else range(rg, gpus)
-
-    def on_grant(ev: object, now: float) -> None:
+    def on_events(events: Sequence[object], now: float) -> None:
         nonlocal seq
-        if isinstance(ev, Grant):
-            j = ev.lease.job_id
-            lease_of[j] = ev.lease.lease_id
-            seq += 1
-            heapq.heappush(timers, (now + segs[j][pos[j] % len(segs[j])][1], seq, j))
+        for ev in events:
+            if isinstance(ev, Grant):
+                j = ev.lease.job_id
+                lease_of[j] = ev.lease.lease_id
+                mask = sum(1 << g for g in ev.lease.gpus)
+                _, want, _, d = segs[j][pos[j] % len(segs[j])]
+                seq += 1
+                heapq.heappush(timers, (now + _run_time(want, mask, d), seq, j))
 
     def start(j: int, now: float) -> None:
         nonlocal seq
         if pos[j] >= total[j]:
             done_at[j] = now
             return
-        phase, d = segs[j][pos[j] % len(segs[j])]
-        if phase.needs_gpu:
-            _, events = table.request(j, phase, gpus_for(j, phase), now)
-            for ev in events:
-                on_grant(ev, now)
+        kind, mask, need, d = segs[j][pos[j] % len(segs[j])]
+        if kind == REQUEST:
+            wanted = [g for g in range(gpus) if mask >> g & 1]
+            _, events = table.request(j, Phase.ROLLOUT, wanted, now, min_gpus=need)
+            on_events(events, now)
+        elif kind == SHRINK and j in lease_of:
+            on_events(table.shrink(lease_of[j], 1, now), now)
+            seq += 1
+            heapq.heappush(timers, (now + d, seq, j))
         else:
             seq += 1
             heapq.heappush(timers, (now + d, seq, j))
@@ -177,11 +211,9 @@ def simulate_group_table(members: Sequence[SimKey], steps: int = 6) -> tuple[flo
         start(j, 0.0)
     while timers:
         now, _, j = heapq.heappop(timers)
-        lid = lease_of.pop(j, None)
         pos[j] += 1
-        if lid is not None:
-            for ev in table.release(lid, now):
-                if not isinstance(ev, Shrunk):
-                    on_grant(ev, now)
+        nxt = segs[j][pos[j] % len(segs[j])][0] if pos[j] < total[j] else GAP
+        if j in lease_of and nxt != SHRINK:
+            on_events(table.release(lease_of.pop(j), now), now)
         start(j, now)
     return tuple(max(1.0, d / s) if s > 0 else 1.0 for d, s in zip(done_at, solo, strict=True))

@@ -5,10 +5,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.groupsim import SimKey, simulate_group, simulate_group_table
+from policies.groupsim import TAIL, SimKey, simulate_group, simulate_group_table
 from slurmrl.model import Phase
 
-PHASES = [p.value for p in (Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC, Phase.REWARD, Phase.IDLE)]
+PHASES = [*(p.value for p in (Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC, Phase.REWARD, Phase.IDLE)),
+          TAIL]
 
 
 @st.composite

@@ -142,3 +142,28 @@ def test_site_limits_admission_gives_reasons() -> None:
 def test_unknown_policy_names_the_valid_ones() -> None:
     with pytest.raises(registry.UnknownPolicy, match="complementary"):
         registry.load("pairing", "nope")
+
+
+def _tail_job(jid: int, share: float) -> JobSnapshot:
+    """Rollout 50 s (its lease held `share` of the set on average: the tail shrank it),
+    reward 10 s, train 40 s: observed for 4 steps."""
+    from slurmrl.profiles import ProfileBuilder
+
+    b = ProfileBuilder()
+    t = 0.0
+    for _ in range(4):
+        b.observe(Phase.ROLLOUT, t, t + 50, gpu_share=share)
+        b.observe(Phase.REWARD, t + 50, t + 60)
+        b.observe(Phase.TRAIN, t + 60, t + 100)
+        t += 100
+    req = RlRequest(8, "Qwen2.5-7B", max_slowdown=1.25)
+    return JobSnapshot(jid, f"u{jid}", req, b.build(), float(jid), host_mem_bytes=0)
+
+
+def test_a_shrunk_rollout_tail_still_blocks_the_partners_training() -> None:
+    # set-equivalent load is only 55 s of 100 s per job, but the tail keeps a GPU for the
+    # whole 50 s rollout and training needs the whole set: 40 + 90 > 125 s per 100 s
+    a, b = _tail_job(1, 0.3), _tail_job(2, 0.3)
+    assert predict([a, b], bound=1.25).max_slowdown > 1.25
+    out = by_job(registry.load("pairing", "complementary").place(snap([a, b])))
+    assert out[1].pool_id != out[2].pool_id
