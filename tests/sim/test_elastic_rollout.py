@@ -68,3 +68,17 @@ def test_the_grown_rollout_gives_gpus_back_through_its_own_tail() -> None:
     # for the last 20% (needing 2, it runs at full speed): ends at ~180.1
     assert rb.finished_at is not None and abs(rb.finished_at - 181.1) < 0.5
     assert abs(rb.lease_gpu_s - (4 * 40.1 + 8 * 60 + 2 * 20)) < 8
+
+
+def test_a_disaggregated_sync_does_not_wait_for_the_partners_rollout_set() -> None:
+    def dis(jid: int, submit: float, segs: list[tuple[Phase, float]]) -> SimJob:
+        return SimJob(jid, "c", f"u{jid}", submit, "Qwen2.5-7B", 7e9, 8, Layout.DISAGGREGATED,
+                      4, (tuple(Segment(p, s) for p, s in segs),), (), None, None, False)
+
+    # B's rollout holds the rollout set (GPUs 0-3) until t=100; A trains on 4-7 and syncs
+    # there: the weights reach A's rollout engine when it is next activated
+    b = dis(1, 0.0, [(Phase.ROLLOUT, 100.0)])
+    a = dis(2, 1.0, [(Phase.TRAIN, 10.0), (Phase.SYNC, 1.0)])
+    sim = run([b, a])
+    fa = sim.runs[2].finished_at
+    assert fa is not None and abs(fa - 12.0) < 0.5
