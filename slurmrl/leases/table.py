@@ -225,6 +225,18 @@ class LeaseTable:
         self._stats[lease.job_id] = replace(s, held_s=s.held_s + max(0.0, now - lease.granted_at))
 
     def _schedule(self, now: float) -> list[Event]:
+        # a grant updates the member's slice stats, and a policy may order by them
+        # (round-robin does): a waiter that was behind the granted job's other request
+        # can now come first with its GPUs free. Pass again until a pass grants nothing
+        # (each grant removes a waiter, so this ends).
+        events: list[Event] = []
+        while True:
+            granted = self._schedule_pass(now)
+            if not granted:
+                return events
+            events.extend(granted)
+
+    def _schedule_pass(self, now: float) -> list[Event]:
         if not self._waiting:
             return []
         order = list(self.policy.order(self.view(now)))

@@ -183,3 +183,19 @@ def test_history_checker_finds_an_overlap_and_allows_touching() -> None:
         check_history([*ok, Interval(4, 1, 0, 8.0, 10.0)])
     with pytest.raises(InvariantViolation, match="overlap"):
         check_history([Interval(5, 1, 1, 3.0, 4.0), Interval(3, 1, 1, 0.0, None)])
+
+
+def test_round_robin_reorders_after_a_grant_and_serves_the_waiter_it_unblocks() -> None:
+    # found by the property test: job 3 waits rigidly for {0,1}; job 1's request for {0}
+    # queues behind it (both never granted: same rank). Job 3's elastic request then gets
+    # GPU 2, which makes job 3 the most recently granted member, so round-robin now puts
+    # job 1 first -- and GPU 0 is free: job 1 must be granted in the same call.
+    t = table(RoundRobinSlice())
+    _, ev = t.request(2, Phase.ROLLOUT, {1}, 0.0)
+    assert grants(ev)
+    t.request(3, Phase.ROLLOUT, {0, 1}, 0.0)
+    t.request(1, Phase.ROLLOUT, {0}, 0.0)
+    assert not any(lease.job_id == 1 for lease in t.leases)
+    _, ev = t.request(3, Phase.ROLLOUT, {0, 2}, 0.0, 1)
+    assert {lease.job_id: set(lease.gpus) for lease in grants(ev)} == {
+        3: {2}, 1: {0}}
