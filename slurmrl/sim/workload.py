@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -31,10 +32,12 @@ from typing import Any
 from slurmrl.model import Layout, Phase, PhasePrior
 
 FORMAT = "slurmrl-workload/1"
-#: the suite: workloads/ of the source tree, else of the current directory (an installed
-#: copy has no source tree next to it)
+#: the suite: workloads/ of the source tree, else the copy an install puts in
+#: <prefix>/share/slurmrl/workloads (setup.cfg data_files), else of the current directory
 WORKLOAD_DIR = next(
-    (p for p in (Path(__file__).resolve().parents[2] / "workloads", Path("workloads").resolve())
+    (p for p in (Path(__file__).resolve().parents[2] / "workloads",
+                 Path(sys.prefix) / "share" / "slurmrl" / "workloads",
+                 Path("workloads").resolve())
      if p.is_dir()),
     Path("workloads").resolve(),
 )
