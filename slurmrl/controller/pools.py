@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from policies.base import Action, Placement
 from slurmrl.controller.placement import controller_snapshot
 from slurmrl.controller.residency import (
+    PHASE_ROLES,
     Footprint,
     GpuCapacity,
     ResidencyError,
@@ -42,6 +43,7 @@ from slurmrl.controller.residency import (
 )
 from slurmrl.controller.services import RunningService, ServiceLauncher, ServiceSpec
 from slurmrl.db import JobRecord, PoolRecord
+from slurmrl.db.readings import add_lease_reading
 from slurmrl.leases.types import Lease
 from slurmrl.model import JobState, Mux, Phase, Residency
 from slurmrl.slurm import BatchSpec, JobInfo, SlurmBackend, SlurmError, SlurmJobState
@@ -445,10 +447,29 @@ class SlurmPools:
         self.handoffs = [*self.handoffs[-99:], HandoffTiming(
             job.job_id, lease.lease_id, t1 - t0, t2 - t1, t3 - t2,
             tuple(park) + plan.drop, plan.activate)]
+        # off the answer's path: the lease's services read their GPUs on the pool's node
+        self._spawn(self._record_readings(job.job_id, lease.lease_id, phase))
         if park or plan.drop or plan.activate:
             log.info("handoff to job %d (%s): parked %s, dropped %s, activated %s "
                      "(%.1f/%.1f ms)", job.job_id, phase, park, list(plan.drop),
                      list(plan.activate), (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+
+    async def _record_readings(self, job_id: int, lease_id: int, phase: Phase) -> None:
+        """Store each of the phase's services' NVML reading (or no-GPU marker) with the lease."""
+        for role in PHASE_ROLES[phase]:
+            live = self._live.get((job_id, role))
+            if live is None:
+                continue
+            try:
+                ans = await asyncio.to_thread(live.handle.status)
+            except (ServiceError, OSError) as exc:
+                log.warning("service %s of job %d: no GPU reading for lease %d: %s",
+                            role, job_id, lease_id, exc)
+                continue
+            reading = ans.get("gpus")
+            if isinstance(reading, dict):
+                add_lease_reading(self.c.store, lease_id=lease_id, job_id=job_id, role=role,
+                                  at=self.c.clock(), reading=reading)
 
     def _capacity_by_id(self, pool_id: int) -> list[GpuCapacity]:
         pool = self.c.store.pool(pool_id)

@@ -117,6 +117,18 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX ledger_job ON ledger(job_id);
     """,
+    # 2: NVML readings of a lease's GPUs, taken by its services on the pool's node
+    """
+    CREATE TABLE lease_readings (
+        reading_id INTEGER PRIMARY KEY AUTOINCREMENT,
+        lease_id INTEGER NOT NULL REFERENCES leases(lease_id),
+        job_id INTEGER NOT NULL REFERENCES jobs(job_id),
+        role TEXT NOT NULL,               -- the service that read its GPUs
+        at REAL NOT NULL,
+        reading TEXT NOT NULL             -- JSON: {"nvml": "ok", "gpus": [...]} or a no-GPU marker
+    );
+    CREATE INDEX lease_readings_lease ON lease_readings(lease_id);
+    """,
 )
 
 LATEST = len(MIGRATIONS)

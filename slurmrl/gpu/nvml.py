@@ -13,7 +13,7 @@ Known limits: per-process memory is matched by PID, which breaks across PID name
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -138,6 +138,35 @@ class NvmlMonitor:
                         return None
                     total += proc.used_bytes
         return total
+
+
+def reading_json(monitor: NvmlMonitor, indices: Iterable[int]) -> dict[str, Any]:
+    """A JSON reading of GPUs `indices` for the record, or an explicit no-GPU marker.
+
+    `{"nvml": "ok", "gpus": [...]}` with per-GPU utilisation, memory and per-process
+    memory (None where the device does not report it), or `{"nvml": "unavailable",
+    "reason": ...}` — never made-up numbers. A failing read is recorded as
+    `{"nvml": "error", "reason": ...}`: a reading is evidence, not a reason to fail a lease.
+    """
+    if not monitor.available:
+        return {"nvml": "unavailable", "reason": monitor.reason}
+    try:
+        readings = [monitor.read(i) for i in sorted(set(indices))]
+    except monitor._nvml.NVMLError as exc:
+        return {"nvml": "error", "reason": str(exc)}
+    return {"nvml": "ok", "gpus": [
+        {"index": r.index, "uuid": r.uuid, "name": r.name,
+         "utilization_pct": r.utilization_pct, "memory_used_bytes": r.memory_used_bytes,
+         "memory_total_bytes": r.memory_total_bytes,
+         "processes": None if r.processes is None else
+         [{"pid": p.pid, "used_bytes": p.used_bytes} for p in r.processes]}
+        for r in readings]}
+
+
+def visible_indices(env: Mapping[str, str] = os.environ) -> tuple[int, ...]:
+    """The node GPU indices in CUDA_VISIBLE_DEVICES (slurmrl pins services by index)."""
+    raw = env.get("CUDA_VISIBLE_DEVICES", "")
+    return tuple(int(x) for x in raw.split(",") if x.strip().isdigit())
 
 
 def _process(raw: Any) -> ProcessMemory:

@@ -30,6 +30,7 @@ from aiohttp import web
 
 from slurmrl.auth.errors import AuthError
 from slurmrl.auth.tokens import Verifier
+from slurmrl.gpu.nvml import NvmlMonitor, reading_json, visible_indices
 from slurmrl.model import Residency
 from slurmrl.worker.protocol import (
     BackendError,
@@ -83,6 +84,13 @@ class ServiceServer:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backend")
         self.stopped = asyncio.Event()
         self.calls = 0
+        self._monitor: NvmlMonitor | None = None
+
+    def _nvml(self) -> NvmlMonitor:
+        # started on first use, kept for the service's life (nvmlInit is not free)
+        if self._monitor is None:
+            self._monitor = NvmlMonitor()
+        return self._monitor
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self._max_body, middlewares=[self._middleware])
@@ -186,6 +194,7 @@ class ServiceServer:
                 "active_sequences": self.backend.active_sequences(),
                 "memory": mem.to_json(),
                 "calls": self.calls,
+                "gpus": reading_json(self._nvml(), visible_indices()),
             }
         )
 

@@ -147,6 +147,7 @@ def test_two_users_jobs_learn_while_sharing_a_pool(jobs, shared_tmp: Path) -> No
 
 def _check_shared_and_disjoint(db: Path, job_ids: set[int]) -> None:
     from slurmrl.db import Store
+    from slurmrl.db.readings import lease_readings
     from slurmrl.leases.invariants import check_history
 
     store = Store(str(db))
@@ -159,5 +160,16 @@ def _check_shared_and_disjoint(db: Path, job_ids: set[int]) -> None:
         assert {j for _, j in grants} == job_ids
         switches = sum(1 for a, b in itertools.pairwise(grants) if a[1] != b[1])
         assert switches >= 10, f"the jobs took turns only {switches} times"
+        # NVML readings with each lease, taken by the services on the pool's node: this
+        # machine has no GPU, so each is the explicit no-GPU marker, never numbers (the
+        # last lease of a job may end with its services before its reading is taken)
+        readings = lease_readings(store)
+        for job_id in job_ids:
+            leased = {x.lease_id for x in store.leases()
+                      if x.job_id == job_id and x.granted_at is not None}
+            read = {r.lease_id for r in readings if r.job_id == job_id}
+            assert read <= leased and len(read) >= len(leased) - 2, (job_id, leased, read)
+        assert readings and all(r.reading["nvml"] == "unavailable" and r.reading["reason"]
+                                and "gpus" not in r.reading for r in readings)
     finally:
         store.close()
