@@ -88,6 +88,16 @@ def _os_release_ids() -> set[str]:
     return ids
 
 
+def is_installed(status: str) -> bool:
+    """Whether a dpkg `${Status}` line ("want flag state") says installed.
+
+    A package dpkg merely knows of reads "unknown ok not-installed", one removed but not
+    purged "deinstall ok config-files": only the state word "installed" counts.
+    """
+    words = status.split()
+    return len(words) == 3 and words[2] == "installed"
+
+
 def missing_packages(packages: Sequence[str] = PACKAGES) -> list[str]:
     """Packages of `packages` that dpkg does not report as installed."""
     missing = []
@@ -96,7 +106,7 @@ def missing_packages(packages: Sequence[str] = PACKAGES) -> list[str]:
             ["dpkg-query", "-W", "-f=${Status}", pkg],
             capture_output=True, text=True, timeout=30, check=False,
         )
-        if proc.returncode != 0 or not proc.stdout.endswith("installed"):
+        if proc.returncode != 0 or not is_installed(proc.stdout):
             missing.append(pkg)
     return missing
 
