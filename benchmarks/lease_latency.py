@@ -189,6 +189,51 @@ async def bench_rpc(n: int, seconds: float, hold_s: float, url: str,
     return m
 
 
+async def bench_stream(n: int, seconds: float, hold_s: float, url: str) -> Meter:
+    """Each driver: a session (one MUNGE credential), then one WebSocket `/v1/stream`
+    opened with the session's HMAC; acquire/release are frames on it."""
+    m = Meter()
+    ready, stop = asyncio.Event(), float("inf")
+
+    async def driver(s: aiohttp.ClientSession, job_id: int) -> None:
+        body = f'{{"job_id": {job_id}}}'.encode()
+        headers = {"Authorization": sign_request("POST", "/v1/sessions", body),
+                   "Content-Type": "application/json"}
+        async with s.post(url + "/v1/sessions", data=body, headers=headers) as r:
+            info = (await r.json())["session"]
+        headers = sign(info["session_id"], info["key"], "GET", "/v1/stream", b"")
+        async with s.ws_connect(url + "/v1/stream", headers=headers) as ws:
+            await ready.wait()
+            fid = 0
+            while time.perf_counter() < stop:
+                fid += 1
+                await ws.send_str(f'{{"id": {fid}, "op": "acquire", "job_id": {job_id}, '
+                                  '"phase": "rollout", "wait_s": 30}')
+                ans = await ws.receive_json()
+                if ans.get("status") != 200:
+                    raise RuntimeError(f"acquire: {ans}")
+                m.granted()
+                await asyncio.sleep(hold_s)
+                m.releasing()
+                fid += 1
+                await ws.send_str(f'{{"id": {fid}, "op": "release", "job_id": {job_id}, '
+                                  f'"lease_id": {ans["lease"]["lease_id"]}}}')
+                ans = await ws.receive_json()
+                if ans.get("status") != 200:
+                    raise RuntimeError(f"release: {ans}")
+
+    async def start() -> None:
+        nonlocal stop
+        await asyncio.sleep(0.3)  # streams opened: measure the steady state only
+        m.started = time.perf_counter()
+        stop = m.started + seconds
+        ready.set()
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        await asyncio.gather(start(), *(driver(s, i) for i in range(1, n + 1)))
+    return m
+
+
 def start_controller(db: Path) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -216,6 +261,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--hold-ms", type=float, default=1.0)
     ap.add_argument("--jobs", type=int, default=10_000, help="registered jobs in the DB")
+    ap.add_argument("--rows", default="stream,session,munge",
+                    help="RPC rows to run (comma-separated: stream, session, munge)")
     a = ap.parse_args()
     hold = a.hold_ms / 1e3
     print(f"{a.drivers} drivers, one GPU, hold {a.hold_ms:g} ms, {a.seconds:g} s each, "
@@ -230,12 +277,16 @@ def main() -> None:
         store = Store(db)
         fill(store, a.drivers, a.jobs)
         store.close()
-        for sessions, name in ((True, "RPC session (HMAC+HTTP+SQLite)"),
-                               (False, "RPC MUNGE (MUNGE+HTTP+SQLite)")):
+        for mode, name in (("stream", "RPC stream (WebSocket+SQLite)"),
+                           ("session", "RPC session (HMAC+HTTP+SQLite)"),
+                           ("munge", "RPC MUNGE (MUNGE+HTTP+SQLite)")):
+            if mode not in a.rows:
+                continue
             proc, url = start_controller(db)
             try:
-                print(asyncio.run(bench_rpc(a.drivers, a.seconds, hold, url, sessions))
-                      .row(name))
+                run = (bench_stream(a.drivers, a.seconds, hold, url) if mode == "stream"
+                       else bench_rpc(a.drivers, a.seconds, hold, url, mode == "session"))
+                print(asyncio.run(run).row(name))
             finally:
                 proc.terminate()
                 proc.wait(10)

@@ -78,6 +78,9 @@ class LeaseScheduler:
         self._futures: dict[int, asyncio.Future[Lease]] = {}
         self._waiters: dict[int, int] = {}  # request id -> drivers long-polling on it
         self._wake = asyncio.Event()
+        #: leases granted by this process and never shrunk: their GPU-seconds are
+        #: GPUs x held time, no need to sum their lease_gpus rows at the end
+        self._whole: set[int] = set()
         #: called after every grant is committed (pool manager: make residency fit)
         self.grant_hooks: list[GrantHook] = []
         #: set at shutdown: cancelled long polls then keep their requests for the restart
@@ -192,13 +195,15 @@ class LeaseScheduler:
             events = self.tables[pool_id].cancel(request_id, now)
             self._apply(pool_id, events, now, cancel_reason=reason)
 
-    def release(self, job: JobRecord, lease_id: int, timing: dict[str, Any]) -> Lease:
-        """End a held lease; its GPUs go to the next waiters at once."""
+    def release(self, job: JobRecord, lease_id: int, timing: dict[str, Any],
+                now: float | None = None) -> Lease:
+        """End a held lease (at `now`, default the clock); its GPUs go to the next
+        waiters at once. Returns the lease as it was held."""
         table = self._table_of(job, lease_id)
         lease = table.lease(lease_id)
         if lease is None:
             raise LeaseError(f"lease {lease_id} is not held")
-        now = self.clock()
+        now = self.clock() if now is None else now
         with self.store.transaction():
             self._apply(table.pool_id, table.release(lease_id, now), now, timing=timing)
         return lease
@@ -273,6 +278,7 @@ class LeaseScheduler:
         for ev in events:
             if isinstance(ev, Grant):
                 self.store.lease_granted(pool_id, ev.lease)
+                self._whole.add(ev.lease.lease_id)
                 m.leases_granted.labels(pool).inc()
                 m.wait_s.labels(pool).observe(ev.lease.wait_s)
                 fut = self._futures.pop(ev.lease.lease_id, None)
@@ -282,6 +288,7 @@ class LeaseScheduler:
                     hook(pool_id, ev.lease)
             elif isinstance(ev, Shrunk):
                 self.store.lease_shrunk(ev.lease, ev.freed, now)
+                self._whole.discard(ev.lease.lease_id)
             elif isinstance(ev, Released):
                 self._ended(pool_id, ev.lease, LeaseState.RELEASED, "", ev.at, timing)
             elif isinstance(ev, Revoke):
@@ -307,7 +314,11 @@ class LeaseScheduler:
         self, pool_id: int, lease: Lease, state: LeaseState, reason: str, at: float,
         timing: dict[str, Any] | None,
     ) -> None:
-        gpu_s = self.store.lease_ended(lease.lease_id, state, at, reason)
+        known = None
+        if lease.lease_id in self._whole:
+            self._whole.discard(lease.lease_id)
+            known = len(lease.gpus) * (at - lease.granted_at)
+        gpu_s = self.store.lease_ended(lease.lease_id, state, at, reason, gpu_s=known)
         self.store.add_ledger(job_id=lease.job_id, lease_id=lease.lease_id, pool_id=pool_id,
                               gpu_seconds=gpu_s, at=at)
         busy = timing.get("busy_s") if timing else None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,9 +29,12 @@ from aiohttp import web
 from slurmrl import __version__
 from slurmrl.auth import AuthCode, AuthError, sessions
 from slurmrl.auth.requests import verify_request
+from slurmrl.controller import stream
 from slurmrl.controller.core import Controller
 from slurmrl.controller.scheduler import RequestEnded
 from slurmrl.controller.validate import (
+    ACQUIRE,
+    RELEASE,
     F,
     RpcError,
     bad,
@@ -41,9 +45,10 @@ from slurmrl.controller.validate import (
     parse_wait,
 )
 from slurmrl.controller.views import job_view, lease_view, pool_view
+from slurmrl.db import JobRecord, LeaseRecord
 from slurmrl.leases import LeaseError
 from slurmrl.leases.types import Lease
-from slurmrl.model import GPU_PHASES, Identity, LeaseState, Phase
+from slurmrl.model import Identity, LeaseState, Phase
 
 log = logging.getLogger(__name__)
 
@@ -139,12 +144,28 @@ class Api:
 
     def __init__(self, c: Controller) -> None:
         self.c = c
+        self._gpu_indices: dict[int, tuple[int, ...]] = {}
 
-    def _lease(self, lease: Lease | Any, pool_id: int, private: bool = True) -> dict[str, Any]:
-        job = self.c.store.job(lease.job_id)
-        pool = self.c.store.pool(pool_id)
+    def _lease(self, lease: Lease | Any, pool_id: int, private: bool = True,
+               job: JobRecord | None = None) -> dict[str, Any]:
+        """A lease's view; `job` when the caller has it (saves re-reading the row)."""
+        if job is None or job.job_id != lease.job_id:
+            job = self.c.store.job(lease.job_id)
         return lease_view(lease, pool_id, job, self.c.config.controller.heartbeat_s,
-                          private=private, physical=pool.gpu_indices if pool else ())
+                          private=private, physical=self._physical(pool_id))
+
+    def _physical(self, pool_id: int) -> tuple[int, ...]:
+        """A pool's node GPU indices: fixed when the pool opens, so read once."""
+        got = self._gpu_indices.get(pool_id)
+        if got is None:
+            pool = self.c.store.pool(pool_id)
+            got = pool.gpu_indices if pool else ()
+            if got:  # an empty one might be filled in later: not cached
+                self._gpu_indices[pool_id] = got
+        return got
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        return await stream.serve_stream(self, request, request.app[SESSIONS].ttl_s)
 
     async def ping(self, request: web.Request) -> web.Response:
         return _json({"api": API_VERSION, "version": __version__})
@@ -216,27 +237,35 @@ class Api:
 
     async def heartbeat(self, request: web.Request) -> web.Response:
         _no_body(request)
-        job = self.c.active_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
+        return _json(self.heartbeat_op(_who(request),
+                                       parse_id(request.match_info["job_id"], "job id")))
+
+    def heartbeat_op(self, who: Identity, job_id: int) -> dict[str, Any]:
+        """Renew the job's leases (HTTP and stream)."""
+        job = self.c.active_job(who, job_id)
         held = self.c.scheduler.heartbeat(job)
-        pool_id = job.pool_id or 0
-        return _json({"job_id": job.job_id, "state": str(job.state),
-                      "held": [self._lease(x, pool_id) for x in held],
-                      "heartbeat_s": self.c.config.controller.heartbeat_s})
+        return {"job_id": job.job_id, "state": str(job.state),
+                "held": [self._lease(x, job.pool_id or 0, job=job) for x in held],
+                "heartbeat_s": self.c.config.controller.heartbeat_s}
 
     async def acquire(self, request: web.Request) -> web.Response:
-        b = _body(request, {"phase": F("str", True, choices=tuple(map(str, GPU_PHASES))),
-                            "min_gpus": F("int", lo=1, hi=1024, nullable=True),
-                            "wait_s": F("num", lo=0, hi=MAX_WAIT_S)})
-        who = _who(request)
-        job = self.c.active_job(who, parse_id(request.match_info["job_id"], "job id"))
+        b = _body(request, ACQUIRE)
+        status, answer = await self.acquire_op(
+            _who(request), parse_id(request.match_info["job_id"], "job id"), b)
+        return _json(answer, status)
+
+    async def acquire_op(self, who: Identity, job_id: int,
+                         b: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Acquire (HTTP long poll and stream): (200, {"lease"}) or (202, {"state", ...})."""
+        job = self.c.active_job(who, job_id)
         wait_s = 30.0 if b["wait_s"] is None else b["wait_s"]
         phase = Phase(b["phase"])
         if job.pool_id is None:
             placed = await self.c.wait_placed(job.job_id, wait_s)
             if placed is None or placed.pool_id is None:
                 state = "ended" if placed is None or placed.state.terminal else "unplaced"
-                return _json({"request_id": None, "state": state,
-                              "reason": placed.reason if placed else "gone"}, 202)
+                return 202, {"request_id": None, "state": state,
+                             "reason": placed.reason if placed else "gone"}
             job = placed
         rid = self._open_request(job.job_id, phase)
         if rid is None:
@@ -251,9 +280,9 @@ class Api:
                 raise RpcError(409, f"request-{exc.state}",
                                f"request {rid} was {exc.state}: {exc.reason}") from None
         if lease is None:
-            return _json({"request_id": rid, "state": "waiting"}, 202)
+            return 202, {"request_id": rid, "state": "waiting"}
         await self.c.pools.before_answer(job, lease)
-        return _json({"lease": self._lease(lease, job.pool_id or 0)})
+        return 200, {"lease": self._lease(lease, job.pool_id or 0, job=job)}
 
     def _open_request(self, job_id: int, phase: Phase) -> int | None:
         """An open request of this job for this phase (a retried acquire joins it)."""
@@ -291,15 +320,25 @@ class Api:
                                  for r in self.c.store.leases(job_id=job.job_id)]})
 
     async def release(self, request: web.Request) -> web.Response:
-        b = _body(request, {"timing": F("nummap")})
-        job = self.c.active_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
-        lease_id = parse_id(request.match_info["lease_id"], "lease id")
+        b = _body(request, RELEASE)
+        return _json(self.release_op(_who(request),
+                                     parse_id(request.match_info["job_id"], "job id"),
+                                     parse_id(request.match_info["lease_id"], "lease id"), b))
+
+    def release_op(self, who: Identity, job_id: int, lease_id: int,
+                   b: dict[str, Any]) -> dict[str, Any]:
+        """Release (HTTP and stream); the next waiter's grant is committed with it."""
+        job = self.c.active_job(who, job_id)
+        now = self.c.clock()
         with self.c.store.transaction():  # one commit for the release, grant and phase
-            self.c.scheduler.release(job, lease_id, b["timing"] or {})
+            held = self.c.scheduler.release(job, lease_id, b["timing"] or {}, now)
             self.c.store.update_job(job.job_id, phase="idle")
-        rec = self.c.store.lease(lease_id)
-        assert rec is not None
-        return _json({"lease": self._lease(rec, rec.pool_id)})
+        gpus = tuple(sorted(held.gpus))
+        # the row as just written, built from the lease instead of read back
+        rec = LeaseRecord(held.lease_id, job.pool_id or 0, job.job_id, held.phase, gpus, gpus,
+                          len(gpus), LeaseState.RELEASED, held.requested_at,
+                          held.deadline_at, held.granted_at, now)
+        return {"lease": self._lease(rec, rec.pool_id, job=job)}
 
     async def shrink(self, request: web.Request) -> web.Response:
         b = _body(request, {"keep": F("int", True, 1, 1024)})
@@ -380,6 +419,8 @@ def make_app(c: Controller) -> web.Application:
     app = web.Application(middlewares=[_guard], client_max_size=c.config.controller.max_body_bytes)
     app[CTRL] = c
     app[SESSIONS] = sessions.SessionTable()
+    app[stream.STREAMS] = weakref.WeakSet()
+    app.on_shutdown.append(stream.close_all)
     a = Api(c)
     r = app.router
     r.add_get("/v1/ping", a.ping)
@@ -401,6 +442,7 @@ def make_app(c: Controller) -> web.Application:
     r.add_post("/v1/pools", a.attach_pool)
     r.add_post("/v1/pools/{pool_id}/close", a.close_pool)
     r.add_get("/v1/status", a.status)
+    r.add_get(stream.PATH, a.stream)
     return app
 
 

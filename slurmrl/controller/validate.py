@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from slurmrl.model import GPU_PHASES
+
 MAX_ID = 2**53  #: ids travel as JSON numbers; beyond this they are not exact in JS clients
 MAX_STR = 4096
 MAX_MAP = 64
@@ -41,6 +43,14 @@ class F:
     hi: float | None = None
     nullable: bool = False
     choices: tuple[str, ...] | None = None
+
+
+#: bodies of the lease operations, shared by HTTP (server.py) and the stream (stream.py)
+ACQUIRE: dict[str, F] = {
+    "phase": F("str", True, choices=tuple(map(str, GPU_PHASES))),
+    "min_gpus": F("int", lo=1, hi=1024, nullable=True),
+    "wait_s": F("num", lo=0, hi=300.0)}
+RELEASE: dict[str, F] = {"timing": F("nummap")}
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:

@@ -328,11 +328,14 @@ class Store:
             )
 
     def lease_ended(
-        self, lease_id: int, state: LeaseState, at: float, reason: str = ""
+        self, lease_id: int, state: LeaseState, at: float, reason: str = "",
+        gpu_s: float | None = None,
     ) -> float:
         """A held lease was released or revoked, or a waiting request cancelled/revoked.
 
         Returns the GPU-seconds the lease held in all (0 for a request never granted).
+        A caller that knows them (a lease never shrunk: GPUs x held time) passes
+        `gpu_s`, which skips summing the lease's `lease_gpus` rows.
         """
         with self.transaction():
             self.conn.execute(
@@ -343,6 +346,8 @@ class Store:
                 "UPDATE lease_gpus SET end_at = ? WHERE lease_id = ? AND end_at IS NULL",
                 (at, lease_id),
             )
+            if gpu_s is not None:
+                return gpu_s
             row = self.conn.execute(
                 "SELECT SUM(end_at - start_at) FROM lease_gpus WHERE lease_id = ?", (lease_id,)
             ).fetchone()
