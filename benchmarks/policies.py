@@ -361,11 +361,38 @@ On disaggregated the predictor is still slightly optimistic (p95 1.16-1.17 at th
 default `margin = 1.0`); `margin = 1.03` brought p95 to 1.13 but halved the savings
 (60 jobs, seed 0: 19.3% -> 9.4%), so the default is unchanged and the miss is reported.
 Checked and not the blocker: `min_gain` and the slowdown bound (the pairs are infeasible
-in the simulator itself); groups of 3 only add load. The lever left, not built: let a
-smaller job run inside a larger job's pool on the GPUs its tail frees (a 16-GPU job's
-tail keeps 1-2 GPUs for most of its rollout), which needs pools of mixed job sizes in
-the policy, the simulator and the pool manager. `dedicated` and `gang` overlap at 0% in
-the load plot.
+in the simulator itself); groups of 3 only add load. `dedicated` and `gang` overlap at
+0% in the load plot.
+
+Mixed-size ("nested") pools, tried in this round and **not landed** (issue #5): a smaller
+colocated job joins a larger one's pool on the pool's highest GPUs, the ones the larger
+job's shrinking tail frees first (`LeaseTable.shrink` keeps the lowest). It does not
+reach 1.15 either, for the same reason: the host's training needs all its GPUs, the
+guest's among them, and the guest holds them (rollout incl. its tail, train, sync) for
+65-95% of its step, so host train share + guest hold share must stay under 1.15: 0.42 +
+0.92 on mixed-sizes, 0.48 + 0.93 on math-sync, 0.23 + 0.95 on long-cot; only 8-GPU tool
+guests (0.65) beside 16-GPU tool or long-reasoning hosts leave room. Measured with a
+throwaway patch (the simulator putting a smaller member on the pool's highest GPUs,
+the predictor's group simulation on per-member GPU masks; not landed): 40 random pairs
+of different sizes per workload (seed 0), each alone in a pool of the host's size from
+the same instant, round-robin slicing; pairs with both members <= 1.15 (worst member,
+median / best): mixed-sizes 0/40 (1.56 / 1.31), math-sync 0/40 (1.57 / 1.24), long-cot
+0/40 (1.32 / 1.20), agentic-tools 4/40 (1.20 / 1.11; same-size pairs 0/40, 1.26),
+polytrace-mix 1/40 (1.29 / 1.14). `bounded-slowdown` slicing gave identical figures.
+The few pairs within the limit are mostly ones whose guest outlives its host (it then
+runs alone): all 4 on agentic-tools used 5-36% *more* GPU-hours than dedicated, since
+the pool keeps the host's 16 GPUs for the 8-GPU guest. With the default policy allowed
+to make such joins (60 jobs, seeds 0-1, steady and bursty; agentic-tools, long-cot,
+polytrace-mix), no nested pool formed once hosts needed >= 3 observed steps (the best
+of ~1,800 candidate groups on agentic-tools and polytrace-mix was predicted at 1.167);
+on hosts placed minutes before (about one step observed) it made 0-2 a run, whose worst
+members ran at 1.19-1.95, savings -0.5% to +0.8%. With every limit raised to 1.22
+(calibration only) guests ran at 1.01-1.27, per-pool savings -53% to +18%, polytrace-mix
+savings 0.2% on average. The controller would need, to follow: a smaller
+member placed on the pool's highest GPUs (`pools.py` `_enact` and `manager.py`
+`place_pending` place a job on pool GPUs `range(job.request.gpus)`, the lowest, where a
+larger member's tail stays; `LeaseTable` already takes any subset of the pool's GPUs),
+and a pool that shrinks when its largest member leaves.
 
 ### Results
 
