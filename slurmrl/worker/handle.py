@@ -126,12 +126,23 @@ class ServiceHandle:
     def export_weights(self, timeout_s: float | None = None) -> bytes:
         return self._call("export_weights", "GET", "/v1/weights", b"", None, timeout_s)
 
-    def import_weights(self, blob: bytes, timeout_s: float | None = None) -> None:
-        self._call("import_weights", "PUT", "/v1/weights", blob, "application/octet-stream",
-                   timeout_s)
+    def import_weights(self, blob: bytes, timeout_s: float | None = None) -> dict[str, Any]:
+        """Load `blob` into this service; the answer says `staged: true` when it was
+        parked (the weights are applied when the controller next activates it)."""
+        raw = self._call("import_weights", "PUT", "/v1/weights", blob,
+                         "application/octet-stream", timeout_s)
+        try:
+            out = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ServiceError("import_weights", 200,
+                               f"service answered non-JSON: {raw[:200]!r}") from exc
+        return dict(out) if isinstance(out, dict) else {}
 
     def sync_weights_to(self, other: ServiceHandle, timeout_s: float | None = None) -> int:
-        """Copy this service's weights into `other` (trainer -> rollout); returns bytes."""
+        """Copy this service's weights into `other` (trainer -> rollout); returns bytes.
+
+        `other` may be parked (a disaggregated sync leases the trainer set only): it
+        stages the weights in host memory and generates with them once activated."""
         blob = self.export_weights(timeout_s)
         other.import_weights(blob, timeout_s)
         return len(blob)

@@ -12,6 +12,11 @@ costs ~3 ms per tensor, pageable copies run ~10x slower), copies are issued with
 storage is dropped, and `torch.cuda.empty_cache()` returns the freed blocks to the
 driver so that another process can use them.
 
+Weights that arrive while offloaded (a weight sync into a parked rollout) are written
+into the host buffers (`write_host`), never onto the device: the next `onload` copies
+them up like any parked state. On CUDA that write is a host-to-host copy into pinned
+memory; no kernel runs on the GPU until activation.
+
 On CPU the "device" is just another set of tensors in the same RAM: the CPU path is a
 stand-in that exercises the same protocol (buffers, copy, free, restore) for tests and
 the demo; it frees nothing the machine would notice. The CUDA path has not run on a GPU
@@ -20,7 +25,7 @@ in this project (no GPU on the development machine); its test is marked `gpu`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -38,6 +43,7 @@ class Offloader:
         self._tensors: list[torch.Tensor] = []
         self._host: dict[int, torch.Tensor] = {}  # id(tensor) -> host buffer
         self._shapes: dict[int, torch.Size] = {}
+        self._valid: set[int] = set()  # host buffers holding the tensor's current value
         self.offloaded = False
 
     @property
@@ -75,7 +81,8 @@ class Offloader:
         if self.offloaded:
             return
         if keep_host_copy:
-            self._copy_all(to_host=True)
+            self._copy(self._tensors, to_host=True)
+        self._valid = {id(t) for t in self._tensors} if keep_host_copy else set()
         for t in self._tensors:
             self._shapes[id(t)] = t.shape
             t.data = torch.empty(0, dtype=t.dtype, device=self.device)
@@ -86,20 +93,50 @@ class Offloader:
     def onload(self, restore: bool = True) -> None:
         """Reallocate device storage; with `restore` copy the host buffers back.
 
-        Without `restore` (after a drop) the device tensors hold zeros until weights are
-        imported.
+        Only buffers that hold a value are copied: all of them after `offload()`, none
+        after `offload(keep_host_copy=False)` (a drop) except those `write_host` filled
+        since. Tensors without a value (and all, without `restore`) hold zeros until
+        weights are imported.
         """
         if not self.offloaded:
             return
-        alloc = torch.empty if restore else torch.zeros
+        back = [t for t in self._tensors if id(t) in self._valid] if restore else []
+        keep = {id(t) for t in back}
         for t in self._tensors:
+            alloc = torch.empty if id(t) in keep else torch.zeros
             t.data = alloc(self._shapes[id(t)], dtype=t.dtype, device=self.device)
-        if restore:
-            self._copy_all(to_host=False)
+        self._copy(back, to_host=False)
         self.offloaded = False
 
-    def _copy_all(self, to_host: bool) -> None:
-        pairs = [(t, self._host[id(t)]) for t in self._tensors]
+    def shape_of(self, tensor: torch.Tensor) -> torch.Size | None:
+        """The shape `tensor` has on the device (also while offloaded); None if untracked."""
+        if id(tensor) not in self._host:
+            return None
+        return self._shapes[id(tensor)] if self.offloaded else tensor.shape
+
+    def write_host(self, values: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """While offloaded: overwrite the host copies of tracked tensors with new values.
+
+        Checks every pair before writing any (tracked, same shape), so a bad set leaves
+        the parked state as it was. The device is not touched; `onload` brings them up.
+        """
+        if not self.offloaded:
+            raise RuntimeError("write_host is for offloaded state; copy into the tensor")
+        for t, value in values:
+            if id(t) not in self._host:
+                raise ValueError("tensor is not tracked by this offloader")
+            if value.shape != self._shapes[id(t)]:
+                raise ValueError(f"shape {tuple(value.shape)} does not match the parked "
+                                 f"tensor's {tuple(self._shapes[id(t)])}")
+        with torch.no_grad():
+            for t, value in values:
+                self._host[id(t)].copy_(value)
+                self._valid.add(id(t))
+
+    def _copy(self, tensors: Sequence[torch.Tensor], to_host: bool) -> None:
+        pairs = [(t, self._host[id(t)]) for t in tensors]
+        if not pairs:
+            return
         if not self.cuda:
             for t, buf in pairs:
                 if to_host:

@@ -199,9 +199,10 @@ class MemoryUse:
 class ServiceBackend(Protocol):
     """One resident model. Calls come from one thread at a time.
 
-    Data-plane calls (`generate`, `train_step`, `export_weights`, `import_weights`)
-    raise `NotReady` unless `residency` is ACTIVE — except `import_weights`, which is
-    also the refill of a DROPPED rollout's weights only once it is activated.
+    Data-plane calls (`generate`, `train_step`, `export_weights`) raise `NotReady`
+    unless `residency` is ACTIVE. `import_weights` is also accepted while PARKED or
+    DROPPED: the weights are checked and staged in host memory, nothing runs on the
+    device, and `activate` applies them (for a DROPPED rollout that is its refill).
     """
 
     name: str
@@ -209,6 +210,10 @@ class ServiceBackend(Protocol):
 
     @property
     def residency(self) -> Residency: ...
+
+    @property
+    def staged(self) -> bool:
+        """Whether weights imported while parked wait for the next `activate`."""
 
     def load(self) -> None:
         """Build the model on its device; afterwards residency is ACTIVE."""
@@ -227,7 +232,12 @@ class ServiceBackend(Protocol):
         """The model's weights as a `torch.save`d state_dict."""
 
     def import_weights(self, blob: bytes) -> None:
-        """Load weights exported by a peer (trainer -> rollout sync)."""
+        """Load weights exported by a peer (trainer -> rollout sync).
+
+        ACTIVE: loaded at once. PARKED/DROPPED: staged in host memory and loaded by the
+        next `activate`, which then generates with them; a blob that does not fit is
+        refused (BackendError) either way.
+        """
 
     def memory(self) -> MemoryUse: ...
 

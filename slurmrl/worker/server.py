@@ -5,7 +5,10 @@ Control plane (the controller): `POST /v1/park`, `POST /v1/activate`, `POST /v1/
 `POST /v1/train_step`, `GET /v1/weights` (export), `PUT /v1/weights` (import). Every
 request must carry an HMAC signature made with the job's secret
 (`slurmrl.auth.tokens.sign`); anything else gets 401. Data-plane calls while the
-service is parked get 409. JSON in and out; weights travel as raw bytes.
+service is parked get 409 — except a weight import, which a parked service accepts and
+stages in host memory until it is activated (a disaggregated job's sync holds only the
+trainer's GPUs; see `ServiceBackend.import_weights`). JSON in and out; weights travel as
+raw bytes.
 
 Backend calls run one at a time on a worker thread, so `status` (and with it the count
 of active sequences during a long generate) stays answerable while a call runs. A park
@@ -135,9 +138,9 @@ class ServiceServer:
                  "status": 401},
                 status=401,
             )
-        if request.path.startswith(DATA_PLANE) and self.backend.residency in (
-            Residency.PARKED,
-            Residency.DROPPED,
+        staged_import = request.method == "PUT" and request.path == "/v1/weights"
+        if request.path.startswith(DATA_PLANE) and not staged_import and (
+            self.backend.residency in (Residency.PARKED, Residency.DROPPED)
         ):
             return _error(
                 409,
@@ -191,6 +194,7 @@ class ServiceServer:
                 "step_id": self.info.step_id,
                 "pid": os.getpid(),
                 "residency": str(self.backend.residency),
+                "weights_staged": self.backend.staged,
                 "active_sequences": self.backend.active_sequences(),
                 "memory": mem.to_json(),
                 "calls": self.calls,
@@ -249,8 +253,15 @@ class ServiceServer:
         blob = await request.read()
         if not blob:
             raise HttpError(400, "import_weights: empty body; send an exported weights blob")
-        await self.run_backend(self.backend.import_weights, blob)
-        return web.json_response({"imported_bytes": len(blob)})
+
+        def load() -> bool:  # on the backend thread: no park or activate in between
+            staged = self.backend.residency is not Residency.ACTIVE
+            self.backend.import_weights(blob)
+            return staged
+
+        # staged: the service is parked; the weights are applied when it is activated
+        staged = await self.run_backend(load)
+        return web.json_response({"imported_bytes": len(blob), "staged": staged})
 
 
 async def serve(

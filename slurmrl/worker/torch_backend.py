@@ -7,6 +7,13 @@ parameters *and* the optimizer state into persistent pinned host buffers (alloca
 non-blocking copies on a side stream, then `torch.cuda.empty_cache()`, see `offload.py`)
 and activation copies them back, so training resumes exactly where it stopped.
 
+Weights imported while parked (level 1 or 2) are staged: checked against the model
+(names and shapes, as `load_state_dict(strict=True)` would) and written into the
+host buffers of the parked parameters, without touching the device; `activate` copies
+them up with the rest of the parked state. That is how a disaggregated job's sync
+reaches a rollout parked for a partner's phase: the rollout runs with the new weights
+on its next activation, and nothing ran on its GPUs before.
+
 Limits: one device per service (no FSDP/TP sharding here); generation is not offered by
 this backend (a rollout engine is `vllm`, or `tiny` for tests). The CUDA path has NOT
 run on a GPU in this project — the development machine has none; its test is marked
@@ -77,6 +84,7 @@ class TorchModelBackend:
         self._offloader = Offloader(self.device)
         self._residency = Residency.STOPPED
         self._weights_valid = False  # False after a level-2 drop until weights arrive
+        self._staged = False  # weights imported while parked, waiting in host buffers
         self._active = 0
         self.steps = 0
         self.weights_version = 0
@@ -119,9 +127,11 @@ class TorchModelBackend:
         if self._residency is Residency.STOPPED:
             raise NotReady("service is stopped")
         dropped = self._residency is Residency.DROPPED
-        self._offloader.onload(restore=not dropped)
+        # host buffers hold the parked state, or (after a drop) only staged weights
+        self._offloader.onload(restore=True)
         if dropped:
-            self._weights_valid = False
+            self._weights_valid = self._staged
+        self._staged = False
         self._residency = Residency.ACTIVE
 
     # --- data plane ----------------------------------------------------------------
@@ -161,14 +171,13 @@ class TorchModelBackend:
         return buf.getvalue()
 
     def import_weights(self, blob: bytes) -> None:
-        self._require(Residency.ACTIVE, "import_weights")
-        assert self._model is not None
-        try:
-            state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-        except Exception as exc:  # torch raises several types for a corrupt blob
-            raise BackendError(f"weights blob is not a torch state_dict: {exc}") from exc
-        if not isinstance(state, dict):
-            raise BackendError("weights blob is not a state_dict (a dict of tensors)")
+        """Load weights now when ACTIVE; when parked, stage them for the next activate."""
+        if self._residency is Residency.STOPPED or self._model is None:
+            raise NotReady("service is stopped: import_weights needs a loaded model")
+        state = self._parse_weights(blob)
+        if self._residency is not Residency.ACTIVE:
+            self._stage(state)
+            return
         try:
             with torch.no_grad():
                 self._model.load_state_dict(state, strict=True)
@@ -176,6 +185,46 @@ class TorchModelBackend:
             raise BackendError(f"weights do not fit this model: {exc}") from exc
         self._weights_valid = True
         self.weights_version += 1
+
+    @property
+    def staged(self) -> bool:
+        """Whether weights imported while parked wait for the next activation."""
+        return self._staged
+
+    def _stage(self, state: dict[str, torch.Tensor]) -> None:
+        assert self._model is not None
+        targets = self._model.state_dict(keep_vars=True)
+        missing = sorted(set(targets) - set(state))
+        unexpected = sorted(set(state) - set(targets))
+        if missing or unexpected:
+            raise BackendError(f"weights do not fit this model: missing keys {missing}, "
+                               f"unexpected keys {unexpected}")
+        pairs = []
+        for key, target in targets.items():
+            value = state[key]
+            if not isinstance(value, torch.Tensor):
+                raise BackendError(f"weights do not fit this model: {key} is not a tensor")
+            if self._offloader.shape_of(target) is None:
+                if value.numel() == 0:
+                    continue  # an empty tensor the offloader never tracked
+                raise BackendError(f"weights do not fit this model: {key} is not parked")
+            pairs.append((target, value))
+        try:
+            self._offloader.write_host(pairs)
+        except ValueError as exc:
+            raise BackendError(f"weights do not fit this model: {exc}") from exc
+        self._staged = True
+        self.weights_version += 1
+
+    @staticmethod
+    def _parse_weights(blob: bytes) -> dict[str, torch.Tensor]:
+        try:
+            state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises several types for a corrupt blob
+            raise BackendError(f"weights blob is not a torch state_dict: {exc}") from exc
+        if not isinstance(state, dict):
+            raise BackendError("weights blob is not a state_dict (a dict of tensors)")
+        return state
 
     def memory(self) -> MemoryUse:
         if self._model is None:

@@ -16,6 +16,13 @@ Residency:
   weights were imported.
 - park(1) → `llm.sleep(level=1)`: weights copied to pinned host memory (PARKED);
   activate → `wake_up()`.
+- Weights imported while asleep (a disaggregated job's sync leases the trainer's GPUs
+  only, and a partner may hold this rollout's) are staged: the blob is checked to be a
+  state_dict of tensors and kept in this process's host memory; nothing is sent to the
+  engine. The next activate wakes the weights' memory only (`wake_up(tags=["weights"])`;
+  at level 1 that copies the old weights back first: vLLM offers no wake without it),
+  loads the staged weights, then wakes the KV cache and resets the prefix cache — the
+  same order as the level-2 refill. An active engine loads imported weights at once.
 Pausing: the server runs one backend call at a time, so no request is in flight when
 `sleep` runs (sleeping mid-request is a known corruption). After each sleep the freed
 memory is checked with NVML per-process readings over this process and its children
@@ -26,7 +33,9 @@ CUDA-graph pool and NCCL buffers are never freed (~1 GiB per GPU); `import_weigh
 passes the whole state_dict blob through `collective_rpc` (fine for one GPU; large
 tensor-parallel models want NCCL weight transfer instead); exporting weights from a
 rollout is not offered. Weight names must be the Hugging Face names vLLM's
-`load_weights` expects.
+`load_weights` expects. A staged blob is held in host memory (reported in `memory()`)
+until activation, also for a dropped rollout, whose footprint the controller counts as
+pinning none.
 """
 
 from __future__ import annotations
@@ -67,6 +76,20 @@ class WeightSyncExtension:
         return len(state)
 
 
+def _check_state_dict(blob: bytes) -> None:
+    """Refuse a blob that is not a `torch.save`d dict of named tensors (BackendError)."""
+    import torch
+
+    try:
+        state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for a corrupt blob
+        raise BackendError(f"weights blob is not a torch state_dict: {exc}") from exc
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
+        raise BackendError("weights blob is not a state_dict (a dict of named tensors)")
+
+
 class VllmBackend:
     """A vLLM `LLM` engine as a rollout service."""
 
@@ -90,6 +113,7 @@ class VllmBackend:
         self._active = 0
         self._nvml = NvmlMonitor()
         self._host_bytes = 0
+        self._staged: bytes | None = None  # weights imported while asleep
         self.last_freed_bytes: int | None = None
 
     @property
@@ -137,9 +161,10 @@ class VllmBackend:
     def activate(self) -> None:
         if self._residency is Residency.ACTIVE:
             return
-        if self._residency is Residency.PARKED:
+        staged, self._staged = self._staged, None
+        if self._residency is Residency.PARKED and staged is None:
             self._llm.wake_up()
-        elif self._residency is Residency.DROPPED:
+        elif self._residency in (Residency.PARKED, Residency.DROPPED):
             self._llm.wake_up(tags=["weights"])  # KV waits until the refit is done
             self._kv_asleep = True
             self._weights_valid = False
@@ -147,6 +172,8 @@ class VllmBackend:
             raise NotReady(f"service is {self._residency}")
         self._host_bytes = 0
         self._residency = Residency.ACTIVE
+        if staged is not None:
+            self._load(staged)  # wakes the KV cache once the new weights are in
 
     def generate(self, prompts: Sequence[str], params: GenerateParams) -> GenerateResult:
         from vllm import SamplingParams
@@ -189,8 +216,20 @@ class VllmBackend:
         raise BackendError("the vllm rollout does not export weights; export from the trainer")
 
     def import_weights(self, blob: bytes) -> None:
+        if self._residency in (Residency.PARKED, Residency.DROPPED):
+            _check_state_dict(blob)  # a bad blob is refused now, not at activation
+            self._staged = bytes(blob)
+            return
         if self._residency is not Residency.ACTIVE:
-            raise NotReady(f"service is {self._residency}: activate it before import_weights")
+            raise NotReady(f"service is {self._residency}: import_weights needs the engine")
+        self._load(blob)
+
+    @property
+    def staged(self) -> bool:
+        """Whether weights imported while asleep wait for the next activation."""
+        return self._staged is not None
+
+    def _load(self, blob: bytes) -> None:
         self._llm.collective_rpc("slurmrl_load_weights", args=(blob,))
         if self._kv_asleep:
             self._llm.wake_up(tags=["kv_cache"])
@@ -199,12 +238,15 @@ class VllmBackend:
         self._weights_valid = True
 
     def memory(self) -> MemoryUse:
-        return MemoryUse(device_bytes=self._gpu_bytes() or 0, host_bytes=self._host_bytes)
+        staged = len(self._staged) if self._staged is not None else 0
+        return MemoryUse(device_bytes=self._gpu_bytes() or 0,
+                         host_bytes=self._host_bytes + staged)
 
     def active_sequences(self) -> int:
         return self._active
 
     def close(self) -> None:
         self._llm = None
+        self._staged = None
         self._residency = Residency.STOPPED
         self._nvml.close()

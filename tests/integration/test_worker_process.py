@@ -2,8 +2,9 @@
 
 Needs no Slurm (so no `integration` marker): it starts the worker as a plain child
 process, the way a pool step would run it, and checks what a driver and the controller
-see: calls, park/activate with state surviving, 409 while parked, weight sync, refused
-unauthenticated calls, and `stop` ending the process. It lives here, not in tests/unit,
+see: calls, park/activate with state surviving, 409 while parked, weight sync (also
+into a parked rollout, as a disaggregated job's sync does), refused unauthenticated
+calls, and `stop` ending the process. It lives here, not in tests/unit,
 because it runs real processes.
 """
 
@@ -32,8 +33,8 @@ PROMPTS = ["12+7=", "3*4=", "99-9=", "5+5="]
 
 class Worker:
     def __init__(self, tmp: Path, role: str, secret: str, *, job_id: str = "101",
-                 secret_file: Path | None = None) -> None:
-        self.address_file = tmp / f"{role}.addr"
+                 secret_file: Path | None = None, name: str | None = None) -> None:
+        self.address_file = tmp / f"{name or role}.addr"
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         args = [sys.executable, "-m", "slurmrl.cli.main", "worker", "--backend", "tiny",
                 "--role", role, "--job-id", job_id, "--host", "127.0.0.1",
@@ -112,6 +113,44 @@ def test_driver_path_park_activate_sync_and_stop(workers: dict[str, Worker]) -> 
     assert "stopped" in (proc.stdout.read() if proc.stdout else "")
     with pytest.raises(ServiceUnreachable):
         roll.status()
+
+
+def test_weights_synced_into_a_parked_rollout_are_used_after_activation(
+        workers: dict[str, Worker], tmp_path: Path) -> None:
+    # A disaggregated job's sync leases the trainer's GPUs only: its rollout may be
+    # parked for a partner. The weights must wait in host memory, and be the ones the
+    # rollout generates with once the controller activates it for its next rollout.
+    roll, trainer = workers["rollout"].handle, workers["trainer"].handle
+    ref = Worker(tmp_path, "rollout", mint_secret(), name="reference")
+    try:
+        before = roll.generate(PROMPTS, seed=3, max_tokens=10)
+        for _ in range(2):
+            trainer.train_step([s.with_advantage(1.0 - i) for i, s in
+                                enumerate(before.samples)])
+        parked = roll.park(level=1)
+        assert parked["residency"] == "parked" and parked["memory"]["device_bytes"] == 0
+
+        blob = trainer.export_weights()
+        ans = roll.import_weights(blob)  # what trainer.sync_weights_to(roll) sends
+        assert ans == {"imported_bytes": len(blob), "staged": True}
+        st = roll.status()
+        # still parked, nothing brought back onto its device, no extra host memory
+        assert st["residency"] == "parked" and st["weights_staged"] is True
+        assert st["memory"] == parked["memory"]
+        with pytest.raises(ServiceParked):
+            roll.generate(PROMPTS, seed=3, max_tokens=10)
+
+        # the reference got the same weights while active: loaded at once
+        assert ref.handle.import_weights(blob)["staged"] is False
+        expected = ref.handle.generate(PROMPTS, seed=3, max_tokens=10)
+        assert expected != before
+
+        st = roll.activate()
+        assert st["residency"] == "active" and st["weights_staged"] is False
+        assert roll.generate(PROMPTS, seed=3, max_tokens=10) == expected
+        assert roll.export_weights() == blob
+    finally:
+        ref.kill()
 
 
 def test_unauthenticated_and_foreign_calls_are_refused(workers: dict[str, Worker]) -> None:

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from slurmrl.model import Residency
-from slurmrl.worker.protocol import BackendError, GenerateParams, NotReady, Role, TrainSample
+from slurmrl.worker.protocol import (
+    BackendError,
+    GenerateParams,
+    MemoryUse,
+    NotReady,
+    Role,
+    TrainSample,
+)
 from slurmrl.worker.tiny import TinyBackend
 
 PROMPTS = ["12+7=", "3*4=", "9-5=", "1+1=", "20+22="]
@@ -149,3 +156,55 @@ def test_bad_inputs_name_what_is_wrong() -> None:
     t = _trainer()
     with pytest.raises(BackendError, match="outside the model's vocabulary"):
         t.train_step([TrainSample((4,), (500,), 1.0)])
+
+
+def _trained_blob() -> bytes:
+    trainer = _trainer()
+    for seed in range(2):
+        trainer.train_step(_batch(trainer, seed))
+    return trainer.export_weights()
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_weights_synced_while_parked_are_generated_with_after_activate(level: int) -> None:
+    blob = _trained_blob()
+    reference = _rollout()  # got the weights while active: loaded at once
+    reference.import_weights(blob)
+    expected = reference.generate(PROMPTS, PARAMS)
+    parked = _rollout()
+    before = parked.generate(PROMPTS, PARAMS)
+    assert expected != before  # the sync changes what is generated
+    parked.park(level)
+    host_before = parked.memory().host_bytes
+    parked.import_weights(blob)
+    # staged in the host buffers it already had; the device copy was not touched
+    assert parked.residency is not Residency.ACTIVE and parked.staged
+    assert parked.memory() == MemoryUse(0, host_before)
+    with pytest.raises(NotReady):
+        parked.generate(PROMPTS, PARAMS)
+    parked.activate()
+    assert not parked.staged
+    assert parked.generate(PROMPTS, PARAMS) == expected
+    wp, wr = _weights(parked), _weights(reference)
+    assert all(torch.equal(wp[k], wr[k]) for k in wr)
+
+
+def test_bad_weights_for_a_parked_rollout_are_refused_and_change_nothing() -> None:
+    import io
+
+    b = _rollout()
+    before = b.generate(PROMPTS, PARAMS)
+    good = _weights(b)
+    bad = {k: (torch.zeros(3, 3) if i == 0 else v) for i, (k, v) in enumerate(good.items())}
+    buf = io.BytesIO()
+    torch.save(bad, buf)
+    b.park(1)
+    with pytest.raises(BackendError, match="does not match"):
+        b.import_weights(buf.getvalue())
+    with pytest.raises(BackendError, match="missing keys"):
+        buf = io.BytesIO()
+        torch.save({"x": torch.zeros(1)}, buf)
+        b.import_weights(buf.getvalue())
+    assert not b.staged
+    b.activate()
+    assert b.generate(PROMPTS, PARAMS) == before

@@ -1,0 +1,93 @@
+"""The vllm backend's weight staging, against a FAKE engine (no GPU, no vLLM here).
+
+vLLM cannot run on this machine (no GPU, not installed), so `FakeEngine` stands in for
+`vllm.LLM` and only records the calls the backend makes; nothing here shows vLLM itself
+behaves. What it does check is the backend's own logic: weights imported while asleep
+reach the engine only at activation, in the order vLLM's sleep mode needs (wake the
+weights' memory, load, wake the KV cache, reset the prefix cache), and not before.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+import torch
+
+from slurmrl.model import Residency
+from slurmrl.worker.protocol import BackendError
+from slurmrl.worker.vllm_backend import VllmBackend
+
+
+class FakeEngine:
+    """Records `vllm.LLM` calls (sleep, wake_up, collective_rpc, reset_prefix_cache)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def sleep(self, level: int) -> None:
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.calls.append(("wake_up", tuple(tags) if tags else None))
+
+    def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        self.calls.append(("collective_rpc", method, args))
+        return [None]
+
+    def reset_prefix_cache(self) -> None:
+        self.calls.append(("reset_prefix_cache",))
+
+
+def _blob() -> bytes:
+    buf = io.BytesIO()
+    torch.save({"model.embed_tokens.weight": torch.ones(4, 2)}, buf)
+    return buf.getvalue()
+
+
+def _backend() -> tuple[VllmBackend, FakeEngine]:
+    b = VllmBackend("Qwen/Qwen3-0.6B")
+    engine = FakeEngine()
+    # what load() leaves behind, without vLLM: an awake engine with its weights
+    b._llm, b._residency, b._weights_valid = engine, Residency.ACTIVE, True
+    return b, engine
+
+
+LOAD = [("wake_up", ("weights",)), ("collective_rpc", "slurmrl_load_weights", (_blob(),)),
+        ("wake_up", ("kv_cache",)), ("reset_prefix_cache",)]
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_weights_imported_asleep_reach_the_engine_only_at_activation(level: int) -> None:
+    b, engine = _backend()
+    b.park(level)
+    assert engine.calls == [("sleep", level)]
+    b.import_weights(_blob())
+    assert engine.calls == [("sleep", level)]  # nothing sent to the engine (its GPUs)
+    assert b.staged and b.residency is not Residency.ACTIVE
+    assert b.memory().host_bytes >= len(_blob())
+    b.activate()
+    assert engine.calls[1:] == LOAD
+    assert b.residency is Residency.ACTIVE and not b.staged and b._weights_valid
+
+
+def test_awake_engine_loads_at_once_and_plain_wake_without_staged_weights() -> None:
+    b, engine = _backend()
+    b.import_weights(_blob())
+    assert engine.calls == [("collective_rpc", "slurmrl_load_weights", (_blob(),)),
+                            ("reset_prefix_cache",)]
+    engine.calls.clear()
+    b.park(1)
+    b.activate()
+    assert engine.calls == [("sleep", 1), ("wake_up", None)]
+
+
+def test_a_blob_that_is_not_a_state_dict_is_refused_while_asleep() -> None:
+    b, engine = _backend()
+    b.park(1)
+    with pytest.raises(BackendError, match="not a torch state_dict"):
+        b.import_weights(b"garbage")
+    assert not b.staged
+    b.activate()
+    assert engine.calls == [("sleep", 1), ("wake_up", None)]
