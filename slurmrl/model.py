@@ -116,10 +116,13 @@ class RlRequest:
         """Job-local GPU indices a GPU phase runs on.
 
         Colocated: every phase on all GPUs. Disaggregated: rollout on the rollout set,
-        train on the trainer set, sync (trainer -> rollout transfer) on both.
+        train and sync on the trainer set. A disaggregated sync leases the trainer set
+        only: the trainer exports its weights, the rollout service stages them in host
+        memory if it is parked, and loads them when it is next activated (for its
+        rollout lease), so a sync never waits for a partner that holds the rollout set.
         """
         sets = self.gpu_sets()
-        if self.layout is Layout.COLOCATED or phase is Phase.SYNC:
+        if self.layout is Layout.COLOCATED:
             return tuple(range(self.gpus))
         return sets["rollout"] if phase is Phase.ROLLOUT else sets["trainer"]
 

@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 from policies.base import Action, Placement
 from slurmrl.controller.placement import controller_snapshot
 from slurmrl.controller.residency import (
-    PHASE_ROLES,
     Footprint,
     GpuCapacity,
     ResidencyError,
     admit,
     footprints_for_job,
+    phase_roles,
     plan_grant,
 )
 from slurmrl.controller.services import RunningService, ServiceLauncher, ServiceSpec
@@ -456,7 +456,8 @@ class SlurmPools:
 
     async def _record_readings(self, job_id: int, lease_id: int, phase: Phase) -> None:
         """Store each of the phase's services' NVML reading (or no-GPU marker) with the lease."""
-        for role in PHASE_ROLES[phase]:
+        mine = [lv.footprint for lv in self._live.values() if lv.job_id == job_id]
+        for role in phase_roles(phase, mine):
             live = self._live.get((job_id, role))
             if live is None:
                 continue

@@ -7,10 +7,11 @@ hand-built cases and could run in the simulator unchanged.
   memory per GPU while active and while parked, and the host memory its parked state
   pins on the pool's node. A declared `--rl-mem` (memory per GPU the job's resident
   model set needs) wins over the `slurmrl.gpu` estimate from the model's size.
-- `plan_grant()` is called before a lease is answered: the services the phase needs are
-  made active; every other service on the lease's GPUs stays active only while the GPU
-  still fits, otherwise it is parked — other jobs' services first, then this job's
-  idle ones. Parked state goes to host memory while the node's budget (site config
+- `plan_grant()` is called before a lease is answered: the services the phase needs
+  (`phase_roles()`; a disaggregated sync needs only the trainer) are made active;
+  every other service on the lease's GPUs stays active only while the GPU still fits,
+  otherwise it is parked — other jobs' services first, then this job's idle ones.
+  Parked state goes to host memory while the node's budget (site config
   `limits.parked_host_mem_per_node`) lasts; a rollout can be dropped instead (its
   weights come back with the next weight sync); a trainer cannot.
 - `admit()` refuses, with a reason the user sees, a job whose services cannot fit on
@@ -32,7 +33,7 @@ from slurmrl.model import Phase, Residency, RlRequest
 
 ServiceKey = tuple[int, str]  #: (RL job id, role)
 
-#: which services a phase must have active
+#: which services a phase may need active; `phase_roles()` says which one job needs
 PHASE_ROLES: Mapping[Phase, tuple[str, ...]] = {
     Phase.ROLLOUT: ("rollout",),
     Phase.TRAIN: ("trainer",),
@@ -137,6 +138,26 @@ def footprints_for_job(job_id: int, request: RlRequest, pool_gpus: Sequence[int]
     return out
 
 
+def phase_roles(phase: Phase, job_services: Iterable[Footprint]) -> tuple[str, ...]:
+    """The roles among one job's services (`job_services`) that `phase` needs active.
+
+    A sync needs the trainer (it exports the weights) and, colocated, the rollout too:
+    both live on the GPUs the sync lease holds, and the import runs there. Disaggregated
+    (the rollout's GPUs are not the trainer's), a sync leases the trainer set only
+    (`RlRequest.gpus_for`): the rollout keeps its residency, a parked one stages the
+    weights in host memory and loads them when it is next activated, so nothing runs
+    on a rollout set a partner may hold.
+    """
+    roles = PHASE_ROLES.get(phase, ())
+    if phase is not Phase.SYNC:
+        return roles
+    by_role = {f.role: f for f in job_services}
+    trainer, rollout = by_role.get("trainer"), by_role.get("rollout")
+    if trainer is not None and rollout is not None and not trainer.gpus & rollout.gpus:
+        return ("trainer",)
+    return roles
+
+
 def _fits(gpus: Iterable[int], state: Mapping[ServiceKey, Residency],
           services: Mapping[ServiceKey, Footprint], capacity: Mapping[int, int]) -> int | None:
     """The first GPU among `gpus` over capacity, or None when all fit."""
@@ -154,7 +175,8 @@ def plan_grant(
     """Park/drop/activate so that job `job_id`'s `phase` services run; raise if impossible."""
     by_key = {f.key: f for f in services}
     cap = {c.index: c.usable_bytes for c in capacity}
-    needed = [(job_id, r) for r in PHASE_ROLES.get(phase, ()) if (job_id, r) in by_key]
+    roles = phase_roles(phase, (f for f in services if f.job_id == job_id))
+    needed = [(job_id, r) for r in roles if (job_id, r) in by_key]
     if not needed:
         return ResidencyPlan(host_bytes_after=_host(by_key, {k: f.residency
                                                              for k, f in by_key.items()}))

@@ -365,3 +365,94 @@ def test_two_users_share_a_pool_with_resident_services(
 
 def read(path: Path) -> str:
     return path.read_text() if path.exists() else ""
+
+
+DISAGG_DRIVER = '''#!{python}
+"""A disaggregated job: rollout on its rollout set, train and sync on its trainer set."""
+import json, sys, time, slurmrl
+job = slurmrl.connect(url=sys.argv[1])
+ro, tr = job.service("rollout"), job.service("trainer")
+prompts = ["1+2=", "3*4=", "9-7=", "5+5="]
+synced = None
+try:
+    for i in range(10000):
+        with job.phase("rollout"):
+            out = ro.generate(prompts, max_tokens=8, seed=11)
+            # the rollout runs with the weights of the last sync, staged or not
+            same = synced is None or ro.export_weights() == synced
+        with job.phase("train"):
+            tr.train_step([{{"prompt_ids": list(s.prompt_ids),
+                            "completion_ids": list(s.completion_ids),
+                            "advantage": 1.0 if k % 2 else -1.0}}
+                           for k, s in enumerate(out.samples)])
+        with job.phase("sync") as lease:
+            synced = tr.export_weights()
+            tr.sync_weights_to(ro)
+            st = ro.status()
+            print(json.dumps({{"round": i, "same": same, "sync_gpus": list(lease.gpus),
+                              "rollout": st["residency"],
+                              "staged": st["weights_staged"]}}), flush=True)
+        time.sleep(0.1)
+except Exception as exc:
+    print("ERROR", type(exc).__name__, exc, flush=True)
+    sys.exit(3)
+'''
+
+
+def test_disaggregated_sync_holds_the_trainer_set_and_stages_into_a_parked_rollout(
+    shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
+) -> None:
+    from slurmrl.db import Store
+    from tests.integration.controller_harness import VENV_PY, ControllerProc, env_for_controller
+
+    env = env_for_controller(slurm_env)
+    env["SLURMRL_CONTROLLER__RECONCILE_INTERVAL_S"] = "1"
+    env["SLURMRL_LIMITS__MAX_SLOWDOWN"] = "3"  # busy drivers: see the test above
+    ctl = ControllerProc(shared_tmp, env, lease_timeout_s=10.0)
+    ctl.args += ["--pool-manager", "slurm", "--services-dir", str(run_dir)]
+    ctl.start()
+    driver = shared_tmp / "disagg_driver.py"
+    driver.write_text(DISAGG_DRIVER.format(python=VENV_PY))
+    driver.chmod(0o755)
+    outs = {u: shared_tmp / f"{u}-disagg.out" for u in ("rlalice", "rlbob")}
+    ids: dict[str, int] = {}
+    try:
+        for user in ("rlalice", "rlbob"):
+            sub = jobs.sbatch(["--rl-gpus=4", "--rl-model=tiny",  # type: ignore[attr-defined]
+                               "--rl-layout=disaggregated:2", "--rl-max-slowdown=3",
+                               f"--output={outs[user]}", "--time=15",
+                               f"--wrap={driver} {ctl.url}"], user=user)
+            assert sub.returncode == 0 and sub.job_id, sub.stderr
+            ids[user] = sub.job_id
+        _wait(lambda: all(len(_rounds(o)) >= 6 for o in outs.values()), 240,
+              "both drivers to finish 6 rounds:\n" + "\n".join(
+                  read(o) for o in outs.values()) + read(ctl.log))
+        store = Store(ctl.db)
+        pool_ids = {store.job(i).pool_id for i in ids.values()}  # type: ignore[union-attr]
+        assert len(pool_ids) == 1 and None not in pool_ids, "both jobs share one pool"
+        rounds = {u: _rounds(o) for u, o in outs.items()}
+        for user, rs in rounds.items():
+            # job-local GPUs 0,1 are the rollout set, 2,3 the trainer set
+            assert all(r["sync_gpus"] == [2, 3] for r in rs), (user, rs)
+            # every rollout generated with the weights its job synced last
+            assert all(r["same"] for r in rs), (user, rs)
+        # the partner's rollout parked this job's rollout; the sync went in regardless
+        staged = [r for rs in rounds.values() for r in rs if r["staged"]]
+        assert staged and all(r["rollout"] in ("parked", "dropped") for r in staged), rounds
+        log = read(ctl.log)
+        for job_id in ids.values():
+            syncs = re.findall(rf"handoff to job {job_id} \(sync\): [^\n]*", log)
+            assert all(f"({job_id}, 'rollout')" not in s.split("activated")[1]
+                       for s in syncs), syncs
+    finally:
+        # end the drivers, then the pool: a stopped controller leaves its pools running
+        # (a restarted one re-attaches them), and a leftover pool holds the GPUs
+        for jid in ids.values():
+            jobs.run(["scancel", str(jid)])  # type: ignore[attr-defined]
+        if ctl.db.exists():
+            for p in Store(ctl.db).pools():
+                if p.slurm_job_id is not None:
+                    jobs.run(["scancel", str(p.slurm_job_id)])  # type: ignore[attr-defined]
+        ctl.stop()
+        for path in run_dir.glob("*.log"):
+            print(path.name, path.read_text()[-1500:])

@@ -12,6 +12,7 @@ from slurmrl.controller.residency import (
     ResidencyError,
     admit,
     footprints_for_job,
+    phase_roles,
     plan_grant,
 )
 from slurmrl.gpu.estimate import GiB
@@ -160,3 +161,37 @@ def test_plan_leaves_inputs_unchanged_and_is_deterministic() -> None:
     p2 = plan_grant(services, CAP80, job_id=2, phase=Phase.TRAIN, host_budget_bytes=GiB * 99)
     assert p1 == p2 and services == snapshot
     assert p1.park == ((1, "rollout"),) and p1.activate == ((2, "trainer"),)
+
+
+def test_gpus_for_sync_is_the_trainer_set_when_disaggregated() -> None:
+    dis = RlRequest(gpus=4, layout=Layout.DISAGGREGATED, rollout_gpus=1)
+    assert dis.gpus_for(Phase.ROLLOUT) == (0,)
+    assert dis.gpus_for(Phase.TRAIN) == dis.gpus_for(Phase.SYNC) == (1, 2, 3)
+    col = RlRequest(gpus=4)
+    assert col.gpus_for(Phase.SYNC) == col.gpus_for(Phase.ROLLOUT) == (0, 1, 2, 3)
+
+
+def test_disaggregated_sync_activates_the_trainer_only() -> None:
+    # job 1 disaggregated on pool GPUs 0 (rollout) and 1 (trainer); job 2 colocated on
+    # both, rolling out: it holds job 1's rollout set, where job 1's rollout is parked
+    req = RlRequest(gpus=2, model="1B", layout=Layout.DISAGGREGATED, rollout_gpus=1)
+    ro, tr = footprints_for_job(1, req, (0, 1))
+    services = [replace(ro, residency=Residency.PARKED),
+                replace(tr, residency=Residency.PARKED),
+                fp(2, "rollout", (0, 1), 70), fp(2, "trainer", (0, 1), 30,
+                                                  residency=Residency.PARKED)]
+    plan = plan_grant(services, CAP80, job_id=1, phase=Phase.SYNC,
+                      host_budget_bytes=1000 * GiB)
+    assert plan.activate == ((1, "trainer"),)  # the rollout stays parked: staged weights
+    assert plan.park == ((2, "rollout"),)  # only for room on GPU 1, the trainer set
+    assert phase_roles(Phase.SYNC, [ro, tr]) == ("trainer",)
+
+
+def test_colocated_sync_still_activates_both_services() -> None:
+    ro, tr = footprints_for_job(1, RlRequest(gpus=2, model="1B"), (0, 1))
+    services = [replace(ro, residency=Residency.PARKED),
+                replace(tr, residency=Residency.PARKED)]
+    plan = plan_grant(services, CAP80, job_id=1, phase=Phase.SYNC,
+                      host_budget_bytes=1000 * GiB)
+    assert set(plan.activate) == {(1, "rollout"), (1, "trainer")}
+    assert phase_roles(Phase.SYNC, [ro, tr]) == ("trainer", "rollout")

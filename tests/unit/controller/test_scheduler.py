@@ -93,7 +93,20 @@ async def test_disaggregated_jobs_share_the_pool_by_sets() -> None:
     assert a.lease is not None and b.lease is not None
     assert a.lease.gpus == {0} and b.lease.gpus == {1}
     with pytest.raises(LeaseError, match="already holds"):
-        s.request(_job(store, 1), Phase.SYNC)  # sync needs both sets, A holds one
+        s.request(_job(store, 2), Phase.SYNC)  # its sync is on the trainer set it holds
+
+
+@run
+async def test_disaggregated_sync_holds_the_trainer_set_only() -> None:
+    store, _, clock = _setup(Layout.DISAGGREGATED)
+    s = _sched(store, clock)
+    a = s.request(_job(store, 1), Phase.ROLLOUT)  # job 1 rolls out on GPU 0
+    b = s.request(_job(store, 2), Phase.SYNC)  # job 2's sync: GPU 1, not GPU 0 too
+    assert a.lease is not None and b.lease is not None  # granted at once, no wait
+    assert a.lease.gpus == {0} and b.lease.gpus == {1}
+    colocated, _, clock2 = _setup(Layout.COLOCATED)
+    c = _sched(colocated, clock2).request(_job(colocated, 1), Phase.SYNC)
+    assert c.lease is not None and c.lease.gpus == {0, 1}  # colocated: every GPU
 
 
 @run
