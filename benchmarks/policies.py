@@ -355,8 +355,10 @@ this is what makes disaggregated pairs feasible (0 -> about half of them); (3) t
 predictor simulates the tail as holding one GPU (it had scored it as a free gap, so it
 accepted long-cot and disaggregated pairs that then ran at p95 1.17-1.26, above the
 users' 1.15), and rejects colocated pairs whose whole-set phases cannot fit beside the
-partner's GPU-holding phases. (1) and (2) are simulator mechanisms the controller does
-not have yet (it has no grow request; `RlRequest.gpus_for` leases both sets for sync).
+partner's GPU-holding phases. (2) is now in the controller too (`RlRequest.gpus_for`
+leases the trainer set for a disaggregated sync; a parked rollout stages the weights
+and loads them on activation: docs/pools.md); (1) is still simulator-only (the
+controller has no grow request).
 On disaggregated the predictor is still slightly optimistic (p95 1.16-1.17 at the
 default `margin = 1.0`); `margin = 1.03` brought p95 to 1.13 but halved the savings
 (60 jobs, seed 0: 19.3% -> 9.4%), so the default is unchanged and the miss is reported.
