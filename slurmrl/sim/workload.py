@@ -88,7 +88,9 @@ class SimJob:
         return self.gpus if self.layout is Layout.COLOCATED else self.gpus - self.rollout_gpus
 
     def set_size(self, phase: Phase) -> int:
-        if self.layout is Layout.COLOCATED or phase is Phase.SYNC:
+        """GPUs `phase` runs on: as `RlRequest.gpus_for` (a disaggregated sync: the
+        trainer set; the rollout engine loads the staged weights when next activated)."""
+        if self.layout is Layout.COLOCATED:
             return self.gpus
         return self.rollout_gpus if phase is Phase.ROLLOUT else self.trainer_gpus
 

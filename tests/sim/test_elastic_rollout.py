@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from policies import registry
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode
 from slurmrl.leases.invariants import check_table
-from slurmrl.model import Layout, Phase
+from slurmrl.model import Layout, Phase, RlRequest
 from slurmrl.sim.engine import SimConfig, Simulation
 from slurmrl.sim.workload import Segment, SimJob
 
@@ -82,3 +82,14 @@ def test_a_disaggregated_sync_does_not_wait_for_the_partners_rollout_set() -> No
     sim = run([b, a])
     fa = sim.runs[2].finished_at
     assert fa is not None and abs(fa - 12.0) < 0.5
+
+
+def test_lower_bound_counts_a_disaggregated_sync_on_the_trainer_set() -> None:
+    """The lower bound uses the GPU sets the controller leases (`RlRequest.gpus_for`)."""
+    segs = ((Phase.ROLLOUT, 10.0), (Phase.TRAIN, 6.0), (Phase.SYNC, 2.0), (Phase.REWARD, 3.0))
+    job = SimJob(1, "d", "u1", 0.0, "Qwen2.5-7B", 7e9, 8, Layout.DISAGGREGATED, 4,
+                 (tuple(Segment(p, s) for p, s in segs),), (), None, None, False)
+    assert job.busy_gpu_s() == 10.0 * 4 + 6.0 * 4 + 2.0 * 4
+    req = RlRequest(gpus=8, layout=Layout.DISAGGREGATED, rollout_gpus=4)
+    for phase in (Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC):
+        assert job.set_size(phase) == len(req.gpus_for(phase))
