@@ -302,7 +302,8 @@ def main() -> None:
 SECTION = """## Policies and simulator
 
 Produced by `python benchmarks/policies.py --jobs {jobs} --seeds {seeds}` ({runs} runs in
-{grid_s:.0f} s on {machine}; load average {load:.1f} at the end, the benchmark's own processes included).
+{grid_s:.0f} s on {machine}; load average {load:.1f} at the end, the benchmark's
+own processes included).
 Each row: mean over {seeds} seeds x (steady, bursty)
 arrivals of {jobs} jobs drawn from the workload (suite: {suite}; parameters and sources in
 `workloads/*.json` and `workloads/README.md`). Reproduce one cell with
