@@ -53,7 +53,7 @@ def _saved(j: dict[str, Any]) -> str:
 
 JOB_FIELDS: dict[str, Field] = {
     "jobid": ("JOBID", 7, True, lambda j: str(j["job_id"])),
-    "user": ("USER", 9, False, lambda j: j["user"]),
+    "user": ("USER", 9, False, lambda j: j["user"] or "-"),  # null: hidden by the site
     "name": ("NAME", 14, False, lambda j: j.get("name") or "-"),
     "pool": ("POOL", 5, True, lambda j: f"p{j['pool_id']}" if j["pool_id"] else "-"),
     "gpus": ("GPUS", 4, True, lambda j: str(j["gpus"])),

@@ -78,6 +78,9 @@ class ControllerConfig:
     admins: tuple[str | int, ...] = opt(
         (), "user names or uids that may see and act on every job (root always may)"
     )
+    hide_other_users: bool = opt(
+        False, "show other users' RL jobs without their user name (admins still see it)"
+    )
     log_level: str = opt("info", "controller log level", choices=LOG_LEVELS)
 
 

@@ -208,10 +208,13 @@ class Api:
         active = None if q.get("all") == "1" else True
         jobs = self.c.store.jobs(active=active, user=q.get("user"), ids=ids)
         admin = self.c.is_admin(who)
+        hide = self.c.config.controller.hide_other_users and not admin
+        if hide and "user" in q:  # no finding out whose jobs are whose by filtering
+            jobs = [j for j in jobs if j.uid == who.uid]
         mine = [j.job_id for j in jobs if admin or j.uid == who.uid]
         gpu_s = self.c.gpu_seconds_now(mine)
         now = self.c.clock()
-        return [job_view(j, private=admin or j.uid == who.uid,
+        return [job_view(j, private=admin or j.uid == who.uid, hide_user=hide,
                          gpu_s=gpu_s.get(j.job_id, 0.0), now=now) for j in jobs]
 
     async def get_job(self, request: web.Request) -> web.Response:
@@ -225,7 +228,8 @@ class Api:
         gpu_s = self.c.gpu_seconds_now([job_id]).get(job_id, 0.0) if private else None
         services = self.c.store.services(job_id=job_id, live_only=True) if private else []
         return _json({"job": job_view(job, private=private, gpu_s=gpu_s, now=self.c.clock(),
-                                      services=services)})
+                                      services=services,
+                                      hide_user=self.c.config.controller.hide_other_users)})
 
     async def end(self, request: web.Request) -> web.Response:
         b = _body(request, {"state": F("str", choices=("CD", "F", "CA")),

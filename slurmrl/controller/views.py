@@ -17,11 +17,15 @@ from slurmrl.model import LeaseState
 
 
 def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
-             secret: bool = False, services: Sequence[ServiceRecord] = ()) -> dict[str, Any]:
+             secret: bool = False, services: Sequence[ServiceRecord] = (),
+             hide_user: bool = False) -> dict[str, Any]:
+    """A job as the caller may see it: `private` (its owner or an admin) or public;
+    a public view's `user` is null when the site hides other users
+    (`controller.hide_other_users`)."""
     end = job.ended_at if job.ended_at is not None else now
     out: dict[str, Any] = {
         "job_id": job.job_id,
-        "user": job.user,
+        "user": None if hide_user and not private else job.user,
         "state": str(job.state),
         "reason": job.reason,
         "pool_id": job.pool_id,
