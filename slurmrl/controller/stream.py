@@ -118,40 +118,35 @@ class Stream:
             await self.error(frame_id(raw), exc)
             return
         fid = b["id"]
-        if op == "acquire":
-            if fid in self.pending:
-                await self.error(fid, bad(f"frame id {fid} is still in use by a waiting "
-                                          "acquire", "bad-value"))
-            elif len(self.pending) >= MAX_PENDING:
-                await self.error(fid, RpcError(429, "too-many-pending",
-                                               f"at most {MAX_PENDING} acquires may wait "
-                                               "on one stream"))
-            else:
-                task = asyncio.create_task(self._acquire(fid, b))
-                self.pending[fid] = task
-                task.add_done_callback(self._done)
-            return
-        try:
-            if op == "release":
-                answer = self.api.release_op(self.who, b["job_id"], b["lease_id"], b)
-            else:
-                answer = self.api.heartbeat_op(self.who, b["job_id"])
-        except RpcError as exc:
-            await self.error(fid, exc)
-            return
-        except LeaseError as exc:
-            await self.error(fid, RpcError(409, "lease-conflict", str(exc)))
-            return
-        await self.send(fid, 200, answer)
+        if op != "acquire":
+            await self._answer(fid, op, b)
+        elif fid in self.pending:
+            await self.error(fid, bad(f"frame id {fid} is still in use by a waiting "
+                                      "acquire", "bad-value"))
+        elif len(self.pending) >= MAX_PENDING:
+            await self.error(fid, RpcError(429, "too-many-pending",
+                                           f"at most {MAX_PENDING} acquires may wait "
+                                           "on one stream"))
+        else:  # acquires wait concurrently: the stream keeps reading frames meanwhile
+            task = asyncio.create_task(self._answer(fid, op, b))
+            self.pending[fid] = task
+            task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         for fid, t in list(self.pending.items()):
             if t is task:
                 del self.pending[fid]
 
-    async def _acquire(self, fid: int, b: dict[str, Any]) -> None:
+    async def _answer(self, fid: int, op: str, b: dict[str, Any]) -> None:
+        """Run one operation and send its answer, or its error as HTTP would have."""
         try:
-            status, answer = await self.api.acquire_op(self.who, b["job_id"], b)
+            if op == "acquire":
+                status, answer = await self.api.acquire_op(self.who, b["job_id"], b)
+            elif op == "release":
+                status, answer = 200, self.api.release_op(self.who, b["job_id"],
+                                                          b["lease_id"], b)
+            else:
+                status, answer = 200, self.api.heartbeat_op(self.who, b["job_id"])
         except RpcError as exc:
             await self.error(fid, exc)
             return
@@ -161,7 +156,7 @@ class Stream:
         except asyncio.CancelledError:
             raise
         except Exception:  # as HTTP's 500: the stream itself stays usable
-            log.exception("stream acquire failed")
+            log.exception("stream %s failed", op)
             await self.error(fid, RpcError(500, "internal", "internal error; see the "
                                            "controller's log"))
             return

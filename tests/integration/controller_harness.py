@@ -147,5 +147,14 @@ def read_out(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 
 
+def wait_output(path: Path, marker: str, timeout_s: float = 60.0) -> str:
+    """A job's output file once it contains `marker` (fails with the output so far)."""
+    deadline = time.monotonic() + timeout_s
+    while marker not in (text := read_out(path)):
+        assert time.monotonic() < deadline, f"no {marker!r} within {timeout_s:g} s:\n{text}"
+        time.sleep(0.1)
+    return text
+
+
 __all__ = ["ControllerProc", "driver_script", "env_for_controller", "holder_pool",
-           "os", "read_out", "wait_running"]
+           "os", "read_out", "wait_output", "wait_running"]

@@ -26,6 +26,7 @@ from tests.integration.controller_harness import (
     env_for_controller,
     holder_pool,
     read_out,
+    wait_output,
 )
 
 LEASE_TIMEOUT_S = 3.0
@@ -98,12 +99,10 @@ def test_killed_driver_loses_its_lease_and_the_waiter_is_granted(  # type: ignor
     driver = driver_script(shared_tmp)
     a_out, b_out = shared_tmp / "a.out", shared_tmp / "b.out"
     a = _submit(jobs, "rlalice", controller.url, a_out, driver, 0, 600)
-    deadline = time.monotonic() + 60
-    while "holding" not in read_out(a_out):
-        assert time.monotonic() < deadline, read_out(a_out)
-        time.sleep(0.1)
+    wait_output(a_out, "holding")
     pid = int(read_out(a_out).split()[2])
     b = _submit(jobs, "rlbob", controller.url, b_out, driver, 1, 0.2)
+    deadline = time.monotonic() + 60
     while _open_leases(controller) != (1, 1):
         assert time.monotonic() < deadline, read_out(b_out)
         time.sleep(0.05)

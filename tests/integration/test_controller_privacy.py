@@ -8,7 +8,6 @@ job without bob's name ("-"), `-u rlbob` finds nothing, and the job's public vie
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from tests.integration.controller_harness import (
     VENV_PY,
     ControllerProc,
     env_for_controller,
-    read_out,
+    wait_output,
 )
 
 REGISTER = '''
@@ -57,10 +56,7 @@ def test_a_site_can_hide_other_users_names(hidden: tuple[bool, ControllerProc], 
                        f"--wrap={VENV_PY} {script} {controller.url}"], user="rlbob")
     assert sub.job_id, sub.stderr
     bob = sub.job_id
-    deadline = time.monotonic() + 60
-    while "registered" not in read_out(out):
-        assert time.monotonic() < deadline, read_out(out)
-        time.sleep(0.1)
+    wait_output(out, "registered")
 
     def status(*args: str, user: str | None = "rlalice") -> Any:
         proc = jobs.run([VENV_PY, "-m", "slurmrl.cli.main", "status", "--controller",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from tests.integration.controller_harness import (
     env_for_controller,
     holder_pool,
     read_out,
+    wait_output,
 )
 
 RPC_AS = """
@@ -68,10 +68,7 @@ def test_users_act_only_on_their_own_jobs(controller: ControllerProc, jobs,  # t
                        f"--wrap={driver} {controller.url} 0 600"], user="rlbob")
     assert sub.job_id, sub.stderr
     bob = sub.job_id
-    deadline = time.monotonic() + 60
-    while "holding" not in read_out(out):
-        assert time.monotonic() < deadline, read_out(out)
-        time.sleep(0.1)
+    wait_output(out, "holding")
     lease_id = int(read_out(out).split("holding")[1].split()[0])
 
     def as_alice(method: str, path: str, body: dict[str, Any] | None = None) -> Any:

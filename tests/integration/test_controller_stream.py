@@ -27,6 +27,7 @@ from tests.integration.controller_harness import (
     env_for_controller,
     holder_pool,
     read_out,
+    wait_output,
 )
 
 ALICE = '''
@@ -108,10 +109,7 @@ def test_stream_frames_are_checked_and_hand_off_gpus(
                       user="rlbob")
     assert sub.job_id, sub.stderr
     bob = sub.job_id
-    deadline = time.monotonic() + 60
-    while "holding" not in read_out(bob_out):
-        assert time.monotonic() < deadline, read_out(bob_out)
-        time.sleep(0.1)
+    wait_output(bob_out, "holding")
     bob_lease = int(read_out(bob_out).split("holding")[1].split()[0])
 
     script = shared_tmp / "alice_stream.py"
