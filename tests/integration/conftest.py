@@ -8,6 +8,9 @@
 - `jobs` (function): a `JobFactory` that records every job it submits and scancels them
   all at teardown, pyslurm-style.
 - `shared_tmp` (function): a world-writable scratch dir for job output of other users.
+- `controller` (function): a real `slurmrl controller` process (tests/integration/
+  controller_harness.py) on a fresh DB, 30 s lease timeout; a test file that needs other
+  settings defines its own `controller`.
 
 Add new fixtures below; keep them on real processes (no mocks in this tier).
 """
@@ -28,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from slurmrl.devcluster import DevCluster, DevClusterError
+from tests.integration.controller_harness import ControllerProc, env_for_controller
 
 STATE_DIR = Path(os.environ.get("SLURMRL_DEV_STATE", "/var/lib/slurmrl-dev"))
 COMMAND_TIMEOUT_S = 30.0
@@ -177,3 +181,11 @@ def jobs(slurm_env: dict[str, str], shared_tmp: Path) -> Iterator[JobFactory]:
     factory = JobFactory(env=slurm_env, workdir=shared_tmp)
     yield factory
     factory.cancel_all()
+
+
+@pytest.fixture
+def controller(shared_tmp: Path, slurm_env: dict[str, str]) -> Iterator[ControllerProc]:
+    ctl = ControllerProc(shared_tmp, env_for_controller(slurm_env), lease_timeout_s=30.0)
+    ctl.start()
+    yield ctl
+    ctl.stop()

@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from slurmrl.auth.requests import sign_request
 from tests.integration.controller_harness import (
     VENV_PY,
     ControllerProc,
     driver_script,
-    env_for_controller,
     holder_pool,
     read_out,
     wait_output,
@@ -37,14 +33,6 @@ except ControllerError as exc:
     status, ans = exc.status, {"error": {"code": exc.code, "message": exc.message}}
 print(json.dumps({"status": status, "answer": ans}))
 """
-
-
-@pytest.fixture
-def controller(shared_tmp: Path, slurm_env: dict[str, str]) -> Iterator[ControllerProc]:
-    ctl = ControllerProc(shared_tmp, env_for_controller(slurm_env), lease_timeout_s=30.0)
-    ctl.start()
-    yield ctl
-    ctl.stop()
 
 
 def _raw(url: str, method: str, path: str, body: bytes, headers: dict[str, str],

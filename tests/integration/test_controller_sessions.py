@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from slurmrl.auth.requests import sign_request
 from slurmrl.auth.sessions import sign
 from slurmrl.client.rpc import RpcClient
-from tests.integration.controller_harness import VENV_PY, ControllerProc, env_for_controller
+from tests.integration.controller_harness import VENV_PY, ControllerProc
 
 AS_USER = """
 import json, sys
@@ -33,14 +29,6 @@ except ControllerError as exc:
 out["session"] = rpc._session is not None
 print(json.dumps(out))
 """
-
-
-@pytest.fixture
-def controller(shared_tmp: Path, slurm_env: dict[str, str]) -> Iterator[ControllerProc]:
-    ctl = ControllerProc(shared_tmp, env_for_controller(slurm_env), lease_timeout_s=30.0)
-    ctl.start()
-    yield ctl
-    ctl.stop()
 
 
 def _raw(url: str, method: str, path: str, body: bytes, headers: dict[str, str],

@@ -12,19 +12,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
 from slurmrl.auth.requests import sign_request
 from tests.integration.controller_harness import (
     VENV_PY,
     ControllerProc,
     driver_script,
-    env_for_controller,
     holder_pool,
     read_out,
     wait_output,
@@ -73,14 +70,6 @@ async def main():
 asyncio.run(main())
 job.close()
 '''
-
-
-@pytest.fixture
-def controller(shared_tmp: Path, slurm_env: dict[str, str]) -> Iterator[ControllerProc]:
-    ctl = ControllerProc(shared_tmp, env_for_controller(slurm_env), lease_timeout_s=30.0)
-    ctl.start()
-    yield ctl
-    ctl.stop()
 
 
 def _lines(path: Path) -> dict[str, Any]:
