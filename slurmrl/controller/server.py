@@ -45,7 +45,7 @@ from slurmrl.controller.validate import (
     parse_wait,
 )
 from slurmrl.controller.views import job_view, lease_view, pool_view
-from slurmrl.db import JobRecord, LeaseRecord
+from slurmrl.db import JobRecord
 from slurmrl.leases import LeaseError
 from slurmrl.leases.types import Lease
 from slurmrl.model import Identity, LeaseState, Phase
@@ -337,12 +337,10 @@ class Api:
         with self.c.store.transaction():  # one commit for the release, grant and phase
             held = self.c.scheduler.release(job, lease_id, b["timing"] or {}, now)
             self.c.store.update_job(job.job_id, phase="idle")
-        gpus = tuple(sorted(held.gpus))
-        # the row as just written, built from the lease instead of read back
-        rec = LeaseRecord(held.lease_id, job.pool_id or 0, job.job_id, held.phase, gpus, gpus,
-                          len(gpus), LeaseState.RELEASED, held.requested_at,
-                          held.deadline_at, held.granted_at, now)
-        return {"lease": self._lease(rec, rec.pool_id, job=job)}
+        # the lease as it was held, now ended (not read back: the row holds the same)
+        view = self._lease(held, job.pool_id or 0, job=job)
+        view.update(state=str(LeaseState.RELEASED), released_at=now)
+        return {"lease": view}
 
     async def shrink(self, request: web.Request) -> web.Response:
         b = _body(request, {"keep": F("int", True, 1, 1024)})
