@@ -294,26 +294,13 @@ def _collect(label: str, mux: str, db: Path, submitted: list[tuple[str, str, int
 
 
 def write_trace(result: RunResult, path: Path) -> int:
-    """The run's GPU phase observations as a `slurmrl simulate --replay` trace."""
-    from slurmrl.db import Store
+    """The run's ended phase leases as a `slurmrl simulate --replay` trace (what
+    `slurmrl report --trace` writes); 0 and no file when the run ended none."""
+    from slurmrl.report.sources import SourceError
+    from slurmrl.report.trace import write_trace as export
 
-    store = Store(str(result.db))
     try:
-        ids = {j.slurm_job_id for j in result.jobs}
-        jobs = {j.job_id: j for j in store.jobs() if j.job_id in ids}
-        header = {"format": "slurmrl-trace/1", "jobs": [
-            {"job_id": j.job_id, "gpus": j.request.gpus, "layout": str(j.request.layout),
-             "model": j.request.model, "user": j.user, "pool": j.pool_id or 0}
-            for j in jobs.values()]}
-        rows = [o for o in store.observations() if o.job_id in ids and o.lease_id is not None
-                and o.requested_at is not None and o.granted_at is not None
-                and o.released_at is not None]
-        with path.open("w") as f:
-            f.write(json.dumps(header) + "\n")
-            for o in sorted(rows, key=lambda o: (o.requested_at or 0.0)):
-                f.write(json.dumps({"job_id": o.job_id, "phase": str(o.phase),
-                                    "requested_at": o.requested_at, "granted_at": o.granted_at,
-                                    "released_at": o.released_at, "gpus": o.gpus}) + "\n")
-        return len(rows)
-    finally:
-        store.close()
+        return export(result.db, path, [j.slurm_job_id for j in result.jobs])
+    except SourceError:  # no DB, or no ended lease: no stale trace of an earlier run
+        path.unlink(missing_ok=True)
+        return 0

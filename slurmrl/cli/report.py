@@ -1,14 +1,17 @@
 """`slurmrl report`: GPU-seconds granted vs dedicated, slowdown, lease waits, rewards.
 
     slurmrl report [--db PATH | --controller URL] [-j IDS] [--baseline DB_OR_JSON]
-                   [--json] [--plot FILE.png] [-h/--noheader]
+                   [--json] [--plot FILE.png] [--trace FILE.jsonl] [-h/--noheader]
 
 Without `--db` or `--controller` it reads the DB named by the site config's
 `controller.db_path` if that file is readable, else asks the controller. Slowdown needs
 `--baseline` (a dedicated run: its DB, its `slurmrl report --json`, or
 `{"job name": wall_s}`); without one it is "n/a" — never estimated. `--json` prints the
 envelope `slurmrl status --json` uses: `meta`, `errors`, `warnings`, and the payload
-(`jobs`, `pools`, `totals`, `handoffs`). Exit 1 on errors, 2 on usage errors.
+(`jobs`, `pools`, `totals`, `handoffs`, and `trace` with `--trace`). `--trace FILE`
+also writes the selected jobs' ended leases as a `slurmrl simulate --replay` trace
+(`slurmrl.report.trace`; it reads the DB, not the controller). Exit 1 on errors, 2 on
+usage errors.
 """
 
 from __future__ import annotations
@@ -100,9 +103,13 @@ def _default_db() -> str | None:
 @click.option("--json", "as_json", is_flag=True, help="one JSON envelope")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="write a timeline PNG (leases per pool GPU, handoffs, reward curves)")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
+              help="write the jobs' ended leases as a `slurmrl simulate --replay` trace "
+              "(JSONL; needs the DB)")
 @click.option("-h", "--noheader", is_flag=True, help="no header lines")
 def report(db_path: str | None, url: str | None, ids: str | None, baseline: str | None,
-           as_json: bool, plot_path: str | None, noheader: bool) -> None:
+           as_json: bool, plot_path: str | None, trace_path: str | None,
+           noheader: bool) -> None:
     """GPU-seconds each RL job was granted vs a dedicated allocation, and what it cost."""
     from slurmrl.report.compute import compute
     from slurmrl.report.sources import (
@@ -112,19 +119,28 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
         load_baseline,
         open_store,
     )
+    from slurmrl.report.trace import Trace, build_trace, save_trace
 
     if db_path and url:
         raise click.UsageError("--db and --controller are exclusive")
     job_ids = _ids(ids)
     if plot_path and not plot_path.lower().endswith(".png"):
         raise click.UsageError(f"--plot writes a PNG: give a FILE.png, got {plot_path!r}")
+    if trace_path and url:
+        raise click.UsageError("--trace reads the colocation DB: give --db PATH, not "
+                               "--controller")
     now = time.time()
     query = {k: v for k, v in {"db": db_path, "controller": url, "jobs": ids,
-                               "baseline": baseline}.items() if v}
+                               "baseline": baseline, "trace": trace_path}.items() if v}
     warnings: list[str] = []
+    trace: Trace | None = None
+    traced: dict[str, Any] = {}
     try:
         if not url and not db_path:
             db_path = _default_db()
+            if db_path is None and trace_path:
+                raise SourceError("--trace reads the colocation DB and no readable DB "
+                                  "was found in the site config: give --db PATH")
             if db_path is None:
                 from slurmrl.cli.status import StatusError, _controller_url
 
@@ -136,12 +152,19 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
             store = open_store(db_path)
             try:
                 data = from_store(store, job_ids, now)
+                trace = build_trace(store, job_ids) if trace_path else None
             finally:
                 store.close()
         else:
             assert url is not None
             data, warnings = from_controller(url, job_ids, now)
         base, dup = load_baseline(baseline, now) if baseline else (None, set())
+        if trace is not None and trace_path:  # last: a failed report leaves no trace
+            save_trace(trace, trace_path)
+            traced = {"path": trace_path, "leases": len(trace.rows), "jobs": trace.jobs}
+            if trace.left_out:
+                warnings.append("no ended lease, left out of the trace: job "
+                                + ", ".join(map(str, trace.left_out)))
     except SourceError as exc:
         if as_json:
             click.echo(json.dumps(_envelope({}, [str(exc)], warnings, query), indent=2))
@@ -155,6 +178,8 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
     warnings += list(rep.warnings)
     payload = rep.to_dict()
     payload.pop("warnings")
+    if traced:
+        payload["trace"] = traced
     if plot_path:
         from slurmrl.report.plot import plot_timeline
 
@@ -177,6 +202,9 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
                f"{t.pool_gpu_s:.1f} GPU-s")
     if plot_path:
         click.echo(f"timeline written to {plot_path}")
+    if traced:
+        click.echo(f"trace of {traced['leases']} leases ({traced['jobs']} jobs) written to "
+                   f"{trace_path}")
     for w in warnings:
         click.echo(f"slurmrl report: warning: {w}", err=True)
 

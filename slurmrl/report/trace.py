@@ -1,0 +1,121 @@
+"""`slurmrl report --trace`: a run's phase leases as a `slurmrl-trace/1` replay trace.
+
+The trace (JSONL, workloads/README.md "Trace format") is what `slurmrl simulate
+--replay FILE` reads (`slurmrl.sim.replay`): a header naming each job's request and
+recorded pool, then one line per GPU-phase lease. It is read from the colocation DB's
+lease table through `Store`, so a site can preview what a policy would have done with
+its own runs.
+
+Only ended leases (released or revoked after a grant) are exported: a lease still held
+has no release time yet, and a request never granted held no GPU. Jobs without an ended
+lease are left out of the header (the replay needs at least one lease per job), and
+`Trace.left_out` names them. The file is written to a temporary name beside the target
+and renamed, so a failure leaves no partial trace.
+
+Known limits: a lease's `gpus` is its final GPU set (a shrunk lease lists what it kept);
+the replay reads only the times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurmrl.db import Store
+from slurmrl.model import LeaseState
+from slurmrl.report.sources import SourceError, open_store
+from slurmrl.sim.replay import TRACE_FORMAT
+
+#: lease states with a grant and a release time: what a replay can rebuild
+ENDED = frozenset({LeaseState.RELEASED, LeaseState.REVOKED})
+
+
+class TraceError(SourceError):
+    """No trace can be written (no ended lease for the jobs, unwritable path)."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A trace ready to write: its header, its lease rows (by request time), and the
+    selected jobs it leaves out for having no ended lease."""
+
+    header: dict[str, Any]
+    rows: tuple[dict[str, Any], ...]
+    left_out: tuple[int, ...]
+
+    @property
+    def jobs(self) -> int:
+        return len(self.header["jobs"])
+
+
+def build_trace(store: Store, job_ids: Iterable[int] | None = None) -> Trace:
+    """The trace of the jobs `job_ids` (all jobs when None) from an open Store.
+
+    Raises `TraceError` when none of them has an ended lease.
+    """
+    ids = sorted(set(job_ids)) if job_ids is not None else None
+    jobs = store.jobs(ids=ids) if ids is not None else store.jobs()
+    by_id = {j.job_id: j for j in jobs}
+    leases = [x for x in store.leases() if x.job_id in by_id and x.state in ENDED
+              and x.granted_at is not None and x.released_at is not None]
+    leases.sort(key=lambda x: (x.requested_at, x.lease_id))
+    traced = {x.job_id for x in leases}
+    if not leases:
+        which = (f"job{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}" if ids
+                 else "any job")
+        raise TraceError(f"no ended leases recorded for {which} in {store.path} "
+                         "(a lease is exported once it has ended)")
+    specs = []
+    for j in jobs:
+        if j.job_id not in traced:
+            continue
+        spec: dict[str, Any] = {"job_id": j.job_id, "gpus": j.request.gpus,
+                                "layout": str(j.request.layout)}
+        if j.request.rollout_gpus is not None:
+            spec["rollout_gpus"] = j.request.rollout_gpus
+        spec.update(model=j.request.model, user=j.user, pool=j.pool_id or 0)
+        specs.append(spec)
+    rows = tuple({"job_id": x.job_id, "phase": str(x.phase), "requested_at": x.requested_at,
+                  "granted_at": x.granted_at, "released_at": x.released_at,
+                  "gpus": list(x.gpus)} for x in leases)
+    return Trace({"format": TRACE_FORMAT, "jobs": specs}, rows,
+                 tuple(sorted(set(by_id) - traced)))
+
+
+def save_trace(trace: Trace, path: str | Path) -> None:
+    """Write `trace` to `path` whole or not at all (raises `TraceError`)."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("x") as f:
+            f.write(json.dumps(trace.header) + "\n")
+            for row in trace.rows:
+                f.write(json.dumps(row) + "\n")
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise TraceError(f"cannot write trace {path}: {exc.strerror or exc}") from None
+
+
+def write_trace(db: Store | str | Path, path: str | Path,
+                job_ids: Iterable[int] | None = None) -> int:
+    """Export the ended leases of `job_ids` (all jobs when None) from a Store or an
+    existing DB file to `path`; returns the number of lease rows written.
+
+    Raises `SourceError` for a missing DB and `TraceError` when there is nothing to
+    write or the file cannot be written (no file is left behind).
+    """
+    store = db if isinstance(db, Store) else open_store(str(db))
+    try:
+        trace = build_trace(store, job_ids)
+    finally:
+        if store is not db:
+            store.close()
+    save_trace(trace, path)
+    return len(trace.rows)

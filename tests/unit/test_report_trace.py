@@ -1,0 +1,186 @@
+"""`slurmrl report --trace`: a real Store's ended leases as a replayable trace."""
+
+from __future__ import annotations
+
+import json
+import re
+import resource
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from slurmrl.cli.report import report
+from slurmrl.db import JobRecord, Store
+from slurmrl.leases.types import Lease
+from slurmrl.model import JobState, Layout, LeaseState, Mux, Phase, RlRequest
+from slurmrl.report.sources import SourceError
+from slurmrl.report.trace import TraceError, build_trace, save_trace, write_trace
+from slurmrl.sim.replay import replay
+
+
+def _grant(store: Store, pool: int, jid: int, phase: Phase, gpus: set[int],
+           requested: float, granted: float) -> int:
+    lid = store.add_request(pool_id=pool, job_id=jid, phase=phase, wanted=gpus,
+                            min_gpus=len(gpus), requested_at=requested,
+                            deadline_at=granted + 100)
+    store.lease_granted(pool, Lease(lid, jid, phase, frozenset(gpus), requested, granted,
+                                    granted + 100))
+    return lid
+
+
+def _db(path: Path) -> Path:
+    """Pool 1: job 11 (colocated) and 12 (disaggregated, 1 rollout GPU) take turns, six
+    ended leases from t=999 to t=1060 (the last one revoked), then 11 holds a lease not
+    yet released and 12 cancels a request never granted. Pool 2: job 13 has only a lease
+    still held. Job 11 also reports reward gaps (not leases)."""
+    store = Store(path)
+    p1 = store.add_pool(gpus=2, opened_at=990.0, slurm_job_id=9)
+    p2 = store.add_pool(gpus=1, opened_at=990.0, slurm_job_id=10, dedicated=True)
+    reqs = {11: RlRequest(gpus=2, model="Qwen2.5-0.5B"),
+            12: RlRequest(gpus=2, layout=Layout.DISAGGREGATED, rollout_gpus=1),
+            13: RlRequest(gpus=1, mux=Mux.OFF)}
+    for jid, pool in ((11, p1), (12, p1), (13, p2)):
+        store.add_job(JobRecord(jid, f"user{jid}", 2000 + jid, reqs[jid], JobState.RUNNING,
+                                990.0, name=f"j{jid}", pool_id=pool,
+                                pool_gpus=(0, 1) if pool == p1 else (0,)))
+    t = 1000.0
+    for k in range(6):
+        jid = 11 + k % 2
+        phase = Phase.ROLLOUT if k // 2 % 2 == 0 else Phase.TRAIN
+        gpus = {0, 1} if jid == 11 else ({0} if phase is Phase.ROLLOUT else {1})
+        lid = _grant(store, p1, jid, phase, gpus, t - 1, t)
+        store.lease_ended(lid, LeaseState.REVOKED if k == 5 else LeaseState.RELEASED,
+                          t + 10)
+        if jid == 11:
+            store.add_observation(job_id=11, phase=Phase.REWARD, requested_at=t + 10,
+                                  granted_at=t + 10, released_at=t + 11,
+                                  detail={"step": k, "reward": 0.1 * k})
+        t += 10
+    _grant(store, p1, 11, Phase.ROLLOUT, {0, 1}, 1061.0, 1062.0)  # held, not released
+    lid = store.add_request(pool_id=p1, job_id=12, phase=Phase.ROLLOUT, wanted={0},
+                            min_gpus=1, requested_at=1063.0, deadline_at=1200.0)
+    store.lease_ended(lid, LeaseState.CANCELLED, 1064.0)
+    _grant(store, p2, 13, Phase.TRAIN, {0}, 1000.0, 1001.0)  # held, not released
+    store.close()
+    return path
+
+
+def _read(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    header, *rows = (json.loads(ln) for ln in path.read_text().splitlines())
+    return header, rows
+
+
+def test_trace_has_the_ended_leases_and_replays(tmp_path: Path) -> None:
+    db, out = _db(tmp_path / "c.db"), tmp_path / "t.jsonl"
+    res = CliRunner().invoke(report, ["--db", str(db), "--trace", str(out)])
+    assert res.exit_code == 0, res.output
+    assert f"trace of 6 leases (2 jobs) written to {out}" in res.output
+    assert "no ended lease, left out of the trace: job 13" in res.output
+    header, rows = _read(out)
+    assert header == {"format": "slurmrl-trace/1", "jobs": [
+        {"job_id": 11, "gpus": 2, "layout": "colocated", "model": "Qwen2.5-0.5B",
+         "user": "user11", "pool": 1},
+        {"job_id": 12, "gpus": 2, "layout": "disaggregated", "rollout_gpus": 1,
+         "model": "tiny", "user": "user12", "pool": 1}]}
+    # six ended leases in request order; the held lease, the cancelled request and
+    # the reward gaps are not leases a replay can rebuild
+    assert [(r["job_id"], r["phase"]) for r in rows] == [
+        (11, "rollout"), (12, "rollout"), (11, "train"), (12, "train"), (11, "rollout"),
+        (12, "rollout")]
+    assert rows[1] == {"job_id": 12, "phase": "rollout", "requested_at": 1009.0,
+                       "granted_at": 1010.0, "released_at": 1020.0, "gpus": [0]}
+    assert all(r["released_at"] <= 1060.0 for r in rows)
+    rep = replay(out)
+    assert rep["recorded_makespan_s"] == pytest.approx(61.0)
+    assert rep["predicted_makespan_s"] > 0
+
+
+def test_trace_of_selected_jobs_only_in_the_json_envelope(tmp_path: Path) -> None:
+    db, out = _db(tmp_path / "c.db"), tmp_path / "t.jsonl"
+    res = CliRunner().invoke(report, ["--db", str(db), "-j", "12", "--json",
+                                      "--trace", str(out)])
+    assert res.exit_code == 0, res.output
+    env = json.loads(res.output)
+    assert env["trace"] == {"path": str(out), "leases": 3, "jobs": 1}
+    assert env["meta"]["query"]["trace"] == str(out) and env["errors"] == []
+    header, rows = _read(out)
+    assert [j["job_id"] for j in header["jobs"]] == [12]
+    assert {r["job_id"] for r in rows} == {12} and len(rows) == 3
+    assert replay(out)["recorded_makespan_s"] == pytest.approx(1060.0 - 1009.0)
+
+
+def test_package_function_takes_a_store_or_a_path(tmp_path: Path) -> None:
+    db = _db(tmp_path / "c.db")
+    assert write_trace(db, tmp_path / "a.jsonl", [11]) == 3
+    store = Store(db)
+    try:
+        assert write_trace(store, tmp_path / "b.jsonl") == 6
+    finally:
+        store.close()
+    assert _read(tmp_path / "b.jsonl")[1][0]["job_id"] == 11
+    with pytest.raises(TraceError, match="no ended leases recorded for job 13"):
+        write_trace(db, tmp_path / "c.jsonl", [13])
+    with pytest.raises(SourceError, match="no colocation DB"):
+        write_trace(tmp_path / "none.db", tmp_path / "d.jsonl")
+    assert not (tmp_path / "c.jsonl").exists() and not (tmp_path / "d.jsonl").exists()
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_bad_cases_say_what_is_wrong_and_write_nothing(tmp_path: Path) -> None:
+    runner = CliRunner()
+    db, out = _db(tmp_path / "c.db"), tmp_path / "t.jsonl"
+    # only a lease still held: nothing to replay
+    res = runner.invoke(report, ["--db", str(db), "-j", "13", "--trace", str(out)])
+    assert res.exit_code == 1 and "no ended leases recorded for job 13" in res.output
+    assert not out.exists()
+    # an earlier trace at the path is left as it was
+    out.write_text("earlier\n")
+    res = runner.invoke(report, ["--db", str(db), "-j", "13", "--json", "--trace", str(out)])
+    assert res.exit_code == 1
+    assert "no ended leases" in json.loads(res.stdout)["errors"][0]
+    assert out.read_text() == "earlier\n"
+    out.unlink()
+    res = runner.invoke(report, ["--db", str(tmp_path / "nope.db"), "--trace", str(out)])
+    assert res.exit_code == 1 and "no colocation DB at" in res.output
+    assert not out.exists() and not (tmp_path / "nope.db").exists()
+    bad = tmp_path / "missing-dir" / "t.jsonl"
+    res = runner.invoke(report, ["--db", str(db), "--trace", str(bad)])
+    assert res.exit_code == 1 and f"cannot write trace {bad}" in res.output
+    assert not bad.parent.exists()
+    res = runner.invoke(report, ["--db", str(db), "--trace", str(tmp_path)])
+    assert res.exit_code == 2 and "directory" in res.output
+    res = runner.invoke(report, ["--controller", "http://h:1", "--trace", str(out)])
+    assert res.exit_code == 2 and "--trace reads the colocation DB" in res.output
+    # a failing baseline fails the command before the trace is written
+    res = runner.invoke(report, ["--db", str(db), "--baseline", str(tmp_path / "no.json"),
+                                 "--trace", str(out)])
+    assert res.exit_code == 1 and not out.exists()
+    # and no temporary file is left beside any target
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("c.db")] == []
+
+
+def test_a_write_failing_midway_leaves_the_earlier_file_whole(tmp_path: Path) -> None:
+    # a real short write: the file-size limit makes the trace's write fail with EFBIG
+    db, out = _db(tmp_path / "c.db"), tmp_path / "t.jsonl"
+    out.write_text("earlier\n")
+    store = Store(db)
+    try:
+        trace = build_trace(store)
+    finally:
+        store.close()
+    old_sig = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    old_lim = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (300, old_lim[1]))
+    try:
+        with pytest.raises(TraceError, match=re.escape(f"cannot write trace {out}")):
+            save_trace(trace, out)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_lim)
+        signal.signal(signal.SIGXFSZ, old_sig)
+    assert out.read_text() == "earlier\n"
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("c.db")] == ["t.jsonl"]
+    save_trace(trace, out)  # the same trace under no limit is written whole
+    assert len(_read(out)[1]) == 6
