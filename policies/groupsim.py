@@ -2,9 +2,13 @@
 fallback where the formula does not hold.
 
 A member is a `SimKey`: (rollout set size, or 0 when colocated; pool GPUs; one step as
-(phase value, seconds) segments). Each member repeats its step for `steps` periods of
-the longest member; its slowdown is its time to finish them shared over alone (the first
-step, where everyone starts at once, included: conservative).
+(phase value, seconds) segments). Each member repeats its step for about `steps`
+periods of the longest member. The simulation stops when the first member is done, and
+every member's slowdown is that time over the solo time of the work it did by then
+(the segment in progress counted pro rata; the first step, where everyone starts at
+once, included: conservative). Measuring over this common horizon matters: measured at
+each member's own end, the member slowed most would finish its last steps alone, and
+its slowdown would be diluted (a 16-GPU pair predicted at 1.80 ran at 2.47).
 
 Two implementations with the same semantics:
 
@@ -42,6 +46,8 @@ TAIL = "tail"
 ELASTIC_MIN = 0.5
 #: at most this many steps of one member per simulation
 MAX_REPS = 200
+#: the slowdown of a member that did no work before the first member was done
+STARVED = 1e6
 
 _NEEDS_GPU = {p.value: p.needs_gpu for p in Phase}
 _NEEDS_GPU[TAIL] = True
@@ -50,9 +56,9 @@ GAP, REQUEST, SHRINK = 0, 1, 2
 
 
 def _plan(members: Sequence[SimKey], steps: int
-          ) -> tuple[list[list[tuple[int, int, int, float]]], list[float], list[int]]:
-    """Per member: segments as (kind, GPU mask, min GPUs, seconds); solo time; total
-    segments to run."""
+          ) -> tuple[list[list[tuple[int, int, int, float]]], list[int]]:
+    """Per member: segments as (kind, GPU mask, min GPUs, seconds); total segments to
+    run."""
     gpus = members[0][1]
     full = (1 << gpus) - 1
     segs: list[list[tuple[int, int, int, float]]] = []
@@ -79,9 +85,21 @@ def _plan(members: Sequence[SimKey], steps: int
     # a member whose step is tiny next to the longest one would repeat it millions of
     # times: cap the repetitions (its slowdown is then measured over fewer periods)
     reps = [min(MAX_REPS, max(1, round(steps * max(period) / p))) for p in period]
-    solo = [r * p for r, p in zip(reps, period, strict=True)]
-    total = [r * len(s) for r, s in zip(reps, segs, strict=True)]
-    return segs, solo, total
+    return segs, [r * len(s) for r, s in zip(reps, segs, strict=True)]
+
+
+def _horizon(segs: Sequence[Sequence[tuple[int, int, int, float]]], pos: Sequence[int],
+             running: Sequence[tuple[float, float] | None], now: float) -> tuple[float, ...]:
+    """Slowdowns at `now`: now over each member's solo time of the work it has done (its
+    finished segments, plus the elapsed share of the one running, given as (start,
+    length)). A member that did no work at all by `now` gets `STARVED`."""
+    out = []
+    for sk, p, run in zip(segs, pos, running, strict=True):
+        work = sum(sk[i % len(sk)][3] for i in range(p))
+        if run is not None and run[1] > 0:
+            work += sk[p % len(sk)][3] * min(1.0, (now - run[0]) / run[1])
+        out.append(1.0 if now <= 0 else STARVED if work <= 0 else max(1.0, now / work))
+    return tuple(out)
 
 
 def _run_time(mask: int, got: int, d: float) -> float:
@@ -93,13 +111,13 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ..
     """Slowdown of each member sharing one pool under round-robin slicing (fast path)."""
     n = len(members)
     full = (1 << members[0][1]) - 1
-    segs, solo, total = _plan(members, steps)
+    segs, total = _plan(members, steps)
     pos = [0] * n
-    done_at = [0.0] * n
     held = [0] * n  # GPU mask each member holds now
     last_grant = [-1.0] * n
     waiting: dict[int, tuple[float, float, int, int, int]] = {}  # j -> order key, mask, min
     timers: list[tuple[float, int, int]] = []
+    running: list[tuple[float, float] | None] = [None] * n  # (start, length) of a timer
     seq = 0
     rid = 0
 
@@ -121,8 +139,9 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ..
                 free &= ~avail
                 last_grant[j] = now
                 seq += 1
-                d = segs[j][pos[j] % len(segs[j])][3]
-                heapq.heappush(timers, (now + _run_time(mask, avail, d), seq, j))
+                d = _run_time(mask, avail, segs[j][pos[j] % len(segs[j])][3])
+                running[j] = (now, d)
+                heapq.heappush(timers, (now + d, seq, j))
             else:
                 reserved |= mask
             if not free & ~reserved:
@@ -130,9 +149,7 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ..
 
     def start(j: int, now: float) -> None:
         nonlocal seq, rid
-        if pos[j] >= total[j]:
-            done_at[j] = now
-            return
+        running[j] = None
         kind, mask, need, d = segs[j][pos[j] % len(segs[j])]
         if kind == REQUEST:
             rid += 1
@@ -145,9 +162,11 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ..
             if shrunk:  # the freed GPUs go to waiters first, as LeaseTable.shrink does
                 schedule(now)
             seq += 1
+            running[j] = (now, d)
             heapq.heappush(timers, (now + d, seq, j))
         else:
             seq += 1
+            running[j] = (now, d)
             heapq.heappush(timers, (now + d, seq, j))
 
     for j in range(n):
@@ -155,12 +174,15 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ..
     while timers:
         now, _, j = heapq.heappop(timers)
         pos[j] += 1
-        nxt = segs[j][pos[j] % len(segs[j])][0] if pos[j] < total[j] else GAP
+        running[j] = None
+        if pos[j] >= total[j]:
+            return _horizon(segs, pos, running, now)
+        nxt = segs[j][pos[j] % len(segs[j])][0]
         if held[j] and nxt != SHRINK:
             held[j] = 0
             schedule(now)
         start(j, now)
-    return tuple(max(1.0, d / s) if s > 0 else 1.0 for d, s in zip(done_at, solo, strict=True))
+    return (1.0,) * n
 
 
 def simulate_group_table(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ...]:
@@ -171,9 +193,10 @@ def simulate_group_table(members: Sequence[SimKey], steps: int = 6) -> tuple[flo
 
     gpus = members[0][1]
     table = LeaseTable(0, range(gpus), RoundRobinSlice(), lease_timeout_s=1e12)
-    segs, solo, total = _plan(members, steps)
-    pos = [0] * len(members)
-    done_at = [0.0] * len(members)
+    segs, total = _plan(members, steps)
+    n = len(members)
+    pos = [0] * n
+    running: list[tuple[float, float] | None] = [None] * n
     timers: list[tuple[float, int, int]] = []
     seq = 0
     lease_of: dict[int, int] = {}
@@ -187,13 +210,12 @@ def simulate_group_table(members: Sequence[SimKey], steps: int = 6) -> tuple[flo
                 mask = sum(1 << g for g in ev.lease.gpus)
                 _, want, _, d = segs[j][pos[j] % len(segs[j])]
                 seq += 1
+                running[j] = (now, _run_time(want, mask, d))
                 heapq.heappush(timers, (now + _run_time(want, mask, d), seq, j))
 
     def start(j: int, now: float) -> None:
         nonlocal seq
-        if pos[j] >= total[j]:
-            done_at[j] = now
-            return
+        running[j] = None
         kind, mask, need, d = segs[j][pos[j] % len(segs[j])]
         if kind == REQUEST:
             wanted = [g for g in range(gpus) if mask >> g & 1]
@@ -202,18 +224,23 @@ def simulate_group_table(members: Sequence[SimKey], steps: int = 6) -> tuple[flo
         elif kind == SHRINK and j in lease_of:
             on_events(table.shrink(lease_of[j], 1, now), now)
             seq += 1
+            running[j] = (now, d)
             heapq.heappush(timers, (now + d, seq, j))
         else:
             seq += 1
+            running[j] = (now, d)
             heapq.heappush(timers, (now + d, seq, j))
 
-    for j in range(len(members)):
+    for j in range(n):
         start(j, 0.0)
     while timers:
         now, _, j = heapq.heappop(timers)
         pos[j] += 1
-        nxt = segs[j][pos[j] % len(segs[j])][0] if pos[j] < total[j] else GAP
+        running[j] = None
+        if pos[j] >= total[j]:
+            return _horizon(segs, pos, running, now)
+        nxt = segs[j][pos[j] % len(segs[j])][0]
         if j in lease_of and nxt != SHRINK:
             on_events(table.release(lease_of.pop(j), now), now)
         start(j, now)
-    return tuple(max(1.0, d / s) if s > 0 else 1.0 for d, s in zip(done_at, solo, strict=True))
+    return (1.0,) * n

@@ -37,13 +37,16 @@ def _envelope(meta: dict[str, Any], payload: dict[str, Any]) -> str:
               help="number of jobs (default: the workload's)")
 @click.option("--load", "load_scale", type=float, default=1.0, show_default=True,
               help="scale the arrival rate")
+@click.option("--max-slowdown", "max_slowdown", type=click.FloatRange(min=1.0), default=None,
+              help="what-if: every job's slowdown limit, as if each user asked "
+                   "--rl-max-slowdown=X (the site's cap rises to X if lower)")
 @click.option("--replay", "replay_path", type=click.Path(exists=True, dir_okay=False),
               default=None, help="replay a recorded phase trace (JSONL) instead")
 @click.option("--no-check", is_flag=True, help="skip the lease invariant check per event")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admission: str,
-             seed: int, n_jobs: int | None, load_scale: float, replay_path: str | None,
-             no_check: bool, as_json: bool) -> None:
+             seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
+             replay_path: str | None, no_check: bool, as_json: bool) -> None:
     """Simulate RL jobs multiplexed on a cluster; report GPU-hours saved and slowdowns."""
     from slurmrl.sim.workload import WorkloadError
 
@@ -63,7 +66,7 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
                                     "pairing": pairing, "slice": slice_name}
         else:
             payload, meta = _run(workload, arrivals, pairing, slice_name, admission, seed,
-                                 n_jobs, load_scale, not no_check, as_json)
+                                 n_jobs, load_scale, max_slowdown, not no_check, as_json)
         meta["wall_s"] = f"{time.perf_counter() - t0:.3f}"
     except (WorkloadError, ValueError) as exc:
         if isinstance(exc, click.UsageError):
@@ -80,23 +83,27 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
 
 
 def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission: str,
-         seed: int, n_jobs: int | None, load_scale: float, check: bool, quiet: bool,
-         ) -> tuple[dict[str, Any], dict[str, Any]]:
-    from slurmrl.sim.runner import config_for, run_jobs
+         seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
+         check: bool, quiet: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    from slurmrl.sim.runner import config_for, run_jobs, with_max_slowdown
     from slurmrl.sim.workload import generate, load
 
     w = load(workload)
     jobs = generate(w, seed, arrivals, n_jobs, load_scale)
+    cfg = config_for(w, check)
+    if max_slowdown is not None:
+        jobs, cfg = with_max_slowdown(jobs, cfg, max_slowdown)
     meta: dict[str, Any] = {"command": "simulate", "workload": w.name, "arrivals": arrivals,
                             "pairing": pairing, "slice": slice_name, "admission": admission,
-                            "seed": seed, "jobs": len(jobs), "cluster_gpus": w.cluster_gpus}
+                            "seed": seed, "jobs": len(jobs), "cluster_gpus": w.cluster_gpus,
+                            "max_slowdown": max_slowdown}
     if quiet or not sys.stderr.isatty():
-        result = run_jobs(jobs, config_for(w, check), pairing, slice_name, admission)
+        result = run_jobs(jobs, cfg, pairing, slice_name, admission)
     else:
         from rich.progress import Progress
 
         with Progress(transient=True) as bar:
             task = bar.add_task(f"simulating {w.name}", total=1.0)
-            result = run_jobs(jobs, config_for(w, check), pairing, slice_name, admission,
+            result = run_jobs(jobs, cfg, pairing, slice_name, admission,
                               progress=lambda f: bar.update(task, completed=f))
     return {"metrics": result.metrics.as_dict()}, meta

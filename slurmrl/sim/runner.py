@@ -35,6 +35,19 @@ def config_for(w: Workload, check_invariants: bool = True, **overrides: Any) -> 
     return cfg
 
 
+def with_max_slowdown(jobs: list[SimJob], cfg: SimConfig, limit: float,
+                      ) -> tuple[list[SimJob], SimConfig]:
+    """What if every user asked for `--rl-max-slowdown=limit`? Each job's limit becomes
+    `limit` and the site's default and cap follow it (the cap only ever rises)."""
+    from dataclasses import replace
+
+    if not limit >= 1.0:
+        raise ValueError(f"max slowdown must be at least 1.0, got {limit}")
+    lim = replace(cfg.limits, default_max_slowdown=limit,
+                  max_slowdown=max(cfg.limits.max_slowdown, limit))
+    return [replace(j, max_slowdown=limit) for j in jobs], replace(cfg, limits=lim)
+
+
 def run_jobs(jobs: list[SimJob], cfg: SimConfig, pairing: str = "complementary",
              slice_name: str = "round-robin", admission: str = "site-limits",
              params: Mapping[str, Mapping[str, Any]] | None = None,

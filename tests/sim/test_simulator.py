@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from slurmrl.sim.cli import simulate
 from slurmrl.sim.metrics import ledger
-from slurmrl.sim.runner import config_for, run_jobs, run_workload
+from slurmrl.sim.runner import config_for, run_jobs, run_workload, with_max_slowdown
 from slurmrl.sim.workload import WorkloadError, generate, load, validate
 
 POLICIES = ["complementary", "dedicated", "random", "greedy", "fifo-lock", "gang"]
@@ -154,3 +154,34 @@ def test_runs_with_every_slice_policy() -> None:
     for s in ("fifo", "round-robin", "bounded-slowdown"):
         m = run_jobs(jobs, config_for(w), "complementary", s).metrics
         assert m.jobs == 8
+
+
+def test_max_slowdown_what_if_sets_every_limit_and_only_raises_the_cap() -> None:
+    w = load("agentic-tools")
+    cfg = config_for(w, check_invariants=False)
+    jobs, lim_cfg = with_max_slowdown(generate(w, 0, "steady", 5), cfg, 1.3)
+    assert {j.max_slowdown for j in jobs} == {1.3}
+    assert lim_cfg.limits.default_max_slowdown == 1.3
+    assert lim_cfg.limits.max_slowdown == max(1.3, cfg.limits.max_slowdown)
+    _, high = with_max_slowdown(jobs, cfg, 3.0)
+    assert high.limits.max_slowdown == 3.0
+    with pytest.raises(ValueError, match=r"at least 1\.0"):
+        with_max_slowdown(jobs, cfg, 0.9)
+
+
+def test_cli_max_slowdown_lets_users_trade_slowdown_for_savings() -> None:
+    def run(*extra: str) -> dict[str, float]:
+        res = CliRunner().invoke(simulate, ["-w", "agentic-tools", "--jobs", "16", "--json",
+                                            "--no-check", *extra])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.output)
+        return dict(out["metrics"], limit=out["meta"]["max_slowdown"])
+
+    strict, loose = run(), run("--max-slowdown", "1.5")
+    assert strict["limit"] is None and loose["limit"] == 1.5
+    # at the suite's 1.15 no agentic pair fits; users accepting 1.5 share pools and save
+    assert strict["shared_pools"] == 0 and strict["savings"] < 0.01
+    assert loose["shared_pools"] > 0 and loose["savings"] > 0.05
+    assert loose["slowdown_p95"] > strict["slowdown_p95"]
+    res = CliRunner().invoke(simulate, ["--max-slowdown", "0.9"])
+    assert res.exit_code == 2 and "--max-slowdown" in res.output

@@ -1,0 +1,193 @@
+"""Savings against slowdown: the default policy at several user limits beside the baselines.
+
+    python benchmarks/frontier.py [--jobs 60] [--seeds 2] [--procs 2] [--no-write]
+
+The issue asks the default policy to beat every baseline "on savings at equal or lower
+p95 slowdown". The baselines ignore users' slowdown limits; the default policy keeps
+them. So the fair comparison gives the default policy the slowdown a baseline imposes:
+`complementary` runs with every job's limit set to L (`slurmrl simulate --max-slowdown
+L`) for several L, the baselines run once at the workload's own limits, and a baseline
+is beaten where some L gives at least its savings at no higher p95. Also reported: the
+share of jobs that finished within their own limit (the default policy promises it; the
+baselines do not try).
+
+Writes the "Savings against slowdown" section of docs/benchmarks.md (between its
+markers) and docs/benchmarks/frontier.png. Figures: means over seeds x (steady, bursty).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.policies import WORKLOADS  # noqa: E402
+from slurmrl.sim.runner import config_for, run_jobs, with_max_slowdown  # noqa: E402
+from slurmrl.sim.workload import generate, load  # noqa: E402
+
+BASELINES = ["dedicated", "random", "greedy", "fifo-lock", "gang"]
+LIMITS = [1.15, 1.25, 1.5, 1.75, 2.0, 3.0]
+BEGIN, END = "<!-- frontier:begin -->", "<!-- frontier:end -->"
+
+
+def one(args: tuple[str, str, float | None, str, int, int]) -> dict[str, Any]:
+    wname, policy, limit, arrivals, seed, n_jobs = args
+    w = load(wname)
+    jobs = generate(w, seed, arrivals, n_jobs)
+    cfg = config_for(w, check_invariants=False)
+    if limit is not None:
+        jobs, cfg = with_max_slowdown(jobs, cfg, limit)
+    r = run_jobs(jobs, cfg, policy)
+    lim = cfg.limits
+    within = [((run.finished_at or 0.0) - (run.placed_at or 0.0)) / run.solo_s
+              <= min(lim.max_slowdown, run.job.max_slowdown or lim.default_max_slowdown) + 1e-9
+              for run in r.sim.runs.values() if run.admitted]
+    m = r.metrics
+    return {"workload": wname, "policy": policy, "limit": limit, "savings": m.savings,
+            "p95": m.slowdown_p95, "max": m.slowdown_max,
+            "within": sum(within) / max(1, len(within))}
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[tuple[str, str, float | None], dict[str, float]]:
+    out: dict[tuple[str, str, float | None], dict[str, float]] = {}
+    for key in {(r["workload"], r["policy"], r["limit"]) for r in rows}:
+        rs = [r for r in rows if (r["workload"], r["policy"], r["limit"]) == key]
+        out[key] = {k: statistics.fmean(r[k] for r in rs)
+                    for k in ("savings", "p95", "max", "within")}
+    return out
+
+
+def verdicts(s: dict[tuple[str, str, float | None], dict[str, float]]) -> list[str]:
+    """Per workload and baseline: the smallest limit at which `complementary` saves at
+    least as much at no higher p95, or none."""
+    lines = []
+    for w in WORKLOADS:
+        parts = []
+        for b in BASELINES:
+            base = s[(w, b, None)]
+            wins = [L for L in LIMITS if s[(w, "complementary", L)]["savings"]
+                    >= base["savings"] - 1e-3 and s[(w, "complementary", L)]["p95"]
+                    <= base["p95"] + 1e-3]
+            parts.append(f"{b} (saves {100 * base['savings']:.1f}% at p95 {base['p95']:.2f}): "
+                         + (f"beaten at limit {wins[0]}" if wins else "**not beaten**"))
+        lines.append(f"- {w}: " + "; ".join(parts))
+    return lines
+
+
+def table(s: dict[tuple[str, str, float | None], dict[str, float]]) -> str:
+    lines = ["| workload | policy | users' limit | savings % | p95 slowdown | max slowdown "
+             "| jobs within their limit % |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for w in WORKLOADS:
+        keys = [(w, "complementary", L) for L in LIMITS] + [(w, b, None) for b in BASELINES]
+        for k in keys:
+            v = s[k]
+            lim = "suite's" if k[2] is None else f"{k[2]}"
+            lines.append(f"| {w} | {k[1]} | {lim} | {100 * v['savings']:.1f} | {v['p95']:.3f} "
+                         f"| {v['max']:.2f} | {100 * v['within']:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(s: dict[tuple[str, str, float | None], dict[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(11, 6.5), sharey=True)
+    markers = dict(zip(BASELINES, "sov^D", strict=True))
+    for ax, w in zip(axes.flat, WORKLOADS, strict=True):
+        xs = [s[(w, "complementary", L)]["p95"] for L in LIMITS]
+        ys = [100 * s[(w, "complementary", L)]["savings"] for L in LIMITS]
+        ax.plot(xs, ys, "-o", color="black", label="complementary (limit L)")
+        for L, x, y in zip(LIMITS, xs, ys, strict=True):
+            ax.annotate(f"{L}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+        for b in BASELINES:
+            v = s[(w, b, None)]
+            ax.plot(v["p95"], 100 * v["savings"], markers[b], label=b, alpha=0.8)
+        ax.set_title(w, fontsize=9)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_xlabel("p95 slowdown", fontsize=8)
+    axes[0][0].set_ylabel("GPU-hours saved vs dedicated (%)")
+    axes[1][0].set_ylabel("GPU-hours saved vs dedicated (%)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_section(text: str) -> None:
+    doc = ROOT / "docs" / "benchmarks.md"
+    old = doc.read_text()
+    block = f"{BEGIN}\n{text.rstrip()}\n{END}"
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        new = head + block + rest.split(END, 1)[1]
+    else:
+        anchor = "## End to end"
+        new = old.replace(anchor, block + "\n\n" + anchor, 1) if anchor in old else \
+            old.rstrip() + "\n\n" + block + "\n"
+    doc.write_text(new)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=60)
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--no-write", action="store_true")
+    a = ap.parse_args()
+    runs: list[tuple[str, str, float | None]] = [
+        *((w, "complementary", L) for w in WORKLOADS for L in LIMITS),
+        *((w, b, None) for w in WORKLOADS for b in BASELINES)]
+    tasks = [(w, p, L, arr, seed, a.jobs) for w, p, L in runs
+             for arr in ("steady", "bursty") for seed in range(a.seeds)]
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(a.procs) as ex:
+        rows = list(ex.map(one, tasks, chunksize=2))
+    wall = time.perf_counter() - t0
+    s = summarise(rows)
+    tab, ver = table(s), "\n".join(verdicts(s))
+    print(tab)
+    print(ver)
+    if a.no_write:
+        return
+    png = ROOT / "docs" / "benchmarks" / "frontier.png"
+    plot(s, png)
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    write_section(SECTION.format(jobs=a.jobs, seeds=a.seeds, runs=len(tasks), wall=wall,
+                                 machine=machine, table=tab, verdicts=ver,
+                                 limits=", ".join(map(str, LIMITS))))
+
+
+SECTION = """## Savings against slowdown
+
+Produced by `python benchmarks/frontier.py --jobs {jobs} --seeds {seeds}` ({runs} runs in
+{wall:.0f} s on {machine}). `complementary` ran with every job's limit set to L = {limits}
+(`slurmrl simulate --max-slowdown L`: as if every user asked `--rl-max-slowdown=L`); the
+baselines ran at the workload's own limits (they do not read them). Means over {seeds}
+seeds x (steady, bursty) arrivals of {jobs} jobs. "Jobs within their limit": finished
+with (finished - placed) / solo at most their own limit.
+
+The issue's "beats every baseline on savings at equal or lower p95 slowdown", read as:
+some limit L gives `complementary` at least the baseline's savings at no higher p95:
+
+{verdicts}
+
+![savings against p95 slowdown](benchmarks/frontier.png)
+
+{table}
+"""
+
+
+if __name__ == "__main__":
+    main()
