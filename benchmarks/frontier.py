@@ -18,6 +18,7 @@ markers) and docs/benchmarks/frontier.png. Figures: means over seeds x (steady, 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import platform
 import statistics
@@ -66,6 +67,18 @@ def summarise(rows: list[dict[str, Any]]) -> dict[tuple[str, str, float | None],
     return out
 
 
+def _curve_at(s: dict[tuple[str, str, float | None], dict[str, float]], w: str,
+              p95: float) -> float | None:
+    """`complementary`'s savings at this p95, interpolated linearly between the limits'
+    points; None outside the range they cover."""
+    pts = sorted((s[(w, "complementary", L)]["p95"], s[(w, "complementary", L)]["savings"])
+                 for L in LIMITS)
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+        if x0 <= p95 <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (p95 - x0) / (x1 - x0)
+    return None
+
+
 def verdicts(s: dict[tuple[str, str, float | None], dict[str, float]]) -> list[str]:
     """Per workload and baseline: the smallest limit at which `complementary` saves at
     least as much at no higher p95, or none."""
@@ -77,8 +90,14 @@ def verdicts(s: dict[tuple[str, str, float | None], dict[str, float]]) -> list[s
             wins = [L for L in LIMITS if s[(w, "complementary", L)]["savings"]
                     >= base["savings"] - 1e-3 and s[(w, "complementary", L)]["p95"]
                     <= base["p95"] + 1e-3]
+            if wins:
+                verdict = f"beaten at limit {wins[0]}"
+            else:
+                at = _curve_at(s, w, base["p95"])
+                verdict = "**not beaten**" + ("" if at is None else
+                                              f" (the curve at that p95: {100 * at:.1f}%)")
             parts.append(f"{b} (saves {100 * base['savings']:.1f}% at p95 {base['p95']:.2f}): "
-                         + (f"beaten at limit {wins[0]}" if wins else "**not beaten**"))
+                         + verdict)
         lines.append(f"- {w}: " + "; ".join(parts))
     return lines
 
@@ -164,9 +183,13 @@ def main() -> None:
     png = ROOT / "docs" / "benchmarks" / "frontier.png"
     plot(s, png)
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    out = statistics.median(1 - s[(w, b, None)]["within"] for w in WORKLOADS
+                            for b in ("random", "greedy", "fifo-lock", "gang"))
+    comp_in = min(s[(w, "complementary", L)]["within"] for w in WORKLOADS for L in LIMITS)
     write_section(SECTION.format(jobs=a.jobs, seeds=a.seeds, runs=len(tasks), wall=wall,
                                  machine=machine, table=tab, verdicts=ver,
-                                 limits=", ".join(map(str, LIMITS))))
+                                 limits=", ".join(map(str, LIMITS)),
+                                 base_out=f"{100 * out:.0f}%", comp_in_min=100 * comp_in))
 
 
 SECTION = """## Savings against slowdown
@@ -179,9 +202,20 @@ seeds x (steady, bursty) arrivals of {jobs} jobs. "Jobs within their limit": fin
 with (finished - placed) / solo at most their own limit.
 
 The issue's "beats every baseline on savings at equal or lower p95 slowdown", read as:
-some limit L gives `complementary` at least the baseline's savings at no higher p95:
+some limit L gives `complementary` at least the baseline's savings at no higher p95
+(where none does, the savings of its curve interpolated at the baseline's p95):
 
 {verdicts}
+
+Reading: the suite's 1.15 is a point on this curve, not a property of the policy;
+a site that lets users accept more slowdown buys GPU-hours along it (agentic-tools and
+disaggregated jobs the most, mixed-sizes and math-sync the least). A baseline's
+savings come with {base_out} of its jobs above the suite's limit (median over
+the sharing baselines and workloads); `complementary` keeps {comp_in_min:.0f}-100% of its jobs
+within the limit they were given at every L; those above it are mostly jobs that joined
+a pool on their prior (the `--rl-profile`, or defaults by model size) before any of
+their phases was observed, and the prior was off (docs/benchmarks.md, "Policies and
+simulator", has the diagnostic runs).
 
 ![savings against p95 slowdown](benchmarks/frontier.png)
 
