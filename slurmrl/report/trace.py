@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmrl.db import Store
-from slurmrl.model import LeaseState
+from slurmrl.model import LeaseState, Mux, PhasePrior
 from slurmrl.report.sources import SourceError, open_store
 from slurmrl.sim.replay import TRACE_FORMAT
 
@@ -79,12 +79,29 @@ def build_trace(store: Store, job_ids: Iterable[int] | None = None) -> Trace:
         if j.request.rollout_gpus is not None:
             spec["rollout_gpus"] = j.request.rollout_gpus
         spec.update(model=j.request.model, user=j.user, pool=j.pool_id or 0)
+        # what the user asked that a pairing policy reads: a replay under another
+        # policy (`slurmrl simulate -w FILE.jsonl`) places the job as it was submitted
+        r = j.request
+        if r.profile is not None:
+            spec["profile"] = profile_text(r.profile)
+        if r.max_slowdown is not None:
+            spec["max_slowdown"] = r.max_slowdown
+        if r.mux is Mux.OFF:
+            spec["mux"] = "off"
         specs.append(spec)
     rows = tuple({"job_id": x.job_id, "phase": str(x.phase), "requested_at": x.requested_at,
                   "granted_at": x.granted_at, "released_at": x.released_at,
                   "gpus": list(x.gpus)} for x in leases)
     return Trace({"format": TRACE_FORMAT, "jobs": specs}, rows,
                  tuple(sorted(set(by_id) - traced)))
+
+
+def profile_text(prior: PhasePrior) -> str:
+    """A `--rl-profile` value as the user would write it (`parse_profile` reads it)."""
+    parts = [f"{ph.value}={x:g}" for ph, x in prior.shares]
+    if prior.step_s is not None:
+        parts.append(f"step={prior.step_s:g}")
+    return ",".join(parts)
 
 
 def save_trace(trace: Trace, path: str | Path) -> None:

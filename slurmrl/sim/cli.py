@@ -2,6 +2,9 @@
 
 With no argument it runs `polytrace-mix`, steady arrivals, the default policies
 (`complementary` pairing, `round-robin` slicing, `site-limits` admission), seed 0.
+`-w FILE.jsonl` takes the jobs of a recorded trace (`slurmrl report --trace`) instead
+of drawing them: what a pairing policy would have saved on the site's own runs.
+`--replay FILE` runs a trace's jobs in their recorded pools and compares makespans.
 `--json` prints one envelope (`meta`, `errors`, `warnings`, `metrics`); otherwise a
 table. A progress bar is drawn on stderr for long runs (not with --json).
 """
@@ -14,6 +17,7 @@ import time
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from policies import registry
 
@@ -24,10 +28,11 @@ def _envelope(meta: dict[str, Any], payload: dict[str, Any]) -> str:
 
 @click.command("simulate")
 @click.option("-w", "--workload", default="polytrace-mix", show_default=True,
-              help="suite name (workloads/NAME.json) or a workload file")
+              help="suite name (workloads/NAME.json), a workload file (.json), or a "
+                   "recorded trace (.jsonl, from `slurmrl report --trace`)")
 @click.option("--arrivals", type=click.Choice(["steady", "bursty"]), default="steady",
               show_default=True)
-@click.option("--pairing", default="complementary", show_default=True,
+@click.option("--pairing", "--policy", "pairing", default="complementary", show_default=True,
               help=f"pairing policy: {', '.join(registry.names('pairing'))}")
 @click.option("--slice", "slice_name", default="round-robin", show_default=True,
               help=f"slice policy: {', '.join(registry.names('slice'))}")
@@ -56,14 +61,23 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
             if name not in registry.REGISTRY[kind] and ":" not in name:
                 raise click.UsageError(f"unknown {kind} policy {name!r}; valid: "
                                        f"{', '.join(registry.names(kind))}")
+        ctx = click.get_current_context()
+        given = {p for p in ("workload", "pairing", "arrivals", "seed", "n_jobs", "load_scale")
+                 if ctx.get_parameter_source(p) is not ParameterSource.DEFAULT}
+        if replay_path is not None and given & {"workload", "pairing"}:
+            raise click.UsageError("--replay runs a trace's jobs in their recorded pools; "
+                                   "to place them by a pairing policy use -w FILE.jsonl "
+                                   "--pairing NAME")
+        if workload.endswith(".jsonl") and given & {"arrivals", "seed", "n_jobs", "load_scale"}:
+            raise click.UsageError("--arrivals, --seed, --jobs and --load draw a synthetic "
+                                   "workload; a trace's jobs arrive as recorded")
         t0 = time.perf_counter()
         if replay_path is not None:
             from slurmrl.sim.replay import replay
 
-            payload: dict[str, Any] = {"replay": replay(replay_path, pairing=pairing,
-                                                        slice_name=slice_name)}
+            payload: dict[str, Any] = {"replay": replay(replay_path, slice_name=slice_name)}
             meta: dict[str, Any] = {"command": "simulate", "replay": replay_path,
-                                    "pairing": pairing, "slice": slice_name}
+                                    "slice": slice_name}
         else:
             payload, meta = _run(workload, arrivals, pairing, slice_name, admission, seed,
                                  n_jobs, load_scale, max_slowdown, not no_check, as_json)
@@ -77,7 +91,7 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
         click.echo(_envelope(meta, payload))
         return
     rows = payload.get("metrics") or payload["replay"]
-    click.echo(" ".join(f"{k}={v}" for k, v in meta.items()))
+    click.echo(" ".join(f"{k}={v}" for k, v in meta.items() if v is not None))
     for k, v in rows.items():
         click.echo(f"{k:22s} {v:.4f}" if isinstance(v, float) else f"{k:22s} {v}")
 
@@ -85,25 +99,33 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
 def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission: str,
          seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
          check: bool, quiet: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    from slurmrl.sim.runner import config_for, run_jobs, with_max_slowdown
+    from slurmrl.sim.runner import config_for, run_jobs, trace_config, with_max_slowdown
     from slurmrl.sim.workload import generate, load
 
-    w = load(workload)
-    jobs = generate(w, seed, arrivals, n_jobs, load_scale)
-    cfg = config_for(w, check)
+    if workload.endswith(".jsonl"):
+        from slurmrl.sim.replay import trace_jobs
+
+        jobs = trace_jobs(workload)
+        cfg = trace_config(jobs, check)
+        meta: dict[str, Any] = {"command": "simulate", "workload": workload,
+                                "source": "trace"}
+    else:
+        w = load(workload)
+        jobs = generate(w, seed, arrivals, n_jobs, load_scale)
+        cfg = config_for(w, check)
+        meta = {"command": "simulate", "workload": w.name, "arrivals": arrivals,
+                "seed": seed}
     if max_slowdown is not None:
         jobs, cfg = with_max_slowdown(jobs, cfg, max_slowdown)
-    meta: dict[str, Any] = {"command": "simulate", "workload": w.name, "arrivals": arrivals,
-                            "pairing": pairing, "slice": slice_name, "admission": admission,
-                            "seed": seed, "jobs": len(jobs), "cluster_gpus": w.cluster_gpus,
-                            "max_slowdown": max_slowdown}
+    meta.update({"pairing": pairing, "slice": slice_name, "admission": admission,
+                 "jobs": len(jobs), "cluster_gpus": cfg.gpus, "max_slowdown": max_slowdown})
     if quiet or not sys.stderr.isatty():
         result = run_jobs(jobs, cfg, pairing, slice_name, admission)
     else:
         from rich.progress import Progress
 
         with Progress(transient=True) as bar:
-            task = bar.add_task(f"simulating {w.name}", total=1.0)
+            task = bar.add_task(f"simulating {meta['workload']}", total=1.0)
             result = run_jobs(jobs, cfg, pairing, slice_name, admission,
                               progress=lambda f: bar.update(task, completed=f))
     return {"metrics": result.metrics.as_dict()}, meta

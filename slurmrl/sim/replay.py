@@ -2,7 +2,8 @@
 
 Trace format (JSONL, documented in workloads/README.md): the first line is a header
 `{"format": "slurmrl-trace/1", "jobs": [{"job_id", "gpus", "layout", "rollout_gpus",
-"model", "pool"}]}`; every other line is one phase observation `{"job_id", "phase",
+"model", "pool"}]}` (optional per job: "user", "profile" as written in `--rl-profile`,
+"max_slowdown", "mux": "off"); every other line is one phase observation `{"job_id", "phase",
 "requested_at", "granted_at", "released_at", "gpus"}` (epoch seconds; `phase` a GPU
 phase; gaps are inferred between a release and the job's next request).
 
@@ -10,7 +11,10 @@ Each job's solo timeline is rebuilt from its own observations: GPU phases last
 `released_at - granted_at` (their waits removed), gaps last from one release to the
 next request. The jobs then run in the recorded groups (`pool` in the header; jobs
 without one share pool 0) from their first request, under the given slice policy, and
-the predicted makespan is compared with the recorded one.
+the predicted makespan is compared with the recorded one. `trace_jobs` gives the same
+jobs without their groups, as a workload any pairing policy can place
+(`slurmrl simulate -w FILE.jsonl --pairing NAME`: what a policy would have saved on
+these runs).
 
 Known limits: a recorded phase includes the park/activate it paid, so the replay adds
 the simulator's handoff cost on top (a small overestimate); no tail shrink is replayed.
@@ -92,20 +96,46 @@ def jobs_from_trace(header: dict[str, Any], obs: list[dict[str, Any]]
         mine = sorted(by_job.get(jid, []), key=lambda o: o["requested_at"])
         if not mine:
             raise WorkloadError(f"trace: job {jid} has no observations")
-        segs: list[Segment] = []
+        steps: list[list[Segment]] = [[]]
         for prev, o in zip([None, *mine[:-1]], mine, strict=True):
+            phase = Phase(o["phase"])
+            # a rollout after the step's training or sync starts the next step
+            if phase is Phase.ROLLOUT and any(x.phase in (Phase.TRAIN, Phase.SYNC)
+                                              for x in steps[-1]):
+                steps.append([])
             if prev is not None and o["requested_at"] > prev["released_at"]:
-                segs.append(Segment(Phase.IDLE, o["requested_at"] - prev["released_at"]))
-            segs.append(Segment(Phase(o["phase"]), o["released_at"] - o["granted_at"]))
+                steps[-1].append(Segment(Phase.IDLE, o["requested_at"] - prev["released_at"]))
+            steps[-1].append(Segment(phase, o["released_at"] - o["granted_at"]))
         gpus = int(spec["gpus"])
         layout = Layout(spec.get("layout", "colocated"))
         rg = int(spec.get("rollout_gpus") or (gpus if layout is Layout.COLOCATED else gpus // 2))
+        prior = None
+        if spec.get("profile"):
+            from slurmrl.directives import DirectiveError, parse_profile
+
+            try:
+                prior = parse_profile(str(spec["profile"]))
+            except DirectiveError as exc:
+                raise WorkloadError(f"trace: job {jid}: {exc}") from None
+        ms = spec.get("max_slowdown")
         jobs.append(SimJob(jid, "trace", str(spec.get("user", "trace")),
                            mine[0]["requested_at"] - t0, str(spec.get("model", "tiny")),
                            _params(str(spec.get("model", "tiny"))), gpus, layout, rg,
-                           (tuple(segs),), (), None, None, False))
+                           tuple(tuple(x) for x in steps), (), prior,
+                           None if ms is None else float(ms), spec.get("mux") == "off"))
         groups[jid] = int(spec.get("pool", 0))
     return jobs, groups
+
+
+def trace_jobs(path: str | Path) -> list[SimJob]:
+    """A recorded trace's jobs as a workload: each job's solo timeline (waits removed,
+    split into steps at each rollout that follows a training or sync), arriving when it
+    first asked for GPUs; the recorded pools are left out, for a pairing policy to
+    place the jobs anew (`slurmrl simulate -w FILE.jsonl`)."""
+    header, obs = read_trace(path)
+    if not obs:
+        raise WorkloadError(f"{path}: a trace with no leases")
+    return jobs_from_trace(header, obs)[0]
 
 
 def _params(model: str) -> float:
@@ -117,8 +147,7 @@ def _params(model: str) -> float:
         return 1e9
 
 
-def replay(path: str | Path, pairing: str = "complementary",
-           slice_name: str = "round-robin") -> dict[str, float]:
+def replay(path: str | Path, slice_name: str = "round-robin") -> dict[str, float]:
     """Predicted vs recorded makespan of the traced jobs, in their recorded groups."""
     from policies import registry
     from policies.admission_limits import SiteLimitsAdmission

@@ -35,6 +35,13 @@ def config_for(w: Workload, check_invariants: bool = True, **overrides: Any) -> 
     return cfg
 
 
+def trace_config(jobs: list[SimJob], check_invariants: bool = True) -> SimConfig:
+    """A recorded trace's cluster: GPUs enough for every job at once (the runs were not
+    queued for one another), the controller's default site limits."""
+    return SimConfig(max(1, sum(j.gpus for j in jobs)), limits=SiteLimits(),
+                     check_invariants=check_invariants)
+
+
 def with_max_slowdown(jobs: list[SimJob], cfg: SimConfig, limit: float,
                       ) -> tuple[list[SimJob], SimConfig]:
     """What if every user asked for `--rl-max-slowdown=limit`? Each job's limit becomes

@@ -185,3 +185,65 @@ def test_cli_max_slowdown_lets_users_trade_slowdown_for_savings() -> None:
     assert loose["slowdown_p95"] > strict["slowdown_p95"]
     res = CliRunner().invoke(simulate, ["--max-slowdown", "0.9"])
     assert res.exit_code == 2 and "--max-slowdown" in res.output
+
+
+def recorded_trace(path: Path, profile: str | None, steps: int = 20) -> Path:
+    """Two 2-GPU jobs recorded alone in their own pools: rollout 3 s, 5 s reward gap,
+    train 1 s per step; the second asked for GPUs half a second after the first."""
+    jobs, rows = [], []
+    for jid, t in ((1, 1000.0), (2, 1000.5)):
+        spec: dict[str, object] = {"job_id": jid, "gpus": 2, "layout": "colocated",
+                                   "model": "tiny", "user": f"u{jid}", "pool": jid}
+        if profile is not None:
+            spec["profile"] = profile
+        jobs.append(spec)
+        for _ in range(steps):
+            rows.append({"job_id": jid, "phase": "rollout", "requested_at": t,
+                         "granted_at": t, "released_at": t + 3, "gpus": [0, 1]})
+            t += 8
+            rows.append({"job_id": jid, "phase": "train", "requested_at": t,
+                         "granted_at": t, "released_at": t + 1, "gpus": [0, 1]})
+            t += 1
+    rows.sort(key=lambda r: float(str(r["requested_at"])))
+    path.write_text("\n".join(json.dumps(x) for x in
+                              [{"format": "slurmrl-trace/1", "jobs": jobs}, *rows]) + "\n")
+    return path
+
+
+def test_a_sites_recorded_runs_placed_by_a_policy(tmp_path: Path) -> None:
+    """`simulate -w FILE.jsonl`: what a policy would have saved on jobs run alone."""
+    trace = recorded_trace(tmp_path / "site.jsonl",
+                           "rollout=0.33,reward=0.56,train=0.11,step=9")
+
+    def run(*args: str) -> dict[str, object]:
+        res = CliRunner().invoke(simulate, ["-w", str(trace), "--json", *args])
+        assert res.exit_code == 0, res.output
+        return dict(json.loads(res.output))
+
+    out = run("--policy", "complementary")
+    m = out["metrics"]
+    assert isinstance(m, dict)
+    assert out["meta"] == {**out["meta"], "source": "trace", "jobs": 2, "cluster_gpus": 4,
+                           "pairing": "complementary"}
+    # each alone leaves its 2 GPUs idle 5 of every 9 s; shared, one pool serves both
+    assert m["shared_pools"] == 1 and m["savings"] > 0.3 and m["slowdown_max"] <= 1.25
+    ded = run("--pairing", "dedicated")["metrics"]
+    assert isinstance(ded, dict) and ded["savings"] == 0 and ded["shared_pools"] == 0
+    # without the users' --rl-profile the policy has only its model-size prior (a step
+    # ~90% on GPU) when they arrive, and does not pair them
+    bare = recorded_trace(tmp_path / "bare.jsonl", None)
+    res = CliRunner().invoke(simulate, ["-w", str(bare), "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["metrics"]["shared_pools"] == 0
+
+
+def test_trace_options_that_would_be_ignored_are_refused(tmp_path: Path) -> None:
+    trace = recorded_trace(tmp_path / "site.jsonl", None, steps=2)
+    for args, says in (
+            (["--replay", str(trace), "--pairing", "random"], "recorded pools"),
+            (["-w", str(trace), "--jobs", "5"], "arrive as recorded"),
+            (["-w", str(trace), "--seed", "3"], "arrive as recorded")):
+        res = CliRunner().invoke(simulate, args)
+        assert res.exit_code == 2 and says in res.output, res.output
+    bad = recorded_trace(tmp_path / "bad.jsonl", "rollout=0.7,train=0.7", steps=2)
+    res = CliRunner().invoke(simulate, ["-w", str(bad)])
+    assert res.exit_code == 1 and "job 1" in res.output and "sum to" in res.output

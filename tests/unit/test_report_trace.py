@@ -15,10 +15,10 @@ from click.testing import CliRunner
 from slurmrl.cli.report import report
 from slurmrl.db import JobRecord, Store
 from slurmrl.leases.types import Lease
-from slurmrl.model import JobState, Layout, LeaseState, Mux, Phase, RlRequest
+from slurmrl.model import JobState, Layout, LeaseState, Mux, Phase, PhasePrior, RlRequest
 from slurmrl.report.sources import SourceError
 from slurmrl.report.trace import TraceError, build_trace, save_trace, write_trace
-from slurmrl.sim.replay import replay
+from slurmrl.sim.replay import replay, trace_jobs
 
 
 def _grant(store: Store, pool: int, jid: int, phase: Phase, gpus: set[int],
@@ -39,7 +39,8 @@ def _db(path: Path) -> Path:
     store = Store(path)
     p1 = store.add_pool(gpus=2, opened_at=990.0, slurm_job_id=9)
     p2 = store.add_pool(gpus=1, opened_at=990.0, slurm_job_id=10, dedicated=True)
-    reqs = {11: RlRequest(gpus=2, model="Qwen2.5-0.5B"),
+    prior = PhasePrior(((Phase.ROLLOUT, 0.5), (Phase.TRAIN, 0.5)), 30.0)
+    reqs = {11: RlRequest(gpus=2, model="Qwen2.5-0.5B", profile=prior, max_slowdown=1.3),
             12: RlRequest(gpus=2, layout=Layout.DISAGGREGATED, rollout_gpus=1),
             13: RlRequest(gpus=1, mux=Mux.OFF)}
     for jid, pool in ((11, p1), (12, p1), (13, p2)):
@@ -82,7 +83,8 @@ def test_trace_has_the_ended_leases_and_replays(tmp_path: Path) -> None:
     header, rows = _read(out)
     assert header == {"format": "slurmrl-trace/1", "jobs": [
         {"job_id": 11, "gpus": 2, "layout": "colocated", "model": "Qwen2.5-0.5B",
-         "user": "user11", "pool": 1},
+         "user": "user11", "pool": 1, "profile": "rollout=0.5,train=0.5,step=30",
+         "max_slowdown": 1.3},
         {"job_id": 12, "gpus": 2, "layout": "disaggregated", "rollout_gpus": 1,
          "model": "tiny", "user": "user12", "pool": 1}]}
     # six ended leases in request order; the held lease, the cancelled request and
@@ -96,6 +98,11 @@ def test_trace_has_the_ended_leases_and_replays(tmp_path: Path) -> None:
     rep = replay(out)
     assert rep["recorded_makespan_s"] == pytest.approx(61.0)
     assert rep["predicted_makespan_s"] > 0
+    # placed anew by a policy (`simulate -w FILE.jsonl`), a job keeps what its user asked
+    jobs = {j.job_id: j for j in trace_jobs(out)}
+    assert jobs[11].prior == PhasePrior(((Phase.ROLLOUT, 0.5), (Phase.TRAIN, 0.5)), 30.0)
+    assert jobs[11].max_slowdown == 1.3 and jobs[12].prior is None
+    assert jobs[12].rollout_gpus == 1 and not jobs[12].mux_off
 
 
 def test_trace_of_selected_jobs_only_in_the_json_envelope(tmp_path: Path) -> None:
