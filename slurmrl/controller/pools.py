@@ -240,6 +240,7 @@ class SlurmPools:
         self._c: Controller | None = None
         self._live: dict[tuple[int, str], _Live] = {}
         self._lock = asyncio.Lock()
+        self._handoff_locks: dict[int, asyncio.Lock] = {}  #: pool id -> its handoffs' lock
         self._tasks: set[asyncio.Task[None]] = set()
         self.handoffs: list[HandoffTiming] = []  #: the most recent handoffs, newest last
 
@@ -422,11 +423,24 @@ class SlurmPools:
     async def before_answer(self, job: JobRecord, lease: Lease) -> None:
         if job.pool_id is None:
             return
+        # one handoff at a time per pool, each for a lease still held: a lease revoked
+        # during its own handoff (its job cancelled) lets the next grant's handoff start,
+        # and the two interleaved would leave the first one's parks last - parking the
+        # services of the job that now holds the GPUs (a CI run caught it)
+        async with self._handoff_locks.setdefault(job.pool_id, asyncio.Lock()):
+            table = self.c.scheduler.tables.get(job.pool_id)
+            if table is None or table.lease(lease.lease_id) is None:
+                log.info("handoff to job %d skipped: lease %d ended before it", job.job_id,
+                         lease.lease_id)
+                return
+            await self._handoff(job, job.pool_id, lease)
+
+    async def _handoff(self, job: JobRecord, pool_id: int, lease: Lease) -> None:
         t0 = time.perf_counter()
-        services = self._members_fp(job.pool_id)
+        services = self._members_fp(pool_id)
         phase = Phase(lease.phase)
         try:
-            plan = plan_grant(services, self._capacity_by_id(job.pool_id), job_id=job.job_id,
+            plan = plan_grant(services, self._capacity_by_id(pool_id), job_id=job.job_id,
                               phase=phase, host_budget_bytes=self.c.config.limits
                               .parked_host_mem_per_node)
         except ResidencyError as exc:
@@ -524,6 +538,7 @@ class SlurmPools:
             with contextlib.suppress(SlurmError):
                 await asyncio.to_thread(self.allocator.close, pool.slurm_job_id)
         await self.c.close_pool(pool_id, "group empty")
+        self._handoff_locks.pop(pool_id, None)
 
     async def reconcile(self) -> None:
         assert self.allocator is not None

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -252,14 +252,18 @@ def _rounds(path: Path) -> list[dict[str, object]]:
             if line.startswith("{")]
 
 
-def _wait(cond: object, timeout_s: float, what: str) -> None:
+def _wait(cond: object, timeout_s: float, what: str,
+          evidence: Callable[[], str] | None = None) -> None:
+    """Wait for `cond`; on timeout fail with `what` and, if given, what `evidence()`
+    reads then (the drivers' output, the controller's log)."""
     assert callable(cond)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if cond():
             return
         time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+    seen = f":\n{evidence()}" if evidence is not None else ""
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}{seen}")
 
 
 def test_two_users_share_a_pool_with_resident_services(
@@ -334,7 +338,9 @@ def test_two_users_share_a_pool_with_resident_services(
         _wait(lambda: not any(Path(f"/proc/{p}").exists() for p in alice_pids), 60,
               "alice's services to stop")
         b_now = len(_rounds(outs["rlbob"]))
-        _wait(lambda: len(_rounds(outs["rlbob"])) >= b_now + 2, 60, "bob to go on alone")
+        _wait(lambda: len(_rounds(outs["rlbob"])) >= b_now + 2, 60, "bob to go on alone",
+              lambda: "bob's driver:\n" + read(outs["rlbob"])[-1500:]
+              + "\ncontroller log:\n" + read(ctl.log)[-6000:])
         _wait(lambda: [s.job_id for s in store.services(pool_id=pool.pool_id,
                                                          live_only=True)] == [ids["rlbob"]] * 2,
               30, "only bob's services to be listed live")
