@@ -8,7 +8,10 @@ allocated), leased GPU-seconds (the controller's ledger), makespan, per-job wall
 slowdown, and each job's reward (first 10 steps -> last 10). Then it writes the
 multiplexed run's phase observations as a trace (`slurmrl-trace/1` JSONL) and replays
 it with `slurmrl simulate --replay`, comparing the predicted makespan with the measured
-one (the simulator's fidelity target: within 15%).
+one (the simulator's fidelity target: within 15%). Before that, it previews the
+multiplexed run from the dedicated one alone, as a site would before turning slurmrl
+on: the dedicated run's trace through `slurmrl simulate -w` (the default policy placing
+those jobs anew), predicted savings and slowdowns beside the measured ones.
 
     SLURMRL_DEV_STATE=/var/lib/slurmrl-dev benchmarks/e2e.py [--steps N] [--out DIR]
 
@@ -27,9 +30,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+# this directory's policies.py would shadow the `policies` package the trace export imports
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-from e2e_run import SLURMRL, RunResult, run, write_trace
+from e2e_run import SLURMRL, RunResult, run, write_trace  # noqa: E402
 
 
 def table(ded: RunResult, mux: RunResult) -> str:
@@ -63,6 +68,7 @@ def main() -> int:
     ded = run("dedicated", "off", out / "dedicated", state, steps=args.steps)
     mux = run("multiplexed", "auto", out / "multiplexed", state, steps=args.steps)
     print(table(ded, mux), flush=True)
+    preview = _preview(ded, mux, out / "dedicated-trace.jsonl")
     trace = out / "multiplexed-trace.jsonl"
     n = write_trace(mux, trace)
     sim = subprocess.run([SLURMRL, "simulate", "--replay", str(trace), "--json"],
@@ -77,10 +83,43 @@ def main() -> int:
               f" s: error {100 * replay['error']:+.1f}% (target: within 15%)")
     else:
         print(f"\nslurmrl simulate --replay failed: {sim.stderr.strip()}")
-    summary = {"dedicated": _res(ded), "multiplexed": _res(mux), "replay": replay}
+    summary = {"dedicated": _res(ded), "multiplexed": _res(mux), "replay": replay,
+               "preview": preview}
     (out / "e2e.json").write_text(json.dumps(summary, indent=2))
     print(f"\nwrote {out / 'e2e.json'}")
     return 0
+
+
+def _preview(ded: RunResult, mux: RunResult, trace: Path) -> dict[str, float]:
+    """What `slurmrl simulate -w` predicts from the dedicated run alone (the default
+    policy placing its jobs anew), beside what the multiplexed run measured."""
+    if write_trace(ded, trace) == 0:
+        print("\nno dedicated trace to preview from")
+        return {}
+    # the harness forced --rl-mux=off for the dedicated run; the scripts ask for auto
+    lines = trace.read_text().splitlines()
+    header = json.loads(lines[0])
+    for spec in header["jobs"]:
+        spec.pop("mux", None)
+    trace.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    sim = subprocess.run([SLURMRL, "simulate", "-w", str(trace), "--json"],
+                         capture_output=True, text=True, timeout=300, check=False)
+    if sim.returncode != 0:
+        print(f"\nslurmrl simulate -w failed: {sim.stderr.strip()}")
+        return {}
+    m = json.loads(sim.stdout)["metrics"]
+    saved = 1 - mux.pool_gpu_s / ded.pool_gpu_s if ded.pool_gpu_s else float("nan")
+    slow = max((x.wall_s / d.wall_s for d, x in zip(ded.jobs, mux.jobs, strict=True)
+                if d.wall_s > 0), default=float("nan"))
+    print(f"\npreview from the dedicated run (`slurmrl simulate -w {trace.name}`, the "
+          f"default policy placing its {m['jobs']} jobs anew):\n"
+          f"  predicted: {100 * m['savings']:.1f}% GPU-seconds saved, {m['shared_pools']} "
+          f"shared pools, worst slowdown {m['slowdown_max']:.2f}\n"
+          f"  measured by the multiplexed run: {100 * saved:.1f}% pool GPU-seconds saved, "
+          f"worst slowdown {slow:.2f}")
+    return {"predicted_savings": m["savings"], "predicted_slowdown_max": m["slowdown_max"],
+            "predicted_shared_pools": m["shared_pools"], "measured_savings": saved,
+            "measured_slowdown_max": slow}
 
 
 def _res(r: RunResult) -> dict[str, object]:
