@@ -45,13 +45,17 @@ def _envelope(meta: dict[str, Any], payload: dict[str, Any]) -> str:
 @click.option("--max-slowdown", "max_slowdown", type=click.FloatRange(min=1.0), default=None,
               help="what-if: every job's slowdown limit, as if each user asked "
                    "--rl-max-slowdown=X (the site's cap rises to X if lower)")
+@click.option("--assume-profiles", is_flag=True,
+              help="with -w FILE.jsonl: give each job without --rl-profile the one that "
+                   "matches its recorded run (what if every user had written one)")
 @click.option("--replay", "replay_path", type=click.Path(exists=True, dir_okay=False),
               default=None, help="replay a recorded phase trace (JSONL) instead")
 @click.option("--no-check", is_flag=True, help="skip the lease invariant check per event")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admission: str,
              seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
-             replay_path: str | None, no_check: bool, as_json: bool) -> None:
+             assume_profiles: bool, replay_path: str | None, no_check: bool,
+             as_json: bool) -> None:
     """Simulate RL jobs multiplexed on a cluster; report GPU-hours saved and slowdowns."""
     from slurmrl.sim.workload import WorkloadError
 
@@ -68,6 +72,9 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
             raise click.UsageError("--replay runs a trace's jobs in their recorded pools; "
                                    "to place them by a pairing policy use -w FILE.jsonl "
                                    "--pairing NAME")
+        if assume_profiles and (replay_path is not None or not workload.endswith(".jsonl")):
+            raise click.UsageError("--assume-profiles applies to a recorded trace given "
+                                   "as -w FILE.jsonl")
         if workload.endswith(".jsonl") and given & {"arrivals", "seed", "n_jobs", "load_scale"}:
             raise click.UsageError("--arrivals, --seed, --jobs and --load draw a synthetic "
                                    "workload; a trace's jobs arrive as recorded")
@@ -80,7 +87,8 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
                                     "slice": slice_name}
         else:
             payload, meta = _run(workload, arrivals, pairing, slice_name, admission, seed,
-                                 n_jobs, load_scale, max_slowdown, not no_check, as_json)
+                                 n_jobs, load_scale, max_slowdown, assume_profiles,
+                                 not no_check, as_json)
         meta["wall_s"] = f"{time.perf_counter() - t0:.3f}"
     except (WorkloadError, ValueError) as exc:
         if isinstance(exc, click.UsageError):
@@ -98,17 +106,18 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
 
 def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission: str,
          seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
-         check: bool, quiet: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+         assume_profiles: bool, check: bool, quiet: bool,
+         ) -> tuple[dict[str, Any], dict[str, Any]]:
     from slurmrl.sim.runner import config_for, run_jobs, trace_config, with_max_slowdown
     from slurmrl.sim.workload import generate, load
 
     if workload.endswith(".jsonl"):
         from slurmrl.sim.replay import trace_jobs
 
-        jobs = trace_jobs(workload)
+        jobs = trace_jobs(workload, assume_profiles)
         cfg = trace_config(jobs, check)
         meta: dict[str, Any] = {"command": "simulate", "workload": workload,
-                                "source": "trace"}
+                                "source": "trace", "assume_profiles": assume_profiles}
     else:
         w = load(workload)
         jobs = generate(w, seed, arrivals, n_jobs, load_scale)

@@ -25,11 +25,12 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode
-from slurmrl.model import Layout, Phase
+from slurmrl.model import Layout, Phase, PhasePrior
 from slurmrl.sim.workload import Segment, SimJob, WorkloadError
 
 TRACE_FORMAT = "slurmrl-trace/1"
@@ -127,15 +128,37 @@ def jobs_from_trace(header: dict[str, Any], obs: list[dict[str, Any]]
     return jobs, groups
 
 
-def trace_jobs(path: str | Path) -> list[SimJob]:
+def trace_jobs(path: str | Path, assume_profiles: bool = False) -> list[SimJob]:
     """A recorded trace's jobs as a workload: each job's solo timeline (waits removed,
     split into steps at each rollout that follows a training or sync), arriving when it
     first asked for GPUs; the recorded pools are left out, for a pairing policy to
-    place the jobs anew (`slurmrl simulate -w FILE.jsonl`)."""
+    place the jobs anew (`slurmrl simulate -w FILE.jsonl`).
+
+    `assume_profiles`: a job submitted without `--rl-profile` gets one that matches its
+    recorded run (phase shares and mean step over the whole run): what the policy
+    would do had every user given an accurate profile."""
     header, obs = read_trace(path)
     if not obs:
         raise WorkloadError(f"{path}: a trace with no leases")
-    return jobs_from_trace(header, obs)[0]
+    jobs = jobs_from_trace(header, obs)[0]
+    if assume_profiles:
+        jobs = [j if j.prior is not None else replace(j, prior=recorded_profile(j))
+                for j in jobs]
+    return jobs
+
+
+def recorded_profile(job: SimJob) -> PhasePrior:
+    """The `--rl-profile` that describes `job`'s run: each phase's share of its time and
+    its mean step."""
+    total: dict[Phase, float] = defaultdict(float)
+    for step in job.steps:
+        for seg in step:
+            total[seg.phase] += seg.seconds
+    wall = sum(total.values())
+    if wall <= 0:
+        raise WorkloadError(f"trace: job {job.job_id} has no recorded time")
+    shares = tuple((ph, t / wall) for ph, t in sorted(total.items()) if t > 0)
+    return PhasePrior(shares, wall / len(job.steps))
 
 
 def _params(model: str) -> float:

@@ -10,8 +10,10 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from slurmrl.model import Phase
 from slurmrl.sim.cli import simulate
 from slurmrl.sim.metrics import ledger
+from slurmrl.sim.replay import trace_jobs
 from slurmrl.sim.runner import config_for, run_jobs, run_workload, with_max_slowdown
 from slurmrl.sim.workload import WorkloadError, generate, load, validate
 
@@ -234,6 +236,16 @@ def test_a_sites_recorded_runs_placed_by_a_policy(tmp_path: Path) -> None:
     bare = recorded_trace(tmp_path / "bare.jsonl", None)
     res = CliRunner().invoke(simulate, ["-w", str(bare), "--json"])
     assert res.exit_code == 0 and json.loads(res.output)["metrics"]["shared_pools"] == 0
+    # ... had they written one matching their runs, they would have shared
+    res = CliRunner().invoke(simulate, ["-w", str(bare), "--json", "--assume-profiles"])
+    assert res.exit_code == 0, res.output
+    what_if = json.loads(res.output)
+    assert what_if["meta"]["assume_profiles"] is True
+    assert what_if["metrics"]["shared_pools"] == 1 and what_if["metrics"]["savings"] > 0.3
+    prior = trace_jobs(bare, assume_profiles=True)[0].prior
+    assert prior is not None and prior.step_s == pytest.approx(9.0)
+    assert dict(prior.shares) == pytest.approx(
+        {Phase.ROLLOUT: 3 / 9, Phase.IDLE: 5 / 9, Phase.TRAIN: 1 / 9})
 
 
 def test_trace_options_that_would_be_ignored_are_refused(tmp_path: Path) -> None:
@@ -241,7 +253,8 @@ def test_trace_options_that_would_be_ignored_are_refused(tmp_path: Path) -> None
     for args, says in (
             (["--replay", str(trace), "--pairing", "random"], "recorded pools"),
             (["-w", str(trace), "--jobs", "5"], "arrive as recorded"),
-            (["-w", str(trace), "--seed", "3"], "arrive as recorded")):
+            (["-w", str(trace), "--seed", "3"], "arrive as recorded"),
+            (["-w", "math-sync", "--assume-profiles"], "recorded trace")):
         res = CliRunner().invoke(simulate, args)
         assert res.exit_code == 2 and says in res.output, res.output
     bad = recorded_trace(tmp_path / "bad.jsonl", "rollout=0.7,train=0.7", steps=2)
