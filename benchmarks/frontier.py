@@ -37,7 +37,6 @@ from slurmrl.sim.workload import generate, load  # noqa: E402
 
 BASELINES = ["dedicated", "random", "greedy", "fifo-lock", "gang"]
 LIMITS = [1.15, 1.25, 1.5, 1.75, 2.0, 3.0]
-BEGIN, END = "<!-- frontier:begin -->", "<!-- frontier:end -->"
 
 
 def one(args: tuple[str, str, float | None, str, int, int]) -> dict[str, Any]:
@@ -144,13 +143,16 @@ def plot(s: dict[tuple[str, str, float | None], dict[str, float]], path: Path) -
     plt.close(fig)
 
 
-def write_section(text: str) -> None:
+def write_marked(name: str, text: str) -> None:
+    """Put `text` between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in
+    docs/benchmarks.md (replacing what was there; new sections go before "End to end")."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     doc = ROOT / "docs" / "benchmarks.md"
     old = doc.read_text()
-    block = f"{BEGIN}\n{text.rstrip()}\n{END}"
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        new = head + block + rest.split(END, 1)[1]
+    block = f"{begin}\n{text.rstrip()}\n{end}"
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        new = head + block + rest.split(end, 1)[1]
     else:
         anchor = "## End to end"
         new = old.replace(anchor, block + "\n\n" + anchor, 1) if anchor in old else \
@@ -186,7 +188,7 @@ def main() -> None:
     out = statistics.median(1 - s[(w, b, None)]["within"] for w in WORKLOADS
                             for b in ("random", "greedy", "fifo-lock", "gang"))
     comp_in = min(s[(w, "complementary", L)]["within"] for w in WORKLOADS for L in LIMITS)
-    write_section(SECTION.format(jobs=a.jobs, seeds=a.seeds, runs=len(tasks), wall=wall,
+    write_marked("frontier", SECTION.format(jobs=a.jobs, seeds=a.seeds, runs=len(tasks), wall=wall,
                                  machine=machine, table=tab, verdicts=ver,
                                  limits=", ".join(map(str, LIMITS)),
                                  base_out=f"{100 * out:.0f}%", comp_in_min=100 * comp_in))

@@ -48,6 +48,11 @@ from policies.complementarity import (
     shareable,
 )
 
+#: graph node kinds: (JOB, job id), (POOL, pool id). Integers, not strings: a string's
+#: hash changes with the process's hash seed, and networkx iterates sets of nodes, so
+#: string-labelled nodes made tied placements differ from one run to the next
+JOB, POOL = 0, 1
+
 
 class ComplementaryPairing:
     """Pairs jobs whose idle phases complement each other, within every slowdown limit."""
@@ -150,7 +155,7 @@ class ComplementaryPairing:
                ) -> tuple[dict[int, tuple[int, GroupPrediction]],
                           list[tuple[JobSnapshot, JobSnapshot, GroupPrediction]]]:
         graph = nx.Graph()
-        preds: dict[tuple[str, int, str, int], GroupPrediction] = {}
+        preds: dict[tuple[int, int, int, int], GroupPrediction] = {}
         by_bucket: dict[tuple[object, ...], list[JobSnapshot]] = defaultdict(list)
         for j in jobs:
             r = j.request
@@ -158,8 +163,8 @@ class ComplementaryPairing:
             for pool in pools:
                 w = self._join_weight(j, pool, limits)
                 if w is not None:
-                    graph.add_edge(("j", j.job_id), ("p", pool.pool_id), weight=w[0])
-                    preds[("j", j.job_id, "p", pool.pool_id)] = w[1]
+                    graph.add_edge((JOB, j.job_id), (POOL, pool.pool_id), weight=w[0])
+                    preds[(JOB, j.job_id, POOL, pool.pool_id)] = w[1]
         for bucket in by_bucket.values():
             bucket.sort(key=period_of)
             for i, a in enumerate(bucket):
@@ -167,25 +172,26 @@ class ComplementaryPairing:
                     pred = self.accepts((a, b), limits)
                     if pred is not None:
                         weight = int(1000 * pred.gain() * a.request.gpus) + 1
-                        graph.add_edge(("j", a.job_id), ("j", b.job_id), weight=weight)
-                        preds[("j", a.job_id, "j", b.job_id)] = pred
+                        graph.add_edge((JOB, a.job_id), (JOB, b.job_id), weight=weight)
+                        preds[(JOB, a.job_id, JOB, b.job_id)] = pred
         # matching is superlinear in the graph's size: match each connected component
         # (a bucket, with the pools its jobs may join) on its own; same result
-        matching: set[tuple[tuple[str, int], tuple[str, int]]] = set()
+        matching: set[tuple[tuple[int, int], tuple[int, int]]] = set()
         for comp in nx.connected_components(graph):
             # a copy: the view's filtered lookups cost ~3x in the matching's inner loop
             matching |= nx.max_weight_matching(graph.subgraph(comp).copy())
         by_id = {j.job_id: j for j in jobs}
         joins: dict[int, tuple[int, GroupPrediction]] = {}
         pairs = []
-        for u, v in matching:
-            if u[0] == "p":
+        for u, v in sorted(matching):
+            if u[0] == POOL:
                 u, v = v, u
-            if v[0] == "p":
-                joins[u[1]] = (v[1], preds[("j", u[1], "p", v[1])])
+            if v[0] == POOL:
+                joins[u[1]] = (v[1], preds[(JOB, u[1], POOL, v[1])])
             else:
-                key = ("j", u[1], "j", v[1])
+                key = (JOB, u[1], JOB, v[1])
                 x, y = (u, v) if key in preds else (v, u)
-                pairs.append((by_id[x[1]], by_id[y[1]], preds[("j", x[1], "j", y[1])]))
-        pairs.sort(key=lambda t: min(t[0].submitted_at, t[1].submitted_at))
+                pairs.append((by_id[x[1]], by_id[y[1]], preds[(JOB, x[1], JOB, y[1])]))
+        pairs.sort(key=lambda t: (min(t[0].submitted_at, t[1].submitted_at),
+                                  min(t[0].job_id, t[1].job_id)))
         return joins, pairs

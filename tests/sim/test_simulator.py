@@ -260,3 +260,48 @@ def test_trace_options_that_would_be_ignored_are_refused(tmp_path: Path) -> None
     bad = recorded_trace(tmp_path / "bad.jsonl", "rollout=0.7,train=0.7", steps=2)
     res = CliRunner().invoke(simulate, ["-w", str(bad)])
     assert res.exit_code == 1 and "job 1" in res.output and "sum to" in res.output
+
+
+PLACE = """
+import json, sys
+from policies import registry
+from policies.base import ClusterSnapshot
+from slurmrl.sim.engine import Simulation
+from slurmrl.sim.runner import config_for
+from slurmrl.sim.workload import generate, load
+w = load(sys.argv[1])
+jobs = generate(w, 0, "bursty")
+cfg = config_for(w, check_invariants=False)
+pol = registry.load("pairing", "complementary")
+sim = Simulation(jobs, cfg, pol, lambda: registry.load("slice", "round-robin"),
+                 registry.load("admission", "site-limits"))
+snap = ClusterSnapshot(0.0, (), tuple(sim._snapshot(r) for r in sim.runs.values()),
+                       {"pools": 10**6}, cfg.limits)
+print(json.dumps([(p.job_id, str(p.action), p.pool_id) for p in pol.place(snap)]))
+"""
+
+
+def test_pairing_is_the_same_in_every_process(tmp_path: Path) -> None:
+    """A batch of identical jobs (many equally good matchings) is paired the same way
+    whatever the process's hash seed: a seeded simulation is reproducible."""
+    import os
+    import subprocess
+    import sys
+
+    w = small_workload("disaggregated", "none", 1, [4], 30.0, "Qwen2.5-7B", 0.0)
+    w["jobs"] = 24
+    cls = w["classes"][0]  # type: ignore[index]
+    cls.update(noise_cv=0.0, drift=0.0, profile_hint=1.0, steps=20, step_s=300.0)
+    path = tmp_path / "ties.json"
+    path.write_text(json.dumps(w))
+    root = Path(__file__).resolve().parents[2]
+    outs = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)}
+        res = subprocess.run([sys.executable, "-c", PLACE, str(path)], env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert res.returncode == 0, res.stderr
+        placements = json.loads(res.stdout)
+        assert sum(1 for _, action, _ in placements if action == "open") == 24
+        outs.add(res.stdout)
+    assert len(outs) == 1

@@ -1,0 +1,109 @@
+"""What the simulator credits to mechanisms the controller does not run yet.
+
+    python benchmarks/controller_gap.py [--jobs 60] [--seeds 2] [--no-write]
+
+The simulator runs the designed system: a rollout's lease shrinks through its tail
+(G/2, G/4, ... 1 GPU) and a partner's rollout starts on part of a set and grows. The
+controller today holds a rollout's whole set until release (a driver may call
+`lease.shrink`, but a partner's handoff then parks the shrinking job's whole-set service
+after its call returns, so nothing overlaps: docs/architecture.md) and grants a rollout
+its whole set. This runs the default policy on the suite both ways - as designed, and
+with every job's tail points removed (its rollout holds the set throughout, same
+duration) and `elastic_min = 1.0` - and writes the "Simulator and controller" section of
+docs/benchmarks.md. Means over seeds x (steady, bursty).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.frontier import write_marked  # noqa: E402
+from benchmarks.policies import WORKLOADS  # noqa: E402
+from slurmrl.sim.runner import config_for, run_jobs, with_max_slowdown  # noqa: E402
+from slurmrl.sim.workload import generate, load  # noqa: E402
+
+LIMITS = [1.15, 1.5]
+MODES = ["designed", "controller today"]
+
+
+def one(args: tuple[str, float, str, str, int, int]) -> dict[str, Any]:
+    wname, limit, mode, arrivals, seed, n_jobs = args
+    w = load(wname)
+    jobs, cfg = with_max_slowdown(generate(w, seed, arrivals, n_jobs),
+                                  config_for(w, check_invariants=False), limit)
+    if mode != "designed":
+        jobs = [replace(j, tail=()) for j in jobs]
+        cfg = replace(cfg, elastic_min=1.0)
+    m = run_jobs(jobs, cfg, "complementary").metrics
+    return {"workload": wname, "limit": limit, "mode": mode, "savings": m.savings,
+            "p95": m.slowdown_p95, "max": m.slowdown_max}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| workload | users' limit | run as | savings % | p95 slowdown | max slowdown |",
+             "| --- | ---: | --- | ---: | ---: | ---: |"]
+    for w in WORKLOADS:
+        for L in LIMITS:
+            for mode in MODES:
+                rs = [r for r in rows if (r["workload"], r["limit"], r["mode"]) == (w, L, mode)]
+                lines.append(f"| {w} | {L} | {mode} | "
+                             f"{100 * statistics.fmean(r['savings'] for r in rs):.1f} | "
+                             f"{statistics.fmean(r['p95'] for r in rs):.3f} | "
+                             f"{max(r['max'] for r in rs):.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=60)
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--no-write", action="store_true")
+    a = ap.parse_args()
+    tasks = [(w, L, mode, arr, s, a.jobs) for w in WORKLOADS for L in LIMITS for mode in MODES
+             for arr in ("steady", "bursty") for s in range(a.seeds)]
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(a.procs) as ex:
+        rows = list(ex.map(one, tasks, chunksize=2))
+    tab = table(rows)
+    print(tab)
+    if a.no_write:
+        return
+    write_marked("controller-gap", SECTION.format(
+        jobs=a.jobs, seeds=a.seeds, runs=len(tasks), wall=time.perf_counter() - t0, table=tab))
+
+
+SECTION = """## Simulator and controller
+
+Produced by `python benchmarks/controller_gap.py --jobs {jobs} --seeds {seeds}` ({runs} runs
+in {wall:.0f} s). The figures above are the designed system's: a rollout's lease shrinks
+through its tail and a partner's rollout starts on part of a set and grows back. The
+controller does neither yet (docs/architecture.md, `slurmrl/sim/` row): a rollout holds
+its whole set until it ends, and is granted its whole set. "Controller today" runs the
+same jobs so (each job's tail points removed: its rollout holds the set throughout, for
+the same time; `elastic_min = 1.0`), with the default policy and every job's limit set
+to the users' limit shown. Means over {seeds} seeds x (steady, bursty), max over runs.
+
+{table}
+
+Where the two differ, the gap is what per-replica services (a shrink that lets a
+partner work beside the tail, a grow) would bring to the controller. The priors
+(`slurmrl/profiles.py`, `ROLLOUT_PRIOR_GPU_SHARE`) assume a shrinking tail, so on the
+controller a job's first placement is also more optimistic than its runs: the higher p95
+in some "controller today" rows.
+"""
+
+
+if __name__ == "__main__":
+    main()
