@@ -167,6 +167,10 @@ class ProfileBuilder:
     alpha: float = 0.2  #: weight of the newest observation in the moving mean
     min_obs: int = 3  #: observations of a phase before they replace its prior
     prior_spread: float = 0.15  #: prior p10/p90 = p50 * (1 -/+ spread)
+    #: share of its set a rollout lease holds on average, before any observation: 0.55
+    #: where the tail shrinks it (the design, the simulator), 1.0 where the lease holds the
+    #: whole set until it ends (the controller today: docs/architecture.md)
+    rollout_gpu_share: float = ROLLOUT_PRIOR_GPU_SHARE
     _durations: dict[Phase, deque[float]] = field(default_factory=dict)
     _ewma: dict[Phase, float] = field(default_factory=dict)
     _share: dict[Phase, float] = field(default_factory=dict)
@@ -246,7 +250,7 @@ class ProfileBuilder:
 
     def _prior_stats(self, phase: Phase, share: float, step: float) -> PhaseStats:
         d = share * step
-        gpu_share = ROLLOUT_PRIOR_GPU_SHARE if phase is Phase.ROLLOUT else 1.0
+        gpu_share = self.rollout_gpu_share if phase is Phase.ROLLOUT else 1.0
         return PhaseStats(phase, 0, 1.0, d * (1 - self.prior_spread), d,
                           d * (1 + self.prior_spread), d, gpu_share)
 
@@ -281,9 +285,11 @@ class ProfileBuilder:
         return Profile(phases, shape, source, self._steps)
 
 
-def profile_from_prior(prior: PhasePrior, spread: float = 0.25) -> Profile:
+def profile_from_prior(prior: PhasePrior, spread: float = 0.25,
+                       rollout_gpu_share: float = ROLLOUT_PRIOR_GPU_SHARE) -> Profile:
     """The profile of a job before any observation."""
-    return ProfileBuilder(prior=prior, prior_spread=spread).build()
+    return ProfileBuilder(prior=prior, prior_spread=spread,
+                          rollout_gpu_share=rollout_gpu_share).build()
 
 
 def profile_from_segments(

@@ -41,7 +41,7 @@ from policies.base import (
 from policies.complementarity import host_bytes
 from slurmrl.config import Config
 from slurmrl.db import JobRecord, ObservationRecord, PoolRecord
-from slurmrl.profiles import Profile, ProfileBuilder
+from slurmrl.profiles import Profile, ProfileBuilder, prior_for_model, profile_from_prior
 from slurmrl.slurm import JobInfo, NodeInfo, SlurmError, SlurmJobState
 
 if TYPE_CHECKING:
@@ -92,9 +92,21 @@ def load_policies(cfg: Config) -> SitePolicies:
     return SitePolicies(pairing, admission, site_limits(cfg))
 
 
-def profile_of(job: JobRecord, observations: Iterable[ObservationRecord]) -> Profile | None:
-    """The job's profile from its observations (prior: its --rl-profile), or None."""
-    b = ProfileBuilder(prior=job.request.profile)
+#: the share of its set a rollout lease holds here before any observation: the whole
+#: set, since the controller does not shrink a lease through the rollout's tail (a
+#: driver's `lease.shrink` overlaps nothing yet: docs/architecture.md). A prior that
+#: assumed the designed shrink (slurmrl.profiles.ROLLOUT_PRIOR_GPU_SHARE) placed jobs
+#: more optimistically than they then ran (benchmarks/controller_gap.py).
+ROLLOUT_HELD_SHARE = 1.0
+
+
+def profile_of(job: JobRecord, observations: Iterable[ObservationRecord]) -> Profile:
+    """The job's profile from its observations, its --rl-profile prior, or (neither) the
+    prior by model size."""
+    if job.request.profile is None and not observations:
+        return profile_from_prior(prior_for_model(job.request.model, job.request.gpus),
+                                  rollout_gpu_share=ROLLOUT_HELD_SHARE)
+    b = ProfileBuilder(prior=job.request.profile, rollout_gpu_share=ROLLOUT_HELD_SHARE)
     for o in observations:
         if o.granted_at is None or o.released_at is None or o.released_at < o.granted_at:
             continue  # never granted (ended while waiting): no phase ran
@@ -104,7 +116,8 @@ def profile_of(job: JobRecord, observations: Iterable[ObservationRecord]) -> Pro
         else:
             b.observe(o.phase, o.granted_at, o.released_at)
     if b.observations == 0 and job.request.profile is None:
-        return None
+        return profile_from_prior(prior_for_model(job.request.model, job.request.gpus),
+                                  rollout_gpu_share=ROLLOUT_HELD_SHARE)
     return b.build()
 
 

@@ -49,7 +49,13 @@ from slurmrl.leases.invariants import check_table
 from slurmrl.leases.table import LeaseTable
 from slurmrl.leases.types import Event, Grant, Released, Revoke, Shrunk
 from slurmrl.model import Mux, Phase, RlRequest
-from slurmrl.profiles import Profile, ProfileBuilder
+from slurmrl.profiles import (
+    ROLLOUT_PRIOR_GPU_SHARE,
+    Profile,
+    ProfileBuilder,
+    prior_for_model,
+    profile_from_prior,
+)
 from slurmrl.sim import costs, elastic
 from slurmrl.sim.workload import SimJob
 
@@ -125,6 +131,9 @@ class SimConfig:
     host_mem_per_pool_bytes: int | None = None
     limits: SiteLimits = field(default_factory=SiteLimits)
     elastic_min: float = 0.5  #: a rollout starts on at least this share of its set
+    #: jobs' priors: the share of its set a rollout holds (0.55: its tail shrinks; 1.0: it
+    #: holds the set, as in the controller today: slurmrl.controller.placement)
+    rollout_prior_gpu_share: float = ROLLOUT_PRIOR_GPU_SHARE
     gang_quantum_s: float = 30.0
     check_invariants: bool = True
 
@@ -138,7 +147,8 @@ class Simulation:
         self.cfg, self.pairing, self.admission = config, pairing, admission
         self.slice_factory = slice_factory
         self.mode = pairing.mode
-        self.runs = {j.job_id: JobRun(j, ProfileBuilder(prior=j.prior), solo_s=j.solo_s())
+        self.runs = {j.job_id: JobRun(j, ProfileBuilder(
+            prior=j.prior, rollout_gpu_share=config.rollout_prior_gpu_share), solo_s=j.solo_s())
                      for j in jobs}
         self.free = config.gpus
         self.pools: dict[int, Pool] = {}
@@ -187,7 +197,11 @@ class Simulation:
         mux = Mux.OFF if (j.mux_off or run.dedicated) else Mux.AUTO
         req = RlRequest(j.gpus, j.model, None, mux, None, j.max_slowdown, j.prior, j.layout,
                         j.rollout_gpus if j.rollout_gpus != j.gpus else None)
-        prof = run.profile() if (j.prior is not None or run.builder.observations) else None
+        if j.prior is not None or run.builder.observations:
+            prof = run.profile()
+        else:  # what the policy would assume (complementarity.profile_of), at our share
+            prof = profile_from_prior(prior_for_model(j.model, j.gpus),
+                                      rollout_gpu_share=self.cfg.rollout_prior_gpu_share)
         return JobSnapshot(j.job_id, j.user, req, prof, j.submit_s, PARTITION,
                            host_mem_bytes=costs.host_bytes(j))
 

@@ -133,3 +133,45 @@ def test_controller_start_fails_on_an_unknown_policy_naming_the_valid_ones(
     assert result.exit_code == 1
     assert f"unknown {key} policy {value!r}; valid: {valid}" in result.output
     assert not (tmp_path / "c.db").exists()  # stopped before opening anything
+
+
+def test_priors_say_a_rollout_holds_its_set_as_the_controller_runs_it(tmp_path: Path) -> None:
+    """Before any observation the controller's priors have a rollout hold its whole set
+    (it does not shrink a lease through the tail). Two disaggregated jobs whose rollouts
+    fill their set 60% of a step are then not paired; the designed prior, where a
+    shrinking tail frees most of the set, predicted the pair at 1.04/1.12 and paired it,
+    and such jobs then ran above their limits (benchmarks/controller_gap.py)."""
+    from dataclasses import replace
+
+    from policies import complementarity
+    from slurmrl.model import Layout, PhasePrior
+    from slurmrl.profiles import profile_from_prior
+
+    store = Store(tmp_path / "c.db")
+    site = load_policies(Config())
+    prior = PhasePrior(((Phase.ROLLOUT, 0.6), (Phase.TRAIN, 0.35), (Phase.REWARD, 0.05)),
+                       10.0)
+    jobs = []
+    for jid in (31, 32):
+        job = JobRecord(jid, f"user{jid}", 1000 + jid,
+                        RlRequest(4, "tiny", profile=prior, layout=Layout.DISAGGREGATED,
+                                  rollout_gpus=2), JobState.PENDING, float(jid),
+                        partition="drivers")
+        store.add_job(job)
+        jobs.append(job)
+    snaps = [job_snapshot(j, "pools", store.observations(j.job_id)) for j in jobs]
+    assert all(s.profile is not None for s in snaps)
+    assert snaps[0].profile.phases[Phase.ROLLOUT].gpu_share == 1.0  # type: ignore[union-attr]
+    free = free_gpus([NODE], [], [], "pools")
+    got = site.pairing.place(cluster_snapshot(10.0, [], snaps, free, site.limits))
+    assert [p.action for p in got] == [Action.OPEN, Action.OPEN]
+    assert got[0].pool_id != got[1].pool_id
+    designed = [replace(s, profile=profile_from_prior(prior, spread=0.15)) for s in snaps]
+    complementarity.clear_caches()
+    got = site.pairing.place(cluster_snapshot(10.0, [], designed, free, site.limits))
+    assert got[0].pool_id == got[1].pool_id
+    # a job with neither a profile nor observations gets the prior by model size, the same
+    plain = _job(store, 33, 3.0)
+    snap = job_snapshot(plain, "pools", [])
+    assert snap.profile is not None and snap.profile.source == "prior"
+    assert snap.profile.phases[Phase.ROLLOUT].gpu_share == 1.0
