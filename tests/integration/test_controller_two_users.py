@@ -40,7 +40,9 @@ def controller(shared_tmp: Path, slurm_env: dict[str, str]) -> Iterator[Controll
 
 
 def _submit_driver(jobs, user: str, url: str, out: Path, driver: Path) -> int:  # type: ignore[no-untyped-def]
-    sub = jobs.sbatch(["--rl-gpus=2", f"--output={out}", "--time=10",
+    # a declared mostly idle step: the default policy pairs the two jobs on it at once
+    sub = jobs.sbatch(["--rl-gpus=2", "--rl-profile=rollout=0.2,train=0.1,reward=0.7,step=1",
+                       f"--output={out}", "--time=10",
                        f"--wrap={driver} {url} {ROUNDS} 0.3"], user=user)
     assert sub.returncode == 0 and sub.job_id, sub.stderr
     return sub.job_id

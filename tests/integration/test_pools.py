@@ -231,6 +231,9 @@ def test_pool_over_the_partitions_gpus_is_refused(allocator: PoolAllocator) -> N
 # --------------------------------------------------------------------------------------
 # The whole path: a controller with the Slurm pool manager, two users' drivers
 
+#: what the two-user tests' jobs declare: mostly idle steps, so they are paired at once
+PROFILE = "--rl-profile=rollout=0.2,train=0.1,reward=0.7,step=1"
+
 POOL_DRIVER = '''#!{python}
 """Alternate rollout/train through the job's own tiny services until told otherwise."""
 import json, sys, time, slurmrl
@@ -287,8 +290,9 @@ def test_two_users_share_a_pool_with_resident_services(
 
     env = env_for_controller(slurm_env)
     env["SLURMRL_CONTROLLER__RECONCILE_INTERVAL_S"] = "1"
-    # these drivers are busy nearly all the time: the default pairing policy predicts
-    # ~1.8x slowdown for the pair, so the site and both users accept up to 3x
+    # the users declare mostly idle steps (--rl-profile), so the default policy pairs the
+    # jobs on that prior at once; the drivers are in fact busy nearly all the time, so
+    # the site and both users accept up to 3x
     env["SLURMRL_LIMITS__MAX_SLOWDOWN"] = "3"
     ctl = ControllerProc(shared_tmp, env, lease_timeout_s=10.0)
     ctl.args += ["--pool-manager", "slurm", "--services-dir", str(run_dir)]
@@ -301,7 +305,7 @@ def test_two_users_share_a_pool_with_resident_services(
     try:
         for user in ("rlalice", "rlbob"):
             sub = jobs.sbatch(["--rl-gpus=4", "--rl-model=tiny",  # type: ignore[attr-defined]
-                               "--rl-max-slowdown=3",
+                               "--rl-max-slowdown=3", PROFILE,
                                f"--output={outs[user]}", "--time=15",
                                f"--wrap={driver} {ctl.url}"], user=user)
             assert sub.returncode == 0 and sub.job_id, sub.stderr
@@ -439,7 +443,7 @@ def test_disaggregated_sync_holds_the_trainer_set_and_stages_into_a_parked_rollo
     try:
         for user in ("rlalice", "rlbob"):
             sub = jobs.sbatch(["--rl-gpus=4", "--rl-model=tiny",  # type: ignore[attr-defined]
-                               "--rl-layout=disaggregated:2", "--rl-max-slowdown=3",
+                               "--rl-layout=disaggregated:2", "--rl-max-slowdown=3", PROFILE,
                                f"--output={outs[user]}", "--time=15",
                                f"--wrap={driver} {ctl.url}"], user=user)
             assert sub.returncode == 0 and sub.job_id, sub.stderr
