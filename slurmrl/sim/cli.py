@@ -68,10 +68,10 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
         ctx = click.get_current_context()
         given = {p for p in ("workload", "pairing", "arrivals", "seed", "n_jobs", "load_scale")
                  if ctx.get_parameter_source(p) is not ParameterSource.DEFAULT}
-        if replay_path is not None and given & {"workload", "pairing"}:
-            raise click.UsageError("--replay runs a trace's jobs in their recorded pools; "
-                                   "to place them by a pairing policy use -w FILE.jsonl "
-                                   "--pairing NAME")
+        if replay_path is not None and (given or max_slowdown is not None):
+            raise click.UsageError("--replay runs a trace's jobs as recorded, in their "
+                                   "recorded pools (only --slice applies); to place them by "
+                                   "a pairing policy use -w FILE.jsonl --pairing NAME")
         if assume_profiles and (replay_path is not None or not workload.endswith(".jsonl")):
             raise click.UsageError("--assume-profiles applies to a recorded trace given "
                                    "as -w FILE.jsonl")

@@ -252,6 +252,8 @@ def test_trace_options_that_would_be_ignored_are_refused(tmp_path: Path) -> None
     trace = recorded_trace(tmp_path / "site.jsonl", None, steps=2)
     for args, says in (
             (["--replay", str(trace), "--pairing", "random"], "recorded pools"),
+            (["--replay", str(trace), "--max-slowdown", "2"], "recorded pools"),
+            (["--replay", str(trace), "--seed", "2"], "recorded pools"),
             (["-w", str(trace), "--jobs", "5"], "arrive as recorded"),
             (["-w", str(trace), "--seed", "3"], "arrive as recorded"),
             (["-w", "math-sync", "--assume-profiles"], "recorded trace")):
