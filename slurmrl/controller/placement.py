@@ -103,9 +103,6 @@ ROLLOUT_HELD_SHARE = 1.0
 def profile_of(job: JobRecord, observations: Iterable[ObservationRecord]) -> Profile:
     """The job's profile from its observations, its --rl-profile prior, or (neither) the
     prior by model size."""
-    if job.request.profile is None and not observations:
-        return profile_from_prior(prior_for_model(job.request.model, job.request.gpus),
-                                  rollout_gpu_share=ROLLOUT_HELD_SHARE)
     b = ProfileBuilder(prior=job.request.profile, rollout_gpu_share=ROLLOUT_HELD_SHARE)
     for o in observations:
         if o.granted_at is None or o.released_at is None or o.released_at < o.granted_at:
