@@ -16,8 +16,6 @@ bursty).
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import sys
 import time
@@ -29,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.frontier import write_marked  # noqa: E402
+from benchmarks.frontier import grid_args, write_marked  # noqa: E402
 from benchmarks.policies import WORKLOADS  # noqa: E402
 from slurmrl.controller.placement import ROLLOUT_HELD_SHARE  # noqa: E402
 from slurmrl.sim.runner import config_for, run_jobs, with_max_slowdown  # noqa: E402
@@ -69,12 +67,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=60)
-    ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--no-write", action="store_true")
-    a = ap.parse_args()
+    a = grid_args(__doc__)
     tasks = [(w, L, mode, arr, s, a.jobs) for w in WORKLOADS for L in LIMITS for mode in MODES
              for arr in ("steady", "bursty") for s in range(a.seeds)]
     t0 = time.perf_counter()

@@ -160,13 +160,19 @@ def write_marked(name: str, text: str) -> None:
     doc.write_text(new)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def grid_args(doc: str | None) -> argparse.Namespace:
+    """The options of a benchmark that runs a grid of simulations (this one and
+    controller_gap.py): --jobs, --seeds, --procs, --no-write."""
+    ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     ap.add_argument("--jobs", type=int, default=60)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--no-write", action="store_true")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    a = grid_args(__doc__)
     runs: list[tuple[str, str, float | None]] = [
         *((w, "complementary", L) for w in WORKLOADS for L in LIMITS),
         *((w, b, None) for w in WORKLOADS for b in BASELINES)]
