@@ -423,17 +423,27 @@ class SlurmPools:
     async def before_answer(self, job: JobRecord, lease: Lease) -> None:
         if job.pool_id is None:
             return
+        # the handoff runs to its end even if the request that asked for it is cancelled
+        # (its driver killed mid-handoff, e.g. by scancel, drops the connection): cut
+        # short, a park already done on a service was never recorded, and the next
+        # holder's handoff, seeing its own service still marked active, would not wake it
+        task = asyncio.create_task(self._serialised_handoff(job, job.pool_id, lease))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        await asyncio.shield(task)
+
+    async def _serialised_handoff(self, job: JobRecord, pool_id: int, lease: Lease) -> None:
         # one handoff at a time per pool, each for a lease still held: a lease revoked
         # during its own handoff (its job cancelled) lets the next grant's handoff start,
         # and the two interleaved would leave the first one's parks last - parking the
-        # services of the job that now holds the GPUs (a CI run caught it)
-        async with self._handoff_locks.setdefault(job.pool_id, asyncio.Lock()):
-            table = self.c.scheduler.tables.get(job.pool_id)
+        # services of the job that now holds the GPUs
+        async with self._handoff_locks.setdefault(pool_id, asyncio.Lock()):
+            table = self.c.scheduler.tables.get(pool_id)
             if table is None or table.lease(lease.lease_id) is None:
                 log.info("handoff to job %d skipped: lease %d ended before it", job.job_id,
                          lease.lease_id)
                 return
-            await self._handoff(job, job.pool_id, lease)
+            await self._handoff(job, pool_id, lease)
 
     async def _handoff(self, job: JobRecord, pool_id: int, lease: Lease) -> None:
         t0 = time.perf_counter()
