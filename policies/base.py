@@ -75,6 +75,9 @@ class PoolSnapshot:
     host_mem_free_bytes: int | None = None  #: budget left for parked state on its nodes
     dedicated: bool = False  #: opened for a `--rl-mux=off` (or forced-dedicated) job
     closed: bool = False  #: takes no new member (fixed groups of `fifo-lock`)
+    #: per member (same order), the first pool GPU of its window (its GPUs are
+    #: offset .. offset + its GPU count - 1); empty: every member from GPU 0
+    offsets: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,9 @@ class Placement:
     gpus: int | None = None  #: OPEN/DEDICATED: pool size
     predicted_slowdown: float | None = None
     reason: str = ""
+    #: the job's first pool GPU: it runs on GPUs gpu_offset .. gpu_offset + its count - 1
+    #: (a staggered pool is larger than its members, each on a shifted window)
+    gpu_offset: int = 0
 
 
 @runtime_checkable

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies.base import JobSnapshot, PoolSnapshot, SiteLimits
-from policies.groupsim import TAIL, SimKey, simulate_group
+from policies.groupsim import ELASTIC_MIN, TAIL, SimKey, simulate_group
 from slurmrl.model import Layout, Mux, Phase
 from slurmrl.profiles import Profile, prior_for_model, profile_from_prior
 
@@ -44,14 +44,17 @@ class GroupPrediction:
     slowdowns: tuple[float, ...]  #: per member, in the order given
     utilisation: float  #: busy GPU time / pool time, in [0, 1]
     round_s: float  #: T, seconds for one step of each member
+    #: pool GPUs beyond a member's count, over that count (a staggered pool: > 0)
+    extra: float = 0.0
 
     @property
     def max_slowdown(self) -> float:
         return max(self.slowdowns)
 
     def gain(self) -> float:
-        """GPU fraction saved vs each alone: sum_i P_i/T - 1 (normalised packed throughput)."""
-        return sum(1.0 / s for s in self.slowdowns) - 1.0
+        """GPU fraction saved vs each alone: sum_i P_i/T - 1 (normalised packed
+        throughput), less the staggered pool's extra GPUs."""
+        return sum(1.0 / s for s in self.slowdowns) - 1.0 - self.extra
 
 
 def profile_of(job: JobSnapshot) -> Profile:
@@ -158,6 +161,7 @@ class _Facts:
     segs: tuple[tuple[str, float], ...]  #: one step for `simulate_group`, unrounded
     whole: float  #: colocated: wall seconds per step needing the whole set (train, sync)
     hold: float  #: colocated: wall seconds per step holding any GPU (rollout incl. tail)
+    head: float  #: wall seconds per step a rollout holds more than one GPU (before its tail)
 
 
 #: job snapshot id -> (the snapshot, its facts). Snapshots are immutable, so the facts of
@@ -189,7 +193,7 @@ def _facts(job: JobSnapshot) -> _Facts:
                p.multi_phase() or tail, (rg if job.request.layout is Layout.DISAGGREGATED else 0,
                                  job.request.gpus), tuple(segs),
                p.per_step(Phase.TRAIN, Q_BUSY) + p.per_step(Phase.SYNC, Q_BUSY),
-               p.busy_wall(Q_BUSY))
+               p.busy_wall(Q_BUSY), sum(d for ph, d in segs if ph == Phase.ROLLOUT.value))
     if len(_FACTS) > 50_000:
         _FACTS.clear()
     _FACTS[id(job)] = (job, f)
@@ -212,44 +216,60 @@ def formula(members: Sequence[JobSnapshot]) -> GroupPrediction:
 
 
 def predict(members: Sequence[JobSnapshot], steps: int = 6,
-            bound: float | None = None) -> GroupPrediction:
+            bound: float | None = None, offsets: Sequence[int] | None = None,
+            pool_gpus: int | None = None) -> GroupPrediction:
     """Formula where it holds, else a simulation of the slice policy on the profiles.
 
     The formula holds for one rollout and one gap per step and equal periods (within
-    5%); otherwise (unequal periods, several GPU phases per step, groups above two) the
-    members' steps run through the round-robin schedule (`simulate_group`). With
-    `bound`, a group whose load alone exceeds it (sum a_i / P_i > bound: no slicer can
-    serve it) is not simulated.
+    5%); otherwise (unequal periods, several GPU phases per step, groups above two, a
+    staggered pool) the members' steps run through the round-robin schedule
+    (`simulate_group`). With `bound`, a group whose load alone exceeds it (sum a_i / P_i
+    > bound: no slicer can serve it) is not simulated. A staggered pool: `pool_gpus`
+    GPUs, member i on GPUs offsets[i] .. offsets[i] + its count - 1.
     """
     f = formula(members)
     fs = [_facts(m) for m in members]
     periods = [x.period for x in fs]
     equal = max(periods) <= 1.05 * min(periods)
-    if len(members) <= 2 and equal and not any(x.multi for x in fs):
+    g = members[0].request.gpus
+    staggered = pool_gpus is not None and pool_gpus > g
+    if staggered:
+        f = GroupPrediction(f.slowdowns, f.utilisation, f.round_s,
+                            ((pool_gpus or g) - g) / g)
+    if len(members) <= 2 and equal and not any(x.multi for x in fs) and not staggered:
         return f
     # the busier GPU set's load: no slicer can serve a group whose load exceeds the bound
     load = max(sum(x.load_r / x.period for x in fs), sum(x.load_t / x.period for x in fs))
-    if all(m.request.layout is Layout.COLOCATED for m in members):
+    if all(m.request.layout is Layout.COLOCATED for m in members) and not staggered:
         # a member's whole-set phases cannot overlap any GPU-holding phase of another
         # (a shrunk tail still holds a GPU): with slowdowns <= s, whole_i/P_i + hold_j/P_j
         # <= s for every ordered pair, so their maximum bounds the worst slowdown below
         load = max(load, max((a.whole / a.period + b.hold / b.period
                               for a, b in itertools.permutations(fs, 2)), default=0.0))
+    elif staggered and int(g * ELASTIC_MIN) > (pool_gpus or g) - g:
+        # a staggered pool: tails keep GPUs outside the partner's window, but a rollout
+        # before its tail still holds GPUs inside it, as training does: a member's
+        # training cannot overlap the other's training or rollout head
+        load = max(load, max((a.whole / a.period + (b.whole + b.head) / b.period
+                              for a, b in itertools.permutations(fs, 2)), default=0.0))
     if bound is not None and load > bound:
         return GroupPrediction(tuple(max(s, load) for s in f.slowdowns), f.utilisation,
-                               f.round_s)
-    return GroupPrediction(_simulate_scaled(fs, steps), f.utilisation, f.round_s)
+                               f.round_s, f.extra)
+    offs = tuple(offsets) if offsets is not None else (0,) * len(members)
+    return GroupPrediction(_simulate_scaled(fs, steps, offs, pool_gpus), f.utilisation,
+                           f.round_s, f.extra)
 
 
-def _simulate_scaled(fs: Sequence[_Facts], steps: int) -> tuple[float, ...]:
+def _simulate_scaled(fs: Sequence[_Facts], steps: int, offsets: Sequence[int],
+                     pool_gpus: int | None) -> tuple[float, ...]:
     # slowdowns do not change when every duration is scaled alike: durations relative to
     # the group's longest step, at 2 significant digits, in a canonical member order, let
     # similar groups share one cached simulation
     scale = max(sum(d for _, d in x.segs) for x in fs) or 1.0
-    keys = [(*x.sets, tuple((ph, float(f"{d / scale:.2g}")) for ph, d in x.segs))
-            for x in fs]
+    keys = [((*x.sets, tuple((ph, float(f"{d / scale:.2g}")) for ph, d in x.segs)), o)
+            for x, o in zip(fs, offsets, strict=True)]
     order = sorted(range(len(keys)), key=keys.__getitem__)
-    out = _simulate_cached(tuple(keys[i] for i in order), steps)
+    out = _simulate_cached(tuple(keys[i] for i in order), steps, pool_gpus)
     res = [1.0] * len(keys)
     for k, i in enumerate(order):
         res[i] = out[k]
@@ -257,8 +277,9 @@ def _simulate_scaled(fs: Sequence[_Facts], steps: int) -> tuple[float, ...]:
 
 
 @functools.lru_cache(maxsize=65536)
-def _simulate_cached(key: tuple[SimKey, ...], steps: int) -> tuple[float, ...]:
-    return simulate_group(key, steps)
+def _simulate_cached(key: tuple[tuple[SimKey, int], ...], steps: int,
+                     pool_gpus: int | None) -> tuple[float, ...]:
+    return simulate_group([k for k, _ in key], steps, [o for _, o in key], pool_gpus)
 
 
 def clear_caches() -> None:

@@ -55,15 +55,14 @@ _NEEDS_GPU[TAIL] = True
 GAP, REQUEST, SHRINK = 0, 1, 2
 
 
-def _plan(members: Sequence[SimKey], steps: int
+def _plan(members: Sequence[SimKey], steps: int, offsets: Sequence[int],
           ) -> tuple[list[list[tuple[int, int, int, float]]], list[int]]:
     """Per member: segments as (kind, GPU mask, min GPUs, seconds); total segments to
-    run."""
-    gpus = members[0][1]
-    full = (1 << gpus) - 1
+    run. A member's masks are shifted to its window (`offsets`: its first pool GPU)."""
     segs: list[list[tuple[int, int, int, float]]] = []
-    for rg, _g, step in members:
-        roll = full if rg == 0 else (1 << rg) - 1
+    for (rg, g, step), off in zip(members, offsets, strict=True):
+        full = ((1 << g) - 1) << off
+        roll = full if rg == 0 else ((1 << rg) - 1) << off
         train = full if rg == 0 else full & ~roll
         out: list[tuple[int, int, int, float]] = []
         for ph, d in step:
@@ -88,6 +87,21 @@ def _plan(members: Sequence[SimKey], steps: int
     return segs, [r * len(s) for r, s in zip(reps, segs, strict=True)]
 
 
+def _windows(members: Sequence[SimKey], offsets: Sequence[int] | None,
+             pool_gpus: int | None) -> tuple[list[int], int, list[tuple[int, ...]]]:
+    """Offsets, pool size and, per member, its GPUs in the order a shrunk tail keeps
+    them (as `LeaseTable.shrink`: those the fewest other windows cover, lowest first)."""
+    offs = list(offsets) if offsets is not None else [0] * len(members)
+    size = pool_gpus if pool_gpus is not None else max(
+        g + o for (_, g, _), o in zip(members, offs, strict=True))
+    wins = [range(o, o + g) for (_, g, _), o in zip(members, offs, strict=True)]
+    keep = []
+    for j, w in enumerate(wins):
+        others = [v for i, v in enumerate(wins) if i != j]
+        keep.append(tuple(sorted(w, key=lambda x: (sum(x in v for v in others), x))))
+    return offs, size, keep
+
+
 def _horizon(segs: Sequence[Sequence[tuple[int, int, int, float]]], pos: Sequence[int],
              running: Sequence[tuple[float, float] | None], now: float) -> tuple[float, ...]:
     """Slowdowns at `now`: now over each member's solo time of the work it has done (its
@@ -107,11 +121,17 @@ def _run_time(mask: int, got: int, d: float) -> float:
     return d * mask.bit_count() / max(1, got.bit_count())
 
 
-def simulate_group(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ...]:
-    """Slowdown of each member sharing one pool under round-robin slicing (fast path)."""
+def simulate_group(members: Sequence[SimKey], steps: int = 6,
+                   offsets: Sequence[int] | None = None,
+                   pool_gpus: int | None = None) -> tuple[float, ...]:
+    """Slowdown of each member sharing one pool under round-robin slicing (fast path).
+
+    By default every member's window is the pool's GPUs 0..G-1; a staggered pool gives
+    each member's first GPU in `offsets` and the pool's size in `pool_gpus`."""
     n = len(members)
-    full = (1 << members[0][1]) - 1
-    segs, total = _plan(members, steps)
+    offs, size, keep_order = _windows(members, offsets, pool_gpus)
+    full = (1 << size) - 1
+    segs, total = _plan(members, steps, offs)
     pos = [0] * n
     held = [0] * n  # GPU mask each member holds now
     last_grant = [-1.0] * n
@@ -156,7 +176,7 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ..
             waiting[j] = (last_grant[j], now, rid, mask, need)
             schedule(now)
         elif kind == SHRINK and held[j]:
-            low = held[j] & -held[j]
+            low = 1 << next(g for g in keep_order[j] if held[j] >> g & 1)
             shrunk = held[j] != low
             held[j] = low
             if shrunk:  # the freed GPUs go to waiters first, as LeaseTable.shrink does
@@ -185,16 +205,20 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ..
     return (1.0,) * n
 
 
-def simulate_group_table(members: Sequence[SimKey], steps: int = 6) -> tuple[float, ...]:
+def simulate_group_table(members: Sequence[SimKey], steps: int = 6,
+                         offsets: Sequence[int] | None = None,
+                         pool_gpus: int | None = None) -> tuple[float, ...]:
     """The same as `simulate_group`, through the real LeaseTable and RoundRobinSlice."""
     from policies.slice_round_robin import RoundRobinSlice
     from slurmrl.leases.table import LeaseTable
     from slurmrl.leases.types import Grant
 
-    gpus = members[0][1]
+    offs, gpus, _ = _windows(members, offsets, pool_gpus)
     table = LeaseTable(0, range(gpus), RoundRobinSlice(), lease_timeout_s=1e12)
-    segs, total = _plan(members, steps)
     n = len(members)
+    for j in range(n):
+        table.set_member(j, None, range(offs[j], offs[j] + members[j][1]))
+    segs, total = _plan(members, steps, offs)
     pos = [0] * n
     running: list[tuple[float, float] | None] = [None] * n
     timers: list[tuple[float, int, int]] = []

@@ -12,14 +12,20 @@ policy on the profiles where a formula does not hold) and places jobs:
   shared pool) and waiting-pool edges (join an open pool, which makes groups of three
   and more where `max_group` and the site allow and they pay);
 - a job with no partner opens a pool alone at once (it never waits for a partner); it
-  waits only when Slurm has no GPUs for it, and later arrivals may join its pool.
+  waits only when Slurm has no GPUs for it, and later arrivals may join its pool;
+- two colocated jobs of G GPUs may share a *staggered* pool of G + `stagger` GPUs, one
+  on GPUs 0..G-1, the other on `stagger`..G+stagger-1, where that saves more: a shrunk
+  rollout tail keeps the GPUs outside the other's window (`LeaseTable.shrink`), so each
+  can train while the other's tail runs. On one window a tail blocks the partner's
+  training, which caps colocated pairs far above 1.15 (docs/benchmarks.md).
 
 A group is accepted only if every member's predicted slowdown stays under its limit
 (its --rl-max-slowdown, capped by the site's) divided by `margin`, the parked state fits
 host memory, and partition, GPU type, GPU count and GPU-set split agree.
 
 Known limits: large batches are pruned to the `neighbours` nearest jobs by period
-before matching (matching is O(n^3)); a job is matched once per round.
+before matching (matching is O(n^3)), the nearest half for staggered pools (always
+simulated); a job is matched once per round; a staggered pool takes two members.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from policies.complementarity import (
     predict,
     shareable,
 )
+from slurmrl.model import Layout
 
 #: graph node kinds: (JOB, job id), (POOL, pool id). Integers, not strings: a string's
 #: hash changes with the process's hash seed, and networkx iterates sets of nodes, so
@@ -61,20 +68,26 @@ class ComplementaryPairing:
     mode = PoolMode.LEASE
 
     def __init__(self, margin: float = 1.0, min_gain: float = 0.05, max_group: int = 3,
-                 single: str = "first-fit", neighbours: int = 8) -> None:
+                 single: str = "first-fit", neighbours: int = 8, stagger: int = 1,
+                 open_staggered: bool = True) -> None:
         if margin < 1.0:
             raise ValueError(f"margin must be >= 1, got {margin}")
         if single not in ("first-fit", "best-fit"):
             raise ValueError(f"single must be 'first-fit' or 'best-fit', got {single!r}")
         if max_group < 1:
             raise ValueError(f"max_group must be >= 1, got {max_group}")
+        if stagger < 0:
+            raise ValueError(f"stagger must be >= 0 GPUs, got {stagger}")
         self.margin, self.min_gain, self.max_group = margin, min_gain, max_group
-        self.single, self.neighbours = single, neighbours
+        self.single, self.neighbours, self.stagger = single, neighbours, stagger
+        self.open_staggered = open_staggered
 
     # -- scoring -------------------------------------------------------------------
     def accepts(self, members: Sequence[JobSnapshot], limits: SiteLimits,
-                pool: PoolSnapshot | None = None) -> GroupPrediction | None:
-        """The prediction if `members` may share one pool, else None."""
+                pool: PoolSnapshot | None = None, offsets: Sequence[int] | None = None,
+                pool_gpus: int | None = None) -> GroupPrediction | None:
+        """The prediction if `members` may share one pool (a staggered one: `pool_gpus`
+        GPUs, member i from GPU offsets[i]), else None."""
         if len(members) > min(self.max_group, limits.max_jobs_per_pool):
             return None
         first = members[0]
@@ -83,23 +96,69 @@ class ComplementaryPairing:
         if fits_memory(members, pool, limits) is not None:
             return None
         bound = min(limit_of(m, limits) for m in members) / self.margin
-        pred = predict(members, bound=bound)
+        pred = predict(members, bound=bound, offsets=offsets, pool_gpus=pool_gpus)
         for m, s in zip(members, pred.slowdowns, strict=True):
             if s > limit_of(m, limits) / self.margin:
                 return None
         return pred if pred.gain() >= self.min_gain * (len(members) - 1) else None
 
+    def staggerable(self, a: JobSnapshot, b: JobSnapshot) -> bool:
+        """Whether `a` and `b` may share a staggered pool (colocated, tails to shrink)."""
+        return (self.stagger > 0 and a.request.gpus > 1 and a.request.gpus == b.request.gpus
+                and a.request.layout is Layout.COLOCATED
+                and b.request.layout is Layout.COLOCATED)
+
+    def pair(self, a: JobSnapshot, b: JobSnapshot, limits: SiteLimits, stagger: bool = True,
+             ) -> tuple[GroupPrediction, int] | None:
+        """The better accepted pool for `a` and `b` (prediction, pool GPUs), if any;
+        a staggered one only with `stagger`."""
+        g = a.request.gpus
+        best: tuple[GroupPrediction, int] | None = None
+        same = self.accepts((a, b), limits)
+        if same is not None:
+            best = (same, g)
+        if stagger and self.staggerable(a, b):
+            st = self.accepts((a, b), limits, offsets=(0, self.stagger),
+                              pool_gpus=g + self.stagger)
+            if st is not None and (best is None or st.gain() > best[0].gain()):
+                best = (st, g + self.stagger)
+        return best
+
+    def _alone_size(self, job: JobSnapshot, limits: SiteLimits) -> int:
+        """GPUs of the pool a job opens alone: a staggered one (`open_staggered`) when a
+        partner like itself would pay there, so that a later arrival can join it."""
+        g = job.request.gpus
+        if self.open_staggered and shareable(job) and self.staggerable(job, job):
+            got = self.pair(job, job, limits)
+            if got is not None and got[1] > g:
+                return got[1]
+        return g
+
     def _join_weight(self, job: JobSnapshot, pool: PoolSnapshot,
-                     limits: SiteLimits) -> tuple[int, GroupPrediction] | None:
+                     limits: SiteLimits) -> tuple[int, GroupPrediction, int] | None:
+        """(matching weight, prediction, the job's first GPU) if it may join `pool`."""
         if pool.dedicated or pool.closed or not pool.members:
             return None
-        if pool.partition != job.partition or pool.gpus != job.request.gpus:
+        g = job.request.gpus
+        if pool.partition != job.partition or pool.gpus < g:
             return None
-        pred = self.accepts((*pool.members, job), limits, pool)
+        offsets = pool.offsets or (0,) * len(pool.members)
+        if pool.gpus == g and not any(offsets):
+            pred = self.accepts((*pool.members, job), limits, pool)
+            off = 0
+        else:  # a staggered pool: one member left; the job takes the other window
+            if len(pool.members) != 1 or not self.staggerable(pool.members[0], job):
+                return None
+            member, top = pool.members[0], pool.gpus - g
+            if offsets[0] not in (0, top):
+                return None
+            off = top if offsets[0] == 0 else 0
+            pred = self.accepts((member, job), limits, pool, offsets=(offsets[0], off),
+                                pool_gpus=pool.gpus)
         if pred is None:
             return None
         before = predict(pool.members).gain() if len(pool.members) > 1 else 0.0
-        return int(1000 * (pred.gain() - before) * pool.gpus) + 1, pred
+        return int(1000 * (pred.gain() - before) * g) + 1, pred, off
 
     # -- placing -------------------------------------------------------------------
     def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:
@@ -107,43 +166,48 @@ class ComplementaryPairing:
         free = defaultdict(int, snapshot.free_gpus)
         out: dict[int, Placement] = {}
         shared = [j for j in snapshot.waiting if shareable(j)]
-        joins: dict[int, tuple[int, GroupPrediction]] = {}
-        pairs: list[tuple[JobSnapshot, JobSnapshot, GroupPrediction]] = []
+        joins: dict[int, tuple[int, GroupPrediction, int]] = {}
+        pairs: list[tuple[JobSnapshot, JobSnapshot, GroupPrediction, int]] = []
         if len(shared) == 1 and self.single == "first-fit":
             job = shared[0]
             for pool in sorted(snapshot.pools, key=lambda p: p.pool_id):
                 w = self._join_weight(job, pool, limits)
                 if w is not None:
-                    joins[job.job_id] = (pool.pool_id, w[1])
+                    joins[job.job_id] = (pool.pool_id, w[1], w[2])
                     break
         elif shared:
             joins, pairs = self._match(shared, snapshot.pools, limits)
         next_pool = -1
         placed: set[int] = set()
-        for a, b, pred in pairs:
-            g = a.request.gpus
-            if free[a.partition] >= g:
-                free[a.partition] -= g
-                for j, s in zip((a, b), pred.slowdowns, strict=True):
-                    out[j.job_id] = Placement(j.job_id, Action.OPEN, next_pool, g, s,
-                                              f"paired (pool utilisation {pred.utilisation:.0%})")
+        for a, b, pred, size in pairs:
+            if free[a.partition] >= size:
+                free[a.partition] -= size
+                how = "paired" if size == a.request.gpus else \
+                    f"paired in a staggered pool of {size} GPUs"
+                for j, s, off in zip((a, b), pred.slowdowns, (0, size - a.request.gpus),
+                                     strict=True):
+                    out[j.job_id] = Placement(
+                        j.job_id, Action.OPEN, next_pool, size, s,
+                        f"{how} (pool utilisation {pred.utilisation:.0%})", gpu_offset=off)
                     placed.add(j.job_id)
                 next_pool -= 1
         for job in snapshot.waiting:
             if job.job_id in placed:
                 continue
             if job.job_id in joins:
-                pool_id, pred = joins[job.job_id]
+                pool_id, pred, off = joins[job.job_id]
                 out[job.job_id] = Placement(job.job_id, Action.JOIN, pool_id, None,
-                                            pred.slowdowns[-1], "joins a complementary pool")
+                                            pred.slowdowns[-1], "joins a complementary pool",
+                                            gpu_offset=off)
                 continue
             g = job.request.gpus
-            if free[job.partition] < g:
+            size = self._alone_size(job, limits)
+            if free[job.partition] < size:
                 out[job.job_id] = Placement(job.job_id, Action.WAIT, reason="no free GPUs")
                 continue
-            free[job.partition] -= g
+            free[job.partition] -= size
             if shareable(job):
-                out[job.job_id] = Placement(job.job_id, Action.OPEN, next_pool, g, 1.0,
+                out[job.job_id] = Placement(job.job_id, Action.OPEN, next_pool, size, 1.0,
                                             "no complementary partner yet: opens a pool alone")
                 next_pool -= 1
             else:
@@ -152,10 +216,11 @@ class ComplementaryPairing:
         return [out[j.job_id] for j in snapshot.waiting]
 
     def _match(self, jobs: list[JobSnapshot], pools: Sequence[PoolSnapshot], limits: SiteLimits,
-               ) -> tuple[dict[int, tuple[int, GroupPrediction]],
-                          list[tuple[JobSnapshot, JobSnapshot, GroupPrediction]]]:
+               ) -> tuple[dict[int, tuple[int, GroupPrediction, int]],
+                          list[tuple[JobSnapshot, JobSnapshot, GroupPrediction, int]]]:
         graph = nx.Graph()
-        preds: dict[tuple[int, int, int, int], GroupPrediction] = {}
+        #: edge -> (prediction, pool GPUs for a pair | the joiner's first GPU for a join)
+        preds: dict[tuple[int, int, int, int], tuple[GroupPrediction, int]] = {}
         by_bucket: dict[tuple[object, ...], list[JobSnapshot]] = defaultdict(list)
         for j in jobs:
             r = j.request
@@ -164,16 +229,17 @@ class ComplementaryPairing:
                 w = self._join_weight(j, pool, limits)
                 if w is not None:
                     graph.add_edge((JOB, j.job_id), (POOL, pool.pool_id), weight=w[0])
-                    preds[(JOB, j.job_id, POOL, pool.pool_id)] = w[1]
+                    preds[(JOB, j.job_id, POOL, pool.pool_id)] = (w[1], w[2])
         for bucket in by_bucket.values():
             bucket.sort(key=period_of)
             for i, a in enumerate(bucket):
-                for b in bucket[i + 1:i + 1 + self.neighbours]:
-                    pred = self.accepts((a, b), limits)
-                    if pred is not None:
-                        weight = int(1000 * pred.gain() * a.request.gpus) + 1
+                for n, b in enumerate(bucket[i + 1:i + 1 + self.neighbours]):
+                    # a staggered pool is simulated (no formula): the nearest half only
+                    got = self.pair(a, b, limits, stagger=n < max(1, self.neighbours // 2))
+                    if got is not None:
+                        weight = int(1000 * got[0].gain() * a.request.gpus) + 1
                         graph.add_edge((JOB, a.job_id), (JOB, b.job_id), weight=weight)
-                        preds[(JOB, a.job_id, JOB, b.job_id)] = pred
+                        preds[(JOB, a.job_id, JOB, b.job_id)] = got
         # matching is superlinear in the graph's size: match each connected component
         # (a bucket, with the pools its jobs may join) on its own; same result
         matching: set[tuple[tuple[int, int], tuple[int, int]]] = set()
@@ -181,17 +247,19 @@ class ComplementaryPairing:
             # a copy: the view's filtered lookups cost ~3x in the matching's inner loop
             matching |= nx.max_weight_matching(graph.subgraph(comp).copy())
         by_id = {j.job_id: j for j in jobs}
-        joins: dict[int, tuple[int, GroupPrediction]] = {}
+        joins: dict[int, tuple[int, GroupPrediction, int]] = {}
         pairs = []
         for u, v in sorted(matching):
             if u[0] == POOL:
                 u, v = v, u
             if v[0] == POOL:
-                joins[u[1]] = (v[1], preds[(JOB, u[1], POOL, v[1])])
+                jp, off = preds[(JOB, u[1], POOL, v[1])]
+                joins[u[1]] = (v[1], jp, off)
             else:
                 key = (JOB, u[1], JOB, v[1])
                 x, y = (u, v) if key in preds else (v, u)
-                pairs.append((by_id[x[1]], by_id[y[1]], preds[(JOB, x[1], JOB, y[1])]))
+                pp, size = preds[(JOB, x[1], JOB, y[1])]
+                pairs.append((by_id[x[1]], by_id[y[1]], pp, size))
         pairs.sort(key=lambda t: (min(t[0].submitted_at, t[1].submitted_at),
                                   min(t[0].job_id, t[1].job_id)))
         return joins, pairs

@@ -235,6 +235,12 @@ class ProfileBuilder:
         if phase.needs_gpu:
             self._last_release = end
 
+    def observed_share(self, phase: Phase) -> float | None:
+        """The phase's learned GPU share once `min_obs` leases were seen, else None."""
+        if self._counts.get(phase, 0) < self.min_obs:
+            return None
+        return self._share.get(phase)
+
     def observe_lease(
         self, phase: Phase, requested_at: float, granted_at: float, released_at: float,
     ) -> None:
@@ -283,6 +289,41 @@ class ProfileBuilder:
             shape = tuple(p for p in order if p in phases)
         source = "mixed" if used_prior and used_obs else ("prior" if used_prior else "observed")
         return Profile(phases, shape, source, self._steps)
+
+
+@dataclass
+class RolloutShares:
+    """The site's learned prior of the share of its set a rollout lease holds, by
+    (model, GPU count): the mean over jobs whose rollouts were observed (each job's
+    latest estimate counts once), else `default`.
+
+    A new job's tail is unknown until its own rollouts are observed, and placement is
+    decided on arrival; jobs of the same model and size on the same site have similar
+    response-length distributions (shared/research/rl-workloads.md: PolyTrace's
+    lengths are per task and model), so their observed shares are the better prior.
+    """
+
+    default: float = ROLLOUT_PRIOR_GPU_SHARE
+    min_jobs: int = 2  #: jobs observed before the learned mean replaces `default`
+    _key: dict[int, tuple[str, int]] = field(default_factory=dict)
+    _last: dict[int, float] = field(default_factory=dict)
+    _sum: dict[tuple[str, int], float] = field(default_factory=dict)
+    _n: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def record(self, job_id: int, model: str, gpus: int, share: float) -> None:
+        """Job `job_id`'s current estimate of its rollout share (replaces its last)."""
+        key = (model, gpus)
+        if job_id in self._last:
+            self._sum[key] -= self._last[job_id]
+        else:
+            self._key[job_id] = key
+            self._n[key] = self._n.get(key, 0) + 1
+        self._sum[key] = self._sum.get(key, 0.0) + share
+        self._last[job_id] = share
+
+    def estimate(self, model: str, gpus: int) -> float:
+        n = self._n.get((model, gpus), 0)
+        return self._sum[(model, gpus)] / n if n >= self.min_jobs else self.default
 
 
 def profile_from_prior(prior: PhasePrior, spread: float = 0.25,

@@ -252,7 +252,7 @@ class Controller:
                             else self.store.add_group(pool_id, self.clock()))
             self.store.update_job(job_id, pool_id=pool_id, pool_gpus=pool_gpus,
                                   group_id=group_id, state=JobState.RUNNING, reason="")
-        self.scheduler.add_member(pool_id, job_id, job.request.max_slowdown)
+        self.scheduler.add_member(pool_id, job_id, job.request.max_slowdown, pool_gpus)
         self._placed.setdefault(job_id, asyncio.Event()).set()
         log.info("job %d placed in pool %d on GPUs %s", job_id, pool_id, list(pool_gpus))
 

@@ -125,11 +125,13 @@ def job_snapshot(job: JobRecord, partition: str,
 
 
 def pool_snapshot(pool: PoolRecord, members: Sequence[JobSnapshot], partition: str,
-                  gpu_mem_bytes: int | None, limits: SiteLimits) -> PoolSnapshot:
+                  gpu_mem_bytes: int | None, limits: SiteLimits,
+                  offsets: Sequence[int] = ()) -> PoolSnapshot:
+    """`offsets`: each member's first pool GPU, in `members`' order (empty: all 0)."""
     budget = limits.parked_host_mem_bytes
     free = None if budget is None else budget - sum(host_bytes(m) for m in members)
     return PoolSnapshot(pool.pool_id, pool.gpus, tuple(members), pool.partition or partition,
-                        None, gpu_mem_bytes, free, pool.dedicated)
+                        None, gpu_mem_bytes, free, pool.dedicated, offsets=tuple(offsets))
 
 
 def free_gpus(nodes: Sequence[NodeInfo], running: Sequence[JobInfo],
@@ -170,9 +172,13 @@ async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
         return job_snapshot(job, part, c.store.observations(job.job_id))
 
     open_pools = c.store.pools(open_only=True)
-    pools = [pool_snapshot(p, [snap(m) for m in c.store.jobs(active=True, pool_id=p.pool_id)],
-                           part, gpu_mem_bytes, limits)
-             for p in open_pools if p.slurm_job_id is not None]
+    pools = []
+    for p in open_pools:
+        if p.slurm_job_id is None:
+            continue
+        members = c.store.jobs(active=True, pool_id=p.pool_id)
+        pools.append(pool_snapshot(p, [snap(m) for m in members], part, gpu_mem_bytes, limits,
+                                   [min(m.pool_gpus, default=0) for m in members]))
     try:
         nodes, running = await asyncio.to_thread(lambda: (c.slurm.nodes(), c.slurm.jobs()))
         free = free_gpus(nodes, running, open_pools, part)

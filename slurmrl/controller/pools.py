@@ -347,16 +347,17 @@ class SlurmPools:
             if job.reason != why:
                 c.store.update_job(job.job_id, reason=why)
             return
-        gpus = tuple(range(job.request.gpus))
+        # a staggered pool: the job runs on the pool's GPUs from its placement's offset
+        gpus = tuple(range(pl.gpu_offset, pl.gpu_offset + job.request.gpus))
         mine = footprints_for_job(job.job_id, job.request, gpus)
         host = c.config.limits.parked_host_mem_per_node
         target: PoolRecord | None = None
         if pl.action is Action.JOIN and pl.pool_id is not None:
-            target = self._joinable(job, c.store.pool(pl.pool_id), mine)
+            target = self._joinable(job, c.store.pool(pl.pool_id), mine, gpus)
             if target is None:  # never wait for a partner: open alone instead
                 log.info("job %d cannot join pool %s; opens its own", job.job_id, pl.pool_id)
         elif pl.action is Action.OPEN and pl.pool_id is not None and pl.pool_id in new:
-            target = self._joinable(job, c.store.pool(new[pl.pool_id].pool_id), mine)
+            target = self._joinable(job, c.store.pool(new[pl.pool_id].pool_id), mine, gpus)
         if target is None:
             caps = [GpuCapacity(i, self._gpu_bytes) for i in gpus]
             reason = admit(mine, [], caps, host)
@@ -364,7 +365,7 @@ class SlurmPools:
                 await c.end_job(job.job_id, JobState.FAILED, f"admission refused: {reason}")
                 return
             dedicated = pl.action is Action.DEDICATED or job.request.mux is Mux.OFF
-            size = max(pl.gpus or 0, job.request.gpus)
+            size = max(pl.gpus or 0, gpus[-1] + 1)
             opened = await asyncio.to_thread(self.allocator.open, size,
                                              f"for job {job.job_id}")
             target = c.open_pool(gpus=opened.gpus, slurm_job_id=opened.slurm_job_id,
@@ -375,14 +376,14 @@ class SlurmPools:
         await self._launch_services(job, target, mine)
         c.place_job(job.job_id, target.pool_id, gpus)
 
-    def _joinable(self, job: JobRecord, pool: PoolRecord | None,
-                  mine: list[Footprint]) -> PoolRecord | None:
+    def _joinable(self, job: JobRecord, pool: PoolRecord | None, mine: list[Footprint],
+                  gpus: tuple[int, ...]) -> PoolRecord | None:
         """`pool` if the job may join it now (the controller's own guard), else None."""
         if pool is None or pool.state != "open" or pool.slurm_job_id is None or pool.dedicated:
             return None
         members = self.c.store.jobs(active=True, pool_id=pool.pool_id)
         alone = job.request.mux is Mux.OFF or any(m.request.mux is Mux.OFF for m in members)
-        if (pool.gpus < job.request.gpus
+        if (pool.gpus <= max(gpus)
                 or len(members) >= (1 if alone else self.c.config.limits.max_jobs_per_pool)):
             return None
         reason = admit(mine, self._members_fp(pool.pool_id), self._capacity(pool),

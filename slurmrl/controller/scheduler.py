@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,8 +105,10 @@ class LeaseScheduler:
                 self._apply(pool_id, table.remove_job(job, now, reason), now)
         del self.tables[pool_id]
 
-    def add_member(self, pool_id: int, job_id: int, max_slowdown: float | None) -> None:
-        self.tables[pool_id].set_member(job_id, max_slowdown)
+    def add_member(self, pool_id: int, job_id: int, max_slowdown: float | None,
+                   gpus: Sequence[int] | None = None) -> None:
+        """A job joined the pool, on pool GPUs `gpus` (its window; None: not given)."""
+        self.tables[pool_id].set_member(job_id, max_slowdown, gpus)
 
     def restore(self) -> int:
         """Load every open pool's leases and waiters from the DB; returns how many."""
@@ -119,7 +121,7 @@ class LeaseScheduler:
             table = self.tables[pool.pool_id]
             table.restore(held, waiting)
             for job in self.store.jobs(active=True, pool_id=pool.pool_id):
-                table.set_member(job.job_id, job.request.max_slowdown)
+                table.set_member(job.job_id, job.request.max_slowdown, job.pool_gpus or None)
             for req in waiting:
                 self._pool_of_request[req.request_id] = pool.pool_id
             for lease in held:

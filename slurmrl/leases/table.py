@@ -63,6 +63,7 @@ class LeaseTable:
         self._waiting: dict[int, PhaseRequest] = {}  # insertion order = arrival order
         self._stats: dict[int, JobSliceStats] = {}
         self._max_slowdown: dict[int, float | None] = {}
+        self._window: dict[int, frozenset[int]] = {}  #: member -> the GPUs it may ask for
 
     # -- reading -------------------------------------------------------------------
     @property
@@ -93,9 +94,14 @@ class LeaseTable:
         return min(deadlines, default=None)
 
     # -- changing ------------------------------------------------------------------
-    def set_member(self, job_id: int, max_slowdown: float | None = None) -> None:
-        """Tell the table (and its slice policy) about a member job."""
+    def set_member(self, job_id: int, max_slowdown: float | None = None,
+                   gpus: Iterable[int] | None = None) -> None:
+        """Tell the table (and its slice policy) about a member job, and optionally the
+        pool GPUs it was placed on (its window: `shrink` keeps a lease on the GPUs the
+        other members' windows cover least)."""
         self._max_slowdown[job_id] = max_slowdown
+        if gpus is not None:
+            self._window[job_id] = frozenset(gpus)
         self._stats.setdefault(job_id, JobSliceStats(job_id))
 
     def request(
@@ -148,7 +154,8 @@ class LeaseTable:
         return [Revoke(None, req, "cancelled"), *self._schedule(now)]
 
     def shrink(self, lease_id: int, keep: int, now: float) -> list[Event]:
-        """Give back all but `keep` GPUs of a held lease (the highest indices go first)."""
+        """Give back all but `keep` GPUs of a held lease: it keeps those the fewest
+        other members' windows cover (the GPUs nobody else can use), lowest first."""
         lease = self._leases.get(lease_id)
         if lease is None:
             raise LeaseError(f"lease {lease_id} is not held")
@@ -156,7 +163,9 @@ class LeaseTable:
             raise LeaseError(f"keep must be between 1 and {len(lease.gpus)}, got {keep}")
         if keep == len(lease.gpus):
             return []
-        kept = frozenset(sorted(lease.gpus)[:keep])
+        others = [w for j, w in self._window.items() if j != lease.job_id]
+        kept = frozenset(sorted(lease.gpus, key=lambda g: (sum(g in w for w in others), g))
+                         [:keep])
         smaller = replace(lease, gpus=kept)
         self._leases[lease_id] = smaller
         return [Shrunk(smaller, lease.gpus - kept), *self._schedule(now)]
@@ -203,6 +212,7 @@ class LeaseTable:
                 events.append(Revoke(None, req, reason))
         self._stats.pop(job_id, None)
         self._max_slowdown.pop(job_id, None)
+        self._window.pop(job_id, None)
         return events + self._schedule(now)
 
     def restore(self, leases: Sequence[Lease], waiting: Sequence[PhaseRequest]) -> None:

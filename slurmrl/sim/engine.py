@@ -12,16 +12,24 @@ and grows as they free, then gives GPUs back through its tail),
 LOCK (each GPU phase locks the whole pool, no shrink), GANG (whole-pool time quanta,
 the job frozen outside its quantum, memory held).
 
+A pool may be larger than its members (a staggered pool: the pairing policy gives each
+member's first GPU in `Placement.gpu_offset`); a member's leases stay within its window,
+checked at every grant, and a shrinking lease keeps the GPUs the other windows cover
+least (`LeaseTable.shrink`).
+
 Profiles: each job's `ProfileBuilder` sees its phases as the controller would (a
 rollout's busy time weighted by the GPUs its lease kept) and starts from the job's
---rl-profile prior, or the model-size prior.
+--rl-profile prior, or the model-size prior; until its own rollouts are observed, the
+share of its set a rollout holds is learned from the jobs of the same model and size
+observed so far (`RolloutShares`, `SimConfig.learn_rollout_share`).
 
 Rollout speed is GPUs working / GPUs its still-active sequences need (capped at 1);
 grown GPUs start working after the same handoff cost as any grant (RLix expands a
 running rollout by adding workers and syncing weights only to them:
 shared/research/prior-art.md).
 
-Known limits: no node topology (a pool is G interchangeable GPUs); no service start
+Known limits: no node topology (a pool is G interchangeable GPUs: a staggered pool of
+G + 1 spans two nodes of G, and its training pays no cross-node cost); no service start
 cost (dedicated runs pay it too); requests are rebalanced onto grown GPUs at once.
 """
 
@@ -53,6 +61,7 @@ from slurmrl.profiles import (
     ROLLOUT_PRIOR_GPU_SHARE,
     Profile,
     ProfileBuilder,
+    RolloutShares,
     prior_for_model,
     profile_from_prior,
 )
@@ -117,6 +126,8 @@ class Pool:
     members: list[JobRun] = field(default_factory=list)
     history: list[JobRun] = field(default_factory=list)  #: every job that was a member
     last_holder: dict[int, int] = field(default_factory=dict)
+    #: member -> its first pool GPU (a staggered pool is larger than its members)
+    offset: dict[int, int] = field(default_factory=dict)
     resident: bool = True  #: every member fits GPU memory at once
     closed_at: float | None = None
     gang_holder: JobRun | None = None
@@ -134,6 +145,8 @@ class SimConfig:
     #: jobs' priors: the share of its set a rollout holds (0.55: its tail shrinks; 1.0: it
     #: holds the set, as in the controller today: slurmrl.controller.placement)
     rollout_prior_gpu_share: float = ROLLOUT_PRIOR_GPU_SHARE
+    #: learn that prior from the jobs observed so far, by model and size (RolloutShares)
+    learn_rollout_share: bool = True
     gang_quantum_s: float = 30.0
     check_invariants: bool = True
 
@@ -150,6 +163,7 @@ class Simulation:
         self.runs = {j.job_id: JobRun(j, ProfileBuilder(
             prior=j.prior, rollout_gpu_share=config.rollout_prior_gpu_share), solo_s=j.solo_s())
                      for j in jobs}
+        self.shares = RolloutShares(default=config.rollout_prior_gpu_share)
         self.free = config.gpus
         self.pools: dict[int, Pool] = {}
         self.closed: list[Pool] = []
@@ -197,11 +211,15 @@ class Simulation:
         mux = Mux.OFF if (j.mux_off or run.dedicated) else Mux.AUTO
         req = RlRequest(j.gpus, j.model, None, mux, None, j.max_slowdown, j.prior, j.layout,
                         j.rollout_gpus if j.rollout_gpus != j.gpus else None)
+        share = self.cfg.rollout_prior_gpu_share
+        if self.cfg.learn_rollout_share and run.builder.observed_share(Phase.ROLLOUT) is None:
+            share = self.shares.estimate(j.model, j.rollout_gpus)
+            if share != run.builder.rollout_gpu_share:
+                run.builder.rollout_gpu_share, run._profile = share, None
         if j.prior is not None or run.builder.observations:
             prof = run.profile()
         else:  # what the policy would assume (complementarity.profile_of), at our share
-            prof = profile_from_prior(prior_for_model(j.model, j.gpus),
-                                      rollout_gpu_share=self.cfg.rollout_prior_gpu_share)
+            prof = profile_from_prior(prior_for_model(j.model, j.gpus), rollout_gpu_share=share)
         return JobSnapshot(j.job_id, j.user, req, prof, j.submit_s, PARTITION,
                            host_mem_bytes=costs.host_bytes(j))
 
@@ -226,7 +244,8 @@ class Simulation:
         pools = tuple(
             PoolSnapshot(p.pool_id, p.gpus, tuple(self._snapshot(m) for m in p.members),
                          PARTITION, None, self.cfg.gpu_mem_bytes,
-                         self._host_free(p), p.dedicated)
+                         self._host_free(p), p.dedicated,
+                         offsets=tuple(p.offset[m.job.job_id] for m in p.members))
             for p in self.pools.values()
         )
         snap = ClusterSnapshot(self.now, pools, tuple(self._snapshot(r) for r in self.waiting),
@@ -243,20 +262,23 @@ class Simulation:
                 continue
             if pl.action is Action.JOIN:
                 pool = self.pools.get(pl.pool_id if pl.pool_id is not None else 0)
-                if pool is None or pool.dedicated or pool.gpus != run.job.gpus:
+                if pool is None or pool.dedicated:
                     raise SimError(f"job {pl.job_id} told to join unusable pool {pl.pool_id}")
             elif pl.action is Action.OPEN and pl.pool_id in new:
                 pool = new[pl.pool_id]
-                if pool.gpus != run.job.gpus:
-                    raise SimError(f"jobs of pool {pl.pool_id} differ in GPU count")
             else:
-                if self.free < run.job.gpus:
+                size = max(pl.gpus or 0, run.job.gpus)
+                if self.free < size:
                     still.append(run)  # the policy over-allocated: Slurm would queue it
                     continue
-                pool = self._open(run.job.gpus, pl.action is Action.DEDICATED or run.dedicated)
+                pool = self._open(size, pl.action is Action.DEDICATED or run.dedicated)
                 if pl.action is Action.OPEN and pl.pool_id is not None:
                     new[pl.pool_id] = pool
-            self._add(pool, run)
+            if not 0 <= pl.gpu_offset <= pool.gpus - run.job.gpus:
+                raise SimError(f"job {pl.job_id} ({run.job.gpus} GPUs from GPU "
+                               f"{pl.gpu_offset}) does not fit pool {pool.pool_id} "
+                               f"of {pool.gpus} GPUs")
+            self._add(pool, run, pl.gpu_offset)
         self.waiting = still
 
     def _host_free(self, pool: Pool) -> int | None:
@@ -271,12 +293,14 @@ class Simulation:
         self.free -= gpus
         return pool
 
-    def _add(self, pool: Pool, run: JobRun) -> None:
+    def _add(self, pool: Pool, run: JobRun, offset: int = 0) -> None:
         run.pool, run.placed_at = pool, self.now
         pool.members.append(run)
         pool.history.append(run)
+        pool.offset[run.job.job_id] = offset
         pool.resident = costs.fits_together([m.job for m in pool.members], self.cfg.gpu_mem_bytes)
-        pool.table.set_member(run.job.job_id, run.job.max_slowdown)
+        pool.table.set_member(run.job.job_id, run.job.max_slowdown,
+                              range(offset, offset + run.job.gpus))
         if pool.mode is PoolMode.GANG:
             if pool.gang_holder is None:
                 self._gang_next(pool)
@@ -308,15 +332,16 @@ class Simulation:
         j = run.job
         if run.pool is not None and run.pool.mode is not PoolMode.LEASE:
             return range(run.pool.gpus)
+        o = run.pool.offset.get(j.job_id, 0) if run.pool is not None else 0
         if phase is Phase.ROLLOUT:
-            return range(j.rollout_gpus)
+            return range(o, o + j.rollout_gpus)
         if phase in (Phase.TRAIN, Phase.SYNC) and j.trainer_gpus != j.gpus:
             # a disaggregated job's sync needs its trainer set only: the new weights are
             # staged, and its rollout engine loads them when it is next activated
             # (vLLM wake_up(tags=["weights"]) -> load weights -> wake the KV cache;
             # shared/research/resident-models.md), not while a partner holds that set
-            return range(j.rollout_gpus, j.gpus)
-        return range(j.gpus)
+            return range(o + j.rollout_gpus, o + j.gpus)
+        return range(o, o + j.gpus)
 
     def _handle(self, pool: Pool, events: list[Event]) -> None:
         for ev in events:
@@ -343,6 +368,10 @@ class Simulation:
     def _granted(self, pool: Pool, run: JobRun, ev: Grant) -> None:
         lease = ev.lease
         jid = run.job.job_id
+        o = pool.offset.get(jid, 0)
+        if pool.mode is PoolMode.LEASE and not lease.gpus <= set(range(o, o + run.job.gpus)):
+            raise SimError(f"job {jid} was granted GPUs {sorted(lease.gpus)} outside its "
+                           f"window {o}..{o + run.job.gpus - 1} of pool {pool.pool_id}")
         if lease.lease_id == run.grow_req:
             elastic.grew(self, pool, run, lease.lease_id)
             return
@@ -390,6 +419,9 @@ class Simulation:
             set_gpu_s = max(1e-12, (self.now - run.seg_start) * len(self._gpus_for(run, phase)))
             share = min(1.0, max(1e-6, run.seg_gpu_s / set_gpu_s))
             run.builder.observe(phase, run.seg_start, self.now, share)
+            learned = run.builder.observed_share(phase)
+            if phase is Phase.ROLLOUT and learned is not None and self.cfg.learn_rollout_share:
+                self.shares.record(jid, run.job.model, run.job.rollout_gpus, learned)
         else:
             run.builder.observe(phase, run.seg_start, self.now)
         run._profile = None
@@ -409,6 +441,7 @@ class Simulation:
         run.grow_req, run.grow_leases = None, []
         self._handle(pool, pool.table.remove_job(run.job.job_id, self.now, "job-ended"))
         pool.members.remove(run)
+        pool.offset.pop(run.job.job_id, None)
         pool.resident = costs.fits_together([m.job for m in pool.members], self.cfg.gpu_mem_bytes)
         if not pool.members:
             pool.closed_at = self.now

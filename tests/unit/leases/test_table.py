@@ -73,6 +73,21 @@ def test_shrink_hands_freed_gpus_to_a_waiter_at_once() -> None:
     check_table(t)
 
 
+def test_shrink_keeps_the_gpus_other_members_cannot_use() -> None:
+    # a staggered pool of 4 GPUs: job 1 on GPUs 0-2, job 2 on 1-3. Job 2's shrunk tail
+    # keeps GPU 3 (outside job 1's window), so job 1's training, which needs 0-2, runs
+    t = table()
+    t.set_member(1, gpus=(0, 1, 2))
+    t.set_member(2, gpus=(1, 2, 3))
+    b, _ = t.request(2, Phase.ROLLOUT, (1, 2, 3), now=0.0)
+    _, ev = t.request(1, Phase.TRAIN, (0, 1, 2), now=1.0)
+    assert grants(ev) == []
+    ev = t.shrink(b.request_id, keep=1, now=2.0)
+    assert t.lease(b.request_id).gpus == frozenset({3})  # type: ignore[union-attr]
+    assert [(g.job_id, g.gpus) for g in grants(ev)] == [(1, frozenset({0, 1, 2}))]
+    check_table(t)
+
+
 def test_shrink_below_a_rigid_request_grants_nothing() -> None:
     t = table()
     a, _ = t.request(1, Phase.ROLLOUT, ALL, now=0.0)

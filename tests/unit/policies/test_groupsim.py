@@ -39,3 +39,25 @@ def test_two_jobs_that_both_need_the_set_all_the_time_slow_each_other_down() -> 
     gap_a: SimKey = (0, 8, (("rollout", 10.0), ("reward", 10.0)))
     gap_b: SimKey = (0, 8, (("reward", 10.0), ("train", 10.0)))
     assert simulate_group([gap_a, gap_b]) == (1.0, 1.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(groups(), st.data())
+def test_fast_group_simulation_matches_the_lease_table_in_a_staggered_pool(
+        members: list[SimKey], data: st.DataObject) -> None:
+    gpus = members[0][1]
+    extra = data.draw(st.integers(1, gpus))
+    offsets = [data.draw(st.integers(0, extra)) for _ in members]
+    assert (simulate_group(members, offsets=offsets, pool_gpus=gpus + extra)
+            == simulate_group_table(members, offsets=offsets, pool_gpus=gpus + extra))
+
+
+def test_a_staggered_pool_lets_each_train_beside_the_others_tail() -> None:
+    # rollout: 2 s on the whole set, then 6 s of tail on one GPU; training on the set;
+    # a reward gap. On the same 8 GPUs a tail blocks the partner's training; on 9 GPUs,
+    # one job on 0-7 and the other on 1-8, each tail keeps a GPU the other's window lacks
+    job: SimKey = (0, 8, (("rollout", 2.0), (TAIL, 6.0), ("train", 2.0), ("reward", 1.0)))
+    same = simulate_group([job, job])
+    staggered = simulate_group([job, job], offsets=[0, 1], pool_gpus=9)
+    assert max(same) > 1.25
+    assert max(staggered) < 1.15

@@ -167,3 +167,52 @@ def test_a_shrunk_rollout_tail_still_blocks_the_partners_training() -> None:
     assert predict([a, b], bound=1.25).max_slowdown > 1.25
     out = by_job(registry.load("pairing", "complementary").place(snap([a, b])))
     assert out[1].pool_id != out[2].pool_id
+
+
+def _long_tail_job(jid: int) -> JobSnapshot:
+    """Rollout 80 s whose lease held 30% of the set on average (a long tail), reward
+    5 s, train 15 s: observed for 4 steps; accepts a slowdown of 1.15."""
+    from slurmrl.profiles import ProfileBuilder
+
+    b = ProfileBuilder()
+    t = 0.0
+    for _ in range(4):
+        b.observe(Phase.ROLLOUT, t, t + 80, gpu_share=0.3)
+        b.observe(Phase.REWARD, t + 80, t + 85)
+        b.observe(Phase.TRAIN, t + 85, t + 100)
+        t += 100
+    req = RlRequest(8, "Qwen2.5-7B", max_slowdown=1.15)
+    return JobSnapshot(jid, f"u{jid}", req, b.build(), float(jid), host_mem_bytes=0)
+
+
+def test_long_tails_pair_in_a_staggered_pool_where_one_window_would_not_fit() -> None:
+    a, b = _long_tail_job(1), _long_tail_job(2)
+    # on the same 8 GPUs each tail blocks the other's training: over 1.15
+    assert predict([a, b]).max_slowdown > 1.15
+    # on 9 GPUs, one on 0-7 and one on 1-8, each trains beside the other's tail
+    assert predict([a, b], offsets=(0, 1), pool_gpus=9).max_slowdown <= 1.15
+    out = by_job(registry.load("pairing", "complementary").place(snap([a, b])))
+    assert out[1].pool_id == out[2].pool_id and out[1].gpus == out[2].gpus == 9
+    assert {out[1].gpu_offset, out[2].gpu_offset} == {0, 1}
+    assert "staggered" in out[1].reason
+    # a site that turns staggering off gets two pools of 8
+    off = by_job(registry.load("pairing", "complementary", {"stagger": 0}).place(snap([a, b])))
+    assert off[1].pool_id != off[2].pool_id and off[1].gpus == off[2].gpus == 8
+
+
+def test_a_lone_long_tail_job_opens_a_staggered_pool_and_a_later_one_takes_the_other_window(
+        ) -> None:
+    pol = registry.load("pairing", "complementary")
+    (alone,) = pol.place(snap([_long_tail_job(1)]))
+    assert alone.action is Action.OPEN and alone.gpus == 9 and alone.gpu_offset == 0
+    # a job without a tail gains nothing from the extra GPU: it opens a pool of its size
+    (plain,) = pol.place(snap([job(3, 90, 10)]))
+    assert plain.gpus == 8
+    for host_offset, joiner_offset in ((0, 1), (1, 0)):
+        pool = PoolSnapshot(7, 9, (_long_tail_job(1),), offsets=(host_offset,))
+        (pl,) = pol.place(snap([_long_tail_job(2)], pools=(pool,)))
+        assert pl.action is Action.JOIN and pl.pool_id == 7 and pl.gpu_offset == joiner_offset
+    # a staggered pool takes two members: a third opens its own
+    full = PoolSnapshot(7, 9, (_long_tail_job(1), _long_tail_job(2)), offsets=(0, 1))
+    (pl,) = pol.place(snap([_long_tail_job(4)], pools=(full,)))
+    assert pl.action is Action.OPEN

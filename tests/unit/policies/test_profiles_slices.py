@@ -7,7 +7,7 @@ import pytest
 from policies.slice_bounded import BoundedSlowdownSlice
 from slurmrl.leases import LeaseTable
 from slurmrl.model import Phase, PhasePrior
-from slurmrl.profiles import ProfileBuilder, prior_for_model
+from slurmrl.profiles import ProfileBuilder, RolloutShares, prior_for_model
 
 
 def test_profile_starts_from_the_prior_and_follows_observations() -> None:
@@ -54,6 +54,24 @@ def test_observe_lease_infers_gaps_and_rejects_bad_times() -> None:
     assert b.build().phases[Phase.IDLE].p50 == pytest.approx(10.0)
     with pytest.raises(ValueError, match="before it starts"):
         b.observe(Phase.TRAIN, 5.0, 4.0)
+
+
+def test_site_learns_the_rollout_share_of_jobs_like_a_new_one() -> None:
+    shares = RolloutShares(default=0.55, min_jobs=2)
+    shares.record(1, "Qwen3-30B-A3B", 8, 0.30)
+    assert shares.estimate("Qwen3-30B-A3B", 8) == 0.55  # one job is not enough
+    shares.record(2, "Qwen3-30B-A3B", 8, 0.20)
+    assert shares.estimate("Qwen3-30B-A3B", 8) == pytest.approx(0.25)
+    shares.record(2, "Qwen3-30B-A3B", 8, 0.40)  # a job's newer estimate replaces its last
+    assert shares.estimate("Qwen3-30B-A3B", 8) == pytest.approx(0.35)
+    # other models and sizes keep the default: their tails differ
+    assert shares.estimate("Qwen3-30B-A3B", 16) == 0.55
+    assert shares.estimate("Qwen2.5-7B", 8) == 0.55
+    b = ProfileBuilder(min_obs=2)
+    b.observe(Phase.ROLLOUT, 0, 10, gpu_share=0.3)
+    assert b.observed_share(Phase.ROLLOUT) is None
+    b.observe(Phase.ROLLOUT, 20, 30, gpu_share=0.3)
+    assert b.observed_share(Phase.ROLLOUT) == pytest.approx(0.3)
 
 
 def test_model_size_prior_grows_with_the_model() -> None:
