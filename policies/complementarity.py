@@ -162,6 +162,7 @@ class _Facts:
     whole: float  #: colocated: wall seconds per step needing the whole set (train, sync)
     hold: float  #: colocated: wall seconds per step holding any GPU (rollout incl. tail)
     head: float  #: wall seconds per step a rollout holds more than one GPU (before its tail)
+    tail: bool  #: its rollout lease shrinks through a tail (held share of its set < 1)
 
 
 #: job snapshot id -> (the snapshot, its facts). Snapshots are immutable, so the facts of
@@ -193,11 +194,18 @@ def _facts(job: JobSnapshot) -> _Facts:
                p.multi_phase() or tail, (rg if job.request.layout is Layout.DISAGGREGATED else 0,
                                  job.request.gpus), tuple(segs),
                p.per_step(Phase.TRAIN, Q_BUSY) + p.per_step(Phase.SYNC, Q_BUSY),
-               p.busy_wall(Q_BUSY), sum(d for ph, d in segs if ph == Phase.ROLLOUT.value))
+               p.busy_wall(Q_BUSY), sum(d for ph, d in segs if ph == Phase.ROLLOUT.value),
+               tail)
     if len(_FACTS) > 50_000:
         _FACTS.clear()
     _FACTS[id(job)] = (job, f)
     return f
+
+
+def has_tail(job: JobSnapshot) -> bool:
+    """Whether the job's rollout gives GPUs back through a tail (its profile says its
+    lease held less than its whole set): what a staggered pool needs to pay."""
+    return _facts(job).tail
 
 
 def period_of(job: JobSnapshot) -> float:

@@ -48,6 +48,7 @@ from policies.complementarity import (
     GroupPrediction,
     compatible,
     fits_memory,
+    has_tail,
     limit_of,
     period_of,
     predict,
@@ -103,10 +104,11 @@ class ComplementaryPairing:
         return pred if pred.gain() >= self.min_gain * (len(members) - 1) else None
 
     def staggerable(self, a: JobSnapshot, b: JobSnapshot) -> bool:
-        """Whether `a` and `b` may share a staggered pool (colocated, tails to shrink)."""
+        """Whether `a` and `b` may share a staggered pool: colocated, same size, and
+        both rollouts shrink through a tail (without one the extra GPU buys nothing)."""
         return (self.stagger > 0 and a.request.gpus > 1 and a.request.gpus == b.request.gpus
                 and a.request.layout is Layout.COLOCATED
-                and b.request.layout is Layout.COLOCATED)
+                and b.request.layout is Layout.COLOCATED and has_tail(a) and has_tail(b))
 
     def pair(self, a: JobSnapshot, b: JobSnapshot, limits: SiteLimits, stagger: bool = True,
              ) -> tuple[GroupPrediction, int] | None:
