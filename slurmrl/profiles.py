@@ -292,38 +292,34 @@ class ProfileBuilder:
 
 
 @dataclass
-class RolloutShares:
-    """The site's learned prior of the share of its set a rollout lease holds, by
-    (model, GPU count): the mean over jobs whose rollouts were observed (each job's
-    latest estimate counts once), else `default`.
+class SitePriors:
+    """What the site has learned of jobs by (model, GPU count), from the jobs observed
+    so far (running or ended; each job's latest estimate counts once): the share of its
+    set a rollout lease holds (its tail). It is the prior of any job of that model and
+    size until its own rollouts are observed; `default_share` before `min_jobs` such
+    jobs were seen.
 
-    A new job's tail is unknown until its own rollouts are observed, and placement is
-    decided on arrival; jobs of the same model and size on the same site have similar
-    response-length distributions (shared/research/rl-workloads.md: PolyTrace's
-    lengths are per task and model), so their observed shares are the better prior.
+    Placement is decided on arrival, before a job's own phases are seen. A rollout's
+    tail comes from its response-length distribution, which is a property of the task
+    and model (PolyTrace's lengths are per task and model:
+    shared/research/rl-workloads.md), so jobs of one model and size on one site are the
+    better prior. Their periods are not: step lengths differ 2x between jobs of one
+    class, and a learned whole profile (tried: a typical job's) made disaggregated
+    placements more optimistic than they ran (docs/benchmarks.md).
     """
 
-    default: float = ROLLOUT_PRIOR_GPU_SHARE
-    min_jobs: int = 2  #: jobs observed before the learned mean replaces `default`
-    _key: dict[int, tuple[str, int]] = field(default_factory=dict)
-    _last: dict[int, float] = field(default_factory=dict)
-    _sum: dict[tuple[str, int], float] = field(default_factory=dict)
-    _n: dict[tuple[str, int], int] = field(default_factory=dict)
+    default_share: float = ROLLOUT_PRIOR_GPU_SHARE
+    min_jobs: int = 2  #: jobs observed before the learned mean replaces the default
+    _share: dict[tuple[str, int], dict[int, float]] = field(default_factory=dict)
 
-    def record(self, job_id: int, model: str, gpus: int, share: float) -> None:
+    def record_share(self, job_id: int, model: str, gpus: int, share: float) -> None:
         """Job `job_id`'s current estimate of its rollout share (replaces its last)."""
-        key = (model, gpus)
-        if job_id in self._last:
-            self._sum[key] -= self._last[job_id]
-        else:
-            self._key[job_id] = key
-            self._n[key] = self._n.get(key, 0) + 1
-        self._sum[key] = self._sum.get(key, 0.0) + share
-        self._last[job_id] = share
+        self._share.setdefault((model, gpus), {})[job_id] = share
 
-    def estimate(self, model: str, gpus: int) -> float:
-        n = self._n.get((model, gpus), 0)
-        return self._sum[(model, gpus)] / n if n >= self.min_jobs else self.default
+    def rollout_share(self, model: str, gpus: int) -> float:
+        seen = self._share.get((model, gpus), {})
+        return sum(seen.values()) / len(seen) if len(seen) >= self.min_jobs else \
+            self.default_share
 
 
 def profile_from_prior(prior: PhasePrior, spread: float = 0.25,

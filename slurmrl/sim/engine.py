@@ -21,7 +21,7 @@ Profiles: each job's `ProfileBuilder` sees its phases as the controller would (a
 rollout's busy time weighted by the GPUs its lease kept) and starts from the job's
 --rl-profile prior, or the model-size prior; until its own rollouts are observed, the
 share of its set a rollout holds is learned from the jobs of the same model and size
-observed so far (`RolloutShares`, `SimConfig.learn_rollout_share`).
+observed so far (`SitePriors`, `SimConfig.learn_priors`).
 
 Rollout speed is GPUs working / GPUs its still-active sequences need (capped at 1);
 grown GPUs start working after the same handoff cost as any grant (RLix expands a
@@ -61,7 +61,7 @@ from slurmrl.profiles import (
     ROLLOUT_PRIOR_GPU_SHARE,
     Profile,
     ProfileBuilder,
-    RolloutShares,
+    SitePriors,
     prior_for_model,
     profile_from_prior,
 )
@@ -145,8 +145,9 @@ class SimConfig:
     #: jobs' priors: the share of its set a rollout holds (0.55: its tail shrinks; 1.0: it
     #: holds the set, as in the controller today: slurmrl.controller.placement)
     rollout_prior_gpu_share: float = ROLLOUT_PRIOR_GPU_SHARE
-    #: learn that prior from the jobs observed so far, by model and size (RolloutShares)
-    learn_rollout_share: bool = True
+    #: learn the rollout share prior from the jobs observed so far, by model and size
+    #: (`SitePriors`): every job's until its own rollouts are seen
+    learn_priors: bool = True
     gang_quantum_s: float = 30.0
     check_invariants: bool = True
 
@@ -163,7 +164,7 @@ class Simulation:
         self.runs = {j.job_id: JobRun(j, ProfileBuilder(
             prior=j.prior, rollout_gpu_share=config.rollout_prior_gpu_share), solo_s=j.solo_s())
                      for j in jobs}
-        self.shares = RolloutShares(default=config.rollout_prior_gpu_share)
+        self.site = SitePriors(default_share=config.rollout_prior_gpu_share)
         self.free = config.gpus
         self.pools: dict[int, Pool] = {}
         self.closed: list[Pool] = []
@@ -212,8 +213,8 @@ class Simulation:
         req = RlRequest(j.gpus, j.model, None, mux, None, j.max_slowdown, j.prior, j.layout,
                         j.rollout_gpus if j.rollout_gpus != j.gpus else None)
         share = self.cfg.rollout_prior_gpu_share
-        if self.cfg.learn_rollout_share and run.builder.observed_share(Phase.ROLLOUT) is None:
-            share = self.shares.estimate(j.model, j.rollout_gpus)
+        if self.cfg.learn_priors and run.builder.observed_share(Phase.ROLLOUT) is None:
+            share = self.site.rollout_share(j.model, j.rollout_gpus)
             if share != run.builder.rollout_gpu_share:
                 run.builder.rollout_gpu_share, run._profile = share, None
         if j.prior is not None or run.builder.observations:
@@ -420,8 +421,8 @@ class Simulation:
             share = min(1.0, max(1e-6, run.seg_gpu_s / set_gpu_s))
             run.builder.observe(phase, run.seg_start, self.now, share)
             learned = run.builder.observed_share(phase)
-            if phase is Phase.ROLLOUT and learned is not None and self.cfg.learn_rollout_share:
-                self.shares.record(jid, run.job.model, run.job.rollout_gpus, learned)
+            if phase is Phase.ROLLOUT and learned is not None and self.cfg.learn_priors:
+                self.site.record_share(jid, run.job.model, run.job.rollout_gpus, learned)
         else:
             run.builder.observe(phase, run.seg_start, self.now)
         run._profile = None

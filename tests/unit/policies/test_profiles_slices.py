@@ -7,7 +7,7 @@ import pytest
 from policies.slice_bounded import BoundedSlowdownSlice
 from slurmrl.leases import LeaseTable
 from slurmrl.model import Phase, PhasePrior
-from slurmrl.profiles import ProfileBuilder, RolloutShares, prior_for_model
+from slurmrl.profiles import ProfileBuilder, SitePriors, prior_for_model
 
 
 def test_profile_starts_from_the_prior_and_follows_observations() -> None:
@@ -57,16 +57,16 @@ def test_observe_lease_infers_gaps_and_rejects_bad_times() -> None:
 
 
 def test_site_learns_the_rollout_share_of_jobs_like_a_new_one() -> None:
-    shares = RolloutShares(default=0.55, min_jobs=2)
-    shares.record(1, "Qwen3-30B-A3B", 8, 0.30)
-    assert shares.estimate("Qwen3-30B-A3B", 8) == 0.55  # one job is not enough
-    shares.record(2, "Qwen3-30B-A3B", 8, 0.20)
-    assert shares.estimate("Qwen3-30B-A3B", 8) == pytest.approx(0.25)
-    shares.record(2, "Qwen3-30B-A3B", 8, 0.40)  # a job's newer estimate replaces its last
-    assert shares.estimate("Qwen3-30B-A3B", 8) == pytest.approx(0.35)
+    site = SitePriors(default_share=0.55, min_jobs=2)
+    site.record_share(1, "Qwen3-30B-A3B", 8, 0.30)
+    assert site.rollout_share("Qwen3-30B-A3B", 8) == 0.55  # one job is not enough
+    site.record_share(2, "Qwen3-30B-A3B", 8, 0.20)
+    assert site.rollout_share("Qwen3-30B-A3B", 8) == pytest.approx(0.25)
+    site.record_share(2, "Qwen3-30B-A3B", 8, 0.40)  # a job's newer estimate replaces its last
+    assert site.rollout_share("Qwen3-30B-A3B", 8) == pytest.approx(0.35)
     # other models and sizes keep the default: their tails differ
-    assert shares.estimate("Qwen3-30B-A3B", 16) == 0.55
-    assert shares.estimate("Qwen2.5-7B", 8) == 0.55
+    assert site.rollout_share("Qwen3-30B-A3B", 16) == 0.55
+    assert site.rollout_share("Qwen2.5-7B", 8) == 0.55
     b = ProfileBuilder(min_obs=2)
     b.observe(Phase.ROLLOUT, 0, 10, gpu_share=0.3)
     assert b.observed_share(Phase.ROLLOUT) is None
