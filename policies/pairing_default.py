@@ -86,9 +86,11 @@ class ComplementaryPairing:
     # -- scoring -------------------------------------------------------------------
     def accepts(self, members: Sequence[JobSnapshot], limits: SiteLimits,
                 pool: PoolSnapshot | None = None, offsets: Sequence[int] | None = None,
-                pool_gpus: int | None = None) -> GroupPrediction | None:
+                pool_gpus: int | None = None, limit: float | None = None,
+                ) -> GroupPrediction | None:
         """The prediction if `members` may share one pool (a staggered one: `pool_gpus`
-        GPUs, member i from GPU offsets[i]), else None."""
+        GPUs, member i from GPU offsets[i]), else None. `limit` replaces every member's
+        own slowdown limit (a what-if; placements always use their own)."""
         if len(members) > min(self.max_group, limits.max_jobs_per_pool):
             return None
         first = members[0]
@@ -96,10 +98,11 @@ class ComplementaryPairing:
             return None
         if fits_memory(members, pool, limits) is not None:
             return None
-        bound = min(limit_of(m, limits) for m in members) / self.margin
+        lims = [limit if limit is not None else limit_of(m, limits) for m in members]
+        bound = min(lims) / self.margin
         pred = predict(members, bound=bound, offsets=offsets, pool_gpus=pool_gpus)
-        for m, s in zip(members, pred.slowdowns, strict=True):
-            if s > limit_of(m, limits) / self.margin:
+        for lim, s in zip(lims, pred.slowdowns, strict=True):
+            if s > lim / self.margin:
                 return None
         return pred if pred.gain() >= self.min_gain * (len(members) - 1) else None
 
@@ -111,27 +114,31 @@ class ComplementaryPairing:
                 and b.request.layout is Layout.COLOCATED and has_tail(a) and has_tail(b))
 
     def pair(self, a: JobSnapshot, b: JobSnapshot, limits: SiteLimits, stagger: bool = True,
-             ) -> tuple[GroupPrediction, int] | None:
+             limit: float | None = None) -> tuple[GroupPrediction, int] | None:
         """The better accepted pool for `a` and `b` (prediction, pool GPUs), if any;
-        a staggered one only with `stagger`."""
+        a staggered one only with `stagger`; `limit` as in `accepts`."""
         g = a.request.gpus
         best: tuple[GroupPrediction, int] | None = None
-        same = self.accepts((a, b), limits)
+        same = self.accepts((a, b), limits, limit=limit)
         if same is not None:
             best = (same, g)
         if stagger and self.staggerable(a, b):
             st = self.accepts((a, b), limits, offsets=(0, self.stagger),
-                              pool_gpus=g + self.stagger)
+                              pool_gpus=g + self.stagger, limit=limit)
             if st is not None and (best is None or st.gain() > best[0].gain()):
                 best = (st, g + self.stagger)
         return best
 
     def _alone_size(self, job: JobSnapshot, limits: SiteLimits) -> int:
         """GPUs of the pool a job opens alone: a staggered one (`open_staggered`) when a
-        partner like itself would pay there, so that a later arrival can join it."""
+        partner like itself would pay there within the site's cap on slowdown, so that a
+        later arrival can join it. The cap, not the job's own limit: a partner joins
+        only when both are predicted within their own limits, then, with the job's
+        observed profile; on its prior alone the job would seldom qualify, and opening
+        costs only the extra GPU while it waits (docs/benchmarks.md measures both)."""
         g = job.request.gpus
         if self.open_staggered and shareable(job) and self.staggerable(job, job):
-            got = self.pair(job, job, limits)
+            got = self.pair(job, job, limits, limit=limits.max_slowdown)
             if got is not None and got[1] > g:
                 return got[1]
         return g

@@ -6,7 +6,8 @@ time per handle). Failures raise `ServiceError` carrying the server's message;
 `ServiceParked` (409) means the service is not active — call it inside a held lease.
 
 Long tail: `generate(..., on_tail=f)` polls the service's `status` on a second
-connection every `poll_s` while the call runs and calls `f(active_sequences)`; the
+connection every `poll_s` while the call runs and calls `f(active_sequences)` from the
+moment the service has taken up the batch (it reports a count that only shrinks); the
 result itself carries each sample's finish order and the per-step active count.
 
 The client library (`slurmrl.client`) wraps this as `job.service("rollout")` and checks
@@ -168,10 +169,14 @@ class ServiceHandle:
                    done: threading.Event) -> None:
         probe = ServiceHandle(self.address, self._secret, self.job_id, self.role,
                               timeout_s=max(poll_s * 4, 2.0))
+        started = False  # a probe before the service took up the batch reads 0: not a tail
         try:
             while not done.wait(poll_s):
                 with contextlib.suppress(ServiceError):  # a missed probe is no failure
-                    on_tail(int(probe.status()["active_sequences"]))
+                    active = int(probe.status()["active_sequences"])
+                    started = started or active > 0
+                    if started:
+                        on_tail(active)
         finally:
             probe.close()
 

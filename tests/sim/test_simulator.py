@@ -182,9 +182,9 @@ def test_cli_max_slowdown_lets_users_trade_slowdown_for_savings() -> None:
 
     strict, loose = run(), run("--max-slowdown", "1.5")
     assert strict["limit"] is None and loose["limit"] == 1.5
-    # at the suite's 1.15 no agentic pair fits; users accepting 1.5 share pools and save
-    assert strict["shared_pools"] == 0 and strict["savings"] < 0.01
-    assert loose["shared_pools"] > 0 and loose["savings"] > 0.05
+    # at the suite's 1.15 few agentic pairs fit; users accepting 1.5 share more and save
+    assert loose["shared_pools"] > strict["shared_pools"]
+    assert loose["savings"] > strict["savings"] + 0.1
     assert loose["slowdown_p95"] > strict["slowdown_p95"]
     res = CliRunner().invoke(simulate, ["--max-slowdown", "0.9"])
     assert res.exit_code == 2 and "--max-slowdown" in res.output
@@ -328,12 +328,12 @@ def test_staggered_pools_let_long_tail_jobs_share_where_one_window_cannot() -> N
 def test_a_rollout_share_learned_from_peers_lets_long_tails_pair_within_their_limit(
         ) -> None:
     # long-cot at its users' 1.15: with the designed prior (a rollout holds 55% of its
-    # set) no pair is predicted to fit; jobs of the same model and size, once observed,
-    # show ~25%, and new arrivals placed on that pair within their limit
+    # set) few pairs are predicted to fit; jobs of the same model and size, once
+    # observed, show ~25%, and new arrivals placed on that pair within their limit
     w = load("long-cot")
-    jobs, cfg = generate(w, 0, "bursty", 30), config_for(w)
+    jobs, cfg = generate(w, 0, "steady", 30), config_for(w)
     learned = run_jobs(jobs, cfg).metrics
     fixed = run_jobs(jobs, replace(cfg, learn_priors=False)).metrics
-    assert fixed.shared_pools == 0
-    assert learned.shared_pools > 0 and learned.savings > 0.03
+    assert learned.shared_pools > fixed.shared_pools
+    assert learned.savings > max(0.05, fixed.savings + 0.05)
     assert learned.slowdown_max <= 1.15
