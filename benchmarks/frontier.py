@@ -214,7 +214,10 @@ with (finished - placed) / solo at most their own limit.
 
 The issue's "beats every baseline on savings at equal or lower p95 slowdown", read as:
 some limit L gives `complementary` at least the baseline's savings at no higher p95
-(where none does, the savings of its curve interpolated at the baseline's p95):
+(where none does, the savings of its curve interpolated at the baseline's p95). A
+baseline at p95 1.00 (`dedicated`, and any that pairs nothing) is beaten under this
+reading only by not sharing at all: wherever `complementary` shares at the users' own
+limit, its p95 is above 1.00, so such rows read "not beaten":
 
 {verdicts}
 
