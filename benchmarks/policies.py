@@ -394,10 +394,11 @@ copy of itself would pay within the site's cap on slowdown opens a staggered poo
 that reason (a partner joins only within both members' own limits), and pays the extra
 GPU while alone; with the designed tail prior instead of the learned one, that cost
 outweighed the joins (long-cot, 30 jobs, steady: -6% against +8.5%; tests/sim).
-(3) The predictor starts both members at once, where the round-robin schedule can settle into a cycle in which their trainings queue behind each other;
-with the members' observed profiles it is about right on long-cot staggered pairs (mean
-error -0.02, sd 0.05: 29 of 40 predicted within 1.15, 7 of them ran above), but on
-arrival it works from priors.
+(3) The predictor starts both members at once, where the round-robin schedule can settle
+into a cycle in which their trainings queue behind each other; with the members'
+observed profiles it is about right on long-cot staggered pairs (mean error -0.02, sd
+0.05: 29 of 40 predicted within 1.15, 7 of them ran above), but on arrival it works from
+priors.
 Earlier changes, each measured: (a) a rollout started on part of its set grows back (a
 second lease on the missing GPUs; RLix expands rollouts this way); (b) a disaggregated
 job's weight sync holds its trainer set only, its rollout engine loading the weights
