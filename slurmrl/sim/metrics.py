@@ -72,6 +72,7 @@ class Metrics:
     makespan_h: float
     pools: int
     shared_pools: int
+    staggered_pools: int  #: pools larger than each of their members (shifted windows)
     handoffs: int
     events: int
 
@@ -115,6 +116,7 @@ def compute(sim: Simulation) -> Metrics:
     first = min((r.job.submit_s for r in runs), default=0.0)
     last = max((r.finished_at or 0.0 for r in runs), default=0.0)
     shared = sum(1 for p in sim.closed if len(_all_members(p)) > 1)
+    staggered = sum(1 for p in sim.closed if p.gpus > max(r.job.gpus for r in p.history))
     return Metrics(
         len(runs), len(sim.runs) - len(runs), dedicated / 3600, used / 3600, lb / 3600,
         savings, ideal, savings / ideal if ideal > 0 else 0.0,
@@ -122,7 +124,7 @@ def compute(sim: Simulation) -> Metrics:
         sum(jct) / len(jct) if jct else 0.0, _q(jct, 0.95),
         sum(queue) / len(queue) if queue else 0.0, _q(queue, 0.95),
         leased / used if used else 0.0, (last - first) / 3600,
-        len(sim.closed), shared, sum(r.handoffs for r in runs), sim.events,
+        len(sim.closed), shared, staggered, sum(r.handoffs for r in runs), sim.events,
     )
 
 

@@ -320,6 +320,7 @@ def test_staggered_pools_let_long_tail_jobs_share_where_one_window_cannot() -> N
     off = run_jobs(jobs, cfg, params={"complementary": {"stagger": 0}})
     staggered = [p for p in on.sim.closed if p.gpus == p.history[0].job.gpus + 1]
     assert any(len(p.history) >= 2 for p in staggered)
+    assert on.metrics.staggered_pools == len(staggered) and off.metrics.staggered_pools == 0
     assert not [p for p in off.sim.closed if p.gpus != p.history[0].job.gpus]
     assert on.metrics.savings > off.metrics.savings + 0.05
     assert on.metrics.slowdown_max <= 1.5
