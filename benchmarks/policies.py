@@ -420,7 +420,7 @@ Checked and not the blocker: `min_gain` and the slowdown bound (the pairs are in
 in the simulator itself); groups of 3 only add load. `dedicated` and `gang` overlap at
 0% in the load plot.
 
-Mixed-size ("nested") pools, tried in this round and **not landed** (issue #5): a smaller
+Mixed-size ("nested") pools, tried in an earlier round and **not landed** (issue #5): a smaller
 colocated job joins a larger one's pool on the pool's highest GPUs, the ones the larger
 job's shrinking tail frees first (`LeaseTable.shrink` keeps the lowest). It does not
 reach 1.15 either, for the same reason: the host's training needs all its GPUs, the
