@@ -15,6 +15,10 @@ round-robin slice schedule (identical to the real `LeaseTable` with `RoundRobinS
 see policies/groupsim.py) on the members' profile steps and measures the slowdowns;
 the prediction is the worse of the two.
 
+A staggered pool (two colocated members on shifted windows of a pool one GPU larger,
+see policies/pairing_default.py) is always simulated; its extra GPUs are charged in
+`GroupPrediction.gain`.
+
 Known limits: the formula assumes the members settle into alternation (true for equal
 periods; pessimistic for unequal ones, whose lock-step T is the longer period); the
 simulation uses the profiles' quantiles, not their full distributions.

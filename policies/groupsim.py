@@ -25,9 +25,16 @@ slower by set/granted; a `tail` segment after it keeps only the lowest GPU of it
 (the lease shrinks; the rest go to whoever waits); a disaggregated member's sync holds
 its trainer set only (its rollout engine loads the new weights when next activated).
 
+A staggered pool (`offsets`, `pool_gpus`): each member's masks are shifted to its
+window, and a shrinking tail keeps the GPU the other windows cover least, as
+`LeaseTable.shrink` does with the members' windows.
+
 Known limits: no growth back to the whole set (the simulator grows a rollout; this is
 pessimistic for a rollout started small); the tail is one step to one GPU, not G/2,
-G/4, ...; one pending request per member.
+G/4, ...; one pending request per member; every member starts its step at once, and
+which cycle round-robin then settles into depends on that start (two trainings that
+queue behind each other stay so; members offset by a reward gap may each train beside
+the other's tail), so a pair that starts otherwise may run better than predicted.
 """
 
 from __future__ import annotations
