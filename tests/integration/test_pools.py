@@ -483,3 +483,94 @@ def test_disaggregated_sync_holds_the_trainer_set_and_stages_into_a_parked_rollo
         ctl.stop()
         for path in run_dir.glob("*.log"):
             print(path.name, path.read_text()[-1500:])
+
+
+#: a site pairing policy (docs/site-policies.md, "Writing one") that places every job in
+#: a staggered pool: one GPU more than the job, the first member from GPU 0, the second
+#: from GPU 1. The default policy opens such pools only for rollouts that shrink through
+#: a tail, which the controller's do not; this one lets the test drive the controller's
+#: side of them (offsets enacted, services pinned, leases kept in each window).
+STAGGERED_POLICY = '''
+from policies.base import Action, Placement, PoolMode
+
+
+class Staggered:
+    name = "staggered-test"
+    mode = PoolMode.LEASE
+
+    def place(self, snapshot):
+        out, opened = [], {}
+        for job in snapshot.waiting:
+            g = job.request.gpus
+            pool = next((p for p in snapshot.pools
+                         if len(p.members) == 1 and p.gpus == g + 1), None)
+            if pool is not None:
+                off = 1 if (pool.offsets or (0,))[0] == 0 else 0
+                out.append(Placement(job.job_id, Action.JOIN, pool.pool_id, gpu_offset=off))
+            elif g in opened:
+                out.append(Placement(job.job_id, Action.OPEN, opened.pop(g), g + 1,
+                                     gpu_offset=1))
+            else:
+                opened[g] = -1 - len(out)
+                out.append(Placement(job.job_id, Action.OPEN, opened[g], g + 1))
+        return out
+'''
+
+
+def test_a_staggered_placement_runs_each_job_on_its_own_window_of_the_pool(
+    shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
+) -> None:
+    from slurmrl.db import Store
+    from tests.integration.controller_harness import VENV_PY, ControllerProc, env_for_controller
+
+    (shared_tmp / "staggertest.py").write_text(STAGGERED_POLICY)
+    env = env_for_controller(slurm_env)
+    env["SLURMRL_CONTROLLER__RECONCILE_INTERVAL_S"] = "1"
+    env["SLURMRL_POLICIES__PAIRING"] = "staggertest:Staggered"
+    env["PYTHONPATH"] = str(shared_tmp)
+    ctl = ControllerProc(shared_tmp, env, lease_timeout_s=10.0)
+    ctl.args += ["--pool-manager", "slurm", "--services-dir", str(run_dir)]
+    ctl.start()
+    driver = shared_tmp / "stagger_driver.py"
+    driver.write_text(POOL_DRIVER.format(python=VENV_PY))
+    driver.chmod(0o755)
+    outs = {u: shared_tmp / f"{u}-stagger.out" for u in ("rlalice", "rlbob")}
+    ids: dict[str, int] = {}
+    try:
+        for user in ("rlalice", "rlbob"):
+            sub = jobs.sbatch(["--rl-gpus=2", "--rl-model=tiny",  # type: ignore[attr-defined]
+                               "--rl-max-slowdown=3", PROFILE,
+                               f"--output={outs[user]}", "--time=15",
+                               f"--wrap={driver} {ctl.url}"], user=user)
+            assert sub.returncode == 0 and sub.job_id, sub.stderr
+            ids[user] = sub.job_id
+        _wait(lambda: all(len(_rounds(o)) >= 4 for o in outs.values()), 180,
+              "both drivers to finish 4 rounds:\n" + "\n".join(
+                  read(o) for o in outs.values()) + read(ctl.log))
+        store = Store(ctl.db)
+        placed = {u: store.job(i) for u, i in ids.items()}
+        pool_ids = {j.pool_id for j in placed.values() if j is not None}
+        assert len(pool_ids) == 1 and None not in pool_ids, "both jobs share one pool"
+        pool = store.pool(pool_ids.pop() or 0)
+        assert pool is not None and pool.gpus == 3, "a pool one GPU larger than each job"
+        windows = {j.job_id: j.pool_gpus for j in placed.values() if j is not None}
+        assert sorted(windows.values()) == [(0, 1), (1, 2)]
+        # each job's services run on its own window, pinned to those pool GPUs
+        for s in store.services(pool_id=pool.pool_id, live_only=True):
+            assert tuple(s.gpus) == windows[s.job_id], (s, windows)
+        # and every lease it was granted lay within it, with no GPU ever held twice
+        leases = store.leases(pool_id=pool.pool_id)
+        assert {le.job_id for le in leases if le.gpus} == set(windows)
+        for le in leases:
+            assert set(le.gpus) <= set(windows[le.job_id]), (le, windows)
+        from slurmrl.leases.invariants import check_history
+        check_history(store.intervals(pool.pool_id))
+        assert all(r["same"] for o in outs.values() for r in _rounds(o))
+    finally:
+        for jid in ids.values():
+            jobs.run(["scancel", str(jid)])  # type: ignore[attr-defined]
+        if ctl.db.exists():
+            for p in Store(ctl.db).pools():
+                if p.slurm_job_id is not None:
+                    jobs.run(["scancel", str(p.slurm_job_id)])  # type: ignore[attr-defined]
+        ctl.stop()
