@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -28,6 +29,9 @@ from slurmrl.controller.services import RunningService, ServiceLauncher, Service
 from slurmrl.devcluster import DevCluster
 from slurmrl.slurm import CommandBackend
 from slurmrl.worker.handle import ServiceParked, ServiceUnauthorized
+
+if TYPE_CHECKING:
+    from tests.integration.controller_harness import ControllerProc
 
 PYTHON = sys.executable  # the venv make test runs in (under /opt: every user can run it)
 PROMPTS = ["1+2=", "7*3=", "12-5=", "9*9="]
@@ -282,34 +286,69 @@ def _wait(cond: object, timeout_s: float, what: str,
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}{seen}")
 
 
+def _pool_controller(shared_tmp: Path, slurm_env: dict[str, str], run_dir: Path,
+                     **env: str) -> ControllerProc:
+    """A controller (reconciling every second) that opens pools in Slurm itself."""
+    from tests.integration.controller_harness import ControllerProc, env_for_controller
+
+    full = env_for_controller(slurm_env)
+    full["SLURMRL_CONTROLLER__RECONCILE_INTERVAL_S"] = "1"
+    full.update(env)
+    ctl = ControllerProc(shared_tmp, full, lease_timeout_s=10.0)
+    ctl.args += ["--pool-manager", "slurm", "--services-dir", str(run_dir)]
+    ctl.start()
+    return ctl
+
+
+def _submit_drivers(jobs: object, shared_tmp: Path, ctl: ControllerProc, template: str,
+                    tag: str, rl_args: list[str], ids: dict[str, int]) -> dict[str, Path]:
+    """One RL job each for rlalice and rlbob running `template` against `ctl`; fills
+    `ids` (user -> Slurm job id) as it goes and returns each job's output file."""
+    from tests.integration.controller_harness import VENV_PY
+
+    driver = shared_tmp / f"{tag}_driver.py"
+    driver.write_text(template.format(python=VENV_PY))
+    driver.chmod(0o755)
+    outs = {u: shared_tmp / f"{u}-{tag}.out" for u in ("rlalice", "rlbob")}
+    for user in ("rlalice", "rlbob"):
+        sub = jobs.sbatch([*rl_args, f"--output={outs[user]}",  # type: ignore[attr-defined]
+                           "--time=15", f"--wrap={driver} {ctl.url}"], user=user)
+        assert sub.returncode == 0 and sub.job_id, sub.stderr
+        ids[user] = sub.job_id
+    return outs
+
+
+def _end_drivers_and_pools(jobs: object, ids: dict[str, int], ctl: ControllerProc,
+                           run_dir: Path) -> None:
+    """End the drivers, then the pools (a stopped controller leaves its pools running,
+    and a leftover pool holds the GPUs), stop the controller, show the services' logs."""
+    from slurmrl.db import Store
+
+    for jid in ids.values():
+        jobs.run(["scancel", str(jid)])  # type: ignore[attr-defined]
+    if ctl.db.exists():
+        for p in Store(ctl.db).pools():
+            if p.slurm_job_id is not None:
+                jobs.run(["scancel", str(p.slurm_job_id)])  # type: ignore[attr-defined]
+    ctl.stop()
+    for path in run_dir.glob("*.log"):
+        print(path.name, path.read_text()[-1500:])
+
+
 def test_two_users_share_a_pool_with_resident_services(
     shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
 ) -> None:
     from slurmrl.db import Store
-    from tests.integration.controller_harness import VENV_PY, ControllerProc, env_for_controller
 
-    env = env_for_controller(slurm_env)
-    env["SLURMRL_CONTROLLER__RECONCILE_INTERVAL_S"] = "1"
     # the users declare mostly idle steps (--rl-profile), so the default policy pairs the
     # jobs on that prior at once; the drivers are in fact busy nearly all the time, so
     # the site and both users accept up to 3x
-    env["SLURMRL_LIMITS__MAX_SLOWDOWN"] = "3"
-    ctl = ControllerProc(shared_tmp, env, lease_timeout_s=10.0)
-    ctl.args += ["--pool-manager", "slurm", "--services-dir", str(run_dir)]
-    ctl.start()
-    driver = shared_tmp / "pool_driver.py"
-    driver.write_text(POOL_DRIVER.format(python=VENV_PY))
-    driver.chmod(0o755)
-    outs = {u: shared_tmp / f"{u}.out" for u in ("rlalice", "rlbob")}
+    ctl = _pool_controller(shared_tmp, slurm_env, run_dir, SLURMRL_LIMITS__MAX_SLOWDOWN="3")
     ids: dict[str, int] = {}
     try:
-        for user in ("rlalice", "rlbob"):
-            sub = jobs.sbatch(["--rl-gpus=4", "--rl-model=tiny",  # type: ignore[attr-defined]
-                               "--rl-max-slowdown=3", PROFILE,
-                               f"--output={outs[user]}", "--time=15",
-                               f"--wrap={driver} {ctl.url}"], user=user)
-            assert sub.returncode == 0 and sub.job_id, sub.stderr
-            ids[user] = sub.job_id
+        outs = _submit_drivers(jobs, shared_tmp, ctl, POOL_DRIVER, "pool",
+                               ["--rl-gpus=4", "--rl-model=tiny", "--rl-max-slowdown=3",
+                                PROFILE], ids)
         _wait(lambda: all(len(_rounds(o)) >= 4 for o in outs.values()), 180,
               "both drivers to finish 4 rounds:\n" + "\n".join(
                   read(o) for o in outs.values()) + read(ctl.log))
@@ -427,27 +466,14 @@ def test_disaggregated_sync_holds_the_trainer_set_and_stages_into_a_parked_rollo
     shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
 ) -> None:
     from slurmrl.db import Store
-    from tests.integration.controller_harness import VENV_PY, ControllerProc, env_for_controller
 
-    env = env_for_controller(slurm_env)
-    env["SLURMRL_CONTROLLER__RECONCILE_INTERVAL_S"] = "1"
-    env["SLURMRL_LIMITS__MAX_SLOWDOWN"] = "3"  # busy drivers: see the test above
-    ctl = ControllerProc(shared_tmp, env, lease_timeout_s=10.0)
-    ctl.args += ["--pool-manager", "slurm", "--services-dir", str(run_dir)]
-    ctl.start()
-    driver = shared_tmp / "disagg_driver.py"
-    driver.write_text(DISAGG_DRIVER.format(python=VENV_PY))
-    driver.chmod(0o755)
-    outs = {u: shared_tmp / f"{u}-disagg.out" for u in ("rlalice", "rlbob")}
+    # busy drivers: see the test above
+    ctl = _pool_controller(shared_tmp, slurm_env, run_dir, SLURMRL_LIMITS__MAX_SLOWDOWN="3")
     ids: dict[str, int] = {}
     try:
-        for user in ("rlalice", "rlbob"):
-            sub = jobs.sbatch(["--rl-gpus=4", "--rl-model=tiny",  # type: ignore[attr-defined]
-                               "--rl-layout=disaggregated:2", "--rl-max-slowdown=3", PROFILE,
-                               f"--output={outs[user]}", "--time=15",
-                               f"--wrap={driver} {ctl.url}"], user=user)
-            assert sub.returncode == 0 and sub.job_id, sub.stderr
-            ids[user] = sub.job_id
+        outs = _submit_drivers(jobs, shared_tmp, ctl, DISAGG_DRIVER, "disagg",
+                               ["--rl-gpus=4", "--rl-model=tiny", "--rl-layout=disaggregated:2",
+                                "--rl-max-slowdown=3", PROFILE], ids)
         # a sync is staged when the partner's rollout parked this job's rollout after its
         # own rollout ended: timing decides in which round, so wait for one (or time out)
         _wait(lambda: all(len(_rounds(o)) >= 6 for o in outs.values())
@@ -472,17 +498,7 @@ def test_disaggregated_sync_holds_the_trainer_set_and_stages_into_a_parked_rollo
             assert all(f"({job_id}, 'rollout')" not in s.split("activated")[1]
                        for s in syncs), syncs
     finally:
-        # end the drivers, then the pool: a stopped controller leaves its pools running
-        # (a restarted one re-attaches them), and a leftover pool holds the GPUs
-        for jid in ids.values():
-            jobs.run(["scancel", str(jid)])  # type: ignore[attr-defined]
-        if ctl.db.exists():
-            for p in Store(ctl.db).pools():
-                if p.slurm_job_id is not None:
-                    jobs.run(["scancel", str(p.slurm_job_id)])  # type: ignore[attr-defined]
-        ctl.stop()
-        for path in run_dir.glob("*.log"):
-            print(path.name, path.read_text()[-1500:])
+        _end_drivers_and_pools(jobs, ids, ctl, run_dir)
 
 
 #: a site pairing policy (docs/site-policies.md, "Writing one") that places every job in
@@ -521,29 +537,16 @@ def test_a_staggered_placement_runs_each_job_on_its_own_window_of_the_pool(
     shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
 ) -> None:
     from slurmrl.db import Store
-    from tests.integration.controller_harness import VENV_PY, ControllerProc, env_for_controller
 
     (shared_tmp / "staggertest.py").write_text(STAGGERED_POLICY)
-    env = env_for_controller(slurm_env)
-    env["SLURMRL_CONTROLLER__RECONCILE_INTERVAL_S"] = "1"
-    env["SLURMRL_POLICIES__PAIRING"] = "staggertest:Staggered"
-    env["PYTHONPATH"] = str(shared_tmp)
-    ctl = ControllerProc(shared_tmp, env, lease_timeout_s=10.0)
-    ctl.args += ["--pool-manager", "slurm", "--services-dir", str(run_dir)]
-    ctl.start()
-    driver = shared_tmp / "stagger_driver.py"
-    driver.write_text(POOL_DRIVER.format(python=VENV_PY))
-    driver.chmod(0o755)
-    outs = {u: shared_tmp / f"{u}-stagger.out" for u in ("rlalice", "rlbob")}
+    ctl = _pool_controller(shared_tmp, slurm_env, run_dir,
+                           SLURMRL_POLICIES__PAIRING="staggertest:Staggered",
+                           PYTHONPATH=str(shared_tmp))
     ids: dict[str, int] = {}
     try:
-        for user in ("rlalice", "rlbob"):
-            sub = jobs.sbatch(["--rl-gpus=2", "--rl-model=tiny",  # type: ignore[attr-defined]
-                               "--rl-max-slowdown=3", PROFILE,
-                               f"--output={outs[user]}", "--time=15",
-                               f"--wrap={driver} {ctl.url}"], user=user)
-            assert sub.returncode == 0 and sub.job_id, sub.stderr
-            ids[user] = sub.job_id
+        outs = _submit_drivers(jobs, shared_tmp, ctl, POOL_DRIVER, "stagger",
+                               ["--rl-gpus=2", "--rl-model=tiny", "--rl-max-slowdown=3",
+                                PROFILE], ids)
         _wait(lambda: all(len(_rounds(o)) >= 4 for o in outs.values()), 180,
               "both drivers to finish 4 rounds:\n" + "\n".join(
                   read(o) for o in outs.values()) + read(ctl.log))
@@ -567,10 +570,4 @@ def test_a_staggered_placement_runs_each_job_on_its_own_window_of_the_pool(
         check_history(store.intervals(pool.pool_id))
         assert all(r["same"] for o in outs.values() for r in _rounds(o))
     finally:
-        for jid in ids.values():
-            jobs.run(["scancel", str(jid)])  # type: ignore[attr-defined]
-        if ctl.db.exists():
-            for p in Store(ctl.db).pools():
-                if p.slurm_job_id is not None:
-                    jobs.run(["scancel", str(p.slurm_job_id)])  # type: ignore[attr-defined]
-        ctl.stop()
+        _end_drivers_and_pools(jobs, ids, ctl, run_dir)

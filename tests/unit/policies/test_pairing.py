@@ -144,19 +144,20 @@ def test_unknown_policy_names_the_valid_ones() -> None:
         registry.load("pairing", "nope")
 
 
-def _tail_job(jid: int, share: float) -> JobSnapshot:
-    """Rollout 50 s (its lease held `share` of the set on average: the tail shrank it),
-    reward 10 s, train 40 s: observed for 4 steps."""
+def _tail_job(jid: int, share: float, rollout: float = 50, reward: float = 10,
+              train: float = 40, max_slowdown: float = 1.25) -> JobSnapshot:
+    """Rollout `rollout` s (its lease held `share` of the set on average: the tail
+    shrank it), then reward, then train: observed for 4 steps."""
     from slurmrl.profiles import ProfileBuilder
 
     b = ProfileBuilder()
     t = 0.0
     for _ in range(4):
-        b.observe(Phase.ROLLOUT, t, t + 50, gpu_share=share)
-        b.observe(Phase.REWARD, t + 50, t + 60)
-        b.observe(Phase.TRAIN, t + 60, t + 100)
-        t += 100
-    req = RlRequest(8, "Qwen2.5-7B", max_slowdown=1.25)
+        b.observe(Phase.ROLLOUT, t, t + rollout, gpu_share=share)
+        b.observe(Phase.REWARD, t + rollout, t + rollout + reward)
+        b.observe(Phase.TRAIN, t + rollout + reward, t + rollout + reward + train)
+        t += rollout + reward + train
+    req = RlRequest(8, "Qwen2.5-7B", max_slowdown=max_slowdown)
     return JobSnapshot(jid, f"u{jid}", req, b.build(), float(jid), host_mem_bytes=0)
 
 
@@ -170,19 +171,9 @@ def test_a_shrunk_rollout_tail_still_blocks_the_partners_training() -> None:
 
 
 def _long_tail_job(jid: int) -> JobSnapshot:
-    """Rollout 80 s whose lease held 30% of the set on average (a long tail), reward
-    5 s, train 15 s: observed for 4 steps; accepts a slowdown of 1.15."""
-    from slurmrl.profiles import ProfileBuilder
-
-    b = ProfileBuilder()
-    t = 0.0
-    for _ in range(4):
-        b.observe(Phase.ROLLOUT, t, t + 80, gpu_share=0.3)
-        b.observe(Phase.REWARD, t + 80, t + 85)
-        b.observe(Phase.TRAIN, t + 85, t + 100)
-        t += 100
-    req = RlRequest(8, "Qwen2.5-7B", max_slowdown=1.15)
-    return JobSnapshot(jid, f"u{jid}", req, b.build(), float(jid), host_mem_bytes=0)
+    """Rollout 80 s holding 30% of the set on average (a long tail), reward 5 s, train
+    15 s; accepts a slowdown of 1.15."""
+    return _tail_job(jid, 0.3, rollout=80, reward=5, train=15, max_slowdown=1.15)
 
 
 def test_long_tails_pair_in_a_staggered_pool_where_one_window_would_not_fit() -> None:
