@@ -31,6 +31,7 @@ from slurmrl.slurm import CommandBackend
 from slurmrl.worker.handle import ServiceParked, ServiceUnauthorized
 
 if TYPE_CHECKING:
+    from slurmrl.db import JobRecord, PoolRecord, Store
     from tests.integration.controller_harness import ControllerProc
 
 PYTHON = sys.executable  # the venv make test runs in (under /opt: every user can run it)
@@ -335,10 +336,27 @@ def _end_drivers_and_pools(jobs: object, ids: dict[str, int], ctl: ControllerPro
         print(path.name, path.read_text()[-1500:])
 
 
+def _shared_pool(outs: dict[str, Path], ids: dict[str, int], ctl: ControllerProc,
+                 rounds: int = 4) -> tuple[Store, dict[str, JobRecord], PoolRecord]:
+    """Wait until both drivers ran `rounds` rounds; then the DB, each user's job, and the
+    one pool both jobs were placed in (asserted)."""
+    from slurmrl.db import Store
+
+    _wait(lambda: all(len(_rounds(o)) >= rounds for o in outs.values()), 180,
+          f"both drivers to finish {rounds} rounds:\n" + "\n".join(
+              read(o) for o in outs.values()) + read(ctl.log))
+    store = Store(ctl.db)
+    placed = {u: store.job(i) for u, i in ids.items()}
+    pool_ids = {j.pool_id for j in placed.values() if j is not None}
+    assert len(pool_ids) == 1 and None not in pool_ids, "both jobs share one pool"
+    pool = store.pool(pool_ids.pop() or 0)
+    assert pool is not None
+    return store, {u: j for u, j in placed.items() if j is not None}, pool
+
+
 def test_two_users_share_a_pool_with_resident_services(
     shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
 ) -> None:
-    from slurmrl.db import Store
 
     # the users declare mostly idle steps (--rl-profile), so the default policy pairs the
     # jobs on that prior at once; the drivers are in fact busy nearly all the time, so
@@ -349,15 +367,8 @@ def test_two_users_share_a_pool_with_resident_services(
         outs = _submit_drivers(jobs, shared_tmp, ctl, POOL_DRIVER, "pool",
                                ["--rl-gpus=4", "--rl-model=tiny", "--rl-max-slowdown=3",
                                 PROFILE], ids)
-        _wait(lambda: all(len(_rounds(o)) >= 4 for o in outs.values()), 180,
-              "both drivers to finish 4 rounds:\n" + "\n".join(
-                  read(o) for o in outs.values()) + read(ctl.log))
-        store = Store(ctl.db)
-        jobs_by_user = {u: store.job(i) for u, i in ids.items()}
-        pool_ids = {j.pool_id for j in jobs_by_user.values() if j is not None}
-        assert len(pool_ids) == 1 and None not in pool_ids, "both jobs share one pool"
-        pool = store.pool(pool_ids.pop() or 0)
-        assert pool is not None and pool.slurm_job_id is not None and pool.gpus == 4
+        store, _, pool = _shared_pool(outs, ids, ctl)
+        assert pool.slurm_job_id is not None and pool.gpus == 4
         steps_then = {(s.job_id, s.role): s.step_id
                       for s in store.services(pool_id=pool.pool_id, live_only=True)}
         assert len(steps_then) == 4 and None not in steps_then.values()
@@ -536,7 +547,6 @@ class Staggered:
 def test_a_staggered_placement_runs_each_job_on_its_own_window_of_the_pool(
     shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
 ) -> None:
-    from slurmrl.db import Store
 
     (shared_tmp / "staggertest.py").write_text(STAGGERED_POLICY)
     ctl = _pool_controller(shared_tmp, slurm_env, run_dir,
@@ -547,16 +557,9 @@ def test_a_staggered_placement_runs_each_job_on_its_own_window_of_the_pool(
         outs = _submit_drivers(jobs, shared_tmp, ctl, POOL_DRIVER, "stagger",
                                ["--rl-gpus=2", "--rl-model=tiny", "--rl-max-slowdown=3",
                                 PROFILE], ids)
-        _wait(lambda: all(len(_rounds(o)) >= 4 for o in outs.values()), 180,
-              "both drivers to finish 4 rounds:\n" + "\n".join(
-                  read(o) for o in outs.values()) + read(ctl.log))
-        store = Store(ctl.db)
-        placed = {u: store.job(i) for u, i in ids.items()}
-        pool_ids = {j.pool_id for j in placed.values() if j is not None}
-        assert len(pool_ids) == 1 and None not in pool_ids, "both jobs share one pool"
-        pool = store.pool(pool_ids.pop() or 0)
-        assert pool is not None and pool.gpus == 3, "a pool one GPU larger than each job"
-        windows = {j.job_id: j.pool_gpus for j in placed.values() if j is not None}
+        store, placed, pool = _shared_pool(outs, ids, ctl)
+        assert pool.gpus == 3, "a pool one GPU larger than each job"
+        windows = {j.job_id: j.pool_gpus for j in placed.values()}
         assert sorted(windows.values()) == [(0, 1), (1, 2)]
         # each job's services run on its own window, pinned to those pool GPUs
         for s in store.services(pool_id=pool.pool_id, live_only=True):
