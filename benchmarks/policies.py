@@ -32,6 +32,10 @@ from slurmrl.sim.workload import WORKLOAD_DIR, generate, load  # noqa: E402
 WORKLOADS = ["math-sync", "long-cot", "agentic-tools", "disaggregated", "mixed-sizes",
              "polytrace-mix"]
 POLICIES = ["complementary", "dedicated", "random", "greedy", "fifo-lock", "gang"]
+#: the default policy on GPUs in NVLink domains of 72 (an NVL72 rack) instead of the
+#: suite's 8-GPU nodes: where a staggered pool of G + 1 fits one domain
+NVL72 = "complementary@72"
+LABEL = {NVL72: "complementary, NVL72"}
 BEGIN, END = "<!-- policies:begin -->", "<!-- policies:end -->"
 
 
@@ -40,7 +44,13 @@ def one(args: tuple[str, str, str, int, int, float]) -> dict[str, Any]:
     w = load(wname)
     jobs = generate(w, seed, arrivals, n_jobs, load_scale)
     t = time.perf_counter()
-    r = run_jobs(jobs, config_for(w, check_invariants=False), policy)
+    cfg = config_for(w, check_invariants=False)
+    name, _, per_node = policy.partition("@")
+    if per_node:
+        from dataclasses import replace
+
+        cfg = replace(cfg, gpus_per_node=int(per_node))
+    r = run_jobs(jobs, cfg, name)
     out = r.metrics.as_dict()
     out.update(workload=wname, policy=policy, arrivals=arrivals, seed=seed, load=load_scale,
                wall_s=time.perf_counter() - t)
@@ -80,7 +90,8 @@ def feasibility(wname: str, pairs: int = 40, seed: int = 0) -> dict[str, Any]:
     pair alone in one pool from the same instant, and counts those where both members'
     measured slowdown stays under their own limit: an upper bound on what any pairing
     policy can win at those limits, whatever its predictor. Colocated pairs of more than
-    one GPU also run in a staggered pool (G + 1 GPUs, the second job on GPUs 1..G).
+    one GPU also run in a staggered pool (G + 1 GPUs, the second job on GPUs 1..G), in
+    a 72-GPU NVLink domain (on the suite's 8-GPU nodes such a pool would straddle two).
     """
     import itertools
     import random
@@ -103,7 +114,8 @@ def feasibility(wname: str, pairs: int = 40, seed: int = 0) -> dict[str, Any]:
             if extra and (a.gpus < 2 or a.rollout_gpus != a.gpus):
                 continue  # staggering is for colocated jobs of 2+ GPUs
             pair = [replace(a, job_id=1, submit_s=0.0), replace(b, job_id=2, submit_s=0.0)]
-            sim = Simulation(pair, cfg, _OnePool(extra),
+            sim = Simulation(pair, replace(cfg, gpus_per_node=72) if extra else cfg,
+                             _OnePool(extra),
                              lambda: registry.load("slice", "round-robin"),
                              registry.load("admission", "site-limits")).run()
             sl = [(r.finished_at - r.placed_at) / r.solo_s for r in sim.runs.values()
@@ -172,7 +184,7 @@ def table(rows: list[dict[str, Any]]) -> str:
              "p95 slowdown | max slowdown | gap to lower bound (pts) | queue h |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for wname in WORKLOADS:
-        for pol in POLICIES:
+        for pol in [POLICIES[0], NVL72, *POLICIES[1:]]:
             rs = [r for r in rows if r["workload"] == wname and r["policy"] == pol
                   and r["load"] == 1.0]
             if not rs:
@@ -182,7 +194,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                 return statistics.fmean(r[k] for r in rs)
 
             lines.append(
-                f"| {wname} | {pol} | {100 * m('savings'):.1f} | {100 * m('ideal_savings'):.1f} "
+                f"| {wname} | {LABEL.get(pol, pol)} | {100 * m('savings'):.1f} | "
+                f"{100 * m('ideal_savings'):.1f} "
                 f"| {100 * m('captured'):.0f} | {m('slowdown_p50'):.3f} | "
                 f"{m('slowdown_p95'):.3f} | {m('slowdown_max'):.2f} | "
                 f"{100 * (m('ideal_savings') - m('savings')):.1f} | {m('queue_mean_h'):.1f} |")
@@ -223,7 +236,8 @@ def feasibility_table(feas: list[dict[str, Any]]) -> str:
              "slowdown, median | best pair's worst slowdown | GPU-h saved by the pairs "
              "within, median |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for f in feas:
-        for label, name in (("", "one window of G"), ("stag_", "staggered, G + 1")):
+        for label, name in (("", "one window of G"),
+                            ("stag_", "staggered, G + 1 (72-GPU domain)")):
             if not f[f"{label}pairs"]:
                 continue
             lines.append(f"| {f['workload']} | {name} | {f[f'{label}pairs']} | "
@@ -260,7 +274,8 @@ def plots(rows: list[dict[str, Any]], outdir: Path) -> list[str]:
     for r in rows:
         if "slowdowns" in r:
             xs = r["slowdowns"]
-            ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=r["policy"])
+            ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))],
+                    label=LABEL.get(r["policy"], r["policy"]))
     ax.set_xlabel("per-job slowdown (finished - placed) / solo")
     ax.set_ylabel("fraction of jobs")
     ax.set_xlim(0.98, 2.5)
@@ -299,7 +314,7 @@ def main() -> None:
             for f in ex.map(feasibility, WORKLOADS):
                 print(f)
         return
-    tasks = [(w, p, arr, s, a.jobs, 1.0) for w in WORKLOADS for p in POLICIES
+    tasks = [(w, p, arr, s, a.jobs, 1.0) for w in WORKLOADS for p in [*POLICIES, NVL72]
              for arr in ("steady", "bursty") for s in range(a.seeds)]
     tasks += [("polytrace-mix", p, "steady", s, a.jobs, x) for p in POLICIES
               for s in range(a.seeds) for x in (0.5, 1.5, 2.0)]

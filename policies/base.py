@@ -101,6 +101,9 @@ class ClusterSnapshot:
     waiting: tuple[JobSnapshot, ...]  #: admitted jobs not yet placed, oldest first
     free_gpus: Mapping[str, int]  #: partition -> GPUs Slurm could still allocate
     limits: SiteLimits = field(default_factory=SiteLimits)
+    #: partition -> GPUs of its largest node (absent: unknown). A pool larger than a
+    #: node spans nodes, so a window shifted by less than a node would straddle two
+    node_gpus: Mapping[str, int] = field(default_factory=dict)
 
 
 class Action(StrEnum):

@@ -13,11 +13,15 @@ policy on the profiles where a formula does not hold) and places jobs:
   and more where `max_group` and the site allow and they pay);
 - a job with no partner opens a pool alone at once (it never waits for a partner); it
   waits only when Slurm has no GPUs for it, and later arrivals may join its pool;
-- two colocated jobs of G GPUs may share a *staggered* pool of G + `stagger` GPUs, one
-  on GPUs 0..G-1, the other on `stagger`..G+stagger-1, where that saves more: a shrunk
-  rollout tail keeps the GPUs outside the other's window (`LeaseTable.shrink`), so each
-  can train while the other's tail runs. On one window a tail blocks the partner's
-  training, which caps colocated pairs far above 1.15 (docs/benchmarks.md).
+- two colocated jobs of G GPUs may share a *staggered* pool of G + s GPUs, one on GPUs
+  0..G-1, the other on s..G+s-1, where that saves more: a shrunk rollout tail keeps the
+  GPUs outside the other's window (`LeaseTable.shrink`), so each can train while the
+  other's tail runs. On one window a tail blocks the partner's training, which caps
+  colocated pairs far above 1.15 (docs/benchmarks.md). The pool must fit one node
+  (`ClusterSnapshot.node_gpus`; none where the node size is unknown): a window across
+  two nodes would run its tensor-parallel groups and training collectives over the
+  network. (Jobs of whole nodes shifted by a node, in a pool of G + node GPUs, were
+  measured and lost GPU-hours: docs/benchmarks.md.)
 
 A group is accepted only if every member's predicted slowdown stays under its limit
 (its --rl-max-slowdown, capped by the site's) divided by `margin`, the parked state fits
@@ -31,7 +35,7 @@ simulated); a job is matched once per round; a staggered pool takes two members.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import networkx as nx
 
@@ -113,23 +117,32 @@ class ComplementaryPairing:
                 and a.request.layout is Layout.COLOCATED
                 and b.request.layout is Layout.COLOCATED and has_tail(a) and has_tail(b))
 
+    def shift(self, gpus: int, node: int | None) -> int:
+        """How far the second window of a staggered pool for jobs of `gpus` GPUs starts
+        on nodes of `node` GPUs: `stagger` where the pool fits one node, else 0 (no
+        staggered pool)."""
+        ok = self.stagger > 0 and node is not None and 2 <= gpus <= node - self.stagger
+        return self.stagger if ok else 0
+
     def pair(self, a: JobSnapshot, b: JobSnapshot, limits: SiteLimits, stagger: bool = True,
-             limit: float | None = None) -> tuple[GroupPrediction, int] | None:
+             limit: float | None = None, node: int | None = None,
+             ) -> tuple[GroupPrediction, int] | None:
         """The better accepted pool for `a` and `b` (prediction, pool GPUs), if any;
-        a staggered one only with `stagger`; `limit` as in `accepts`."""
+        a staggered one only with `stagger` and where nodes of `node` GPUs allow one;
+        `limit` as in `accepts`."""
         g = a.request.gpus
         best: tuple[GroupPrediction, int] | None = None
         same = self.accepts((a, b), limits, limit=limit)
         if same is not None:
             best = (same, g)
-        if stagger and self.staggerable(a, b):
-            st = self.accepts((a, b), limits, offsets=(0, self.stagger),
-                              pool_gpus=g + self.stagger, limit=limit)
+        s = self.shift(g, node) if stagger and self.staggerable(a, b) else 0
+        if s:
+            st = self.accepts((a, b), limits, offsets=(0, s), pool_gpus=g + s, limit=limit)
             if st is not None and (best is None or st.gain() > best[0].gain()):
-                best = (st, g + self.stagger)
+                best = (st, g + s)
         return best
 
-    def _alone_size(self, job: JobSnapshot, limits: SiteLimits) -> int:
+    def _alone_size(self, job: JobSnapshot, limits: SiteLimits, node: int | None) -> int:
         """GPUs of the pool a job opens alone: a staggered one (`open_staggered`) when a
         partner like itself would pay there within the site's cap on slowdown, so that a
         later arrival can join it. The cap, not the job's own limit: a partner joins
@@ -138,7 +151,7 @@ class ComplementaryPairing:
         costs only the extra GPU while it waits (docs/benchmarks.md measures both)."""
         g = job.request.gpus
         if self.open_staggered and shareable(job) and self.staggerable(job, job):
-            got = self.pair(job, job, limits, limit=limits.max_slowdown)
+            got = self.pair(job, job, limits, limit=limits.max_slowdown, node=node)
             if got is not None and got[1] > g:
                 return got[1]
         return g
@@ -185,7 +198,7 @@ class ComplementaryPairing:
                     joins[job.job_id] = (pool.pool_id, w[1], w[2])
                     break
         elif shared:
-            joins, pairs = self._match(shared, snapshot.pools, limits)
+            joins, pairs = self._match(shared, snapshot.pools, limits, snapshot.node_gpus)
         next_pool = -1
         placed: set[int] = set()
         for a, b, pred, size in pairs:
@@ -210,7 +223,7 @@ class ComplementaryPairing:
                                             gpu_offset=off)
                 continue
             g = job.request.gpus
-            size = self._alone_size(job, limits)
+            size = self._alone_size(job, limits, snapshot.node_gpus.get(job.partition))
             if free[job.partition] < size:
                 out[job.job_id] = Placement(job.job_id, Action.WAIT, reason="no free GPUs")
                 continue
@@ -225,7 +238,7 @@ class ComplementaryPairing:
         return [out[j.job_id] for j in snapshot.waiting]
 
     def _match(self, jobs: list[JobSnapshot], pools: Sequence[PoolSnapshot], limits: SiteLimits,
-               ) -> tuple[dict[int, tuple[int, GroupPrediction, int]],
+               node_gpus: Mapping[str, int]) -> tuple[dict[int, tuple[int, GroupPrediction, int]],
                           list[tuple[JobSnapshot, JobSnapshot, GroupPrediction, int]]]:
         graph = nx.Graph()
         #: edge -> (prediction, pool GPUs for a pair | the joiner's first GPU for a join)
@@ -244,7 +257,8 @@ class ComplementaryPairing:
             for i, a in enumerate(bucket):
                 for n, b in enumerate(bucket[i + 1:i + 1 + self.neighbours]):
                     # a staggered pool is simulated (no formula): the nearest half only
-                    got = self.pair(a, b, limits, stagger=n < max(1, self.neighbours // 2))
+                    got = self.pair(a, b, limits, stagger=n < max(1, self.neighbours // 2),
+                                    node=node_gpus.get(a.partition))
                     if got is not None:
                         weight = int(1000 * got[0].gain() * a.request.gpus) + 1
                         graph.add_edge((JOB, a.job_id), (JOB, b.job_id), weight=weight)

@@ -154,12 +154,19 @@ def free_gpus(nodes: Sequence[NodeInfo], running: Sequence[JobInfo],
     return {partition: max(0, sum(usable.values()) - used)}
 
 
+def node_gpus(nodes: Sequence[NodeInfo], partition: str) -> dict[str, int]:
+    """{partition: GPUs of its largest node}; empty if it has none."""
+    most = max((n.gpus for n in nodes if partition in n.partitions), default=0)
+    return {partition: most} if most else {}
+
+
 def cluster_snapshot(now: float, pools: Sequence[PoolSnapshot],
                      waiting: Sequence[JobSnapshot], free: dict[str, int],
-                     limits: SiteLimits) -> ClusterSnapshot:
-    """`waiting` oldest first, as the policies expect."""
+                     limits: SiteLimits, nodes: dict[str, int] | None = None,
+                     ) -> ClusterSnapshot:
+    """`waiting` oldest first, as the policies expect; `nodes`: GPUs per node."""
     order = sorted(waiting, key=lambda j: (j.submitted_at, j.job_id))
-    return ClusterSnapshot(now, tuple(pools), tuple(order), dict(free), limits)
+    return ClusterSnapshot(now, tuple(pools), tuple(order), dict(free), limits, nodes or {})
 
 
 async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
@@ -182,9 +189,12 @@ async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
     try:
         nodes, running = await asyncio.to_thread(lambda: (c.slurm.nodes(), c.slurm.jobs()))
         free = free_gpus(nodes, running, open_pools, part)
+        per_node = node_gpus(nodes, part)
     except SlurmError as exc:
         # Slurm unreachable: assume room for everyone; opening the pool then fails with
         # Slurm's own error, as it did before pairing asked
         log.warning("cannot read free GPUs from Slurm (%s); assuming enough", exc)
         free = {part: sum(j.request.gpus for j in waiting)}
-    return cluster_snapshot(c.clock(), pools, [snap(j) for j in waiting], free, limits)
+        per_node = {}
+    return cluster_snapshot(c.clock(), pools, [snap(j) for j in waiting], free, limits,
+                            per_node)

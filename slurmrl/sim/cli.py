@@ -45,6 +45,10 @@ def _envelope(meta: dict[str, Any], payload: dict[str, Any]) -> str:
 @click.option("--max-slowdown", "max_slowdown", type=click.FloatRange(min=1.0), default=None,
               help="what-if: every job's slowdown limit, as if each user asked "
                    "--rl-max-slowdown=X (the site's cap rises to X if lower)")
+@click.option("--gpus-per-node", "gpus_per_node", type=click.IntRange(min=1), default=None,
+              help="what-if: GPUs per node, or per NVLink domain where it spans nodes (72 "
+                   "on an NVL72 rack); a staggered pool must fit one (default: the "
+                   "workload's, 8)")
 @click.option("--assume-profiles", is_flag=True,
               help="with -w FILE.jsonl: give each job without --rl-profile the one that "
                    "matches its recorded run (what if every user had written one)")
@@ -54,8 +58,8 @@ def _envelope(meta: dict[str, Any], payload: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admission: str,
              seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
-             assume_profiles: bool, replay_path: str | None, no_check: bool,
-             as_json: bool) -> None:
+             gpus_per_node: int | None, assume_profiles: bool, replay_path: str | None,
+             no_check: bool, as_json: bool) -> None:
     """Simulate RL jobs multiplexed on a cluster; report GPU-hours saved and slowdowns."""
     from slurmrl.sim.workload import WorkloadError
 
@@ -68,7 +72,8 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
         ctx = click.get_current_context()
         given = {p for p in ("workload", "pairing", "arrivals", "seed", "n_jobs", "load_scale")
                  if ctx.get_parameter_source(p) is not ParameterSource.DEFAULT}
-        if replay_path is not None and (given or max_slowdown is not None):
+        if replay_path is not None and (given or max_slowdown is not None
+                                        or gpus_per_node is not None):
             raise click.UsageError("--replay runs a trace's jobs as recorded, in their "
                                    "recorded pools (only --slice applies); to place them by "
                                    "a pairing policy use -w FILE.jsonl --pairing NAME")
@@ -87,8 +92,8 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
                                     "slice": slice_name}
         else:
             payload, meta = _run(workload, arrivals, pairing, slice_name, admission, seed,
-                                 n_jobs, load_scale, max_slowdown, assume_profiles,
-                                 not no_check, as_json)
+                                 n_jobs, load_scale, max_slowdown, gpus_per_node,
+                                 assume_profiles, not no_check, as_json)
         meta["wall_s"] = f"{time.perf_counter() - t0:.3f}"
     except (WorkloadError, ValueError) as exc:
         if isinstance(exc, click.UsageError):
@@ -106,7 +111,7 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
 
 def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission: str,
          seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
-         assume_profiles: bool, check: bool, quiet: bool,
+         gpus_per_node: int | None, assume_profiles: bool, check: bool, quiet: bool,
          ) -> tuple[dict[str, Any], dict[str, Any]]:
     from slurmrl.sim.runner import config_for, run_jobs, trace_config, with_max_slowdown
     from slurmrl.sim.workload import generate, load
@@ -126,8 +131,13 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
                 "seed": seed}
     if max_slowdown is not None:
         jobs, cfg = with_max_slowdown(jobs, cfg, max_slowdown)
+    if gpus_per_node is not None:
+        from dataclasses import replace
+
+        cfg = replace(cfg, gpus_per_node=gpus_per_node)
     meta.update({"pairing": pairing, "slice": slice_name, "admission": admission,
-                 "jobs": len(jobs), "cluster_gpus": cfg.gpus, "max_slowdown": max_slowdown})
+                 "jobs": len(jobs), "cluster_gpus": cfg.gpus, "gpus_per_node": cfg.gpus_per_node,
+                 "max_slowdown": max_slowdown})
     if quiet or not sys.stderr.isatty():
         result = run_jobs(jobs, cfg, pairing, slice_name, admission)
     else:

@@ -28,9 +28,12 @@ grown GPUs start working after the same handoff cost as any grant (RLix expands 
 running rollout by adding workers and syncing weights only to them:
 shared/research/prior-art.md).
 
-Known limits: no node topology (a pool is G interchangeable GPUs: a staggered pool of
-G + 1 spans two nodes of G, and its training pays no cross-node cost); no service start
-cost (dedicated runs pay it too); requests are rebalanced onto grown GPUs at once.
+Nodes: a staggered pool either fits one node or has every window on whole nodes
+(`SimConfig.gpus_per_node`, checked at every placement); no window straddles a node.
+
+Known limits: nodes are not placed (a pool is interchangeable GPUs; no fragmentation of
+nodes by pools smaller than one); no service start cost (dedicated runs pay it too);
+requests are rebalanced onto grown GPUs at once.
 """
 
 from __future__ import annotations
@@ -150,6 +153,8 @@ class SimConfig:
     learn_priors: bool = True
     gang_quantum_s: float = 30.0
     check_invariants: bool = True
+    #: GPUs per node: a staggered pool's windows may not straddle a node boundary
+    gpus_per_node: int = 8
 
 
 class Simulation:
@@ -250,7 +255,8 @@ class Simulation:
             for p in self.pools.values()
         )
         snap = ClusterSnapshot(self.now, pools, tuple(self._snapshot(r) for r in self.waiting),
-                               {PARTITION: self.free}, self.cfg.limits)
+                               {PARTITION: self.free}, self.cfg.limits,
+                               {PARTITION: self.cfg.gpus_per_node})
         placements = self.pairing.place(snap)
         if sorted(p.job_id for p in placements) != sorted(r.job.job_id for r in self.waiting):
             raise SimError(f"pairing policy {self.pairing.name!r} must place every waiting job")
@@ -279,6 +285,12 @@ class Simulation:
                 raise SimError(f"job {pl.job_id} ({run.job.gpus} GPUs from GPU "
                                f"{pl.gpu_offset}) does not fit pool {pool.pool_id} "
                                f"of {pool.gpus} GPUs")
+            node = self.cfg.gpus_per_node
+            if pool.gpus > run.job.gpus and pool.gpus > node and (
+                    pool.gpus % node or pl.gpu_offset % node or run.job.gpus % node):
+                raise SimError(f"job {pl.job_id} ({run.job.gpus} GPUs from GPU "
+                               f"{pl.gpu_offset}) in pool {pool.pool_id} of {pool.gpus} "
+                               f"GPUs would straddle nodes of {node} GPUs")
             self._add(pool, run, pl.gpu_offset)
         self.waiting = still
 

@@ -27,7 +27,7 @@ def config_for(w: Workload, check_invariants: bool = True, **overrides: Any) -> 
 
         lim = replace(lim, parked_host_mem_bytes=w.host_mem_per_pool_bytes)
     cfg = SimConfig(w.cluster_gpus, w.gpu_mem_bytes, w.host_mem_per_pool_bytes, lim,
-                    check_invariants=check_invariants)
+                    check_invariants=check_invariants, gpus_per_node=w.gpus_per_node)
     if overrides:
         from dataclasses import replace
 

@@ -130,6 +130,10 @@ class Workload:
         return int(self.data["cluster"]["gpus"])
 
     @property
+    def gpus_per_node(self) -> int:
+        return int(self.data["cluster"].get("gpus_per_node", 8))
+
+    @property
     def gpu_mem_bytes(self) -> int:
         return int(float(self.data["cluster"].get("gpu_mem_gib", 80)) * 2**30)
 
@@ -173,7 +177,12 @@ def validate(data: Mapping[str, Any], where: str = "workload", path: Path | None
     if data.get("format") != FORMAT:
         raise WorkloadError(f"{where}: format must be {FORMAT!r}, got {data.get('format')!r}")
     name = str(_need(data, "name", where))
-    _need(_need(data, "cluster", where), "gpus", f"{where}: cluster")
+    cluster = _need(data, "cluster", where)
+    _need(cluster, "gpus", f"{where}: cluster")
+    per_node = cluster.get("gpus_per_node", 8)
+    if not isinstance(per_node, int) or isinstance(per_node, bool) or per_node < 1:
+        raise WorkloadError(f"{where}: cluster.gpus_per_node must be a whole number >= 1, "
+                            f"got {per_node!r}")
     if int(_need(data, "jobs", where)) < 1:
         raise WorkloadError(f"{where}: jobs must be >= 1")
     arr = _need(data, "arrivals", where)

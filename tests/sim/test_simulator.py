@@ -113,6 +113,26 @@ def test_bad_workload_names_the_key() -> None:
         validate(bad)
     with pytest.raises(WorkloadError, match="suite"):
         load("no-such-workload")
+    for per_node in (0, "8", 2.5):
+        odd = small_workload("colocated", "math", 1, [1], 10.0, "tiny", 0.0)
+        odd["cluster"]["gpus_per_node"] = per_node  # type: ignore[index]
+        with pytest.raises(WorkloadError, match="cluster.gpus_per_node"):
+            validate(odd)
+
+
+def test_cli_gpus_per_node_decides_whether_staggered_pools_can_form() -> None:
+    # long-tail 8- and 16-GPU jobs: on the suite's 8-GPU nodes a pool one GPU larger
+    # would put a job on two nodes; an NVL72 rack is one NVLink domain of 72 GPUs
+    got = {}
+    for extra in ([], ["--gpus-per-node", "72"]):
+        res = CliRunner().invoke(simulate, ["-w", "long-cot", "--jobs", "16", "--json",
+                                            "--max-slowdown", "1.5", *extra])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.output)
+        got[out["meta"]["gpus_per_node"]] = out["metrics"]["staggered_pools"]
+    assert got[8] == 0 and got[72] > 0
+    res = CliRunner().invoke(simulate, ["--gpus-per-node", "0"])
+    assert res.exit_code == 2 and "--gpus-per-node" in res.output
 
 
 def test_cli_json_envelope_and_bad_policy() -> None:
@@ -313,9 +333,12 @@ def test_pairing_is_the_same_in_every_process(tmp_path: Path) -> None:
 def test_staggered_pools_let_long_tail_jobs_share_where_one_window_cannot() -> None:
     # long-cot: rollouts ~70% of a step with a heavy tail. Staggered pools (G + 1 GPUs,
     # the members on shifted windows, each tail kept outside the other's window) against
-    # the same policy with staggering off; invariants checked after every event
+    # the same policy with staggering off; invariants checked after every event. The
+    # pools must fit one NVLink domain: an NVL72 rack (72 GPUs), not 8-GPU nodes
     w = load("long-cot")
     jobs, cfg = with_max_slowdown(generate(w, 0, "steady", 16), config_for(w), 1.5)
+    assert not run_jobs(jobs, cfg).metrics.staggered_pools  # 8-GPU nodes: none
+    cfg = replace(cfg, gpus_per_node=72)
     on = run_jobs(jobs, cfg)
     off = run_jobs(jobs, cfg, params={"complementary": {"stagger": 0}})
     staggered = [p for p in on.sim.closed if p.gpus == p.history[0].job.gpus + 1]
@@ -331,8 +354,9 @@ def test_a_rollout_share_learned_from_peers_lets_long_tails_pair_within_their_li
     # long-cot at its users' 1.15: with the designed prior (a rollout holds 55% of its
     # set) few pairs are predicted to fit; jobs of the same model and size, once
     # observed, show ~25%, and new arrivals placed on that pair within their limit
+    # (in staggered pools, so on an NVL72 rack: 72 GPUs in one NVLink domain)
     w = load("long-cot")
-    jobs, cfg = generate(w, 0, "steady", 30), config_for(w)
+    jobs, cfg = generate(w, 0, "steady", 30), replace(config_for(w), gpus_per_node=72)
     learned = run_jobs(jobs, cfg).metrics
     fixed = run_jobs(jobs, replace(cfg, learn_priors=False)).metrics
     assert learned.shared_pools > fixed.shared_pools

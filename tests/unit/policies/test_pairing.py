@@ -26,9 +26,11 @@ def job(jid: int, busy: float, gap: float, *, gpus: int = 8, mux: Mux = Mux.AUTO
 
 
 def snap(waiting: list[JobSnapshot], pools: tuple[PoolSnapshot, ...] = (), free: int = 64,
-         limits: SiteLimits | None = None) -> ClusterSnapshot:
+         limits: SiteLimits | None = None, node: int | None = 16) -> ClusterSnapshot:
+    """Nodes of 16 GPUs by default: a staggered pool of two 8-GPU jobs fits one."""
     return ClusterSnapshot(0.0, pools, tuple(waiting), {"pools": free},
-                           limits or SiteLimits(max_slowdown=1.5, default_max_slowdown=1.25))
+                           limits or SiteLimits(max_slowdown=1.5, default_max_slowdown=1.25),
+                           {} if node is None else {"pools": node})
 
 
 def by_job(placements: object) -> dict[int, object]:
@@ -145,7 +147,7 @@ def test_unknown_policy_names_the_valid_ones() -> None:
 
 
 def _tail_job(jid: int, share: float, rollout: float = 50, reward: float = 10,
-              train: float = 40, max_slowdown: float = 1.25) -> JobSnapshot:
+              train: float = 40, max_slowdown: float = 1.25, gpus: int = 8) -> JobSnapshot:
     """Rollout `rollout` s (its lease held `share` of the set on average: the tail
     shrank it), then reward, then train: observed for 4 steps."""
     from slurmrl.profiles import ProfileBuilder
@@ -157,7 +159,7 @@ def _tail_job(jid: int, share: float, rollout: float = 50, reward: float = 10,
         b.observe(Phase.REWARD, t + rollout, t + rollout + reward)
         b.observe(Phase.TRAIN, t + rollout + reward, t + rollout + reward + train)
         t += rollout + reward + train
-    req = RlRequest(8, "Qwen2.5-7B", max_slowdown=max_slowdown)
+    req = RlRequest(gpus, "Qwen2.5-7B", max_slowdown=max_slowdown)
     return JobSnapshot(jid, f"u{jid}", req, b.build(), float(jid), host_mem_bytes=0)
 
 
@@ -170,10 +172,10 @@ def test_a_shrunk_rollout_tail_still_blocks_the_partners_training() -> None:
     assert out[1].pool_id != out[2].pool_id
 
 
-def _long_tail_job(jid: int) -> JobSnapshot:
+def _long_tail_job(jid: int, gpus: int = 8) -> JobSnapshot:
     """Rollout 80 s holding 30% of the set on average (a long tail), reward 5 s, train
     15 s; accepts a slowdown of 1.15."""
-    return _tail_job(jid, 0.3, rollout=80, reward=5, train=15, max_slowdown=1.15)
+    return _tail_job(jid, 0.3, rollout=80, reward=5, train=15, max_slowdown=1.15, gpus=gpus)
 
 
 def test_long_tails_pair_in_a_staggered_pool_where_one_window_would_not_fit() -> None:
@@ -189,6 +191,20 @@ def test_long_tails_pair_in_a_staggered_pool_where_one_window_would_not_fit() ->
     # a site that turns staggering off gets two pools of 8
     off = by_job(registry.load("pairing", "complementary", {"stagger": 0}).place(snap([a, b])))
     assert off[1].pool_id != off[2].pool_id and off[1].gpus == off[2].gpus == 8
+
+
+def test_no_window_of_a_staggered_pool_straddles_two_nodes() -> None:
+    pol = registry.load("pairing", "complementary")
+    a, b = _long_tail_job(1), _long_tail_job(2)
+    # 8-GPU jobs on nodes of 8: a pool of 9 would put one job's GPUs on two nodes
+    for node in (8, None):  # nor where the site's node size is unknown
+        out = by_job(pol.place(snap([a, b], node=node)))
+        assert all(p.gpus == 8 and p.gpu_offset == 0 for p in out.values())
+    # 16-GPU jobs get a staggered pool only on nodes of 17 GPUs or more
+    c, d = _long_tail_job(3, gpus=16), _long_tail_job(4, gpus=16)
+    assert {p.gpus for p in pol.place(snap([c, d], node=16))} == {16}
+    assert {p.gpus for p in pol.place(snap([c, d], node=32))} == {17}
+    assert [pol.shift(g, 8) for g in (1, 2, 7, 8, 16)] == [0, 1, 1, 0, 0]
 
 
 def test_a_lone_long_tail_job_opens_a_staggered_pool_and_a_later_one_takes_the_other_window(
