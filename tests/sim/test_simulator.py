@@ -116,7 +116,7 @@ def test_bad_workload_names_the_key() -> None:
     for per_node in (0, "8", 2.5):
         odd = small_workload("colocated", "math", 1, [1], 10.0, "tiny", 0.0)
         odd["cluster"]["gpus_per_node"] = per_node  # type: ignore[index]
-        with pytest.raises(WorkloadError, match="cluster.gpus_per_node"):
+        with pytest.raises(WorkloadError, match=r"cluster\.gpus_per_node"):
             validate(odd)
 
 

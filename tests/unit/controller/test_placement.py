@@ -23,6 +23,7 @@ from slurmrl.controller.placement import (
     free_gpus,
     job_snapshot,
     load_policies,
+    node_gpus,
     pool_snapshot,
 )
 from slurmrl.db import JobRecord, PoolRecord, Store
@@ -51,6 +52,17 @@ def _steps(store: Store, job_id: int, offset: float, busy: float, gap: float,
         store.add_observation(job_id=job_id, phase=Phase.REWARD, requested_at=t,
                               granted_at=t, released_at=t + gap)
         t += gap
+
+
+def test_pairing_sees_the_pool_partitions_largest_node() -> None:
+    # a staggered pool must fit one node: the policy is told the partition's node size
+    big = NodeInfo("n2", "IDLE", 16, 32, 64000, ("pools",))
+    elsewhere = NodeInfo("n3", "IDLE", 72, 32, 64000, ("gpu-other",))
+    assert node_gpus([NODE, big, elsewhere], "pools") == {"pools": 16}
+    assert node_gpus([elsewhere], "pools") == {}  # unknown: no staggered pool
+    snap = cluster_snapshot(0.0, [], [], {"pools": 8}, load_policies(Config()).limits,
+                            node_gpus([NODE], "pools"))
+    assert snap.node_gpus == {"pools": 8}
 
 
 def test_a_complementary_pair_shares_one_new_pool_and_mux_off_runs_alone(
