@@ -61,8 +61,7 @@ class LeaseTable:
         self._new_id = new_id or (lambda: next(counter))
         self._leases: dict[int, Lease] = {}
         self._waiting: dict[int, PhaseRequest] = {}  # insertion order = arrival order
-        self._stats: dict[int, JobSliceStats] = {}
-        self._max_slowdown: dict[int, float | None] = {}
+        self._stats: dict[int, JobSliceStats] = {}  #: with each member's max_slowdown
         self._window: dict[int, frozenset[int]] = {}  #: member -> the GPUs it may ask for
 
     # -- reading -------------------------------------------------------------------
@@ -81,11 +80,8 @@ class LeaseTable:
         return self._waiting.get(request_id)
 
     def view(self, now: float) -> PoolView:
-        stats = {
-            job: replace(s, max_slowdown=self._max_slowdown.get(job))
-            for job, s in self._stats.items()
-        }
-        return PoolView(self.pool_id, self.gpus, now, self.leases, self.waiting, stats)
+        return PoolView(self.pool_id, self.gpus, now, self.leases, self.waiting,
+                        dict(self._stats))
 
     def next_deadline(self) -> float | None:
         """The earliest instant at which `expire` would change something."""
@@ -99,10 +95,10 @@ class LeaseTable:
         """Tell the table (and its slice policy) about a member job, and optionally the
         pool GPUs it was placed on (its window: `shrink` keeps a lease on the GPUs the
         other members' windows cover least)."""
-        self._max_slowdown[job_id] = max_slowdown
         if gpus is not None:
             self._window[job_id] = frozenset(gpus)
-        self._stats.setdefault(job_id, JobSliceStats(job_id))
+        s = self._stats.get(job_id, JobSliceStats(job_id))
+        self._stats[job_id] = replace(s, max_slowdown=max_slowdown)
 
     def request(
         self,
@@ -211,7 +207,6 @@ class LeaseTable:
                 del self._waiting[rid]
                 events.append(Revoke(None, req, reason))
         self._stats.pop(job_id, None)
-        self._max_slowdown.pop(job_id, None)
         self._window.pop(job_id, None)
         return events + self._schedule(now)
 
