@@ -96,9 +96,9 @@ to the users' limit shown. Means over {seeds} seeds x (steady, bursty), max over
 
 Where the two differ, the gap is what per-replica services (a shrink that lets a
 partner work beside the tail, a grow) would bring to the controller. Staggered pools
-widen it (long-cot, polytrace-mix): they pay only where a rollout's lease shrinks
-through its tail, so the controller, whose priors and observations show no tail, never
-opens one. "Controller today"
+would widen it where a pool of G + 1 fits one node (none on the suite's 8-GPU nodes):
+they pay only where a rollout's lease shrinks through its tail, so the controller, whose
+priors and observations show no tail, never opens one. "Controller today"
 also gives jobs the controller's priors: a rollout holds its whole set
 (`slurmrl.controller.placement.ROLLOUT_HELD_SHARE`). Until this round the controller used
 the designed prior (a tail-shrunk rollout holds 55% of its set), which placed jobs more

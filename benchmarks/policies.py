@@ -380,7 +380,9 @@ Why the default policy falls short. Measured directly (`python benchmarks/polici
 both shareable), each run alone in one pool from the same instant; a pair counts if both
 members' slowdown stays under their own limit (1.15 by default in the suite). Each pair
 runs on one window of G GPUs and, for colocated jobs of 2+ GPUs, in a **staggered pool**
-of G + 1 (the second job on GPUs 1..G); "GPU-h saved" is that of the pairs within:
+of G + 1 (the second job on GPUs 1..G) inside one NVLink domain of 72 GPUs (an NVL72
+rack; on the suite's 8-GPU nodes such a pool would put a job on two nodes, see below);
+"GPU-h saved" is that of the pairs within:
 
 {feasibility}
 
@@ -397,8 +399,25 @@ the rollout's head fill most of a step (math-sync, mixed-sizes: training ~45% of
 where agentic rollouts run as several short turns, each with its own head. Disaggregated
 jobs pipeline on one window already (one job's rollout beside the other's training).
 
-What the default policy captures of that headroom is much less, for three measured
-reasons. (1) A job is placed on arrival, before any of its phases is observed, on its
+**Staggered pools need a node larger than the job.** A staggered pool is larger than its
+members, so one member's window would cross a node boundary unless the pool fits one
+node: its tensor-parallel groups and training collectives would then run over the
+network, which the simulator does not price. The policy therefore staggers only where
+G + 1 fits the partition's node (`ClusterSnapshot.node_gpus`; workloads'
+`cluster.gpus_per_node`, default 8). The suite's colocated jobs are 8 or 16 GPUs on
+8-GPU nodes, so row `complementary` forms none, and its long-cot and polytrace-mix
+savings are 0. Row `complementary, NVL72` is the same policy with 72 GPUs in one NVLink
+domain (`slurmrl simulate --gpus-per-node 72`), where they form; this page's previous
+revision reported those figures for the suite without checking the node size. Shifting
+jobs of whole nodes by a node instead (two 16-GPU jobs in 24 GPUs, every window on whole
+nodes) was measured with the policy allowed to (long-cot, 60 jobs, seeds 0-1, steady
+and bursty): -0.3% (none formed on steady arrivals; 2-3 pools per bursty run, -0.2% and
+-0.8%), since the extra node is half of each member's set and idles whenever a member
+is alone; the policy does not make them.
+
+Where staggered pools fit (NVL72), what the default policy captures of that headroom is
+much less, for three measured reasons. (1) A job is placed on arrival, before any of its
+phases is observed, on its
 `--rl-profile` or the model-size prior; the tail share of a new job is now learned from
 the jobs of the same model and size observed so far (`SitePriors`; the designed 55% had
 kept every long-tail pair out), but the period is not (steps differ 2x within a class;
