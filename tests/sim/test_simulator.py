@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from policies.base import Action, ClusterSnapshot, Placement, PoolMode
 from slurmrl.model import Phase
 from slurmrl.sim.cli import simulate
 from slurmrl.sim.metrics import ledger
@@ -362,3 +363,38 @@ def test_a_rollout_share_learned_from_peers_lets_long_tails_pair_within_their_li
     assert learned.shared_pools > fixed.shared_pools
     assert learned.savings > max(0.05, fixed.savings + 0.05)
     assert learned.slowdown_max <= 1.15
+
+
+class _StaggerAcrossNodes:
+    """A site pairing policy (not shipped) that puts every job in one pool of 9 GPUs, the
+    second member on GPUs 1-8."""
+
+    name, mode = "stagger-across", PoolMode.LEASE
+
+    def place(self, snapshot: ClusterSnapshot) -> list[Placement]:
+        if snapshot.pools:
+            pid = snapshot.pools[0].pool_id
+            return [Placement(j.job_id, Action.JOIN, pid, gpu_offset=1)
+                    for j in snapshot.waiting]
+        first, *rest = snapshot.waiting
+        return [Placement(first.job_id, Action.OPEN, -1, 9),
+                *(Placement(j.job_id, Action.OPEN, -1, 9, gpu_offset=1) for j in rest)]
+
+
+def test_the_simulator_refuses_a_staggered_window_across_two_nodes() -> None:
+    from policies import registry
+    from slurmrl.sim.engine import SimError, Simulation
+
+    w = load("long-cot")
+    jobs = [replace(j, submit_s=0.0) for j in generate(w, 0, "steady", 6) if j.gpus == 8][:2]
+    cfg = config_for(w)
+
+    def run(per_node: int) -> Simulation:
+        return Simulation(jobs, replace(cfg, gpus_per_node=per_node), _StaggerAcrossNodes(),
+                          lambda: registry.load("slice", "round-robin"),
+                          registry.load("admission", "site-limits")).run()
+
+    with pytest.raises(SimError, match="straddle nodes of 8 GPUs"):
+        run(8)  # GPUs 1-8 of a 9-GPU pool: 7 on one 8-GPU node, 1 on the next
+    done = run(16)  # one 16-GPU node holds the whole pool
+    assert all(r.finished_at is not None for r in done.runs.values())
