@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from policies import registry  # noqa: E402
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode  # noqa: E402
+from slurmrl.sim.engine import SimConfig  # noqa: E402
 from slurmrl.sim.runner import config_for, run_jobs  # noqa: E402
 from slurmrl.sim.workload import WORKLOAD_DIR, generate, load  # noqa: E402
 
@@ -36,6 +38,12 @@ POLICIES = ["complementary", "dedicated", "random", "greedy", "fifo-lock", "gang
 #: suite's 8-GPU nodes: where a staggered pool of G + 1 fits one domain
 NVL72 = "complementary@72"
 LABEL = {NVL72: "complementary, NVL72"}
+
+
+def policy_config(policy: str, cfg: SimConfig) -> tuple[str, SimConfig]:
+    """("NAME", cfg) for "NAME", or for "NAME@N" the policy on nodes of N GPUs."""
+    name, _, per_node = policy.partition("@")
+    return name, replace(cfg, gpus_per_node=int(per_node)) if per_node else cfg
 BEGIN, END = "<!-- policies:begin -->", "<!-- policies:end -->"
 
 
@@ -44,12 +52,7 @@ def one(args: tuple[str, str, str, int, int, float]) -> dict[str, Any]:
     w = load(wname)
     jobs = generate(w, seed, arrivals, n_jobs, load_scale)
     t = time.perf_counter()
-    cfg = config_for(w, check_invariants=False)
-    name, _, per_node = policy.partition("@")
-    if per_node:
-        from dataclasses import replace
-
-        cfg = replace(cfg, gpus_per_node=int(per_node))
+    name, cfg = policy_config(policy, config_for(w, check_invariants=False))
     r = run_jobs(jobs, cfg, name)
     out = r.metrics.as_dict()
     out.update(workload=wname, policy=policy, arrivals=arrivals, seed=seed, load=load_scale,
@@ -95,7 +98,6 @@ def feasibility(wname: str, pairs: int = 40, seed: int = 0) -> dict[str, Any]:
     """
     import itertools
     import random
-    from dataclasses import replace
 
     from slurmrl.sim.engine import Simulation
 
@@ -137,8 +139,6 @@ def feasibility(wname: str, pairs: int = 40, seed: int = 0) -> dict[str, Any]:
 
 def speed() -> dict[str, float]:
     """The two speed targets, measured on this machine."""
-    from dataclasses import replace
-
     w = load("polytrace-mix")
     jobs = generate(w, 0, "steady", 1000, load_scale=(1000 / (30 * 24)) / 0.8)
     cfg = replace(config_for(w, check_invariants=False), gpus=640)
