@@ -69,7 +69,7 @@ from slurmrl.profiles import (
     profile_from_prior,
 )
 from slurmrl.sim import costs, elastic
-from slurmrl.sim.workload import SimJob
+from slurmrl.sim.workload import DEFAULT_GPUS_PER_NODE, SimJob
 
 PARTITION = "pools"
 
@@ -154,7 +154,7 @@ class SimConfig:
     gang_quantum_s: float = 30.0
     check_invariants: bool = True
     #: GPUs per node: a staggered pool's windows may not straddle a node boundary
-    gpus_per_node: int = 8
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
 
 
 class Simulation:

@@ -32,6 +32,8 @@ from typing import Any
 from slurmrl.model import Layout, Phase, PhasePrior
 
 FORMAT = "slurmrl-workload/1"
+#: GPUs per node (an HGX board) where a workload does not say
+DEFAULT_GPUS_PER_NODE = 8
 #: the suite: workloads/ of the source tree, else the copy an install puts in
 #: <prefix>/share/slurmrl/workloads (setup.cfg data_files), else of the current directory
 WORKLOAD_DIR = next(
@@ -131,7 +133,7 @@ class Workload:
 
     @property
     def gpus_per_node(self) -> int:
-        return int(self.data["cluster"].get("gpus_per_node", 8))
+        return int(self.data["cluster"].get("gpus_per_node", DEFAULT_GPUS_PER_NODE))
 
     @property
     def gpu_mem_bytes(self) -> int:
@@ -179,7 +181,7 @@ def validate(data: Mapping[str, Any], where: str = "workload", path: Path | None
     name = str(_need(data, "name", where))
     cluster = _need(data, "cluster", where)
     _need(cluster, "gpus", f"{where}: cluster")
-    per_node = cluster.get("gpus_per_node", 8)
+    per_node = cluster.get("gpus_per_node", DEFAULT_GPUS_PER_NODE)
     if not isinstance(per_node, int) or isinstance(per_node, bool) or per_node < 1:
         raise WorkloadError(f"{where}: cluster.gpus_per_node must be a whole number >= 1, "
                             f"got {per_node!r}")
