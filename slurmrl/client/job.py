@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -72,14 +72,24 @@ class Lease:
         if self.released:
             raise NoLease(f"lease {self.lease_id} ({self.phase}) was already released")
 
-    def shrink(self, keep: int) -> None:
-        """Keep only `keep` GPUs (the lowest job-local ones); the rest go to others now."""
+    def shrink(self, keep: int | None = None, *, gpus: Iterable[int] | None = None) -> None:
+        """Keep only `keep` GPUs (the controller picks which: those no partner's window
+        covers, else the lowest), or exactly the job-local `gpus`; the rest go to others
+        now."""
         self.check()
-        if keep >= len(self.gpus):
+        if gpus is not None:
+            kept = sorted(set(gpus))
+            if set(kept) == set(self.gpus):
+                return
+            body: dict[str, Any] = {"gpus": kept}
+        elif keep is None:
+            raise TypeError("shrink() needs keep (how many GPUs) or gpus (which ones)")
+        elif keep >= len(self.gpus):
             return
+        else:
+            body = {"keep": int(keep)}
         _, ans = self._job._rpc.call(
-            "POST", f"/v1/jobs/{self._job.job_id}/leases/{self.lease_id}/shrink",
-            {"keep": int(keep)})
+            "POST", f"/v1/jobs/{self._job.job_id}/leases/{self.lease_id}/shrink", body)
         self._update(ans["lease"])
 
     def release(self, timing: Mapping[str, float] | None = None) -> None:

@@ -210,11 +210,23 @@ class LeaseScheduler:
             self._apply(table.pool_id, table.release(lease_id, now), now, timing=timing)
         return lease
 
-    def shrink(self, job: JobRecord, lease_id: int, keep: int) -> Lease:
+    def shrink(self, job: JobRecord, lease_id: int, keep: int | None = None,
+               local_gpus: Sequence[int] | None = None) -> Lease:
+        """Keep `keep` GPUs of the lease (the table picks which), or exactly the job-local
+        `local_gpus` (a rollout keeping the GPUs of its replicas still generating)."""
         table = self._table_of(job, lease_id)
         now = self.clock()
+        gpus = None
+        if local_gpus is not None:
+            pool_gpus = job.pool_gpus or ()
+            bad = sorted(g for g in local_gpus if not 0 <= g < len(pool_gpus))
+            if bad:
+                raise LeaseError(f"job {job.job_id} has no GPU(s) {bad}: its GPUs are "
+                                 f"0..{len(pool_gpus) - 1}")
+            gpus = [pool_gpus[g] for g in local_gpus]
         with self.store.transaction():
-            self._apply(table.pool_id, table.shrink(lease_id, keep, now), now)
+            self._apply(table.pool_id,
+                        table.shrink(lease_id, keep or len(gpus or ()), now, gpus=gpus), now)
         lease = table.lease(lease_id)
         assert lease is not None
         return lease

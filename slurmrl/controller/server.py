@@ -35,6 +35,7 @@ from slurmrl.controller.scheduler import RequestEnded
 from slurmrl.controller.validate import (
     ACQUIRE,
     RELEASE,
+    SHRINK,
     F,
     RpcError,
     bad,
@@ -343,10 +344,13 @@ class Api:
         return {"lease": view}
 
     async def shrink(self, request: web.Request) -> web.Response:
-        b = _body(request, {"keep": F("int", True, 1, 1024)})
+        b = _body(request, SHRINK)
+        if (b["keep"] is None) == (b["gpus"] is None):
+            raise bad("a shrink names either 'keep' (how many GPUs) or 'gpus' (which "
+                      "job-local GPUs to keep), not both or neither")
         job = self.c.active_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
         lease = self.c.scheduler.shrink(
-            job, parse_id(request.match_info["lease_id"], "lease id"), b["keep"])
+            job, parse_id(request.match_info["lease_id"], "lease id"), b["keep"], b["gpus"])
         return _json({"lease": self._lease(lease, job.pool_id or 0)})
 
     async def observe(self, request: web.Request) -> web.Response:

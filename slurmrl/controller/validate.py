@@ -37,7 +37,7 @@ def bad(message: str, code: str = "bad-request") -> RpcError:
 class F:
     """One field of a body: its kind, whether it is required, its bounds."""
 
-    kind: str  #: "int" | "num" | "str" | "bool" | "strmap" | "nummap"
+    kind: str  #: "int" | "num" | "str" | "bool" | "strmap" | "nummap" | "intlist"
     required: bool = False
     lo: float | None = None
     hi: float | None = None
@@ -51,6 +51,8 @@ ACQUIRE: dict[str, F] = {
     "min_gpus": F("int", lo=1, hi=1024, nullable=True),
     "wait_s": F("num", lo=0, hi=300.0)}
 RELEASE: dict[str, F] = {"timing": F("nummap")}
+#: a shrink keeps `keep` GPUs (the controller picks which) or exactly the job-local `gpus`
+SHRINK: dict[str, F] = {"keep": F("int", lo=1, hi=1024), "gpus": F("intlist", lo=0, hi=1023)}
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -111,6 +113,20 @@ def _check(name: str, v: Any, f: F) -> Any:
             raise bad(f"field {name!r} must be one of {', '.join(f.choices)}, got {v[:40]!r}",
                       "bad-value")
         return v
+    if f.kind == "intlist":  # bounds apply to each element; at most MAX_MAP of them
+        if not isinstance(v, list):
+            raise bad(f"field {name!r} must be a list of integers, got {_kind(v)}", "bad-type")
+        if not 1 <= len(v) <= MAX_MAP:
+            raise bad(f"field {name!r} must have 1 to {MAX_MAP} entries, got {len(v)}",
+                      "bad-value")
+        for x in v:
+            if isinstance(x, bool) or not isinstance(x, int):
+                raise bad(f"field {name!r} must be a list of integers, got {_kind(x)} in it",
+                          "bad-type")
+            _bounds(name, x, f)
+        if len(set(v)) != len(v):
+            raise bad(f"field {name!r} lists an entry twice", "bad-value")
+        return list(v)
     if f.kind in ("strmap", "nummap"):
         if not isinstance(v, dict):
             raise bad(f"field {name!r} must be an object, got {_kind(v)}", "bad-type")

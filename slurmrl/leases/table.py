@@ -149,19 +149,28 @@ class LeaseTable:
             raise LeaseError(f"request {request_id} is not waiting")
         return [Revoke(None, req, "cancelled"), *self._schedule(now)]
 
-    def shrink(self, lease_id: int, keep: int, now: float) -> list[Event]:
+    def shrink(self, lease_id: int, keep: int, now: float,
+               gpus: Iterable[int] | None = None) -> list[Event]:
         """Give back all but `keep` GPUs of a held lease: it keeps those the fewest
-        other members' windows cover (the GPUs nobody else can use), lowest first."""
+        other members' windows cover (the GPUs nobody else can use), lowest first; or,
+        given `gpus` (a rollout whose other replicas are done), exactly those."""
         lease = self._leases.get(lease_id)
         if lease is None:
             raise LeaseError(f"lease {lease_id} is not held")
+        if gpus is not None:
+            kept = frozenset(gpus)
+            if not kept or not kept <= lease.gpus:
+                raise LeaseError(f"a shrink keeps a non-empty subset of the lease's GPUs "
+                                 f"{sorted(lease.gpus)}, got {sorted(kept)}")
+            keep = len(kept)
         if not 1 <= keep <= len(lease.gpus):
             raise LeaseError(f"keep must be between 1 and {len(lease.gpus)}, got {keep}")
         if keep == len(lease.gpus):
             return []
-        others = [w for j, w in self._window.items() if j != lease.job_id]
-        kept = frozenset(sorted(lease.gpus, key=lambda g: (sum(g in w for w in others), g))
-                         [:keep])
+        if gpus is None:
+            others = [w for j, w in self._window.items() if j != lease.job_id]
+            kept = frozenset(sorted(lease.gpus,
+                                    key=lambda g: (sum(g in w for w in others), g))[:keep])
         smaller = replace(lease, gpus=kept)
         self._leases[lease_id] = smaller
         return [Shrunk(smaller, lease.gpus - kept), *self._schedule(now)]

@@ -214,6 +214,22 @@ async def test_shrink_hands_freed_gpus_to_an_elastic_waiter() -> None:
 
 
 @run
+async def test_shrink_to_job_local_gpus_keeps_those_pool_gpus() -> None:
+    store, pool, clock = _setup()
+    s = _sched(store, clock)
+    a = s.request(_job(store, 1), Phase.ROLLOUT)
+    b = s.request(_job(store, 2), Phase.ROLLOUT, min_gpus=1)
+    clock.now += 1
+    kept = s.shrink(_job(store, 1), a.request_id, local_gpus=[1])
+    assert kept.gpus == {1}
+    rec = store.lease(b.request_id)
+    assert rec is not None and rec.state is LeaseState.HELD and rec.gpus == (0,)
+    with pytest.raises(LeaseError, match=r"has no GPU\(s\) \[7\]"):
+        s.shrink(_job(store, 1), a.request_id, local_gpus=[7])
+    check_history(store.intervals(pool))
+
+
+@run
 async def test_a_job_cannot_release_another_jobs_lease() -> None:
     store, _, clock = _setup()
     s = _sched(store, clock)

@@ -88,6 +88,28 @@ def test_shrink_keeps_the_gpus_other_members_cannot_use() -> None:
     check_table(t)
 
 
+def test_shrink_to_named_gpus_keeps_exactly_those() -> None:
+    # a rollout of four replicas whose replicas on GPUs 0 and 2 are done keeps 1 and 3,
+    # though the controller's own choice would have been the lowest (0, 1)
+    t = table()
+    a, _ = t.request(1, Phase.ROLLOUT, ALL, now=0.0)
+    _, ev = t.request(2, Phase.ROLLOUT, ALL, min_gpus=1, now=1.0)
+    ev = t.shrink(a.request_id, keep=0, now=2.0, gpus=(1, 3))
+    assert t.lease(a.request_id).gpus == frozenset({1, 3})  # type: ignore[union-attr]
+    assert [(g.job_id, g.gpus) for g in grants(ev)] == [(2, frozenset({0, 2}))]
+    check_table(t)
+
+
+@pytest.mark.parametrize("gpus", [(), (0, 4), (5,)])
+def test_shrink_to_gpus_outside_the_lease_is_refused_and_changes_nothing(gpus: tuple[int, ...]
+                                                                         ) -> None:
+    t = table()
+    a, _ = t.request(1, Phase.ROLLOUT, (0, 1, 2), now=0.0)
+    with pytest.raises(LeaseError, match="non-empty subset of the lease's GPUs"):
+        t.shrink(a.request_id, keep=1, now=1.0, gpus=gpus)
+    assert t.lease(a.request_id).gpus == frozenset({0, 1, 2})  # type: ignore[union-attr]
+
+
 def test_shrink_below_a_rigid_request_grants_nothing() -> None:
     t = table()
     a, _ = t.request(1, Phase.ROLLOUT, ALL, now=0.0)

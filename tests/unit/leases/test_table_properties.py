@@ -70,7 +70,9 @@ class LeaseMachine(RuleBasedStateMachine):
     def shrink(self, data: st.DataObject) -> None:
         lease = data.draw(st.sampled_from(self.table.leases))
         keep = data.draw(st.integers(1, len(lease.gpus)))
-        self._record(self.table.shrink(lease.lease_id, keep, self.now))
+        named = data.draw(st.booleans())  # or exactly which GPUs (a replica finished)
+        gpus = data.draw(st.permutations(sorted(lease.gpus)))[:keep] if named else None
+        self._record(self.table.shrink(lease.lease_id, keep, self.now, gpus=gpus))
 
     @rule(job=st.integers(1, 4))
     def heartbeat(self, job: int) -> None:
