@@ -80,8 +80,8 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner,
                                                                 max_size=4),
     max_leaves=12)
-known_keys = st.sampled_from(["job_id", "env", "phase", "min_gpus", "wait_s", "timing", "keep", "gpus",
-                              "state", "reason", "slurm_job_id", "dedicated", "started_at",
+known_keys = st.sampled_from(["job_id", "env", "phase", "min_gpus", "wait_s", "timing", "keep",
+                              "gpus", "state", "reason", "slurm_job_id", "dedicated", "started_at",
                               "ended_at", "busy_s", "detail", "unknown"])
 bodies = st.one_of(
     st.dictionaries(known_keys, json_values, max_size=4).map(lambda d: json.dumps(d).encode()),
