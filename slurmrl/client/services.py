@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from slurmrl.client.job import NoLease
+from slurmrl.client.replicas import ReplicatedRollout
 from slurmrl.worker.handle import ServiceUnreachable
 
 if TYPE_CHECKING:
@@ -25,16 +26,26 @@ class LeasedService:
         self._handle = handle
 
     @classmethod
-    def find(cls, job: Job, role: str, backend: str | None, timeout_s: float) -> LeasedService:
+    def find(cls, job: Job, role: str, backend: str | None, timeout_s: float
+             ) -> LeasedService | ReplicatedRollout:
+        """The job's `role` service once the job is placed and its services are up; a
+        rollout run as several replicas comes back as one `ReplicatedRollout`."""
         from slurmrl.worker.handle import ServiceHandle
 
         deadline = time.monotonic() + timeout_s
         while True:
-            for s in job.status().get("services", []):
-                ok = s["role"] == role and (backend is None or s["backend"] == backend)
-                if ok and s["address"]:
-                    return cls(job, ServiceHandle(s["address"], job.secret, str(job.job_id),
-                                                  role))
+            st = job.status()
+            found = [s for s in st.get("services", []) if s["role"] == role
+                     and (backend is None or s["backend"] == backend)]
+            # placed only once every service of the job is up; each has its address then
+            if st.get("pool_id") is not None and found and all(s["address"] for s in found):
+                handles = [cls(job, ServiceHandle(s["address"], job.secret, str(job.job_id),
+                                                  role)) for s in found]
+                if len(handles) == 1:
+                    return handles[0]
+                where = {g: i for i, g in enumerate(st.get("pool_gpus", []))}
+                gpus = [tuple(where[g] for g in s["gpus"]) for s in found]
+                return ReplicatedRollout(job, handles, gpus)
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"RL job {job.job_id} has no {role} service after "
                                    f"{timeout_s:g} s (is it placed in a pool?)")

@@ -173,6 +173,11 @@ class ServicesConfig:
     )
     rollout_backend: str = opt("tiny", "rollout backend when the job names none")
     trainer_backend: str = opt("tiny", "trainer backend when the job names none")
+    rollout_replica_gpus: int = opt(
+        0, "GPUs per rollout replica: a job's rollout runs as data-parallel replicas of this "
+        "many GPUs (its tensor-parallel size), each a service of its own whose GPUs a "
+        "partner can take as soon as its share of a batch is done; 0: one engine over the "
+        "whole rollout set", lo=0, hi=1024)
 
 
 @dataclass(frozen=True)

@@ -273,12 +273,22 @@ class SlurmPools:
             job = self.c.store.job(svc.job_id)
             if job is None or job.state.terminal or not svc.address or svc.pool_id is None:
                 continue
-            fps = {f.role: f for f in footprints_for_job(job.job_id, job.request,
-                                                         job.pool_gpus or ())}
-            fp = replace(fps[svc.role], residency=Residency(svc.residency))
+            # the service with this role on these GPUs (a replica is known by its GPUs)
+            fps = {(f.role, f.gpus): f for f in self._footprints(job, job.pool_gpus or ())}
+            fp = fps.get((svc.role, frozenset(svc.gpus)))
+            if fp is None:
+                log.error("service %d of job %d (%s on pool GPUs %s) matches none of the "
+                          "job's services now; not re-attached", svc.service_id, job.job_id,
+                          svc.role, list(svc.gpus))
+                continue
+            fp = replace(fp, residency=Residency(svc.residency))
             handle = ServiceHandle(svc.address, job.secret, str(job.job_id), svc.role)
-            self._live[(job.job_id, svc.role)] = _Live(svc.service_id, job.job_id, svc.role,
-                                                       svc.pool_id, handle, fp)
+            self._live[fp.key] = _Live(svc.service_id, job.job_id, fp.name, svc.pool_id,
+                                       handle, fp)
+
+    def _footprints(self, job: JobRecord, gpus: Sequence[int]) -> list[Footprint]:
+        return footprints_for_job(job.job_id, job.request, gpus,
+                                  self.c.config.services.rollout_replica_gpus)
 
     async def stop(self) -> None:
         for t in list(self._tasks):
@@ -349,7 +359,7 @@ class SlurmPools:
             return
         # a staggered pool: the job runs on the pool's GPUs from its placement's offset
         gpus = tuple(range(pl.gpu_offset, pl.gpu_offset + job.request.gpus))
-        mine = footprints_for_job(job.job_id, job.request, gpus)
+        mine = self._footprints(job, gpus)
         host = c.config.limits.parked_host_mem_per_node
         target: PoolRecord | None = None
         if pl.action is Action.JOIN and pl.pool_id is not None:
@@ -404,7 +414,8 @@ class SlurmPools:
             devices = tuple(pool.gpu_indices[g] if g < len(pool.gpu_indices) else g
                             for g in sorted(fp.gpus))
             spec = ServiceSpec(job.job_id, fp.role, job.user, devices,
-                               backend=backend[fp.role], model=job.request.model)
+                               backend=backend[fp.role], model=job.request.model,
+                               replica=fp.replica)
             rid = self.c.store.add_service(job_id=job.job_id, role=fp.role,
                                            started_at=self.c.clock(), pool_id=pool.pool_id,
                                            backend=spec.backend, gpus=sorted(fp.gpus))
@@ -417,7 +428,7 @@ class SlurmPools:
                 raise
             self.c.store.update_service(rid, step_id=svc.step_id, address=svc.address,
                                         residency="active", state="running")
-            self._live[(job.job_id, fp.role)] = _Live(rid, job.job_id, fp.role, pool.pool_id,
+            self._live[fp.key] = _Live(rid, job.job_id, fp.name, pool.pool_id,
                                                       svc.handle, fp, svc)
 
     # -- handoffs -----------------------------------------------------------------------------
@@ -453,7 +464,7 @@ class SlurmPools:
         try:
             plan = plan_grant(services, self._capacity_by_id(pool_id), job_id=job.job_id,
                               phase=phase, host_budget_bytes=self.c.config.limits
-                              .parked_host_mem_per_node)
+                              .parked_host_mem_per_node, gpus=lease.gpus)
         except ResidencyError as exc:
             log.error("job %d %s: residency does not fit: %s", job.job_id, phase, exc)
             return
@@ -482,10 +493,10 @@ class SlurmPools:
     async def _record_readings(self, job_id: int, lease_id: int, phase: Phase) -> None:
         """Store each of the phase's services' NVML reading (or no-GPU marker) with the lease."""
         mine = [lv.footprint for lv in self._live.values() if lv.job_id == job_id]
-        for role in phase_roles(phase, mine):
-            live = self._live.get((job_id, role))
-            if live is None:
-                continue
+        roles = phase_roles(phase, mine)
+        for live in [lv for lv in self._live.values()
+                     if lv.job_id == job_id and lv.footprint.role in roles]:
+            role = live.role
             try:
                 ans = await asyncio.to_thread(live.handle.status)
             except (ServiceError, OSError) as exc:

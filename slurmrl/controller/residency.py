@@ -6,9 +6,13 @@ hand-built cases and could run in the simulator unchanged.
 - `footprints_for_job()` turns an RL job's request into per-service `Footprint`s: GPU
   memory per GPU while active and while parked, and the host memory its parked state
   pins on the pool's node. A declared `--rl-mem` (memory per GPU the job's resident
-  model set needs) wins over the `slurmrl.gpu` estimate from the model's size.
+  model set needs) wins over the `slurmrl.gpu` estimate from the model's size. The
+  rollout is one engine over its set, or (site config `services.rollout_replica_gpus`)
+  data-parallel replicas of that many GPUs each, so a rollout's tail can hand the GPUs
+  of its finished replicas to a partner while the others still generate.
 - `plan_grant()` is called before a lease is answered: the services the phase needs
-  (`phase_roles()`; a disaggregated sync needs only the trainer) are made active;
+  (`phase_roles()`; a disaggregated sync needs only the trainer) on the lease's GPUs
+  (a rollout granted part of its set activates the replicas there) are made active;
   every other service on the lease's GPUs stays active only while the GPU still fits,
   otherwise it is parked — other jobs' services first, then this job's idle ones.
   Parked state goes to host memory while the node's budget (site config
@@ -31,7 +35,7 @@ from dataclasses import dataclass, replace
 from slurmrl.gpu.estimate import estimate_model_memory
 from slurmrl.model import Phase, Residency, RlRequest
 
-ServiceKey = tuple[int, str]  #: (RL job id, role)
+ServiceKey = tuple[int, str]  #: (RL job id, service name: the role, or "rollout:i")
 
 #: which services a phase may need active; `phase_roles()` says which one job needs
 PHASE_ROLES: Mapping[Phase, tuple[str, ...]] = {
@@ -56,10 +60,16 @@ class Footprint:
     parked_bytes: int  #: GPU memory per GPU that parking cannot free (contexts)
     host_bytes: int  #: host memory its level-1 parked state pins (whole service)
     residency: Residency = Residency.ACTIVE
+    replica: int | None = None  #: a rollout replica's index (None: one engine, its set)
+
+    @property
+    def name(self) -> str:
+        """`rollout`, `trainer`, or `rollout:i` for replica i of a replicated rollout."""
+        return self.role if self.replica is None else f"{self.role}:{self.replica}"
 
     @property
     def key(self) -> ServiceKey:
-        return (self.job_id, self.role)
+        return (self.job_id, self.name)
 
     @property
     def can_drop(self) -> bool:
@@ -106,16 +116,31 @@ class ResidencyPlan:
         return not (self.park or self.drop or self.activate)
 
 
-def footprints_for_job(job_id: int, request: RlRequest, pool_gpus: Sequence[int]
-                       ) -> list[Footprint]:
-    """The rollout and trainer footprints of one job placed on `pool_gpus`."""
+def replica_sets(gpus: Sequence[int], replica_gpus: int) -> list[tuple[int, ...]]:
+    """A rollout set split into replicas of `replica_gpus` GPUs each; one set (one engine)
+    when `replica_gpus` is 0, not smaller than the set, or does not divide it."""
+    n = len(gpus)
+    if replica_gpus <= 0 or replica_gpus >= n or n % replica_gpus:
+        return [tuple(gpus)]
+    return [tuple(gpus[i:i + replica_gpus]) for i in range(0, n, replica_gpus)]
+
+
+def footprints_for_job(job_id: int, request: RlRequest, pool_gpus: Sequence[int],
+                       rollout_replica_gpus: int = 0) -> list[Footprint]:
+    """The rollout (one engine, or replicas of `rollout_replica_gpus` GPUs) and trainer
+    footprints of one job placed on `pool_gpus`."""
     if len(pool_gpus) != request.gpus:
         raise ResidencyError(f"job {job_id} asks for {request.gpus} GPUs but is placed on "
                              f"{len(pool_gpus)}")
     out = []
-    for role, phase in (("rollout", Phase.ROLLOUT), ("trainer", Phase.TRAIN)):
-        local = request.gpus_for(phase)
-        gpus = frozenset(pool_gpus[i] for i in local)
+    rollout = [pool_gpus[i] for i in request.gpus_for(Phase.ROLLOUT)]
+    sets = replica_sets(rollout, rollout_replica_gpus)
+    services: list[tuple[str, int | None, tuple[int, ...]]] = [
+        ("rollout", None if len(sets) == 1 else i, g) for i, g in enumerate(sets)]
+    services.append(("trainer", None, tuple(pool_gpus[i]
+                                            for i in request.gpus_for(Phase.TRAIN))))
+    for role, replica, members in services:
+        gpus = frozenset(members)
         try:
             est = estimate_model_memory(request.model, role, gpus=max(1, len(gpus)))
         except ValueError as exc:
@@ -134,7 +159,7 @@ def footprints_for_job(job_id: int, request: RlRequest, pool_gpus: Sequence[int]
             assert est is not None
             active, parked = est.device_bytes, est.parked_device_bytes()
             host = est.parked_host_bytes(1) * len(gpus)
-        out.append(Footprint(job_id, role, gpus, active, parked, host))
+        out.append(Footprint(job_id, role, gpus, active, parked, host, replica=replica))
     return out
 
 
@@ -151,9 +176,11 @@ def phase_roles(phase: Phase, job_services: Iterable[Footprint]) -> tuple[str, .
     roles = PHASE_ROLES.get(phase, ())
     if phase is not Phase.SYNC:
         return roles
-    by_role = {f.role: f for f in job_services}
+    by_role: dict[str, frozenset[int]] = {}
+    for f in job_services:  # a replicated rollout: the union of its replicas' GPUs
+        by_role[f.role] = by_role.get(f.role, frozenset()) | f.gpus
     trainer, rollout = by_role.get("trainer"), by_role.get("rollout")
-    if trainer is not None and rollout is not None and not trainer.gpus & rollout.gpus:
+    if trainer is not None and rollout is not None and not trainer & rollout:
         return ("trainer",)
     return roles
 
@@ -170,13 +197,16 @@ def _fits(gpus: Iterable[int], state: Mapping[ServiceKey, Residency],
 
 def plan_grant(
     services: Sequence[Footprint], capacity: Sequence[GpuCapacity], *, job_id: int,
-    phase: Phase, host_budget_bytes: int,
+    phase: Phase, host_budget_bytes: int, gpus: Iterable[int] | None = None,
 ) -> ResidencyPlan:
-    """Park/drop/activate so that job `job_id`'s `phase` services run; raise if impossible."""
+    """Park/drop/activate so that job `job_id`'s `phase` services run on the lease's `gpus`
+    (None: wherever they are); raise if impossible."""
     by_key = {f.key: f for f in services}
     cap = {c.index: c.usable_bytes for c in capacity}
-    roles = phase_roles(phase, (f for f in services if f.job_id == job_id))
-    needed = [(job_id, r) for r in roles if (job_id, r) in by_key]
+    mine = [f for f in services if f.job_id == job_id]
+    roles = phase_roles(phase, mine)
+    held = None if gpus is None else frozenset(gpus)
+    needed = [f.key for f in mine if f.role in roles and (held is None or f.gpus & held)]
     if not needed:
         return ResidencyPlan(host_bytes_after=_host(by_key, {k: f.residency
                                                              for k, f in by_key.items()}))

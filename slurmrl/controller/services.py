@@ -65,6 +65,7 @@ class ServiceSpec:
     model: str | None = None
     seed: int = 0
     lr: float | None = None
+    replica: int | None = None  #: a rollout replica's index (None: the role's one service)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -76,7 +77,8 @@ class ServiceSpec:
 
     @property
     def name(self) -> str:
-        return f"job{self.job_id}-{self.role}"
+        tail = "" if self.replica is None else str(self.replica)
+        return f"job{self.job_id}-{self.role}{tail}"
 
 
 @dataclass(frozen=True)

@@ -99,9 +99,12 @@ class ServiceHandle:
         timeout_s: float | None = None,
         on_tail: Callable[[int], None] | None = None,
         poll_s: float = 0.5,
+        first_index: int = 0,
     ) -> GenerateResult:
         params = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed,
                   "micro_batch": micro_batch}
+        if first_index:  # the call's place in a batch split over rollout replicas
+            params["first_index"] = first_index
         body = {"prompts": list(prompts), "params": params}
         if on_tail is None:
             return GenerateResult.from_json(self._json("generate", "POST", "/v1/generate",

@@ -42,13 +42,17 @@ class GenerateParams:
     `seed` makes sampling reproducible: the same prompts, parameters and weights give the
     same outputs, also across park/activate. `micro_batch` is how many prompts decode
     together; prompts are processed micro-batch after micro-batch, which is what makes
-    the active-sequence count shrink through the long tail.
+    the active-sequence count shrink through the long tail. `first_index` is the position
+    of the call's first prompt in a larger batch split over rollout replicas: sampling
+    depends on a prompt's position in the whole batch, so the outputs do not depend on
+    how the batch was split.
     """
 
     max_tokens: int = 16
     temperature: float = 1.0
     seed: int = 0
     micro_batch: int = 8
+    first_index: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_tokens <= 65536:
@@ -57,12 +61,15 @@ class GenerateParams:
             raise BackendError(f"temperature must be in 0..100, got {self.temperature}")
         if self.micro_batch < 1:
             raise BackendError(f"micro_batch must be >= 1, got {self.micro_batch}")
+        if not 0 <= self.first_index <= 2**31:
+            raise BackendError(f"first_index must be in 0..2**31, got {self.first_index}")
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> GenerateParams:
         """Parse a JSON object; unknown keys and wrong types are errors that name the key."""
         known: dict[str, type | tuple[type, ...]] = {
             "max_tokens": int, "temperature": (int, float), "seed": int, "micro_batch": int,
+            "first_index": int,
         }
         unknown = sorted(set(raw) - set(known))
         if unknown:

@@ -61,7 +61,8 @@ class TinyBackend(TorchModelBackend):
                     pending_after = len(prompts) - start - len(chunk)
                     # one generator per micro-batch: outputs do not depend on what ran
                     # before, only on (seed, micro-batch index)
-                    gen = torch.Generator().manual_seed(params.seed * 1_000_003 + start)
+                    gen = torch.Generator().manual_seed(
+                        params.seed * 1_000_003 + params.first_index + start)
                     base = len(trace)
 
                     def on_step(unfinished: int, pending: int = pending_after) -> None:

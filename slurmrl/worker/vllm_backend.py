@@ -192,7 +192,8 @@ class VllmBackend:
                 chunk = list(prompts[start : start + params.micro_batch])
                 sps = [SamplingParams(temperature=params.temperature,
                                       max_tokens=params.max_tokens,
-                                      seed=params.seed * 1_000_003 + start + i)
+                                      seed=params.seed * 1_000_003 + params.first_index
+                                      + start + i)
                        for i in range(len(chunk))]
                 for i, out in enumerate(self._llm.generate(chunk, sps, use_tqdm=False)):
                     comp = out.outputs[0]

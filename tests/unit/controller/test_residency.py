@@ -22,9 +22,10 @@ CAP80 = [GpuCapacity(i, 80 * GiB) for i in range(4)]
 
 
 def fp(job: int, role: str, gpus: tuple[int, ...], active: float, parked: float = 1,
-       host: float = 10, residency: Residency = Residency.ACTIVE) -> Footprint:
+       host: float = 10, residency: Residency = Residency.ACTIVE,
+       replica: int | None = None) -> Footprint:
     return Footprint(job, role, frozenset(gpus), int(active * GiB), int(parked * GiB),
-                     int(host * GiB), residency)
+                     int(host * GiB), residency, replica)
 
 
 def test_partner_is_parked_when_both_do_not_fit() -> None:
@@ -195,3 +196,51 @@ def test_colocated_sync_still_activates_both_services() -> None:
                       host_budget_bytes=1000 * GiB)
     assert set(plan.activate) == {(1, "rollout"), (1, "trainer")}
     assert phase_roles(Phase.SYNC, [ro, tr]) == ("trainer", "rollout")
+
+
+# -- a rollout run as data-parallel replicas (services.rollout_replica_gpus) ------------
+def test_rollout_replicas_split_the_rollout_set_and_name_each_service() -> None:
+    req = RlRequest(gpus=4, model="tiny")
+    fps = footprints_for_job(7, req, (4, 5, 6, 7), rollout_replica_gpus=2)
+    assert [(f.key, sorted(f.gpus)) for f in fps] == [
+        ((7, "rollout:0"), [4, 5]), ((7, "rollout:1"), [6, 7]), ((7, "trainer"), [4, 5, 6, 7])]
+    # 0, the whole set, or a size that does not divide it: one engine, as before
+    for n in (0, 4, 3):
+        fps = footprints_for_job(7, req, (4, 5, 6, 7), rollout_replica_gpus=n)
+        assert [f.key for f in fps] == [(7, "rollout"), (7, "trainer")]
+
+
+def test_disaggregated_replicas_cover_the_rollout_set_only() -> None:
+    req = RlRequest(gpus=4, model="tiny", layout=Layout.DISAGGREGATED, rollout_gpus=2)
+    fps = footprints_for_job(1, req, (0, 1, 2, 3), rollout_replica_gpus=1)
+    assert [(f.name, sorted(f.gpus)) for f in fps] == [
+        ("rollout:0", [0]), ("rollout:1", [1]), ("trainer", [2, 3])]
+    # the sync still needs the trainer only: the replicas' union is not the trainer set
+    assert phase_roles(Phase.SYNC, fps) == ("trainer",)
+
+
+def test_a_rollout_lease_on_part_of_the_set_activates_the_replicas_there() -> None:
+    # job 1's tail runs on its replica of GPU 0; job 2's rollout was granted GPU 1 alone
+    parked = Residency.PARKED
+    services = [fp(1, "rollout", (0,), 30, replica=0), fp(1, "rollout", (1,), 30, replica=1),
+                fp(1, "trainer", (0, 1), 30, residency=parked),
+                fp(2, "rollout", (0,), 60, residency=parked, replica=0),
+                fp(2, "rollout", (1,), 60, residency=parked, replica=1),
+                fp(2, "trainer", (0, 1), 30, residency=parked)]
+    plan = plan_grant(services, CAP80, job_id=2, phase=Phase.ROLLOUT,
+                      host_budget_bytes=1000 * GiB, gpus=(1,))
+    assert plan.activate == ((2, "rollout:1"),)  # not its replica on GPU 0, still job 1's
+    assert plan.park == ((1, "rollout:1"),)  # job 1's done replica; its tail on 0 runs on
+    # the whole set: every replica
+    plan = plan_grant(services, CAP80, job_id=2, phase=Phase.ROLLOUT,
+                      host_budget_bytes=1000 * GiB)
+    assert set(plan.activate) == {(2, "rollout:0"), (2, "rollout:1")}
+
+
+def test_a_colocated_sync_activates_every_replica_and_the_trainer() -> None:
+    req = RlRequest(gpus=2, model="tiny")
+    fps = [replace(f, residency=Residency.PARKED)
+           for f in footprints_for_job(3, req, (0, 1), rollout_replica_gpus=1)]
+    plan = plan_grant(fps, CAP80[:2], job_id=3, phase=Phase.SYNC, host_budget_bytes=100 * GiB,
+                      gpus=(0, 1))
+    assert set(plan.activate) == {(3, "trainer"), (3, "rollout:0"), (3, "rollout:1")}

@@ -1,0 +1,159 @@
+"""A rollout of several data-parallel replicas, seen by the driver as one service.
+
+When the site runs rollouts as replicas (`services.rollout_replica_gpus`), each replica
+is a service of its own on its own GPUs. `generate` splits the prompts into micro-batches
+at fixed positions and lets the replicas the lease holds pull them from one queue; a
+replica that finds the queue empty is done, and (with `give_back`, the default) the lease
+shrinks at once to the GPUs of the replicas still generating, so a partner's waiting
+phase can start there beside this job's long tail. A rollout lease granted on part of
+the set (`job.phase("rollout", min_gpus=1)`) generates on the replicas it holds.
+
+Outputs do not depend on the split: every micro-batch is sampled from its position in
+the whole batch (`GenerateParams.first_index`), as one engine would sample it.
+
+Known limits: a replica runs one micro-batch per call (one HTTP request each); a lease
+does not grow back, so a rollout started on part of its set stays there; `finish_rank`
+orders samples by the order their micro-batches came back, then within a micro-batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from slurmrl.client.job import Lease, NoLease
+from slurmrl.worker.protocol import GenerateResult, Sample
+
+if TYPE_CHECKING:
+    from slurmrl.client.job import Job
+    from slurmrl.client.services import LeasedService
+
+
+class ReplicatedRollout:
+    """The rollout replicas of one job: `replicas[i]` runs on job-local GPUs `gpus[i]`."""
+
+    role = "rollout"
+
+    def __init__(self, job: Job, replicas: Sequence[LeasedService],
+                 gpus: Sequence[tuple[int, ...]]) -> None:
+        if len(replicas) != len(gpus) or not replicas:
+            raise ValueError("a replicated rollout needs one GPU set per replica")
+        self._job = job
+        self.replicas = list(replicas)
+        self.gpus = [tuple(g) for g in gpus]
+
+    def __repr__(self) -> str:
+        return f"ReplicatedRollout(job={self._job.job_id}, replicas on GPUs {self.gpus})"
+
+    def _lease(self) -> Lease:
+        lease = self._job.current
+        if lease is None:
+            raise NoLease("rollout.generate() needs a held lease: call it inside "
+                          "`with job.phase(...)`")
+        lease.check()
+        return lease
+
+    def generate(
+        self, prompts: Sequence[str], *, max_tokens: int = 16, temperature: float = 1.0,
+        seed: int = 0, micro_batch: int = 8, timeout_s: float | None = None,
+        on_tail: Callable[[int], None] | None = None, give_back: bool = True,
+        poll_s: float = 0.5,
+    ) -> GenerateResult:
+        """Generate on the replicas the lease holds; `on_tail(n)` is told how many prompts
+        are still unfinished each time a micro-batch comes back."""
+        del poll_s  # the replicas report through their answers, not by polling
+        if getattr(on_tail, "__func__", None) is Lease.shrink:
+            raise ValueError("a replicated rollout gives the GPUs of its finished replicas "
+                             "back itself (give_back=True); on_tail=lease.shrink would pick "
+                             "GPUs by count and could take a busy replica's")
+        if micro_batch < 1:
+            raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
+        lease = self._lease()
+        held = set(lease.gpus)
+        mine = [i for i, g in enumerate(self.gpus) if set(g) <= held]
+        if not mine:
+            raise NoLease(f"lease {lease.lease_id} holds job GPUs {sorted(held)}, none of "
+                          f"the rollout replicas' ({self.gpus})")
+        queue = deque((start, list(prompts[start:start + micro_batch]))
+                      for start in range(0, len(prompts), micro_batch))
+        lock = threading.Lock()
+        busy = set(mine)
+        results: dict[int, GenerateResult] = {}
+        back: list[int] = []  # micro-batch starts, in the order they came back
+        traces: dict[int, list[int]] = {i: [] for i in mine}
+        errors: list[BaseException] = []
+        left = [len(prompts)]
+
+        def done(i: int) -> None:  # with `lock` held: replica i has nothing left to do
+            busy.discard(i)
+            if give_back and busy and not errors and lease.held:
+                keep = sorted({g for k in busy for g in self.gpus[k]})
+                if set(keep) != set(lease.gpus):
+                    lease.shrink(gpus=keep)
+
+        def work(i: int) -> None:
+            try:
+                while True:
+                    with lock:
+                        if not queue or errors:
+                            done(i)
+                            return
+                        start, chunk = queue.popleft()
+                    res = self.replicas[i].generate(
+                        chunk, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                        micro_batch=micro_batch, first_index=start, timeout_s=timeout_s)
+                    with lock:
+                        results[start] = res
+                        back.append(start)
+                        traces[i].extend(res.active_trace)
+                        left[0] -= len(chunk)
+                        if on_tail is not None:
+                            on_tail(left[0])
+            except BaseException as exc:  # re-raised in the caller's thread
+                with lock:
+                    errors.append(exc)
+                    busy.discard(i)
+
+        threads = [threading.Thread(target=work, args=(i,), daemon=True,
+                                    name=f"slurmrl-replica-{i}") for i in mine]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return _merge(results, back, traces)
+
+    def import_weights(self, blob: bytes, timeout_s: float | None = None) -> dict[str, Any]:
+        """Load `blob` into every replica (parked ones stage it until activated)."""
+        answers = [r.import_weights(blob, timeout_s) for r in self.replicas]
+        return {"replicas": answers, "staged": any(a.get("staged") for a in answers)}
+
+    def export_weights(self, timeout_s: float | None = None) -> bytes:
+        return bytes(self.replicas[0].export_weights(timeout_s))
+
+    def status(self, timeout_s: float | None = None) -> dict[str, Any]:
+        return {"replicas": [r.status(timeout_s) for r in self.replicas]}
+
+    def close(self) -> None:
+        for r in self.replicas:
+            r.close()
+
+
+def _merge(results: dict[int, GenerateResult], back: list[int],
+           traces: dict[int, list[int]]) -> GenerateResult:
+    """One result in prompt order; `active_trace` sums the replicas' traces step by step."""
+    order = {start: n for n, start in enumerate(back)}
+    ranked = sorted(((order[start], s.finish_rank, start, k)
+                     for start, res in results.items() for k, s in enumerate(res.samples)))
+    rank = {(start, k): r for r, (_, _, start, k) in enumerate(ranked)}
+    samples: list[Sample] = []
+    for start in sorted(results):
+        for k, s in enumerate(results[start].samples):
+            samples.append(Sample(s.prompt, s.completion, s.prompt_ids, s.completion_ids,
+                                  s.finish_reason, s.finish_step, rank[(start, k)]))
+    width = max((len(t) for t in traces.values()), default=0)
+    trace = [sum(t[n] for t in traces.values() if n < len(t)) for n in range(width)]
+    return GenerateResult(tuple(samples), tuple(trace))
