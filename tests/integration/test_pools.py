@@ -27,6 +27,7 @@ from slurmrl.auth.tokens import mint_secret
 from slurmrl.controller.pools import PoolAllocator, SlurmPool
 from slurmrl.controller.services import RunningService, ServiceLauncher, ServiceSpec
 from slurmrl.devcluster import DevCluster
+from slurmrl.model import Phase
 from slurmrl.slurm import CommandBackend
 from slurmrl.worker.handle import ServiceParked, ServiceUnauthorized
 
@@ -572,5 +573,90 @@ def test_a_staggered_placement_runs_each_job_on_its_own_window_of_the_pool(
         from slurmrl.leases.invariants import check_history
         check_history(store.intervals(pool.pool_id))
         assert all(r["same"] for o in outs.values() for r in _rounds(o))
+    finally:
+        _end_drivers_and_pools(jobs, ids, ctl, run_dir)
+
+
+TAIL_DRIVER = '''#!{python}
+"""A rollout run as two replicas: its tail gives the finished replica's GPU away."""
+import json, sys, slurmrl
+job = slurmrl.connect(url=sys.argv[1])
+ro, tr = job.service("rollout"), job.service("trainer")
+prompts = [f"{{k}}+{{k}}=" for k in range(48)]  # 3 micro-batches on 2 replicas: a tail
+last = None
+try:
+    for i in range(10000):
+        # start on whatever part of the rollout set is free
+        with job.phase("rollout", min_gpus=1) as lease:
+            held = list(lease.gpus)
+            out = [s.completion_ids for s in ro.generate(prompts, max_tokens=16, seed=11,
+                                                         micro_batch=16).samples]
+            # same weights and seed: the same outputs, however the batch was split
+            print(json.dumps({{"round": i, "same": last is None or out == last,
+                              "held": held, "kept": list(lease.gpus),
+                              "handle": type(ro).__name__}}), flush=True)
+            last = out
+        with job.phase("train"):
+            tr.train_step([{{"prompt_ids": [1], "completion_ids": [2, 3],
+                            "advantage": 0.0}}])
+except Exception as exc:
+    print("ERROR", type(exc).__name__, exc, flush=True)
+    sys.exit(3)
+'''
+
+
+def _rollout_overlaps(store: Store, pool_id: int) -> list[tuple[int, int]]:
+    """(lease, lease) pairs of two jobs' rollout leases holding different GPUs of the
+    pool at the same time."""
+    leases = {le.lease_id: le for le in store.leases(pool_id=pool_id)}
+    ivs = [iv for iv in store.intervals(pool_id)
+           if iv.lease_id in leases and leases[iv.lease_id].phase is Phase.ROLLOUT]
+    out = []
+    for a in ivs:
+        for b in ivs:
+            ja, jb = leases[a.lease_id].job_id, leases[b.lease_id].job_id
+            if ja < jb and a.gpu != b.gpu and max(a.start, b.start) < min(
+                    a.end or float("inf"), b.end or float("inf")):
+                out.append((a.lease_id, b.lease_id))
+    return out
+
+
+def test_a_rollout_tail_hands_its_finished_replicas_gpus_to_the_partners_rollout(
+    shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
+) -> None:
+    from slurmrl.db import Store
+    from slurmrl.leases.invariants import check_history
+
+    # rollouts as replicas of one GPU each (services.rollout_replica_gpus); busy drivers,
+    # paired on their declared profile: see test_two_users_share_a_pool_with_resident_services
+    ctl = _pool_controller(shared_tmp, slurm_env, run_dir, SLURMRL_LIMITS__MAX_SLOWDOWN="3",
+                           SLURMRL_SERVICES__ROLLOUT_REPLICA_GPUS="1")
+    ids: dict[str, int] = {}
+    try:
+        outs = _submit_drivers(jobs, shared_tmp, ctl, TAIL_DRIVER, "tail",
+                               ["--rl-gpus=2", "--rl-model=tiny", "--rl-max-slowdown=3",
+                                PROFILE], ids)
+        store, placed, pool = _shared_pool(outs, ids, ctl)
+        assert pool.gpus == 2
+        # each job: a rollout replica on each of its GPUs and one trainer over both
+        for job in placed.values():
+            mine = sorted((s.role, tuple(s.gpus)) for s in store.services(
+                job_id=job.job_id, live_only=True))
+            assert mine == [("rollout", (0,)), ("rollout", (1,)), ("trainer", (0, 1))], mine
+        # the partner's rollout ran on a GPU this job's tail had given back, beside it
+        _wait(lambda: _rollout_overlaps(Store(ctl.db), pool.pool_id), 120,
+              "two jobs' rollouts to hold the pool's two GPUs at once",
+              lambda: "\n".join(read(o)[-1500:] for o in outs.values()) + read(ctl.log)[-4000:])
+        rounds = {u: _rounds(o) for u, o in outs.items()}
+        for user, rs in rounds.items():
+            assert all(r["handle"] == "ReplicatedRollout" for r in rs), rs
+            assert all(r["same"] for r in rs), (user, rs)  # split or not, same outputs
+        shrunk = [r for rs in rounds.values() for r in rs
+                  if len(r["held"]) == 2 and len(r["kept"]) == 1]  # type: ignore[arg-type]
+        assert shrunk, rounds
+        # a grant on one GPU woke only the replica there
+        assert re.search(r"\(rollout\): parked [^\n]*activated \[\(\d+, 'rollout:[01]'\)\]",
+                         read(ctl.log)), read(ctl.log)[-4000:]
+        check_history(Store(ctl.db).intervals(pool.pool_id))
     finally:
         _end_drivers_and_pools(jobs, ids, ctl, run_dir)
