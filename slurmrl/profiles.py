@@ -243,8 +243,10 @@ class ProfileBuilder:
 
     def observe_lease(
         self, phase: Phase, requested_at: float, granted_at: float, released_at: float,
+        gpu_share: float = 1.0,
     ) -> None:
-        """A GPU phase's lease; the time since the previous release is an idle gap.
+        """A GPU phase's lease (`gpu_share`: see `observe`); the time since the previous
+        release is an idle gap.
 
         Waiting for the lease (granted - requested) is contention, neither busy nor gap.
         """
@@ -252,7 +254,7 @@ class ProfileBuilder:
         if (last is not None and requested_at > last
                 and (not self._current or self._current[-1].needs_gpu)):
             self.observe(Phase.IDLE, last, requested_at)
-        self.observe(phase, granted_at, released_at)
+        self.observe(phase, granted_at, released_at, gpu_share)
 
     def _prior_stats(self, phase: Phase, share: float, step: float) -> PhaseStats:
         d = share * step

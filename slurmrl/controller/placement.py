@@ -93,8 +93,9 @@ def load_policies(cfg: Config) -> SitePolicies:
 
 
 #: the share of its set a rollout lease holds here before any observation: the whole
-#: set, since the controller does not shrink a lease through the rollout's tail (a
-#: driver's `lease.shrink` overlaps nothing yet: docs/architecture.md). A prior that
+#: set. A lease shrinks through the tail only where rollouts run as replicas (site config
+#: `services.rollout_replica_gpus`) and the driver lets them give GPUs back; what a job's
+#: leases held is then learned from its own observations (`profile_of`). A prior that
 #: assumed the designed shrink (slurmrl.profiles.ROLLOUT_PRIOR_GPU_SHARE) placed jobs
 #: more optimistically than they then ran (benchmarks/controller_gap.py).
 ROLLOUT_HELD_SHARE = 1.0
@@ -109,13 +110,25 @@ def profile_of(job: JobRecord, observations: Iterable[ObservationRecord]) -> Pro
             continue  # never granted (ended while waiting): no phase ran
         if o.phase.needs_gpu:
             b.observe_lease(o.phase, o.requested_at if o.requested_at is not None
-                            else o.granted_at, o.granted_at, o.released_at)
+                            else o.granted_at, o.granted_at, o.released_at,
+                            _held_share(job, o))
         else:
             b.observe(o.phase, o.granted_at, o.released_at)
     if b.observations == 0 and job.request.profile is None:
         return profile_from_prior(prior_for_model(job.request.model, job.request.gpus),
                                   rollout_gpu_share=ROLLOUT_HELD_SHARE)
     return b.build()
+
+
+def _held_share(job: JobRecord, o: ObservationRecord) -> float:
+    """The mean share of its phase's GPU set a lease held (below 1 when it shrank: the
+    GPU-seconds the ledger charged it over its set's for the lease's life)."""
+    gpu_s = o.detail.get("gpu_s")
+    assert o.granted_at is not None and o.released_at is not None
+    full = (o.released_at - o.granted_at) * len(job.request.gpus_for(o.phase))
+    if not isinstance(gpu_s, int | float) or full <= 0:
+        return 1.0
+    return min(1.0, max(1e-6, gpu_s / full))
 
 
 def job_snapshot(job: JobRecord, partition: str,

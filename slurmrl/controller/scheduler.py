@@ -341,7 +341,7 @@ class LeaseScheduler:
             requested_at=lease.requested_at, granted_at=lease.granted_at, released_at=at,
             busy_s=float(busy) if isinstance(busy, int | float) else None,
             gpus=len(lease.gpus), detail={"state": str(state), "reason": reason,
-                                          **(timing or {})})
+                                          **(timing or {}), "gpu_s": gpu_s})
         self.metrics.leases_ended.labels(str(pool_id), str(state)).inc()
         self.metrics.gpu_seconds.labels(str(lease.job_id)).inc(gpu_s)
         self._pool_of_request.pop(lease.lease_id, None)

@@ -187,3 +187,23 @@ def test_priors_say_a_rollout_holds_its_set_as_the_controller_runs_it(tmp_path: 
     snap = job_snapshot(plain, "pools", [])
     assert snap.profile is not None and snap.profile.source == "prior"
     assert snap.profile.phases[Phase.ROLLOUT].gpu_share == 1.0
+
+
+def test_a_job_whose_rollouts_shrank_is_profiled_with_the_share_it_held(
+        tmp_path: Path) -> None:
+    """Rollouts run as replicas give finished replicas' GPUs back: the ledger charged
+    each rollout lease half its set's GPU-seconds, so the job's profile says its rollout
+    holds half its set (what pairing may overlap), and its training the whole set."""
+    store = Store(tmp_path / "c.db")
+    job = _job(store, 41, 0.0)
+    t = 0.0
+    for _ in range(6):
+        for phase, held in ((Phase.ROLLOUT, 2), (Phase.TRAIN, 4)):
+            store.add_observation(job_id=41, phase=phase, requested_at=t, granted_at=t,
+                                  released_at=t + 10, gpus=held,
+                                  detail={"gpu_s": held * 10.0})
+            t += 10
+    prof = job_snapshot(job, "pools", store.observations(41)).profile
+    assert prof is not None and prof.source != "prior"
+    assert prof.phases[Phase.ROLLOUT].gpu_share == pytest.approx(0.5)
+    assert prof.phases[Phase.TRAIN].gpu_share == 1.0

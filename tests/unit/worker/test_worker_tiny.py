@@ -52,6 +52,28 @@ def test_same_seed_same_outputs_and_other_seed_differs() -> None:
     assert [s.prompt for s in first.samples] == PROMPTS
 
 
+def test_a_batch_split_over_replicas_samples_as_one_engine() -> None:
+    # what ReplicatedRollout does: fixed micro-batches, each told its place in the batch
+    from dataclasses import replace
+
+    from slurmrl.client.replicas import _merge
+
+    b = _rollout()
+    whole = b.generate(PROMPTS, PARAMS)
+    mb = PARAMS.micro_batch
+    parts = {start: b.generate(PROMPTS[start:start + mb], replace(PARAMS, first_index=start))
+             for start in range(0, len(PROMPTS), mb)}
+    back = [4, 0, 2]  # the order replicas returned them: any
+    merged = _merge(parts, back, {0: [*parts[0].active_trace], 1: [*parts[2].active_trace]})
+    assert [s.completion_ids for s in merged.samples] == [
+        s.completion_ids for s in whole.samples]
+    assert [s.prompt for s in merged.samples] == PROMPTS
+    assert sorted(s.finish_rank for s in merged.samples) == list(range(len(PROMPTS)))
+    assert merged.samples[4].finish_rank == 0  # its micro-batch came back first
+    # without first_index the second micro-batch would sample as the first one does
+    assert b.generate(PROMPTS[2:4], PARAMS) != parts[2]
+
+
 def test_finish_order_and_active_trace_describe_the_tail() -> None:
     out = _rollout().generate(PROMPTS, PARAMS)
     assert sorted(s.finish_rank for s in out.samples) == list(range(len(PROMPTS)))
