@@ -86,16 +86,22 @@ SECTION = """## Simulator and controller
 Produced by `python benchmarks/controller_gap.py --jobs {jobs} --seeds {seeds}` ({runs} runs
 in {wall:.0f} s). The figures above are the designed system's: a rollout's lease shrinks
 through its tail and a partner's rollout starts on part of a set and grows back. The
-controller does neither yet (docs/architecture.md, `slurmrl/sim/` row): a rollout holds
-its whole set until it ends, and is granted its whole set. "Controller today" runs the
+controller in its default configuration (one rollout engine per job) does neither
+(docs/architecture.md, `slurmrl/sim/` row): a rollout holds its whole set until it ends,
+and is granted its whole set. "Controller today" runs the
 same jobs so (each job's tail points removed: its rollout holds the set throughout, for
 the same time; `elastic_min = 1.0`), with the default policy and every job's limit set
 to the users' limit shown. Means over {seeds} seeds x (steady, bursty), max over runs.
 
 {table}
 
-Where the two differ, the gap is what per-replica services (a shrink that lets a
-partner work beside the tail, a grow) would bring to the controller. Staggered pools
+Where the two differ, the gap is what a shrink that lets a partner work beside the
+tail, and a grow, bring. The controller now has the first where rollouts run as
+replicas (`[services] rollout_replica_gpus`, docs/pools.md), not the second; what that
+recovers of the gap is not measured here: the simulator's tail consolidates the
+unfinished sequences onto G/2, G/4, ... 1 GPU, while replicas give a GPU back only when
+their share of the batch is done (no sequence migrates), so the table's designed rows
+are an upper bound for them. Staggered pools
 would widen it where a pool of G + 1 fits one node (none on the suite's 8-GPU nodes):
 they pay only where a rollout's lease shrinks through its tail, so the controller, whose
 priors and observations show no tail, never opens one. "Controller today"
