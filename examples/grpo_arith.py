@@ -20,7 +20,7 @@ same driver unchanged with e.g. `--rl-model=Qwen/Qwen2.5-0.5B-Instruct` (then pa
 `--max-tokens 16` or so: a real model writes more than one token). That GPU path has
 NOT been run in this project (no GPU here); see docs/user-guide.md.
 
-Known limits: one rollout and one trainer service; blocking calls; no checkpointing.
+Known limits: one trainer service; blocking calls; no checkpointing.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ import json
 import os
 import sys
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 # run as a script, so its own directory (examples/) is on sys.path
 from rlvr import GrpoConfig, StepLog, train
@@ -57,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--controller", default=None,
                    help="controller URL (default: $SLURMRL_CONTROLLER, which the SPANK "
                    "plugin sets from plugstack.conf)")
+    p.add_argument("--rollout-min-gpus", type=int, default=None,
+                   help="start a rollout on this many free GPUs of its set rather than wait "
+                        "for all (with the site's rollout replicas: the replicas there)")
     p.add_argument("--metrics", type=Path, default=None,
                    help="also append each step's JSON line to this file")
     return p.parse_args(argv)
@@ -93,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
                 with args.metrics.open("a") as f:
                     f.write(line + "\n")
 
-        hist = train(cfg, rollout, trainer, job.phase, observe=observe, on_step=on_step)
+        def phase(name: str) -> AbstractContextManager[Any]:
+            return job.phase(name, min_gpus=args.rollout_min_gpus if name == "rollout"
+                             else None)
+
+        hist = train(cfg, rollout, trainer, phase, observe=observe, on_step=on_step)
         print(json.dumps({"event": "done", "job_id": job.job_id, "wall_s": time.time() - t0,
                           "reward_first5": hist.window_mean(True),
                           "reward_last5": hist.window_mean(False)}), flush=True)

@@ -88,7 +88,7 @@ class ReplicatedRollout:
 
         def done(i: int) -> None:  # with `lock` held: replica i has nothing left to do
             busy.discard(i)
-            if give_back and busy and not errors and lease.held:
+            if give_back and busy and not errors and lease.held and lease.phase == "rollout":
                 keep = sorted({g for k in busy for g in self.gpus[k]})
                 if set(keep) != set(lease.gpus):
                     lease.shrink(gpus=keep)
