@@ -86,7 +86,9 @@ class ReplicatedRollout:
         errors: list[BaseException] = []
         left = [len(prompts)]
 
-        def done(i: int) -> None:  # with `lock` held: replica i has nothing left to do
+        # with `lock` held: replica i has nothing left to do. The shrink's RPC runs under
+        # the lock so that shrinks are serialised, each keeping the replicas busy then
+        def done(i: int) -> None:
             busy.discard(i)
             if give_back and busy and not errors and lease.held and lease.phase == "rollout":
                 keep = sorted({g for k in busy for g in self.gpus[k]})

@@ -225,8 +225,7 @@ class LeaseScheduler:
                                  f"0..{len(pool_gpus) - 1}")
             gpus = [pool_gpus[g] for g in local_gpus]
         with self.store.transaction():
-            self._apply(table.pool_id,
-                        table.shrink(lease_id, keep or len(gpus or ()), now, gpus=gpus), now)
+            self._apply(table.pool_id, table.shrink(lease_id, keep, now, gpus=gpus), now)
         lease = table.lease(lease_id)
         assert lease is not None
         return lease

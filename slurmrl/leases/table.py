@@ -149,7 +149,7 @@ class LeaseTable:
             raise LeaseError(f"request {request_id} is not waiting")
         return [Revoke(None, req, "cancelled"), *self._schedule(now)]
 
-    def shrink(self, lease_id: int, keep: int, now: float,
+    def shrink(self, lease_id: int, keep: int | None, now: float,
                gpus: Iterable[int] | None = None) -> list[Event]:
         """Give back all but `keep` GPUs of a held lease: it keeps those the fewest
         other members' windows cover (the GPUs nobody else can use), lowest first; or,
@@ -163,7 +163,7 @@ class LeaseTable:
                 raise LeaseError(f"a shrink keeps a non-empty subset of the lease's GPUs "
                                  f"{sorted(lease.gpus)}, got {sorted(kept)}")
             keep = len(kept)
-        if not 1 <= keep <= len(lease.gpus):
+        if keep is None or not 1 <= keep <= len(lease.gpus):
             raise LeaseError(f"keep must be between 1 and {len(lease.gpus)}, got {keep}")
         if keep == len(lease.gpus):
             return []

@@ -94,7 +94,7 @@ def test_shrink_to_named_gpus_keeps_exactly_those() -> None:
     t = table()
     a, _ = t.request(1, Phase.ROLLOUT, ALL, now=0.0)
     _, ev = t.request(2, Phase.ROLLOUT, ALL, min_gpus=1, now=1.0)
-    ev = t.shrink(a.request_id, keep=0, now=2.0, gpus=(1, 3))
+    ev = t.shrink(a.request_id, keep=None, now=2.0, gpus=(1, 3))
     assert t.lease(a.request_id).gpus == frozenset({1, 3})  # type: ignore[union-attr]
     assert [(g.job_id, g.gpus) for g in grants(ev)] == [(2, frozenset({0, 2}))]
     check_table(t)
