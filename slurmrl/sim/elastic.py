@@ -10,7 +10,7 @@ progress is tracked as a full-speed fraction and re-timed whenever either change
 
 Grow is RLix's "expand rollout one group at a time, sync weights only to the added
 workers" (shared/research/prior-art.md). Known limits: requests move to grown GPUs at
-once (no rebalancing cost beyond the handoff); the controller has no grow request yet.
+once (no rebalancing cost beyond the handoff). `SimConfig.grow = False` turns growing off.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def roll_schedule(sim: Simulation, run: JobRun) -> None:
 
 def want_grow(sim: Simulation, pool: Pool, run: JobRun) -> None:
     """Ask for the rest of the set while the rollout holds less than it needs."""
-    if run.grow_req is not None or run.held_n >= run.roll_need or run.lease_id is None:
+    if (not sim.cfg.grow or run.grow_req is not None or run.held_n >= run.roll_need
+            or run.lease_id is None):
         return
     held: set[int] = set()
     for le in pool.table.leases:

@@ -145,6 +145,9 @@ class SimConfig:
     host_mem_per_pool_bytes: int | None = None
     limits: SiteLimits = field(default_factory=SiteLimits)
     elastic_min: float = 0.5  #: a rollout starts on at least this share of its set
+    #: a rollout holding less than its set asks for the rest with a second lease
+    #: (False: it stays on what it was granted, as the controller's rollouts do today)
+    grow: bool = True
     #: jobs' priors: the share of its set a rollout holds (0.55: its tail shrinks; 1.0: it
     #: holds the set, as in the controller today: slurmrl.controller.placement)
     rollout_prior_gpu_share: float = ROLLOUT_PRIOR_GPU_SHARE

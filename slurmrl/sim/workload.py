@@ -211,26 +211,31 @@ def validate(data: Mapping[str, Any], where: str = "workload", path: Path | None
     return Workload(name, data, path)
 
 
+@lru_cache(maxsize=4)
+def _lengths(kind: str) -> tuple[float, ...]:
+    """20,000 response lengths of a tail kind, seeded (decode time ~ length)."""
+    rng = random.Random(12345)
+    if kind == "math":
+        ws = [w for w, _ in MATH_MIXTURE]
+        return tuple(
+            min(28_000.0, max(1.0, rng.gauss(rng.choices(MATH_MIXTURE, ws)[0][1],
+                                             MATH_COMPONENT_SD)))
+            for _ in range(20_000)
+        )
+    return tuple(math.exp(rng.gauss(0.0, HEAVY_SIGMA)) for _ in range(20_000))
+
+
 @lru_cache(maxsize=64)
 def tail_points(kind: str, gpus: int, batch: int = 512) -> tuple[tuple[float, int], ...]:
     """(fraction of rollout time, GPUs needed from then on), for k = G/2, G/4, ..., 1.
 
     A sequence's decode time is proportional to its length, the rollout lasts as long
     as the batch's longest response (quantile 1 - 1/batch), and `k` GPUs suffice once
-    at most k/G of the sequences are still active.
+    at most k/G of the sequences are still active (they move to the GPUs kept).
     """
     if kind == "none" or gpus <= 1:
         return ()
-    rng = random.Random(12345)
-    if kind == "math":
-        ws = [w for w, _ in MATH_MIXTURE]
-        xs = sorted(
-            min(28_000.0, max(1.0, rng.gauss(rng.choices(MATH_MIXTURE, ws)[0][1],
-                                             MATH_COMPONENT_SD)))
-            for _ in range(20_000)
-        )
-    else:
-        xs = sorted(math.exp(rng.gauss(0.0, HEAVY_SIGMA)) for _ in range(20_000))
+    xs = sorted(_lengths(kind))
 
     def q(p: float) -> float:
         return xs[min(len(xs) - 1, int(p * len(xs)))]
@@ -242,6 +247,33 @@ def tail_points(kind: str, gpus: int, batch: int = 512) -> tuple[tuple[float, in
         points.append((min(1.0, q(1.0 - k / gpus) / top), k))
         k //= 2
     return tuple(points)
+
+
+@lru_cache(maxsize=64)
+def replica_tail_points(kind: str, gpus: int, replica_gpus: int, batch: int = 512,
+                        trials: int = 200) -> tuple[tuple[float, int], ...]:
+    """Tail points of a rollout run as data-parallel replicas of `replica_gpus` GPUs,
+    with no sequence migrating: the batch is split evenly over the G/r replicas, each
+    replica's GPUs free when its longest response is done, the rollout ends with the
+    batch's longest (as one engine would). (fraction of rollout time, GPUs still needed)
+    after each replica but the last finishes; the fractions are the mean order
+    statistics of the replicas' finish over the batch's end, over `trials` seeded
+    batches. This is what `slurmrl.client.replicas.ReplicatedRollout` gives with
+    `micro_batch = batch / replicas`. One engine (no tail points) where `replica_gpus`
+    is 0, not smaller than the set, or does not divide it, as
+    `slurmrl.controller.residency.replica_sets`.
+    """
+    if kind == "none" or replica_gpus < 1 or replica_gpus >= gpus or gpus % replica_gpus:
+        return ()
+    n_rep = gpus // replica_gpus
+    pool, rng = _lengths(kind), random.Random(54321)
+    per = max(1, batch // n_rep)
+    acc = [0.0] * n_rep
+    for _ in range(trials):
+        ends = sorted(max(rng.choices(pool, k=per)) for _ in range(n_rep))
+        for i, e in enumerate(ends):
+            acc[i] += e / ends[-1]
+    return tuple((acc[i] / trials, (n_rep - 1 - i) * replica_gpus) for i in range(n_rep - 1))
 
 
 def _pick(rng: random.Random, spec: Any) -> Any:

@@ -93,3 +93,19 @@ def test_lower_bound_counts_a_disaggregated_sync_on_the_trainer_set() -> None:
     req = RlRequest(gpus=8, layout=Layout.DISAGGREGATED, rollout_gpus=4)
     for phase in (Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC):
         assert job.set_size(phase) == len(req.gpus_for(phase))
+
+
+def test_a_rollout_that_may_not_grow_stays_on_the_part_it_was_granted() -> None:
+    # as test_a_rollout_started_on_half_its_set_grows_when_the_partner_releases, with
+    # growing off (the controller's rollouts today): B runs at half speed to the end
+    a = job(1, 0.0, [(Phase.ROLLOUT, 100.0), (Phase.REWARD, 200.0), (Phase.TRAIN, 10.0)],
+            ((0.5, 4),))
+    b = job(2, 60.0, [(Phase.ROLLOUT, 100.0)], ())
+    sim = Simulation([a, b], SimConfig(gpus=8, grow=False), OnePool(),
+                     lambda: registry.load("slice", "round-robin"),
+                     registry.load("admission", "site-limits")).run()
+    rb = sim.runs[2]
+    assert rb.finished_at is not None and abs(rb.finished_at - 260.0) < 0.5
+    assert abs(rb.lease_gpu_s - 4 * 200) < 8
+    for pool in sim.closed:
+        check_table(pool.table)
