@@ -9,13 +9,17 @@ limit shown, and writes the "Simulator and controller" section of docs/benchmark
 - `designed`: the simulator as it is: a rollout's lease shrinks through its tail with
   the unfinished sequences consolidated (G/2, G/4, ... 1 GPU), and a partner's rollout
   starts on part of a set and grows back;
+- `replicas + migration`: rollouts as replicas (below) whose unfinished sequences move
+  onto the fewest replicas between rounds (`ReplicatedRollout.generate(round_tokens=)`):
+  the designed tail at replica granularity (`workload.consolidated_replica_points`),
+  started on half the set (`min_gpus`), no grow, the controller's priors; the rounds'
+  prefills unpriced;
 - `replicas + grow`: rollouts as data-parallel replicas (`services.rollout_replica_gpus`,
   the fewest GPUs whose engine of the job's model fits one GPU), no sequence migrating: a
   replica's GPUs free when its share of the batch is done
   (`workload.replica_tail_points`); starts on part of a set and grows; the controller's
   priors (`ROLLOUT_HELD_SHARE`);
-- `replicas`: the same without growing, granted the whole set (the controller with
-  replicas today, grpo_arith's default);
+- `replicas`: the same without growing, granted the whole set;
 - `controller today`: one engine per rollout (the controller's default): no tail points,
   its rollout holds the whole set throughout for the same time, granted it whole.
 """
@@ -42,13 +46,15 @@ from slurmrl.sim.runner import config_for, run_jobs, with_max_slowdown  # noqa: 
 from slurmrl.sim.workload import (  # noqa: E402
     SimJob,
     Workload,
+    consolidated_replica_points,
     generate,
     load,
     replica_tail_points,
 )
 
 LIMITS = [1.15, 1.5]
-MODES = ["designed", "replicas + grow", "replicas", "controller today"]
+MODES = ["designed", "replicas + migration", "replicas + grow", "replicas",
+         "controller today"]
 
 
 def replica_gpus(job: SimJob, gpu_mem_bytes: int) -> int:
@@ -74,12 +80,19 @@ def run_as(mode: str, w: Workload, jobs: list[SimJob],
     if mode == "controller today":
         # one engine per rollout: it holds its whole set throughout and is granted it whole
         return [replace(j, tail=()) for j in jobs], replace(cfg, elastic_min=1.0)
+    if mode == "replicas + migration":
+        # the consolidated tail at replica granularity (round_tokens); started on half
+        # the set (min_gpus), no grow
+        return [replace(j, tail=consolidated_replica_points(
+            j.tail, j.rollout_gpus, replica_gpus(j, cfg.gpu_mem_bytes))) for j in jobs], \
+            replace(cfg, grow=False)
     kinds = {str(c["name"]): str(c.get("tail", "heavy")) for c in w.data["classes"]}
     jobs = [replace(j, tail=replica_tail_points(
         kinds[j.cls], j.rollout_gpus, replica_gpus(j, cfg.gpu_mem_bytes)))
         for j in jobs]
     if mode == "replicas":
-        # no grow: the driver asks for its whole set (grpo_arith's default)
+        # no grow, granted the whole set (started on half, without migration or grow, a
+        # rollout runs at half speed to its end: see SECTION)
         return jobs, replace(cfg, elastic_min=1.0, grow=False)
     return jobs, cfg
 
@@ -131,39 +144,50 @@ in {wall:.0f} s). The figures above are the designed system's: a rollout's lease
 through its tail, its unfinished sequences consolidated onto G/2, G/4, ... 1 GPU, and a
 partner's rollout starts on part of a set and grows back. The controller runs a rollout
 as one engine over its set by default, or as data-parallel replicas
-(`[services] rollout_replica_gpus`, docs/pools.md), whose lease shrinks to the replicas
-still generating; it has no grow request and migrates no sequence. Rows, each the same
-jobs under the default policy, every job's limit set to the users' limit shown:
-**designed** (the simulator as above); **replicas + grow** (each rollout as replicas of
-the fewest GPUs whose engine of the job's model fits one GPU, the batch split evenly, a
-replica's GPUs freed when its longest response is done: `workload.replica_tail_points`,
-mean order statistics of the replicas' ends; starting on part of a set and growing as
-designed); **replicas** (the same without growing, granted the whole set: the
-controller with replicas today); **controller today** (one engine: no tail points, the
-rollout holds its set throughout for the same time and is granted it whole). The three
-controller rows use the controller's priors (a rollout holds its set,
+(`[services] rollout_replica_gpus`, docs/pools.md) whose lease shrinks to the replicas
+still generating, and which consolidate their tail between rounds with
+`generate(round_tokens=N)`; it has no grow request. Each row runs the same jobs under
+the default policy, every job's limit set to the users' limit shown:
+- **designed**: the simulator as above;
+- **replicas + migration**: rollouts as replicas of the fewest GPUs whose engine of the
+  job's model fits one GPU, consolidating their tail in rounds: the designed tail with
+  each point's GPU count rounded up to whole replicas
+  (`workload.consolidated_replica_points`); started on half the set
+  (`job.phase("rollout", min_gpus=G/2)`), no grow; the rounds' prefills are not priced;
+- **replicas + grow**: the same replicas without rounds, the batch split evenly, a
+  replica's GPUs freed when its longest response is done (`workload.replica_tail_points`:
+  mean order statistics of the replicas' ends); starting on part of a set and growing
+  as designed;
+- **replicas**: the same without growing, granted the whole set (the driver's default);
+- **controller today**: one engine: no tail points, the rollout holds its set
+  throughout for the same time and is granted it whole.
+The four controller rows use the controller's priors (a rollout holds its set,
 `slurmrl.controller.placement.ROLLOUT_HELD_SHARE`) and learn from observed jobs as the
 designed row does. Means over {seeds} seeds x (steady, bursty), max over runs.
 
 {table}
 
 Reading (at 1.15 only disaggregated pairs, as everywhere on this page):
-- Replicas (no grow) recover part of the gap between the controller's default and the
-  designed system: about half of it on agentic-tools at 1.5, a third on polytrace-mix at
-  1.5, a sixth on disaggregated at 1.15, none on long-cot at 1.5 (where only the
-  designed tail pairs anything). They free GPUs late:
-  with 1-GPU replicas of a `heavy` tail the first GPU frees after ~41% of the rollout
-  and the last-but-one after ~82% (`replica_tail_points("heavy", 8, 1)`), where a
-  consolidated tail is down to half the set after 11% and to one GPU after 26%
-  (`tail_points("heavy", 8)`). On math tails, replicas end within ~20% of each other.
-- Growing adds 0.4-1.8 points over replicas alone: a rollout seldom starts beside a
-  partner's tail and then waits long for the rest of its set.
-- What is left between **replicas + grow** and **designed** is sequence migration:
-  moving the still-active sequences of finished micro-batches onto fewer replicas (vLLM
-  has no KV-cache migration between engines; a re-prefill of the partial completions is
-  the known way, at one prefill per moved sequence). Neither is built; this is the
-  larger of the two.
-- On disaggregated at 1.5 the replica rows save less than "controller today"
+- **Replicas consolidating their tail recover nearly all of the designed system's
+  savings** at about its slowdown: agentic-tools 20.2% (designed 19.9%) and
+  polytrace-mix 9.0% (9.8%) at 1.5, disaggregated 15.0% (17.4%) at 1.15 and 32.0%
+  (33.7%) at 1.5, long-cot 3.9% (6.4%) at 1.5, where one engine saves 5.0%, 1.2%,
+  0.9%, 28.6% and 0%. What is left is the grow request (a rollout started on half its
+  set stays there) and the rounding of the tail to whole replicas; the rounds' prefills
+  are not priced here. The controller does this with `round_tokens` and
+  `job.phase("rollout", min_gpus=G/2)` (docs/pools.md); the simulator measures it, no
+  real rollout has shown it (the `tiny` model's rounds take milliseconds).
+- **Without moving sequences, replicas free GPUs late**: with 1-GPU replicas of a
+  `heavy` tail the first GPU frees after ~41% of the rollout and the last-but-one after
+  ~82% (`replica_tail_points("heavy", 8, 1)`), where a consolidated tail is down to half
+  the set after 11% and to one GPU after 26% (`tail_points("heavy", 8)`); on math tails
+  the replicas end within ~20% of each other. They recover about half of the gap on
+  agentic-tools at 1.5, a third on polytrace-mix, a sixth on disaggregated at 1.15,
+  none on long-cot.
+- **Growing adds 0.4-1.8 points** over replicas alone. Started on half the set without
+  growing or moving sequences, a rollout runs at half speed to its end (measured with
+  this row so: disaggregated at 1.15, 3.8% at p95 1.41, max 1.83), hence the whole set.
+- On disaggregated at 1.5 the rows without rounds save less than "controller today"
   (25.2-26.3% against 28.6%), at lower p95: with replicas the profiles learn a held
   share below the whole set and the policy forms other pairs; measured, not tuned.
 Staggered pools would widen the gap where a pool of G + 1 fits one node (none on the

@@ -11,9 +11,17 @@ the set (`job.phase("rollout", min_gpus=1)`) generates on the replicas it holds.
 Outputs do not depend on the split: every micro-batch is sampled from its position in
 the whole batch (`GenerateParams.first_index`), as one engine would sample it.
 
+Without migration a replica's GPUs free only when its whole share is done, late in a
+long tail. `generate(..., round_tokens=N)` consolidates the tail instead: prompts decode
+in rounds of N tokens, and between rounds the unfinished sequences move, with the tokens
+they have, onto the fewest replicas that hold them (`Continuation`), the other replicas'
+GPUs going back at once: the tail the simulator's designed rows assume (G/2, ... 1 GPU),
+at replica granularity, for one prefill per continued sequence and round.
+
 Known limits: a replica runs one micro-batch per call (one HTTP request each); a lease
 does not grow back, so a rollout started on part of its set stays there; `finish_rank`
-orders samples by the order their micro-batches came back, then within a micro-batch.
+orders samples by the order their micro-batches (or rounds) came back, then within one;
+rounds are a barrier: a round lasts as long as its slowest replica's call.
 """
 
 from __future__ import annotations
@@ -21,10 +29,11 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from slurmrl.client.job import Lease, NoLease
-from slurmrl.worker.protocol import GenerateResult, Sample
+from slurmrl.worker.protocol import Continuation, GenerateResult, Sample
 
 if TYPE_CHECKING:
     from slurmrl.client.job import Job
@@ -59,10 +68,14 @@ class ReplicatedRollout:
         self, prompts: Sequence[str], *, max_tokens: int = 16, temperature: float = 1.0,
         seed: int = 0, micro_batch: int = 8, timeout_s: float | None = None,
         on_tail: Callable[[int], None] | None = None, give_back: bool = True,
-        poll_s: float = 0.5,
+        poll_s: float = 0.5, round_tokens: int | None = None,
     ) -> GenerateResult:
         """Generate on the replicas the lease holds; `on_tail(n)` is told how many prompts
-        are still unfinished each time a micro-batch comes back."""
+        are still unfinished each time a micro-batch (or a round) comes back.
+
+        With `round_tokens`, the tail is consolidated (`_rounds`): the prompts decode in
+        rounds of that many tokens, and after each round the unfinished ones move onto
+        the fewest replicas that hold them, the others' GPUs going back."""
         del poll_s  # the replicas report through their answers, not by polling
         if getattr(on_tail, "__func__", None) is Lease.shrink:
             raise ValueError("a replicated rollout gives the GPUs of its finished replicas "
@@ -70,12 +83,18 @@ class ReplicatedRollout:
                              "GPUs by count and could take a busy replica's")
         if micro_batch < 1:
             raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
+        if round_tokens is not None and round_tokens < 1:
+            raise ValueError(f"round_tokens must be >= 1, got {round_tokens}")
         lease = self._lease()
         held = set(lease.gpus)
         mine = [i for i, g in enumerate(self.gpus) if set(g) <= held]
         if not mine:
             raise NoLease(f"lease {lease.lease_id} holds job GPUs {sorted(held)}, none of "
                           f"the rollout replicas' ({self.gpus})")
+        if round_tokens is not None:
+            return self._rounds(lease, mine, prompts, round_tokens, max_tokens=max_tokens,
+                                temperature=temperature, seed=seed, timeout_s=timeout_s,
+                                on_tail=on_tail, give_back=give_back)
         queue = deque((start, list(prompts[start:start + micro_batch]))
                       for start in range(0, len(prompts), micro_batch))
         lock = threading.Lock()
@@ -127,6 +146,62 @@ class ReplicatedRollout:
         if errors:
             raise errors[0]
         return _merge(results, back, traces)
+
+    def _rounds(self, lease: Lease, mine: list[int], prompts: Sequence[str],
+                round_tokens: int, *, max_tokens: int, temperature: float, seed: int,
+                timeout_s: float | None, on_tail: Callable[[int], None] | None,
+                give_back: bool) -> GenerateResult:
+        """Decode in rounds of `round_tokens`, consolidating the unfinished sequences.
+
+        Each replica holds at most `cap` = ceil(prompts / replicas held) sequences, as at
+        the start. Before each round the unfinished sequences are dealt, in batch order,
+        to the first ceil(unfinished / cap) replicas, each sequence continuing from the
+        tokens it has (`Continuation`: its place in the batch seeds its sampling, so the
+        outputs are those of one engine); the lease first shrinks to those replicas'
+        GPUs. The cost is a prefill of every continued sequence per round (vLLM's prefix
+        cache keeps it small where a sequence stays on its replica).
+        """
+        n, cap = len(prompts), -(-len(prompts) // len(mine))
+        have: list[tuple[int, ...]] = [()] * n
+        final: dict[int, Sample] = {}
+        ended: list[tuple[int, int, int]] = []  # (round, finish step in round, index)
+        trace: list[int] = []
+        done_tokens, rnd = 0, 0
+        with ThreadPoolExecutor(len(mine), thread_name_prefix="slurmrl-replica") as ex:
+            while len(final) < n:
+                todo = [k for k in range(n) if k not in final]
+                active = mine[: -(-len(todo) // cap)]
+                keep = sorted({g for i in active for g in self.gpus[i]})
+                if (give_back and lease.held and lease.phase == "rollout"
+                        and set(keep) != set(lease.gpus)):
+                    lease.shrink(gpus=keep)
+                budget = min(round_tokens, max_tokens - done_tokens)
+                shares = [todo[j * cap:(j + 1) * cap] for j in range(len(active))]
+                calls = [ex.submit(
+                    self.replicas[i].generate, [prompts[k] for k in share],
+                    max_tokens=budget, temperature=temperature, seed=seed,
+                    micro_batch=len(share), timeout_s=timeout_s,
+                    continuation=Continuation(tuple(share), tuple(have[k] for k in share)))
+                    for i, share in zip(active, shares, strict=True)]
+                results = [c.result() for c in calls]  # a replica's error is raised here
+                width = max(len(r.active_trace) for r in results)
+                trace.extend(sum(r.active_trace[t] if t < len(r.active_trace) else 0
+                                 for r in results) for t in range(width))
+                for share, res in zip(shares, results, strict=True):
+                    for k, smp in zip(share, res.samples, strict=True):
+                        have[k] = smp.completion_ids
+                        if smp.finish_reason != "length" or len(have[k]) >= max_tokens:
+                            final[k] = smp
+                            ended.append((rnd, smp.finish_step - done_tokens, k))
+                done_tokens += budget
+                rnd += 1
+                if on_tail is not None:
+                    on_tail(n - len(final))
+        rank = {k: r for r, (_, _, k) in enumerate(sorted(ended))}
+        return GenerateResult(tuple(
+            Sample(prompts[k], s.completion, s.prompt_ids, s.completion_ids,
+                   s.finish_reason, s.finish_step, rank[k])
+            for k, s in sorted(final.items())), tuple(trace))
 
     def import_weights(self, blob: bytes, timeout_s: float | None = None) -> dict[str, Any]:
         """Load `blob` into every replica (parked ones stage it until activated)."""

@@ -276,6 +276,25 @@ def replica_tail_points(kind: str, gpus: int, replica_gpus: int, batch: int = 51
     return tuple((acc[i] / trials, (n_rep - 1 - i) * replica_gpus) for i in range(n_rep - 1))
 
 
+def consolidated_replica_points(tail: tuple[tuple[float, int], ...], gpus: int,
+                                replica_gpus: int) -> tuple[tuple[float, int], ...]:
+    """A consolidated tail (`tail_points`) as rollout replicas of `replica_gpus` GPUs run
+    it when the unfinished sequences move between rounds
+    (`ReplicatedRollout.generate(round_tokens=...)`): each point's GPU count rounded up
+    to whole replicas, points that free no replica dropped. One engine (the set, not
+    split: see `replica_tail_points`) keeps no point."""
+    if replica_gpus < 1 or replica_gpus >= gpus or gpus % replica_gpus:
+        return ()
+    out: list[tuple[float, int]] = []
+    held = gpus
+    for frac, k in tail:
+        need = -(-k // replica_gpus) * replica_gpus
+        if need < held:
+            out.append((frac, need))
+            held = need
+    return tuple(out)
+
+
 def _pick(rng: random.Random, spec: Any) -> Any:
     """A value from a spec: scalar, [lo, hi] uniform range, or {"choices", "weights"}."""
     if isinstance(spec, Mapping):

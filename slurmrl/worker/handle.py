@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from slurmrl.auth.tokens import sign
-from slurmrl.worker.protocol import GenerateResult, TrainSample
+from slurmrl.worker.protocol import Continuation, GenerateResult, TrainSample
 
 
 class ServiceError(Exception):
@@ -100,12 +100,15 @@ class ServiceHandle:
         on_tail: Callable[[int], None] | None = None,
         poll_s: float = 0.5,
         first_index: int = 0,
+        continuation: Continuation | None = None,
     ) -> GenerateResult:
         params = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed,
                   "micro_batch": micro_batch}
         if first_index:  # the call's place in a batch split over rollout replicas
             params["first_index"] = first_index
-        body = {"prompts": list(prompts), "params": params}
+        body: dict[str, Any] = {"prompts": list(prompts), "params": params}
+        if continuation is not None:  # prompts placed anywhere in the batch, continued
+            body["continuation"] = continuation.to_json()
         if on_tail is None:
             return GenerateResult.from_json(self._json("generate", "POST", "/v1/generate",
                                                        body, timeout_s))

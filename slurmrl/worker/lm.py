@@ -63,40 +63,84 @@ class TinyLM(nn.Module):
         return logits, hidden
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _i64(c: int) -> int:
+    """A Python int as the signed 64-bit integer with the same low 64 bits."""
+    c &= _MASK64
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+_GOLDEN, _M1, _M2 = _i64(0x9E3779B97F4A7C15), _i64(0xBF58476D1CE4E5B9), _i64(0x94D049BB133111EB)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 tensors (multiplication wraps; the shifts are made
+    logical by masking)."""
+    x = x ^ ((x >> 30) & ((1 << 34) - 1))
+    x = x * _M1
+    x = x ^ ((x >> 27) & ((1 << 37) - 1))
+    x = x * _M2
+    return x ^ ((x >> 31) & ((1 << 33) - 1))
+
+
+def uniforms(seed: int, index: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """One uniform in (0, 1) per sequence [B] (float64) that depends only on (seed, the
+    sequence's index in its batch, the completion position being sampled): a sequence
+    samples the same tokens whichever call, micro-batch or replica decodes it, and
+    wherever it was cut."""
+    key = _mix(index * _GOLDEN + _i64(seed))
+    bits = _mix(key + pos * _GOLDEN)
+    return (((bits >> 11) & ((1 << 53) - 1)).double() + 0.5) / float(1 << 53)
+
+
 def sample_micro_batch(
     model: TinyLM,
     prompt_ids: Sequence[tuple[int, ...]],
     params: GenerateParams,
-    generator: torch.Generator,
+    indices: Sequence[int],
     on_step: Callable[[int], None],
+    prefixes: Sequence[tuple[int, ...]] | None = None,
 ) -> list[tuple[list[int], str, int]]:
     """Decode one micro-batch; returns (completion ids, finish reason, finish step) each.
 
-    Completion ids end with the stop token when the finish reason is "stop".
+    Completion ids end with the stop token when the finish reason is "stop". A sequence
+    with a prefix (completion ids it already has) continues after it: its returned ids
+    are the prefix and up to `max_tokens` new ones, its finish step counts from the
+    prefix's start. Sampling depends on `params.seed`, the sequence's `indices[k]` and
+    the position only (`uniforms`).
 
     `on_step(n_unfinished)` is called after every decode step of the micro-batch.
     Prompts are encoded one by one (they differ in length; a GRU has no padding mask),
     then decoded together.
     """
+    n = len(prompt_ids)
+    pre = [tuple(p) for p in prefixes] if prefixes is not None else [()] * n
     hiddens, last = [], []
-    for ids in prompt_ids:
-        seq = torch.tensor([[BOS, *ids]], dtype=torch.long)
+    for ids, head in zip(prompt_ids, pre, strict=True):
+        seq = torch.tensor([[BOS, *ids, *head]], dtype=torch.long)
         logits, h = model.step(seq, None)
         hiddens.append(h)
         last.append(logits)
     hidden = torch.cat(hiddens, dim=1)
     logits = torch.cat(last, dim=0)
-    n = len(prompt_ids)
-    outs: list[list[int]] = [[] for _ in range(n)]
+    index = torch.tensor(list(indices), dtype=torch.int64)
+    start = torch.tensor([len(h) for h in pre], dtype=torch.int64)
+    outs: list[list[int]] = [list(h) for h in pre]
     done = [False] * n
     reason = ["length"] * n
-    finish = [params.max_tokens - 1] * n
+    finish = [len(pre[i]) + params.max_tokens - 1 for i in range(n)]
+    seed = params.seed * 1_000_003
     for step in range(params.max_tokens):
         if params.temperature == 0.0:
             tok = logits.argmax(dim=-1)
         else:
-            probs = torch.softmax(logits / params.temperature, dim=-1)
-            tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            # inverse-CDF sampling of softmax(logits / T) at a counter-based uniform
+            probs = torch.softmax(logits.double() / params.temperature, dim=-1)
+            cdf = probs.cumsum(dim=-1)
+            u = uniforms(seed, index, start + step)[:, None] * cdf[:, -1:]
+            tok = (cdf < u).sum(dim=-1).clamp(max=probs.shape[-1] - 1)
         for i in range(n):
             if done[i]:
                 continue
@@ -105,7 +149,7 @@ def sample_micro_batch(
             # PAD/BOS are never valid completion tokens and also end the sample
             outs[i].append(t)
             if t in (EOS, PAD, BOS):
-                done[i], reason[i], finish[i] = True, "stop", step
+                done[i], reason[i], finish[i] = True, "stop", len(pre[i]) + step
         if step == params.max_tokens - 1:
             done = [True] * n  # the rest end here by length
         on_step(n - sum(done))

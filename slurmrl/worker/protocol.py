@@ -83,12 +83,67 @@ class GenerateParams:
         return cls(**kw)
 
 
+#: the longest completion prefix a `generate` call continues
+MAX_PREFIX_TOKENS = 65536
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """Where each prompt of a `generate` call stands in a larger rollout.
+
+    `indices[k]`: prompt k's place in the whole batch (its sampling depends on it, not
+    on the call it is in); `prefixes[k]`: the completion token ids it already has, which
+    the call continues (`max_tokens` more at most; the sample returned holds the prefix
+    and the new ids). A replicated rollout uses it to move unfinished sequences onto
+    fewer replicas (slurmrl/client/replicas.py). Without it a call's prompts are at
+    `first_index`, `first_index + 1`, ... and start empty.
+    """
+
+    indices: tuple[int, ...]
+    prefixes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def from_json(cls, raw: Any, n_prompts: int) -> Continuation:
+        """Parse `{"indices": [...], "prefixes": [[...], ...]}`; each list has one entry
+        per prompt. Errors name the key and the entry."""
+        if not isinstance(raw, Mapping):
+            raise BackendError("continuation must be an object with indices and prefixes")
+        unknown = sorted(set(raw) - {"indices", "prefixes"})
+        if unknown:
+            raise BackendError(f"continuation has unknown key(s) {unknown}; "
+                               "valid: ['indices', 'prefixes']")
+        idx, pre = raw.get("indices"), raw.get("prefixes")
+        if not isinstance(idx, list) or len(idx) != n_prompts:
+            raise BackendError(f"continuation.indices must be a list of {n_prompts} "
+                               "integers, one per prompt")
+        for k, i in enumerate(idx):
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= 2**31:
+                raise BackendError(f"continuation.indices[{k}] must be an integer in "
+                                   f"0..2**31, got {i!r}")
+        if len(set(idx)) != len(idx):
+            raise BackendError("continuation.indices has duplicates: each prompt is one "
+                               "place in the batch")
+        if not isinstance(pre, list) or len(pre) != n_prompts:
+            raise BackendError(f"continuation.prefixes must be a list of {n_prompts} "
+                               "token-id lists, one per prompt")
+        for k, p in enumerate(pre):
+            if not isinstance(p, list) or len(p) > MAX_PREFIX_TOKENS or not all(
+                    isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in p):
+                raise BackendError(f"continuation.prefixes[{k}] must be a list of at most "
+                                   f"{MAX_PREFIX_TOKENS} token ids (integers >= 0)")
+        return cls(tuple(idx), tuple(tuple(p) for p in pre))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"indices": list(self.indices), "prefixes": [list(p) for p in self.prefixes]}
+
+
 @dataclass(frozen=True)
 class Sample:
     """One generated completion.
 
-    `finish_step` is the decode step (0-based, within its micro-batch) at which the
-    sample ended; `finish_rank` its rank in the order all samples of the call finished.
+    `finish_step` is the decode step (0-based, within its micro-batch; for a continued
+    sequence, counted from its prefix's start) at which the sample ended; `finish_rank`
+    its rank in the order all samples of the call finished.
     """
 
     prompt: str
@@ -231,7 +286,8 @@ class ServiceBackend(Protocol):
     def activate(self) -> None:
         """Bring parked state back onto the device; a no-op when already ACTIVE."""
 
-    def generate(self, prompts: Sequence[str], params: GenerateParams) -> GenerateResult: ...
+    def generate(self, prompts: Sequence[str], params: GenerateParams,
+                 cont: Continuation | None = None) -> GenerateResult: ...
 
     def train_step(self, samples: Sequence[TrainSample]) -> dict[str, float]: ...
 

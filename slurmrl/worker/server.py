@@ -37,6 +37,7 @@ from slurmrl.gpu.nvml import NvmlMonitor, reading_json, visible_indices
 from slurmrl.model import Residency
 from slurmrl.worker.protocol import (
     BackendError,
+    Continuation,
     GenerateParams,
     NotReady,
     ServiceBackend,
@@ -224,7 +225,7 @@ class ServiceServer:
 
     async def _generate(self, request: web.Request) -> web.Response:
         obj = await self._json(request)
-        self._only(obj, {"prompts", "params"}, "generate")
+        self._only(obj, {"prompts", "params", "continuation"}, "generate")
         prompts = obj.get("prompts")
         if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
             raise HttpError(400, "generate: prompts must be a list of strings")
@@ -232,7 +233,9 @@ class ServiceServer:
         if not isinstance(raw, dict):
             raise HttpError(400, "generate: params must be an object")
         params = GenerateParams.from_json(raw)
-        result = await self.run_backend(self.backend.generate, prompts, params)
+        cont = (Continuation.from_json(obj["continuation"], len(prompts))
+                if "continuation" in obj else None)
+        result = await self.run_backend(self.backend.generate, prompts, params, cont)
         return web.json_response(result.to_json())
 
     async def _train_step(self, request: web.Request) -> web.Response:

@@ -9,7 +9,10 @@ about GPU memory.
 Long tail: `generate` decodes prompts `micro_batch` at a time; while it runs,
 `active_sequences()` is the number of prompts not finished yet (the server reports it in
 `status`), and the result carries each sample's finish order and the per-step count of
-unfinished sequences (`active_trace`).
+unfinished sequences (`active_trace`). Sampling depends on the seed, a sequence's place
+in the whole batch and the position only (`lm.uniforms`), so a batch split over
+replicas, or a sequence continued elsewhere from its prefix (`Continuation`), samples as
+one engine would.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from collections.abc import Sequence
 
 import torch
 
-from slurmrl.worker.lm import CharTokenizer, TinyLM, sample_micro_batch
+from slurmrl.worker.lm import BOS, EOS, PAD, CharTokenizer, TinyLM, sample_micro_batch
 from slurmrl.worker.protocol import (
     BackendError,
+    Continuation,
     GenerateParams,
     GenerateResult,
     Role,
@@ -40,7 +44,8 @@ class TinyBackend(TorchModelBackend):
         super().__init__(role, lambda: TinyLM(dim=dim), device="cpu", lr=lr, seed=seed)
         self.tokenizer = CharTokenizer()
 
-    def generate(self, prompts: Sequence[str], params: GenerateParams) -> GenerateResult:
+    def generate(self, prompts: Sequence[str], params: GenerateParams,
+                 cont: Continuation | None = None) -> GenerateResult:
         model, _ = self._ready("generate")
         assert isinstance(model, TinyLM)
         if not prompts:
@@ -48,6 +53,16 @@ class TinyBackend(TorchModelBackend):
         if len(prompts) > MAX_PROMPTS:
             raise BackendError(f"at most {MAX_PROMPTS} prompts per call, got {len(prompts)}")
         encoded = [self.tokenizer.encode(p) for p in prompts]
+        if cont is None:
+            indices = [params.first_index + k for k in range(len(prompts))]
+            prefixes: list[tuple[int, ...]] = [()] * len(prompts)
+        else:
+            indices, prefixes = list(cont.indices), list(cont.prefixes)
+            for k, head in enumerate(prefixes):
+                bad = [t for t in head if t in (EOS, PAD, BOS) or t >= self.tokenizer.vocab_size]
+                if bad:
+                    raise BackendError(f"continuation.prefixes[{k}] has token(s) {bad} that "
+                                       "end a completion or are outside the vocabulary")
         model.eval()
         mb = params.micro_batch
         results: list[tuple[list[int], str, int]] = []
@@ -59,19 +74,18 @@ class TinyBackend(TorchModelBackend):
                 for start in range(0, len(prompts), mb):
                     chunk = encoded[start : start + mb]
                     pending_after = len(prompts) - start - len(chunk)
-                    # one generator per micro-batch: outputs do not depend on what ran
-                    # before, only on (seed, micro-batch index)
-                    gen = torch.Generator().manual_seed(
-                        params.seed * 1_000_003 + params.first_index + start)
                     base = len(trace)
 
                     def on_step(unfinished: int, pending: int = pending_after) -> None:
                         self._active = unfinished + pending
                         trace.append(self._active)
 
-                    outs = sample_micro_batch(model, chunk, params, gen, on_step)
+                    outs = sample_micro_batch(model, chunk, params,
+                                              indices[start : start + mb], on_step,
+                                              prefixes[start : start + mb])
                     for i, (_, _, step) in enumerate(outs):
-                        finish_order.append((base + step, start, i))
+                        finish_order.append(
+                            (base + step - len(prefixes[start + i]), start, i))
                     results.extend(outs)
         finally:
             self._active = 0

@@ -34,6 +34,7 @@ from slurmrl.worker.lm import policy_gradient_loss
 from slurmrl.worker.offload import Offloader
 from slurmrl.worker.protocol import (
     BackendError,
+    Continuation,
     GenerateParams,
     GenerateResult,
     MemoryUse,
@@ -136,7 +137,8 @@ class TorchModelBackend:
 
     # --- data plane ----------------------------------------------------------------
 
-    def generate(self, prompts: Sequence[str], params: GenerateParams) -> GenerateResult:
+    def generate(self, prompts: Sequence[str], params: GenerateParams,
+                 cont: Continuation | None = None) -> GenerateResult:
         raise BackendError(
             f"the {self.name} backend does not generate; run generation on a rollout service"
         )

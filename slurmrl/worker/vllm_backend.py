@@ -50,6 +50,7 @@ from slurmrl.gpu.nvml import NvmlMonitor, descendant_pids
 from slurmrl.model import Residency
 from slurmrl.worker.protocol import (
     BackendError,
+    Continuation,
     GenerateParams,
     GenerateResult,
     MemoryUse,
@@ -175,13 +176,17 @@ class VllmBackend:
         if staged is not None:
             self._load(staged)  # wakes the KV cache once the new weights are in
 
-    def generate(self, prompts: Sequence[str], params: GenerateParams) -> GenerateResult:
+    def generate(self, prompts: Sequence[str], params: GenerateParams,
+                 cont: Continuation | None = None) -> GenerateResult:
         from vllm import SamplingParams
 
         if self._residency is not Residency.ACTIVE:
             raise NotReady(f"service is {self._residency}: activate it before generate")
         if not self._weights_valid:
             raise NotReady("weights were dropped (park level 2): import weights first")
+        indices = (list(cont.indices) if cont is not None
+                   else [params.first_index + k for k in range(len(prompts))])
+        tok = self._llm.get_tokenizer() if cont is not None else None
         samples: list[Sample] = []
         ends: list[tuple[int, int]] = []
         self._active = len(prompts)
@@ -190,17 +195,30 @@ class VllmBackend:
             # inside one micro-batch vLLM batches continuously and reports nothing
             for start in range(0, len(prompts), params.micro_batch):
                 chunk = list(prompts[start : start + params.micro_batch])
+                # a sequence's seed is its place in the whole batch; a continued one is
+                # sampled anew from its cut (vLLM's per-request generator cannot resume)
                 sps = [SamplingParams(temperature=params.temperature,
                                       max_tokens=params.max_tokens,
-                                      seed=params.seed * 1_000_003 + params.first_index
-                                      + start + i)
+                                      seed=params.seed * 1_000_003 + indices[start + i])
                        for i in range(len(chunk))]
-                for i, out in enumerate(self._llm.generate(chunk, sps, use_tqdm=False)):
+                heads: list[tuple[int, ...]] = [()] * len(chunk)
+                inputs: list[Any] = chunk
+                if cont is not None and tok is not None:
+                    heads = list(cont.prefixes[start : start + len(chunk)])
+                    # the prompt's ids and the completion so far, as a TokensPrompt
+                    inputs = [{"prompt_token_ids": [*tok.encode(p), *h]}
+                              for p, h in zip(chunk, heads, strict=True)]
+                outs = self._llm.generate(inputs, sps, use_tqdm=False)
+                for i, out in enumerate(outs):
                     comp = out.outputs[0]
-                    ids = tuple(comp.token_ids)
-                    ends.append((start * params.max_tokens + len(ids), start + i))
-                    samples.append(Sample(out.prompt, comp.text,
-                                          tuple(out.prompt_token_ids or ()), ids,
+                    head = heads[i]
+                    ids = (*head, *comp.token_ids)
+                    prompt_ids = tuple(out.prompt_token_ids or ())
+                    if head:
+                        prompt_ids = prompt_ids[: len(prompt_ids) - len(head)]
+                    text = comp.text if not head or tok is None else tok.decode(list(ids))
+                    ends.append((start * params.max_tokens + len(comp.token_ids), start + i))
+                    samples.append(Sample(chunk[i], text, prompt_ids, ids,
                                           str(comp.finish_reason), max(len(ids) - 1, 0), 0))
                 self._active = len(prompts) - start - len(chunk)
         finally:

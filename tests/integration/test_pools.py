@@ -578,7 +578,8 @@ def test_a_staggered_placement_runs_each_job_on_its_own_window_of_the_pool(
 
 
 TAIL_DRIVER = '''#!{python}
-"""A rollout run as two replicas: its tail gives the finished replica's GPU away."""
+"""A rollout run as two replicas: its tail gives the finished replica's GPU away (or, in
+rounds, the replica its unfinished sequences moved off)."""
 import json, sys, slurmrl
 job = slurmrl.connect(url=sys.argv[1])
 ro, tr = job.service("rollout"), job.service("trainer")
@@ -586,14 +587,17 @@ prompts = [f"{{k}}+{{k}}=" for k in range(48)]  # 3 micro-batches on 2 replicas:
 last = None
 try:
     for i in range(10000):
-        # start on whatever part of the rollout set is free
+        # start on whatever part of the rollout set is free; every other rollout in
+        # rounds of 4 tokens, its unfinished sequences moved onto the fewest replicas
+        rounds = 4 if i % 2 else None
         with job.phase("rollout", min_gpus=1) as lease:
             held = list(lease.gpus)
             out = [s.completion_ids for s in ro.generate(prompts, max_tokens=16, seed=11,
-                                                         micro_batch=16).samples]
+                                                         micro_batch=16,
+                                                         round_tokens=rounds).samples]
             # same weights and seed: the same outputs, however the batch was split
             print(json.dumps({{"round": i, "same": last is None or out == last,
-                              "held": held, "kept": list(lease.gpus),
+                              "held": held, "kept": list(lease.gpus), "rounds": rounds,
                               "handle": type(ro).__name__}}), flush=True)
             last = out
         with job.phase("train"):
@@ -654,6 +658,20 @@ def test_a_rollout_tail_hands_its_finished_replicas_gpus_to_the_partners_rollout
         shrunk = [r for rs in rounds.values() for r in rs
                   if len(r["held"]) == 2 and len(r["kept"]) == 1]  # type: ignore[arg-type]
         assert shrunk, rounds
+
+        # in rounds, the tail is consolidated: 22 of the 48 sequences are unfinished
+        # after the first 4 tokens (the untrained tiny model, seed 11: its weights do
+        # not change here), which fits one replica, so a rollout that began on both
+        # GPUs ends on one; and its outputs are those of the plain split
+        def consolidated() -> list[dict[str, object]]:
+            return [r for o in outs.values() for r in _rounds(o)
+                    if r["rounds"] and len(r["held"]) == 2]  # type: ignore[arg-type]
+
+        _wait(consolidated, 120, "a rollout in rounds that began on both GPUs",
+              lambda: "\n".join(read(o)[-1500:] for o in outs.values()))
+        for r in consolidated():
+            assert r["kept"] == [0] and r["same"], r
+        assert all(r["same"] for o in outs.values() for r in _rounds(o))
         # a grant on one GPU woke only the replica there
         assert re.search(r"\(rollout\): parked [^\n]*activated \[\(\d+, 'rollout:[01]'\)\]",
                          read(ctl.log)), read(ctl.log)[-4000:]

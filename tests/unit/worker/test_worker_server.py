@@ -73,6 +73,16 @@ def test_wrong_secret_and_replay_and_tampering_are_refused(rollout_service: Runn
         (json.dumps({"prompts": ["1="], "n": 2}).encode(), r"unknown field\(s\) \['n'\]"),
         (json.dumps({"prompts": ["1="], "params": {"top_p": 1}}).encode(), "top_p"),
         (json.dumps({"prompts": ["hello"]}).encode(), "outside the tiny vocabulary"),
+        (json.dumps({"prompts": ["1=", "2="], "continuation": {"indices": [0],
+                     "prefixes": [[], []]}}).encode(), r"continuation.indices must be a list of 2"),
+        (json.dumps({"prompts": ["1="], "continuation": {"indices": [0],
+                     "prefixes": [[4, "x"]]}}).encode(), r"continuation.prefixes\[0\]"),
+        (json.dumps({"prompts": ["1=", "2="], "continuation": {"indices": [3, 3],
+                     "prefixes": [[], []]}}).encode(), "duplicates"),
+        (json.dumps({"prompts": ["1="], "continuation": {"indices": [0], "prefixes": [[4, 2]],
+                     }}).encode(), r"prefixes\[0\] has token\(s\) \[2\] that end"),
+        (json.dumps({"prompts": ["1="], "continuation": {"indices": [0], "prefixes": [[]],
+                     "cache": 1}}).encode(), r"unknown key\(s\) \['cache'\]"),
     ],
 )
 def test_malformed_generate_gets_400_naming_the_problem(

@@ -1,0 +1,126 @@
+"""A replicated rollout that consolidates its tail: between rounds the unfinished
+sequences move onto the fewest replicas that hold them, the lease shrinks to those
+replicas' GPUs, and the outputs are one engine's.
+
+In-process: the replicas are `tiny` backends called directly and the lease is a
+recording stand-in (the lease RPC and the controller's side of a shrink are covered by
+tests/integration/test_pools.py)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from slurmrl.client.replicas import ReplicatedRollout
+from slurmrl.model import Residency
+from slurmrl.worker.protocol import Continuation, GenerateParams, GenerateResult, Role
+from slurmrl.worker.tiny import TinyBackend
+
+PROMPTS = [f"{a}+{b}=" for a in range(4) for b in range(4)]  # 16 sequences
+
+
+class RecordingLease:
+    """What ReplicatedRollout uses of a `Lease`; shrinks are recorded with how many
+    sequences were unfinished then."""
+
+    lease_id, phase = 7, "rollout"
+
+    def __init__(self, gpus: tuple[int, ...], unfinished: list[int]) -> None:
+        self.gpus, self.held = gpus, True
+        self.shrinks: list[tuple[tuple[int, ...], int]] = []
+        self._unfinished = unfinished
+
+    def check(self) -> None:
+        assert self.held
+
+    def shrink(self, keep: int | None = None, *, gpus: Any = None) -> None:
+        assert keep is None and set(gpus) < set(self.gpus)
+        self.gpus = tuple(sorted(gpus))
+        self.shrinks.append((self.gpus, self._unfinished[-1]))
+
+
+class Replica:
+    """A tiny backend behind the keyword interface of a service handle."""
+
+    def __init__(self, i: int, calls: list[tuple[int, int, tuple[int, ...]]]) -> None:
+        self.i, self.calls = i, calls
+        self.lease: RecordingLease | None = None
+        self.backend = TinyBackend(Role.ROLLOUT)
+        self.backend.load()
+
+    def generate(self, prompts: list[str], *, max_tokens: int, temperature: float,
+                 seed: int, micro_batch: int, timeout_s: float | None = None,
+                 first_index: int = 0, continuation: Continuation | None = None
+                 ) -> GenerateResult:
+        assert self.backend.residency is Residency.ACTIVE
+        # called only on replicas whose GPUs the lease holds now
+        assert self.lease is not None and self.i in self.lease.gpus
+        idx = continuation.indices if continuation is not None else tuple(
+            range(first_index, first_index + len(prompts)))
+        self.calls.append((self.i, max_tokens, idx))
+        return self.backend.generate(prompts, GenerateParams(
+            max_tokens=max_tokens, temperature=temperature, seed=seed,
+            micro_batch=micro_batch, first_index=first_index), continuation)
+
+
+class Job:
+    def __init__(self, lease: RecordingLease) -> None:
+        self.job_id, self.current = 1, lease
+
+
+def rollout(n: int) -> tuple[ReplicatedRollout, RecordingLease, list[Any], list[int]]:
+    calls: list[tuple[int, int, tuple[int, ...]]] = []
+    unfinished = [len(PROMPTS)]
+    lease = RecordingLease(tuple(range(n)), unfinished)
+    replicas = [Replica(i, calls) for i in range(n)]
+    for r in replicas:
+        r.lease = lease
+    ro = ReplicatedRollout(cast(Any, Job(lease)), [cast(Any, r) for r in replicas],
+                           [(i,) for i in range(n)])
+    return ro, lease, calls, unfinished
+
+
+def test_rounds_consolidate_the_tail_and_give_gpus_back_as_it_thins() -> None:
+    ro, lease, calls, unfinished = rollout(4)
+    out = ro.generate(PROMPTS, max_tokens=24, seed=5, round_tokens=3,
+                      on_tail=unfinished.append)
+    one = TinyBackend(Role.ROLLOUT)
+    one.load()
+    ref = one.generate(PROMPTS, GenerateParams(max_tokens=24, seed=5, micro_batch=16))
+    # the outputs of one engine over the whole batch
+    assert [s.completion_ids for s in out.samples] == [s.completion_ids for s in ref.samples]
+    assert [s.finish_reason for s in out.samples] == [s.finish_reason for s in ref.samples]
+    assert sorted(s.finish_rank for s in out.samples) == list(range(len(PROMPTS)))
+    # the lease shrank replica by replica, each time the unfinished fit the rest
+    # (4 sequences per replica, as at the start)
+    assert lease.shrinks, "no shrink: the tail was never consolidated"
+    kept = [g for g, _ in lease.shrinks]
+    assert kept == sorted(kept, key=len, reverse=True)
+    for gpus, left in lease.shrinks:
+        assert gpus == tuple(range(len(gpus))) and left <= 4 * len(gpus)
+    # sequences moved: a replica continued some another replica had started
+    first = {k: i for i, _, idx in calls[:4] for k in idx}
+    assert any(first[k] != i for i, _, idx in calls[4:] for k in idx)
+    # each call decoded one round of at most 3 tokens
+    assert all(budget <= 3 for _, budget, _ in calls)
+
+
+def test_without_rounds_a_replica_keeps_its_share_to_the_end() -> None:
+    ro, _, calls, unfinished = rollout(4)
+    out = ro.generate(PROMPTS, max_tokens=24, seed=5, micro_batch=4,
+                      on_tail=unfinished.append)
+    with_rounds = rollout(4)[0].generate(PROMPTS, max_tokens=24, seed=5, round_tokens=3)
+    assert out.samples == tuple(
+        s.__class__(s.prompt, s.completion, s.prompt_ids, s.completion_ids,
+                    s.finish_reason, s.finish_step, o.finish_rank)
+        for s, o in zip(with_rounds.samples, out.samples, strict=True))
+    # four calls of one micro-batch each, decoded to the end: no sequence moved
+    assert sorted(len(idx) for _, _, idx in calls) == [4, 4, 4, 4]
+
+
+def test_bad_round_tokens_is_refused_before_anything_runs() -> None:
+    ro, lease, calls, _ = rollout(2)
+    with pytest.raises(ValueError, match="round_tokens must be >= 1"):
+        ro.generate(PROMPTS, round_tokens=0)
+    assert calls == [] and lease.shrinks == []
