@@ -189,8 +189,12 @@ class ReplicatedRollout:
                                  for r in results) for t in range(width))
                 for share, res in zip(shares, results, strict=True):
                     for k, smp in zip(share, res.samples, strict=True):
+                        grew = len(smp.completion_ids) - len(have[k])
                         have[k] = smp.completion_ids
-                        if smp.finish_reason != "length" or len(have[k]) >= max_tokens:
+                        # ended: stopped, at max_tokens, or cut short of the round by
+                        # something else (e.g. the engine's context length)
+                        if (smp.finish_reason != "length" or len(have[k]) >= max_tokens
+                                or grew < budget):
                             final[k] = smp
                             ended.append((rnd, smp.finish_step - done_tokens, k))
                 done_tokens += budget

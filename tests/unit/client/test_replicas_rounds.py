@@ -124,3 +124,29 @@ def test_bad_round_tokens_is_refused_before_anything_runs() -> None:
     with pytest.raises(ValueError, match="round_tokens must be >= 1"):
         ro.generate(PROMPTS, round_tokens=0)
     assert calls == [] and lease.shrinks == []
+
+
+class ContextLimited(Replica):
+    """A replica whose engine cuts every sequence at 5 completion tokens ("length"), as
+    vLLM does at its context length."""
+
+    def generate(self, prompts: list[str], **kw: Any) -> GenerateResult:
+        out = super().generate(prompts, **kw)
+        return GenerateResult(tuple(
+            s.__class__(s.prompt, s.completion, s.prompt_ids, s.completion_ids[:5],
+                        "length" if len(s.completion_ids) >= 5 else s.finish_reason,
+                        s.finish_step, s.finish_rank) for s in out.samples))
+
+
+def test_a_sequence_the_engine_cuts_short_ends_instead_of_looping() -> None:
+    calls: list[tuple[int, int, tuple[int, ...]]] = []
+    lease = RecordingLease((0, 1), [len(PROMPTS)])
+    replicas = [ContextLimited(i, calls) for i in range(2)]
+    for r in replicas:
+        r.lease = lease
+    ro = ReplicatedRollout(cast(Any, Job(lease)), [cast(Any, r) for r in replicas],
+                           [(0,), (1,)])
+    out = ro.generate(PROMPTS, max_tokens=24, seed=5, round_tokens=3)
+    assert len(out.samples) == len(PROMPTS)
+    assert all(len(s.completion_ids) <= 5 for s in out.samples)
+    assert len(calls) <= 2 * 3  # rounds 1 and 2 at most: nothing grows past 5 tokens
