@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any, cast
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurmrl.client.replicas import ReplicatedRollout
 from slurmrl.model import Residency
@@ -69,9 +71,10 @@ class Job:
         self.job_id, self.current = 1, lease
 
 
-def rollout(n: int) -> tuple[ReplicatedRollout, RecordingLease, list[Any], list[int]]:
+def rollout(n: int, prompts: int = len(PROMPTS)
+            ) -> tuple[ReplicatedRollout, RecordingLease, list[Any], list[int]]:
     calls: list[tuple[int, int, tuple[int, ...]]] = []
-    unfinished = [len(PROMPTS)]
+    unfinished = [prompts]
     lease = RecordingLease(tuple(range(n)), unfinished)
     replicas = [Replica(i, calls) for i in range(n)]
     for r in replicas:
@@ -150,3 +153,28 @@ def test_a_sequence_the_engine_cuts_short_ends_instead_of_looping() -> None:
     assert len(out.samples) == len(PROMPTS)
     assert all(len(s.completion_ids) <= 5 for s in out.samples)
     assert len(calls) <= 2 * 3  # rounds 1 and 2 at most: nothing grows past 5 tokens
+
+
+@settings(max_examples=30, deadline=None)
+@given(n_rep=st.integers(1, 4), n=st.integers(1, 12), rounds=st.integers(1, 6),
+       max_tokens=st.integers(1, 10), seed=st.integers(0, 1000))
+def test_any_rounds_give_one_engines_outputs_and_only_ever_shrink(
+        n_rep: int, n: int, rounds: int, max_tokens: int, seed: int) -> None:
+    prompts = PROMPTS[:n]
+    ro, lease, calls, unfinished = rollout(n_rep, n)
+    out = ro.generate(prompts, max_tokens=max_tokens, seed=seed, round_tokens=rounds,
+                      on_tail=unfinished.append)
+    one = TinyBackend(Role.ROLLOUT)
+    one.load()
+    ref = one.generate(prompts, GenerateParams(max_tokens=max_tokens, seed=seed,
+                                               micro_batch=n))
+    assert [(s.completion_ids, s.finish_reason) for s in out.samples] == [
+        (s.completion_ids, s.finish_reason) for s in ref.samples]
+    assert unfinished[-1] == 0
+    cap = -(-n // n_rep)
+    sizes = [len(g) for g, _ in lease.shrinks]
+    assert sizes == sorted(set(sizes), reverse=True) and all(s < n_rep for s in sizes)
+    for gpus, left in lease.shrinks:
+        assert gpus == tuple(range(len(gpus))) and left <= cap * len(gpus)
+    # no call decoded more than a round, and none ran on a replica it had given back
+    assert all(budget <= rounds for _, budget, _ in calls)
