@@ -156,10 +156,11 @@ class ReplicatedRollout:
         Each replica holds at most `cap` = ceil(prompts / replicas held) sequences, as at
         the start. Before each round the unfinished sequences are dealt, in batch order,
         to the first ceil(unfinished / cap) replicas, each sequence continuing from the
-        tokens it has (`Continuation`: its place in the batch seeds its sampling, so the
-        outputs are those of one engine); the lease first shrinks to those replicas'
-        GPUs. The cost is a prefill of every continued sequence per round (vLLM's prefix
-        cache keeps it small where a sequence stays on its replica).
+        tokens it has (`Continuation`: its place in the batch seeds its sampling, so on
+        `tiny` the outputs are those of one engine; `vllm` samples a continued sequence
+        anew from its cut); the lease first shrinks to those replicas' GPUs. The cost is
+        a prefill of every continued sequence per round (vLLM's prefix cache keeps it
+        small where a sequence stays on its replica).
         """
         n, cap = len(prompts), -(-len(prompts) // len(mine))
         have: list[tuple[int, ...]] = [()] * n
