@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from slurmrl.client.job import Lease, NoLease
@@ -110,9 +111,7 @@ class ReplicatedRollout:
         def done(i: int) -> None:
             busy.discard(i)
             if give_back and busy and not errors and lease.held and lease.phase == "rollout":
-                keep = sorted({g for k in busy for g in self.gpus[k]})
-                if set(keep) != set(lease.gpus):
-                    lease.shrink(gpus=keep)
+                lease.shrink(gpus={g for k in busy for g in self.gpus[k]})  # no-op if same
 
         def work(i: int) -> None:
             try:
@@ -172,10 +171,8 @@ class ReplicatedRollout:
             while len(final) < n:
                 todo = [k for k in range(n) if k not in final]
                 active = mine[: -(-len(todo) // cap)]
-                keep = sorted({g for i in active for g in self.gpus[i]})
-                if (give_back and lease.held and lease.phase == "rollout"
-                        and set(keep) != set(lease.gpus)):
-                    lease.shrink(gpus=keep)
+                if give_back and lease.held and lease.phase == "rollout":
+                    lease.shrink(gpus={g for i in active for g in self.gpus[i]})
                 budget = min(round_tokens, max_tokens - done_tokens)
                 shares = [todo[j * cap:(j + 1) * cap] for j in range(len(active))]
                 calls = [ex.submit(
@@ -185,9 +182,7 @@ class ReplicatedRollout:
                     continuation=Continuation(tuple(share), tuple(have[k] for k in share)))
                     for i, share in zip(active, shares, strict=True)]
                 results = [c.result() for c in calls]  # a replica's error is raised here
-                width = max(len(r.active_trace) for r in results)
-                trace.extend(sum(r.active_trace[t] if t < len(r.active_trace) else 0
-                                 for r in results) for t in range(width))
+                trace.extend(_sum_traces(r.active_trace for r in results))
                 for share, res in zip(shares, results, strict=True):
                     for k, smp in zip(share, res.samples, strict=True):
                         grew = len(smp.completion_ids) - len(have[k])
@@ -203,10 +198,8 @@ class ReplicatedRollout:
                 if on_tail is not None:
                     on_tail(n - len(final))
         rank = {k: r for r, (_, _, k) in enumerate(sorted(ended))}
-        return GenerateResult(tuple(
-            Sample(prompts[k], s.completion, s.prompt_ids, s.completion_ids,
-                   s.finish_reason, s.finish_step, rank[k])
-            for k, s in sorted(final.items())), tuple(trace))
+        return GenerateResult(tuple(replace(s, finish_rank=rank[k])
+                                    for k, s in sorted(final.items())), tuple(trace))
 
     def import_weights(self, blob: bytes, timeout_s: float | None = None) -> dict[str, Any]:
         """Load `blob` into every replica (parked ones stage it until activated)."""
@@ -231,11 +224,13 @@ def _merge(results: dict[int, GenerateResult], back: list[int],
     ranked = sorted(((order[start], s.finish_rank, start, k)
                      for start, res in results.items() for k, s in enumerate(res.samples)))
     rank = {(start, k): r for r, (_, _, start, k) in enumerate(ranked)}
-    samples: list[Sample] = []
-    for start in sorted(results):
-        for k, s in enumerate(results[start].samples):
-            samples.append(Sample(s.prompt, s.completion, s.prompt_ids, s.completion_ids,
-                                  s.finish_reason, s.finish_step, rank[(start, k)]))
-    width = max((len(t) for t in traces.values()), default=0)
-    trace = [sum(t[n] for t in traces.values() if n < len(t)) for n in range(width)]
-    return GenerateResult(tuple(samples), tuple(trace))
+    samples = tuple(replace(s, finish_rank=rank[(start, k)]) for start in sorted(results)
+                    for k, s in enumerate(results[start].samples))
+    return GenerateResult(samples, tuple(_sum_traces(traces.values())))
+
+
+def _sum_traces(traces: Iterable[Sequence[int]]) -> list[int]:
+    """Replicas' unfinished-sequence counts summed decode step by decode step."""
+    ts = list(traces)
+    width = max((len(t) for t in ts), default=0)
+    return [sum(t[n] for t in ts if n < len(t)) for n in range(width)]

@@ -37,6 +37,8 @@ class RecordingLease:
         assert self.held
 
     def shrink(self, keep: int | None = None, *, gpus: Any = None) -> None:
+        if keep is None and set(gpus) == set(self.gpus):
+            return  # as `Lease.shrink`: nothing to give back, no RPC
         assert keep is None and set(gpus) < set(self.gpus)
         self.gpus = tuple(sorted(gpus))
         self.shrinks.append((self.gpus, self._unfinished[-1]))
