@@ -3,7 +3,7 @@ controller's rollout replicas recover.
 
     python benchmarks/controller_gap.py [--jobs 60] [--seeds 2] [--no-write]
 
-Runs the default policy on the suite four ways, every job's limit set to the users'
+Runs the default policy on the suite five ways, every job's limit set to the users'
 limit shown, and writes the "Simulator and controller" section of docs/benchmarks.md
 (means over seeds x (steady, bursty)):
 - `designed`: the simulator as it is: a rollout's lease shrinks through its tail with
