@@ -4,6 +4,7 @@
     with job.phase("rollout") as lease:       # waits for the GPUs, then holds them
         ...
         lease.shrink(2)                       # give all but 2 GPUs back (long tail)
+        lease.grow([2, 3])                    # take back those of them now free
 
 A background thread heartbeats every `heartbeat_s` while the job holds or waits for a
 lease. If the controller revokes the lease (missed heartbeats, job ended, pool lost),
@@ -91,6 +92,20 @@ class Lease:
         _, ans = self._job._rpc.call(
             "POST", f"/v1/jobs/{self._job.job_id}/leases/{self.lease_id}/shrink", body)
         self._update(ans["lease"])
+
+    def grow(self, gpus: Iterable[int]) -> tuple[int, ...]:
+        """Ask for more of this phase's job-local `gpus`: the lease takes those free
+        now that no other phase waits for (it never makes a partner wait), once the
+        job's services there are active. Does not block; returns the GPUs it took."""
+        self.check()
+        wanted = sorted(set(gpus) - set(self.gpus))
+        if not wanted:
+            return ()
+        _, ans = self._job._rpc.call(
+            "POST", f"/v1/jobs/{self._job.job_id}/leases/{self.lease_id}/grow",
+            {"gpus": wanted})
+        self._update(ans["lease"])
+        return tuple(ans["added"])
 
     def release(self, timing: Mapping[str, float] | None = None) -> None:
         if self.released or self.revoked_reason is not None:

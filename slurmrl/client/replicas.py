@@ -14,14 +14,19 @@ the whole batch (`GenerateParams.first_index`), as one engine would sample it.
 Without migration a replica's GPUs free only when its whole share is done, late in a
 long tail. `generate(..., round_tokens=N)` consolidates the tail instead: prompts decode
 in rounds of N tokens, and between rounds the unfinished sequences move, with the tokens
-they have, onto the fewest replicas that hold them (`Continuation`), the other replicas'
-GPUs going back at once: the tail the simulator's designed rows assume (G/2, ... 1 GPU),
-at replica granularity, for one prefill per continued sequence and round.
+they have, onto as many replicas as they fill at one replica's share of the whole batch
+(`Continuation`), the other replicas' GPUs going back at once: the tail the simulator's
+designed rows assume (G/2, ... 1 GPU), at replica granularity, for one prefill per
+continued sequence and round. A rollout started on part of its set grows back between
+rounds (`Lease.grow`: the replicas it lacks, as far as their GPUs are free and no other
+phase waits for them), as the simulator's rollouts do.
 
-Known limits: a replica runs one micro-batch per call (one HTTP request each); a lease
-does not grow back, so a rollout started on part of its set stays there; `finish_rank`
-orders samples by the order their micro-batches (or rounds) came back, then within one;
-rounds are a barrier: a round lasts as long as its slowest replica's call.
+Known limits: a replica runs one micro-batch per call (one HTTP request each); without
+rounds a lease does not grow back, so a rollout started on part of its set stays there;
+a grow that gets only part of a multi-GPU replica's GPUs gives them back at the round's
+shrink; `finish_rank` orders samples by the order their micro-batches (or rounds) came
+back, then within one; rounds are a barrier: a round lasts as long as its slowest
+replica's call.
 """
 
 from __future__ import annotations
@@ -69,14 +74,16 @@ class ReplicatedRollout:
         self, prompts: Sequence[str], *, max_tokens: int = 16, temperature: float = 1.0,
         seed: int = 0, micro_batch: int = 8, timeout_s: float | None = None,
         on_tail: Callable[[int], None] | None = None, give_back: bool = True,
-        poll_s: float = 0.5, round_tokens: int | None = None,
+        poll_s: float = 0.5, round_tokens: int | None = None, grow: bool = True,
     ) -> GenerateResult:
         """Generate on the replicas the lease holds; `on_tail(n)` is told how many prompts
         are still unfinished each time a micro-batch (or a round) comes back.
 
         With `round_tokens`, the tail is consolidated (`_rounds`): the prompts decode in
         rounds of that many tokens, and after each round the unfinished ones move onto
-        the fewest replicas that hold them, the others' GPUs going back."""
+        as many replicas as they need at one replica's share of the whole batch, the
+        others' GPUs going back; with `grow` too, a rollout started on part of its set
+        takes back, between rounds, the replicas it lacks as their GPUs free."""
         del poll_s  # the replicas report through their answers, not by polling
         if getattr(on_tail, "__func__", None) is Lease.shrink:
             raise ValueError("a replicated rollout gives the GPUs of its finished replicas "
@@ -87,15 +94,14 @@ class ReplicatedRollout:
         if round_tokens is not None and round_tokens < 1:
             raise ValueError(f"round_tokens must be >= 1, got {round_tokens}")
         lease = self._lease()
-        held = set(lease.gpus)
-        mine = [i for i, g in enumerate(self.gpus) if set(g) <= held]
+        mine = self._held(lease)
         if not mine:
-            raise NoLease(f"lease {lease.lease_id} holds job GPUs {sorted(held)}, none of "
+            raise NoLease(f"lease {lease.lease_id} holds job GPUs {sorted(lease.gpus)}, none of "
                           f"the rollout replicas' ({self.gpus})")
         if round_tokens is not None:
-            return self._rounds(lease, mine, prompts, round_tokens, max_tokens=max_tokens,
+            return self._rounds(lease, prompts, round_tokens, max_tokens=max_tokens,
                                 temperature=temperature, seed=seed, timeout_s=timeout_s,
-                                on_tail=on_tail, give_back=give_back)
+                                on_tail=on_tail, give_back=give_back, grow=grow)
         queue = deque((start, list(prompts[start:start + micro_batch]))
                       for start in range(0, len(prompts), micro_batch))
         lock = threading.Lock()
@@ -146,35 +152,59 @@ class ReplicatedRollout:
             raise errors[0]
         return _merge(results, back, traces)
 
-    def _rounds(self, lease: Lease, mine: list[int], prompts: Sequence[str],
+    def _held(self, lease: Lease) -> list[int]:
+        """The replicas whose GPUs the lease holds, in order."""
+        held = set(lease.gpus)
+        return [i for i, g in enumerate(self.gpus) if set(g) <= held]
+
+    def _grow(self, lease: Lease, mine: list[int], want: int) -> list[int]:
+        """Ask the lease for lacking replicas' GPUs, in order, a few at a time, until it
+        holds `want` replicas or every lacking one was asked for; the replicas held."""
+        lacking = [i for i in range(len(self.replicas)) if i not in mine]
+        while len(mine) < want and lacking:
+            ask, lacking = lacking[:want - len(mine)], lacking[want - len(mine):]
+            if lease.grow(g for i in ask for g in self.gpus[i]):
+                mine = self._held(lease)
+        return mine
+
+    def _rounds(self, lease: Lease, prompts: Sequence[str],
                 round_tokens: int, *, max_tokens: int, temperature: float, seed: int,
                 timeout_s: float | None, on_tail: Callable[[int], None] | None,
-                give_back: bool) -> GenerateResult:
+                give_back: bool, grow: bool) -> GenerateResult:
         """Decode in rounds of `round_tokens`, consolidating the unfinished sequences.
 
-        Each replica holds at most `cap` = ceil(prompts / replicas held) sequences, as at
-        the start. Before each round the unfinished sequences are dealt, in batch order,
-        to the first ceil(unfinished / cap) replicas, each sequence continuing from the
-        tokens it has (`Continuation`: its place in the batch seeds its sampling, so on
-        `tiny` the outputs are those of one engine; `vllm` samples a continued sequence
-        anew from its cut); the lease first shrinks to those replicas' GPUs. The cost is
-        a prefill of every continued sequence per round (vLLM's prefix cache keeps it
-        small where a sequence stays on its replica).
+        A replica's share is `fair` = ceil(prompts / replicas), as when the whole set
+        runs. Before each round the rollout wants ceil(unfinished / fair) replicas: with
+        `grow`, it asks the lease for the GPUs of the replicas it lacks (a rollout started
+        on part of its set takes back what its partner left; `Lease.grow`), and the
+        unfinished sequences are dealt evenly, in batch order, to the first of the held
+        replicas it wants; with `give_back` the lease first shrinks to those replicas'
+        GPUs. Each sequence continues from the tokens it has (`Continuation`: its place
+        in the batch seeds its sampling, so on `tiny` the outputs are those of one engine;
+        `vllm` samples a continued sequence anew from its cut). The cost is a prefill of
+        every continued sequence per round (vLLM's prefix cache keeps it small where a
+        sequence stays on its replica).
         """
-        n, cap = len(prompts), -(-len(prompts) // len(mine))
+        n, fair = len(prompts), -(-len(prompts) // len(self.replicas))
         have: list[tuple[int, ...]] = [()] * n
         final: dict[int, Sample] = {}
         ended: list[tuple[int, int, int]] = []  # (round, finish step in round, index)
         trace: list[int] = []
         done_tokens, rnd = 0, 0
-        with ThreadPoolExecutor(len(mine), thread_name_prefix="slurmrl-replica") as ex:
+        with ThreadPoolExecutor(len(self.replicas), thread_name_prefix="slurmrl-replica") as ex:
             while len(final) < n:
                 todo = [k for k in range(n) if k not in final]
-                active = mine[: -(-len(todo) // cap)]
-                if give_back and lease.held and lease.phase == "rollout":
+                want = -(-len(todo) // fair)
+                mine = self._held(lease)
+                ours = lease.held and lease.phase == "rollout"
+                if grow and ours and len(mine) < want:
+                    mine = self._grow(lease, mine, want)
+                per = -(-len(todo) // min(want, len(mine)))
+                active = mine[:-(-len(todo) // per)]
+                if give_back and ours:
                     lease.shrink(gpus={g for i in active for g in self.gpus[i]})
                 budget = min(round_tokens, max_tokens - done_tokens)
-                shares = [todo[j * cap:(j + 1) * cap] for j in range(len(active))]
+                shares = [todo[j * per:(j + 1) * per] for j in range(len(active))]
                 calls = [ex.submit(
                     self.replicas[i].generate, [prompts[k] for k in share],
                     max_tokens=budget, temperature=temperature, seed=seed,

@@ -29,7 +29,7 @@ from slurmrl.controller.metrics import Metrics
 from slurmrl.db import JobRecord, Store
 from slurmrl.leases import LeaseError, LeaseTable
 from slurmrl.leases.invariants import check_table
-from slurmrl.leases.types import Event, Grant, Lease, Released, Revoke, Shrunk
+from slurmrl.leases.types import Event, Grant, Grown, Lease, Released, Revoke, Shrunk
 from slurmrl.model import LeaseState, Phase
 
 log = logging.getLogger(__name__)
@@ -230,6 +230,32 @@ class LeaseScheduler:
         assert lease is not None
         return lease
 
+    def grow(self, job: JobRecord, lease_id: int,
+             local_gpus: Sequence[int]) -> tuple[Lease, frozenset[int]]:
+        """Add to the lease those of the job-local `local_gpus` that are free and that no
+        waiter asks for (`LeaseTable.grow`); they must be GPUs of the lease's phase.
+        Returns the lease and the pool GPUs it took."""
+        table = self._table_of(job, lease_id)
+        lease = table.lease(lease_id)
+        assert lease is not None
+        pool_gpus = job.pool_gpus or ()
+        bad = sorted(g for g in local_gpus if not 0 <= g < len(pool_gpus))
+        if bad:
+            raise LeaseError(f"job {job.job_id} has no GPU(s) {bad}: its GPUs are "
+                             f"0..{len(pool_gpus) - 1}")
+        gpus = {pool_gpus[g] for g in local_gpus}
+        allowed = set(job.pool_gpus_for(lease.phase))
+        if not gpus <= allowed:
+            outside = sorted(pool_gpus.index(g) for g in gpus - allowed)
+            raise LeaseError(f"job {job.job_id}'s {lease.phase} phase does not run on its "
+                             f"GPU(s) {outside}")
+        now = self.clock()
+        with self.store.transaction():
+            self._apply(table.pool_id, table.grow(lease_id, gpus, now), now)
+        grown = table.lease(lease_id)
+        assert grown is not None
+        return grown, grown.gpus - lease.gpus
+
     def heartbeat(self, job: JobRecord) -> list[Lease]:
         """Renew the job's leases and requests; returns the leases it holds now."""
         if job.pool_id is None or job.pool_id not in self.tables:
@@ -301,6 +327,9 @@ class LeaseScheduler:
                     hook(pool_id, ev.lease)
             elif isinstance(ev, Shrunk):
                 self.store.lease_shrunk(ev.lease, ev.freed, now)
+                self._whole.discard(ev.lease.lease_id)
+            elif isinstance(ev, Grown):
+                self.store.lease_grown(pool_id, ev.lease, ev.added, now)
                 self._whole.discard(ev.lease.lease_id)
             elif isinstance(ev, Released):
                 self._ended(pool_id, ev.lease, LeaseState.RELEASED, "", ev.at, timing)

@@ -34,6 +34,7 @@ from slurmrl.controller.core import Controller
 from slurmrl.controller.scheduler import RequestEnded
 from slurmrl.controller.validate import (
     ACQUIRE,
+    GROW,
     RELEASE,
     SHRINK,
     F,
@@ -353,6 +354,19 @@ class Api:
             job, parse_id(request.match_info["lease_id"], "lease id"), b["keep"], b["gpus"])
         return _json({"lease": self._lease(lease, job.pool_id or 0)})
 
+    async def grow(self, request: web.Request) -> web.Response:
+        """Add free job-local GPUs to a held lease (none waited for); answers the lease,
+        with `added` (job-local), once the services on the added GPUs are active."""
+        b = _body(request, GROW)
+        job = self.c.active_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
+        lease_id = parse_id(request.match_info["lease_id"], "lease id")
+        lease, added = self.c.scheduler.grow(job, lease_id, b["gpus"])
+        if added:
+            await self.c.pools.before_answer(job, lease)
+        pool_gpus = job.pool_gpus or ()
+        return _json({"lease": self._lease(lease, job.pool_id or 0),
+                      "added": sorted(pool_gpus.index(g) for g in added)})
+
     async def observe(self, request: web.Request) -> web.Response:
         b = _body(request, {"phase": F("str", True, choices=("reward", "idle")),
                             "started_at": F("num", True, 0, 2**40),
@@ -442,6 +456,7 @@ def make_app(c: Controller) -> web.Application:
     r.add_get("/v1/jobs/{job_id}/leases/{lease_id}", a.get_lease)
     r.add_post("/v1/jobs/{job_id}/leases/{lease_id}/release", a.release)
     r.add_post("/v1/jobs/{job_id}/leases/{lease_id}/shrink", a.shrink)
+    r.add_post("/v1/jobs/{job_id}/leases/{lease_id}/grow", a.grow)
     r.add_post("/v1/jobs/{job_id}/observations", a.observe)
     r.add_get("/v1/jobs/{job_id}/observations", a.observations)
     r.add_get("/v1/pools", a.list_pools)

@@ -53,6 +53,8 @@ ACQUIRE: dict[str, F] = {
 RELEASE: dict[str, F] = {"timing": F("nummap")}
 #: a shrink keeps `keep` GPUs (the controller picks which) or exactly the job-local `gpus`
 SHRINK: dict[str, F] = {"keep": F("int", lo=1, hi=1024), "gpus": F("intlist", lo=0, hi=1023)}
+#: a grow asks for the job-local `gpus` (it gets those free that no waiter asks for)
+GROW: dict[str, F] = {"gpus": F("intlist", True, lo=0, hi=1023)}
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:

@@ -6,7 +6,8 @@ Append new migrations; never edit a released one. A DB whose version is newer th
 slurmrl knows is refused (an older controller must not write a newer schema).
 
 Times are UTC epoch seconds (REAL) in `*_at` columns; GPU sets are JSON arrays of pool
-GPU indices; `lease_gpus` has one row per (lease, GPU) hold so that the no-overlap
+GPU indices; `lease_gpus` has one row per hold of a GPU by a lease (from a grant or a grow to a
+shrink or the lease's end) so that the no-overlap
 invariant can be checked from the DB alone.
 """
 
@@ -128,6 +129,22 @@ MIGRATIONS: tuple[str, ...] = (
         reading TEXT NOT NULL             -- JSON: {"nvml": "ok", "gpus": [...]} or a no-GPU marker
     );
     CREATE INDEX lease_readings_lease ON lease_readings(lease_id);
+    """,
+    # 3: a lease that grows may take back a GPU it shrank away from earlier: one row per
+    # hold, keyed by its start too
+    """
+    CREATE TABLE lease_gpus_3 (
+        lease_id INTEGER NOT NULL REFERENCES leases(lease_id),
+        pool_id INTEGER NOT NULL,
+        gpu INTEGER NOT NULL,
+        start_at REAL NOT NULL,
+        end_at REAL,                      -- NULL while held
+        PRIMARY KEY (lease_id, gpu, start_at)
+    );
+    INSERT INTO lease_gpus_3 SELECT lease_id, pool_id, gpu, start_at, end_at FROM lease_gpus;
+    DROP TABLE lease_gpus;
+    ALTER TABLE lease_gpus_3 RENAME TO lease_gpus;
+    CREATE INDEX lease_gpus_open ON lease_gpus(pool_id, gpu) WHERE end_at IS NULL;
     """,
 )
 

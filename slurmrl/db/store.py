@@ -323,8 +323,18 @@ class Store:
             self.conn.execute("UPDATE leases SET gpus = ? WHERE lease_id = ?",
                               (_gpus(lease.gpus), lease.lease_id))
             self.conn.executemany(
-                "UPDATE lease_gpus SET end_at = ? WHERE lease_id = ? AND gpu = ?",
+                "UPDATE lease_gpus SET end_at = ? WHERE lease_id = ? AND gpu = ?"
+                " AND end_at IS NULL",
                 [(at, lease.lease_id, g) for g in freed],
+            )
+
+    def lease_grown(self, pool_id: int, lease: Lease, added: Iterable[int], at: float) -> None:
+        with self.transaction():
+            self.conn.execute("UPDATE leases SET gpus = ? WHERE lease_id = ?",
+                              (_gpus(lease.gpus), lease.lease_id))
+            self.conn.executemany(
+                "INSERT INTO lease_gpus (lease_id, pool_id, gpu, start_at) VALUES (?,?,?,?)",
+                [(lease.lease_id, pool_id, g, at) for g in sorted(added)],
             )
 
     def lease_ended(

@@ -5,6 +5,9 @@ clock, and returns the events it caused, so the controller (which persists them 
 answers waiting drivers) and the simulator (which advances a simulated clock) drive the
 very same code. Not thread-safe: one owner calls it (the controller's event loop).
 
+A held lease may shrink (its tail gives GPUs back, which go to the waiters at once) and
+grow (it takes free GPUs that no waiter asks for, never making anyone wait).
+
 Scheduling: after every change the slice policy orders the waiting requests; they are
 granted in that order while their GPUs are free. A request that does not fit reserves
 its GPUs, so nothing later in the order overtakes it there (no starvation), while
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING
 from slurmrl.leases.types import (
     Event,
     Grant,
+    Grown,
     JobSliceStats,
     Lease,
     PhaseRequest,
@@ -174,6 +178,28 @@ class LeaseTable:
         smaller = replace(lease, gpus=kept)
         self._leases[lease_id] = smaller
         return [Shrunk(smaller, lease.gpus - kept), *self._schedule(now)]
+
+    def grow(self, lease_id: int, gpus: Iterable[int], now: float) -> list[Event]:
+        """Add to a held lease those of `gpus` that are free and that no waiting request
+        asks for, so a grow never delays a waiter (a rollout started on part of its set
+        taking back GPUs its partner left); `[]` when none is. Does not block."""
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise LeaseError(f"lease {lease_id} is not held")
+        wanted = frozenset(gpus)
+        if not wanted <= self.gpus:
+            raise LeaseError(f"GPUs {sorted(wanted - self.gpus)} are not in pool {self.pool_id}")
+        taken: set[int] = set()
+        for other in self._leases.values():
+            taken |= other.gpus
+        for req in self._waiting.values():
+            taken |= req.gpus
+        added = wanted - taken
+        if not added:
+            return []
+        bigger = replace(lease, gpus=lease.gpus | added)
+        self._leases[lease_id] = bigger
+        return [Grown(bigger, added)]
 
     def heartbeat(self, job_id: int, now: float) -> int:
         """Renew every lease and waiting request of `job_id`; returns how many."""

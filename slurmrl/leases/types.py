@@ -58,6 +58,14 @@ class Shrunk:
 
 
 @dataclass(frozen=True)
+class Grown:
+    """Event: `lease` took `added` mid-phase (free GPUs no waiter asked for)."""
+
+    lease: Lease
+    added: frozenset[int]
+
+
+@dataclass(frozen=True)
 class Revoke:
     """Event: `lease` (or a waiting request, `lease is None`) was taken away."""
 
@@ -74,7 +82,7 @@ class Released:
     at: float
 
 
-Event = Grant | Shrunk | Revoke | Released
+Event = Grant | Shrunk | Grown | Revoke | Released
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,8 @@ ids = st.one_of(st.sampled_from(["JOB", "LEASE", "1", "0", "-1", "99999999999999
 templates = st.sampled_from([
     "/v1/jobs", "/v1/jobs/{a}", "/v1/jobs/{a}/end", "/v1/jobs/{a}/heartbeat",
     "/v1/jobs/{a}/leases", "/v1/jobs/{a}/leases/{b}", "/v1/jobs/{a}/leases/{b}/release",
-    "/v1/jobs/{a}/leases/{b}/shrink", "/v1/jobs/{a}/observations", "/v1/pools",
+    "/v1/jobs/{a}/leases/{b}/shrink", "/v1/jobs/{a}/leases/{b}/grow",
+    "/v1/jobs/{a}/observations", "/v1/pools",
     "/v1/pools/{a}/close", "/v1/status", "/v1/nope", "/v2/jobs",
 ])
 json_values = st.recursive(

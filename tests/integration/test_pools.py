@@ -579,27 +579,49 @@ def test_a_staggered_placement_runs_each_job_on_its_own_window_of_the_pool(
 
 TAIL_DRIVER = '''#!{python}
 """A rollout run as two replicas: its tail gives the finished replica's GPU away (or, in
-rounds, the replica its unfinished sequences moved off)."""
-import json, sys, slurmrl
+rounds, the replica its unfinished sequences moved off). Once the test creates `grow`
+beside this script, rlbob's job holds its GPU 1 a second at a time, then leaves it for
+two (a long reward check), while rlalice runs rollouts only, in slow rounds: one that
+began on GPU 0 alone takes GPU 1 back between rounds once rlbob leaves it."""
+import getpass, json, os, sys, time, slurmrl
 job = slurmrl.connect(url=sys.argv[1])
 ro, tr = job.service("rollout"), job.service("trainer")
 prompts = [f"{{k}}+{{k}}=" for k in range(48)]  # 3 micro-batches on 2 replicas: a tail
+grow = os.path.join(os.path.dirname(os.path.abspath(__file__)), "grow")
 last = None
 try:
-    for i in range(10000):
+    for i in range(100000):
         # start on whatever part of the rollout set is free; every other rollout in
         # rounds of 4 tokens, its unfinished sequences moved onto the fewest replicas
-        rounds = 4 if i % 2 else None
+        rounds, slow = (4 if i % 2 else None), 0.0
+        if os.path.exists(grow):
+            if getpass.getuser() == "rlbob":
+                with job.phase("rollout", min_gpus=1) as lease:
+                    if 1 in lease.gpus:
+                        lease.shrink(gpus=[1])
+                        time.sleep(1.0)
+                time.sleep(2.0)
+                continue
+            time.sleep(0.3)
+            rounds, slow = 1, 0.2
         with job.phase("rollout", min_gpus=1) as lease:
-            held = list(lease.gpus)
-            out = [s.completion_ids for s in ro.generate(prompts, max_tokens=16, seed=11,
-                                                         micro_batch=16,
-                                                         round_tokens=rounds).samples]
+            held, most = list(lease.gpus), [len(lease.gpus)]
+
+            def tail(left):
+                most.append(len(lease.gpus))  # the GPUs the round that ended ran on
+                time.sleep(slow)
+
+            out = [s.completion_ids for s in ro.generate(
+                prompts, max_tokens=16, seed=11, micro_batch=16, round_tokens=rounds,
+                on_tail=tail).samples]
             # same weights and seed: the same outputs, however the batch was split
             print(json.dumps({{"round": i, "same": last is None or out == last,
                               "held": held, "kept": list(lease.gpus), "rounds": rounds,
+                              "most": max(most), "slow": bool(slow),
                               "handle": type(ro).__name__}}), flush=True)
             last = out
+        if slow:
+            continue  # rollouts only: a training would wait for rlbob's GPU 1 each time
         with job.phase("train"):
             tr.train_step([{{"prompt_ids": [1], "completion_ids": [2, 3],
                             "advantage": 0.0}}])
@@ -671,6 +693,20 @@ def test_a_rollout_tail_hands_its_finished_replicas_gpus_to_the_partners_rollout
               lambda: "\n".join(read(o)[-1500:] for o in outs.values()))
         for r in consolidated():
             assert r["kept"] == [0] and r["same"], r
+
+        # a rollout in rounds that began on GPU 0 alone (rlbob held GPU 1) took GPU 1
+        # once rlbob left it for his reward check, with one engine's outputs
+        (shared_tmp / "grow").write_text("")
+
+        def grown() -> list[dict[str, object]]:
+            return [r for r in _rounds(outs["rlalice"])
+                    if r["slow"] and r["held"] == [0] and r["most"] == 2]
+
+        _wait(grown, 180, "a rollout in rounds that began on one GPU to grow onto two",
+              lambda: "\n".join(read(o)[-1500:] for o in outs.values()) + read(ctl.log)[-3000:])
+        assert all(r["same"] for r in grown())
+        assert re.search(r"\(rollout\): parked [^\n]*activated \[\(\d+, 'rollout:1'\)\]",
+                         read(ctl.log))
         assert all(r["same"] for o in outs.values() for r in _rounds(o))
         # a grant on one GPU woke only the replica there
         assert re.search(r"\(rollout\): parked [^\n]*activated \[\(\d+, 'rollout:[01]'\)\]",

@@ -1,10 +1,12 @@
 """A replicated rollout that consolidates its tail: between rounds the unfinished
 sequences move onto the fewest replicas that hold them, the lease shrinks to those
-replicas' GPUs, and the outputs are one engine's.
+replicas' GPUs, and the outputs are one engine's. A rollout started on part of its set
+grows back between rounds as its partner's GPUs free.
 
 In-process: the replicas are `tiny` backends called directly and the lease is a
 recording stand-in (the lease RPC and the controller's side of a shrink are covered by
-tests/integration/test_pools.py)."""
+tests/integration/test_pools.py, the controller's side of a grow by
+tests/unit/controller/test_scheduler.py and tests/integration/test_pools.py)."""
 
 from __future__ import annotations
 
@@ -30,11 +32,23 @@ class RecordingLease:
 
     def __init__(self, gpus: tuple[int, ...], unfinished: list[int]) -> None:
         self.gpus, self.held = gpus, True
+        self.free: set[int] = set()  #: GPUs a grow would get (none unless a test frees some)
         self.shrinks: list[tuple[tuple[int, ...], int]] = []
+        #: (GPUs got, sequences unfinished then, GPUs held before)
+        self.grows: list[tuple[tuple[int, ...], int, int]] = []
         self._unfinished = unfinished
 
     def check(self) -> None:
         assert self.held
+
+    def grow(self, gpus: Any) -> tuple[int, ...]:
+        wanted = set(gpus)
+        assert wanted and not wanted & set(self.gpus), "a grow asks only for GPUs not held"
+        got = tuple(sorted(wanted & self.free))
+        self.free = self.free - set(got)
+        self.grows.append((got, self._unfinished[-1], len(self.gpus)))
+        self.gpus = tuple(sorted({*self.gpus, *got}))
+        return got
 
     def shrink(self, keep: int | None = None, *, gpus: Any = None) -> None:
         if keep is None and set(gpus) == set(self.gpus):
@@ -73,11 +87,12 @@ class Job:
         self.job_id, self.current = 1, lease
 
 
-def rollout(n: int, prompts: int = len(PROMPTS)
+def rollout(n: int, prompts: int = len(PROMPTS), held: int | None = None
             ) -> tuple[ReplicatedRollout, RecordingLease, list[Any], list[int]]:
+    """`n` single-GPU replicas; the lease holds the first `held` (all by default)."""
     calls: list[tuple[int, int, tuple[int, ...]]] = []
     unfinished = [prompts]
-    lease = RecordingLease(tuple(range(n)), unfinished)
+    lease = RecordingLease(tuple(range(n if held is None else held)), unfinished)
     replicas = [Replica(i, calls) for i in range(n)]
     for r in replicas:
         r.lease = lease
@@ -180,3 +195,74 @@ def test_any_rounds_give_one_engines_outputs_and_only_ever_shrink(
         assert gpus == tuple(range(len(gpus))) and left <= cap * len(gpus)
     # no call decoded more than a round, and none ran on a replica it had given back
     assert all(budget <= rounds for _, budget, _ in calls)
+
+
+def one_engine(prompts: list[str], max_tokens: int, seed: int) -> list[Any]:
+    one = TinyBackend(Role.ROLLOUT)
+    one.load()
+    ref = one.generate(prompts, GenerateParams(max_tokens=max_tokens, seed=seed,
+                                               micro_batch=len(prompts)))
+    return [(s.completion_ids, s.finish_reason) for s in ref.samples]
+
+
+def test_a_rollout_started_on_half_its_set_grows_back_when_the_partner_leaves() -> None:
+    ro, lease, calls, unfinished = rollout(4, held=2)
+
+    def tail(left: int) -> None:  # after round 1 the partner releases GPUs 2 and 3
+        unfinished.append(left)
+        lease.free = {2, 3}
+
+    out = ro.generate(PROMPTS, max_tokens=24, seed=5, round_tokens=1, on_tail=tail)
+    assert [(s.completion_ids, s.finish_reason) for s in out.samples] == one_engine(
+        PROMPTS, 24, 5)
+    # round 1 on the two replicas held (8 sequences each); before round 2 the rollout,
+    # still needing all 4 replicas' shares, took GPUs 2 and 3 and used them
+    assert [i for i, _, _ in calls[:2]] == [0, 1] and len(calls[0][2]) == 8
+    assert lease.grows and lease.grows[-1][0] == (2, 3)
+    assert lease.grows[-1][1] > 12  # it grew only while the unfinished needed 4 replicas
+    assert {i for i, _, _ in calls[2:6]} == {0, 1, 2, 3}
+    # then the tail thinned and gave GPUs back, as a rollout started on the whole set does
+    assert lease.shrinks and len(lease.shrinks[-1][0]) < 4
+
+
+def test_without_grow_a_rollout_stays_on_the_replicas_it_started_on() -> None:
+    ro, lease, calls, _ = rollout(4, held=2)
+    lease.free = {2, 3}
+    out = ro.generate(PROMPTS, max_tokens=24, seed=5, round_tokens=1, grow=False)
+    assert [(s.completion_ids, s.finish_reason) for s in out.samples] == one_engine(
+        PROMPTS, 24, 5)
+    assert lease.grows == [] and {i for i, _, _ in calls} <= {0, 1}
+
+
+@settings(max_examples=30, deadline=None)
+@given(n_rep=st.integers(2, 4), held=st.integers(1, 3), n=st.integers(1, 12),
+       rounds=st.integers(1, 4), free_after=st.integers(0, 3), seed=st.integers(0, 1000))
+def test_any_grown_rollout_gives_one_engines_outputs_on_the_replicas_it_holds(
+        n_rep: int, held: int, n: int, rounds: int, free_after: int, seed: int) -> None:
+    held = min(held, n_rep - 1)
+    prompts = PROMPTS[:n]
+    ro, lease, _, unfinished = rollout(n_rep, n, held=held)
+
+    freed: list[int] = []  # how many were unfinished when the partner's GPUs freed
+
+    def free(left: int) -> None:
+        lease.free, freed[:] = set(range(held, n_rep)), [left]
+
+    def tail(left: int) -> None:
+        unfinished.append(left)
+        if len(unfinished) - 1 == free_after:
+            free(left)
+
+    if free_after == 0:
+        free(n)
+    out = ro.generate(prompts, max_tokens=8, seed=seed, round_tokens=rounds, on_tail=tail)
+    assert [(s.completion_ids, s.finish_reason) for s in out.samples] == one_engine(
+        prompts, 8, seed)
+    assert unfinished[-1] == 0
+    fair = -(-n // n_rep)
+    for _, left, before in lease.grows:
+        # it asked only while the unfinished needed more replicas than it held
+        assert left > fair * before
+    if freed and freed[0] > fair * held:
+        # the partner's GPUs freed while the rollout still needed them: it took them
+        assert any(got for got, _, _ in lease.grows)

@@ -1,4 +1,4 @@
-"""The persisted lease scheduler: grants, waiting drivers, expiry, shrink, restart.
+"""The persisted lease scheduler: grants, waiting drivers, expiry, shrink, grow, restart.
 
 Runs on a real in-memory Store and the real FIFO slice policy; time is a settable
 clock (the scheduler takes the clock as an argument, as the lease table does).
@@ -226,6 +226,52 @@ async def test_shrink_to_job_local_gpus_keeps_those_pool_gpus() -> None:
     assert rec is not None and rec.state is LeaseState.HELD and rec.gpus == (0,)
     with pytest.raises(LeaseError, match=r"has no GPU\(s\) \[7\]"):
         s.shrink(_job(store, 1), a.request_id, local_gpus=[7])
+    check_history(store.intervals(pool))
+
+
+@run
+async def test_a_grown_lease_is_persisted_and_charged_for_each_hold() -> None:
+    # job 2's rollout tail holds GPU 1; job 1's rollout starts elastic on GPU 0, grows
+    # onto GPU 1 when job 2 is done, shrinks off it and takes it back: each hold is a
+    # row of its own, and each is charged
+    store, pool, clock = _setup()
+    s = _sched(store, clock)
+    b = s.request(_job(store, 2), Phase.ROLLOUT, min_gpus=1)
+    s.shrink(_job(store, 2), b.request_id, local_gpus=[1])
+    a = s.request(_job(store, 1), Phase.ROLLOUT, min_gpus=1)
+    assert a.lease is not None and a.lease.gpus == {0}
+    lease, added = s.grow(_job(store, 1), a.request_id, [1])
+    assert added == frozenset() and lease.gpus == {0}  # job 2 holds it
+    clock.now += 2
+    s.release(_job(store, 2), b.request_id, {})
+    lease, added = s.grow(_job(store, 1), a.request_id, [1])
+    assert added == {1} and lease.gpus == {0, 1}
+    rec = store.lease(a.request_id)
+    assert rec is not None and rec.gpus == (0, 1)
+    clock.now += 3
+    s.shrink(_job(store, 1), a.request_id, local_gpus=[0])
+    clock.now += 1
+    assert s.grow(_job(store, 1), a.request_id, [1])[1] == {1}  # the same GPU again
+    clock.now += 4
+    s.release(_job(store, 1), a.request_id, {})
+    check_history(store.intervals(pool))
+    # GPU 0 for 10 s, GPU 1 for 3 s and then 4 s
+    assert store.gpu_seconds([1])[1] == pytest.approx(10 + 3 + 4)
+
+
+@run
+async def test_a_grow_outside_the_phases_gpus_is_refused_and_changes_nothing() -> None:
+    store, pool, clock = _setup(Layout.DISAGGREGATED)  # rollout on GPU 0, trainer on 1
+    s = _sched(store, clock)
+    a = s.request(_job(store, 1), Phase.ROLLOUT)
+    with pytest.raises(LeaseError, match=r"rollout phase does not run on its GPU\(s\) \[1\]"):
+        s.grow(_job(store, 1), a.request_id, [1])
+    with pytest.raises(LeaseError, match=r"has no GPU\(s\) \[5\]"):
+        s.grow(_job(store, 1), a.request_id, [5])
+    with pytest.raises(LeaseError, match="not held by job 2"):
+        s.grow(_job(store, 2), a.request_id, [0])
+    rec = store.lease(a.request_id)
+    assert rec is not None and rec.gpus == (0,)
     check_history(store.intervals(pool))
 
 

@@ -1,5 +1,6 @@
-"""The shrink body: `keep` (how many GPUs) or `gpus` (which job-local ones), checked before
-anything changes; every malformed body is an RpcError naming the field."""
+"""The shrink body: `keep` (how many GPUs) or `gpus` (which job-local ones), and the grow
+body (`gpus`), checked before anything changes; every malformed body is an RpcError naming
+the field."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmrl.controller.validate import SHRINK, RpcError, fields
+from slurmrl.controller.validate import GROW, SHRINK, RpcError, fields
 
 
 def test_keep_or_gpus_parse() -> None:
@@ -43,3 +44,17 @@ def test_any_gpu_list_parses_or_is_refused(gpus: list[object]) -> None:
     else:
         assert got == gpus and 1 <= len(got) <= 64 and len(set(got)) == len(got)
         assert all(type(g) is int and 0 <= g <= 1023 for g in got)
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ({}, "'gpus' is required"),
+    ({"gpus": []}, "'gpus' must have 1 to"),
+    ({"gpus": [2, 2]}, "'gpus' lists an entry twice"),
+    ({"gpus": [1024]}, "'gpus' must be between 0 and 1023"),
+    ({"gpus": [0], "keep": 1}, "unknown field"),
+])
+def test_malformed_grow_bodies_are_refused_by_name(body: dict[str, object], says: str) -> None:
+    assert fields({"gpus": [2, 3]}, GROW) == {"gpus": [2, 3]}
+    with pytest.raises(RpcError, match=says) as err:
+        fields(body, GROW)
+    assert err.value.status == 400

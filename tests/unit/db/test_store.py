@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from slurmrl.db import JobRecord, Store, StoreError
-from slurmrl.db.migrations import LATEST
+from slurmrl.db.migrations import LATEST, MIGRATIONS
 from slurmrl.leases.invariants import InvariantViolation, check_history
 from slurmrl.leases.types import Lease
 from slurmrl.model import JobState, Layout, LeaseState, Mux, Phase, PhasePrior, RlRequest
@@ -38,6 +38,27 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(StoreError, match="newer than this slurmrl"):
         Store(path)
+
+
+def test_a_version_2_db_upgrades_keeping_its_holds_and_a_lease_may_retake_a_gpu(
+        tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(MIGRATIONS[0] + MIGRATIONS[1] + "PRAGMA user_version = 2;")
+    conn.execute("INSERT INTO leases (lease_id, pool_id, job_id, phase, wanted, min_gpus,"
+                 " state, requested_at, deadline_at) VALUES (5, 1, 1, 'rollout', '[0]', 1,"
+                 " 'held', 1.0, 9.0)")
+    conn.execute("INSERT INTO lease_gpus VALUES (5, 1, 0, 1.0, 2.0)")
+    conn.commit()
+    conn.close()
+    store = Store(path)
+    assert store.version == LATEST
+    assert [(iv.lease_id, iv.gpu, iv.start, iv.end) for iv in store.intervals(1)] == [
+        (5, 0, 1.0, 2.0)]
+    # lease 5 shrank off GPU 0 at 2.0 and grows back onto it at 3.0: a second hold
+    store.lease_grown(1, Lease(5, 1, Phase.ROLLOUT, frozenset({0}), 1.0, 1.0, 9.0), [0], 3.0)
+    assert store.lease_ended(5, LeaseState.RELEASED, 4.0) == pytest.approx(1.0 + 1.0)
+    check_history(store.intervals(1))
 
 
 def test_job_round_trips_with_its_request(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The lease table: grants, hand-offs, shrink, expiry, and the no-double-grant invariant."""
+"""The lease table: grants, hand-offs, shrink, grow, expiry, and the no-double-grant
+invariant."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from policies.slice_fifo import FifoSlice
 from policies.slice_round_robin import RoundRobinSlice
 from slurmrl.leases import Event, Grant, Lease, LeaseError, LeaseTable, Revoke
 from slurmrl.leases.invariants import Interval, InvariantViolation, check_history, check_table
-from slurmrl.leases.types import Released, Shrunk
+from slurmrl.leases.types import Grown, Released, Shrunk
 from slurmrl.model import Phase
 
 ALL = (0, 1, 2, 3)
@@ -108,6 +109,46 @@ def test_shrink_to_gpus_outside_the_lease_is_refused_and_changes_nothing(gpus: t
     with pytest.raises(LeaseError, match="non-empty subset of the lease's GPUs"):
         t.shrink(a.request_id, keep=1, now=1.0, gpus=gpus)
     assert t.lease(a.request_id).gpus == frozenset({0, 1, 2})  # type: ignore[union-attr]
+
+
+def test_grow_takes_free_gpus_but_never_ones_a_waiter_asks_for() -> None:
+    # job 1's rollout started on GPUs 0-1 (elastic) while job 2 trained on 2-3
+    t = table()
+    b, _ = t.request(2, Phase.TRAIN, (2, 3), now=0.0)
+    a, ev = t.request(1, Phase.ROLLOUT, ALL, min_gpus=1, now=0.5)
+    assert t.lease(a.request_id).gpus == frozenset({0, 1})  # type: ignore[union-attr]
+    assert t.grow(a.request_id, (2, 3), now=1.0) == []  # held by job 2: nothing to take
+    t.release(b.request_id, now=2.0)
+    _, ev = t.request(3, Phase.TRAIN, (3,), now=2.5)  # job 3 trains on GPU 3 (free)
+    assert [g.gpus for g in grants(ev)] == [frozenset({3})]
+    ev = t.grow(a.request_id, (2, 3), now=3.0)
+    assert ev == [Grown(t.lease(a.request_id), frozenset({2}))]  # type: ignore[arg-type]
+    assert t.lease(a.request_id).gpus == frozenset({0, 1, 2})  # type: ignore[union-attr]
+    check_table(t)
+
+
+def test_grow_leaves_gpus_a_waiter_asks_for_even_when_they_are_free() -> None:
+    # job 2 waits for the whole set (rigid); GPU 3 is free but a grow must not take it,
+    # or job 2 would wait longer
+    t = table()
+    a, _ = t.request(1, Phase.ROLLOUT, (0, 1, 2), now=0.0)
+    _, ev = t.request(2, Phase.TRAIN, ALL, now=1.0)
+    assert grants(ev) == []
+    assert t.grow(a.request_id, (3,), now=2.0) == []
+    assert t.lease(a.request_id).gpus == frozenset({0, 1, 2})  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("lease_id", "gpus", "says"), [
+    (99, (1,), "lease 99 is not held"),
+    (None, (7,), r"GPUs \[7\] are not in pool 1"),
+])
+def test_bad_grows_are_refused_and_change_nothing(lease_id: int | None,
+                                                  gpus: tuple[int, ...], says: str) -> None:
+    t = table()
+    a, _ = t.request(1, Phase.ROLLOUT, (0,), now=0.0)
+    with pytest.raises(LeaseError, match=says):
+        t.grow(lease_id or a.request_id, gpus, now=1.0)
+    assert t.lease(a.request_id).gpus == frozenset({0})  # type: ignore[union-attr]
 
 
 def test_shrink_below_a_rigid_request_grants_nothing() -> None:

@@ -10,7 +10,7 @@ from policies.slice_fifo import FifoSlice
 from policies.slice_round_robin import RoundRobinSlice
 from slurmrl.leases import Event, Grant, LeaseError, LeaseTable
 from slurmrl.leases.invariants import Interval, check_history, check_table
-from slurmrl.leases.types import Released, Revoke, Shrunk
+from slurmrl.leases.types import Grown, Released, Revoke, Shrunk
 from slurmrl.model import Phase
 
 GPUS = (0, 1, 2, 3)
@@ -33,6 +33,9 @@ class LeaseMachine(RuleBasedStateMachine):
                     self.open[(e.lease.lease_id, g)] = self.now
             elif isinstance(e, Shrunk):
                 self._close(e.lease.lease_id, e.freed)
+            elif isinstance(e, Grown):
+                for g in e.added:
+                    self.open[(e.lease.lease_id, g)] = self.now
             elif isinstance(e, Released | Revoke) and e.lease is not None:
                 self._close(e.lease.lease_id, e.lease.gpus)
 
@@ -73,6 +76,16 @@ class LeaseMachine(RuleBasedStateMachine):
         named = data.draw(st.booleans())  # or exactly which GPUs (a replica finished)
         gpus = data.draw(st.permutations(sorted(lease.gpus)))[:keep] if named else None
         self._record(self.table.shrink(lease.lease_id, keep, self.now, gpus=gpus))
+
+    @precondition(lambda self: bool(self.table.leases))
+    @rule(data=st.data(), gpus=st.sets(st.sampled_from(GPUS), min_size=1))
+    def grow(self, data: st.DataObject, gpus: set[int]) -> None:
+        lease = data.draw(st.sampled_from(self.table.leases))
+        asked = set().union(*(r.gpus for r in self.table.waiting))
+        events = self.table.grow(lease.lease_id, gpus, self.now)
+        for e in events:  # it took only GPUs no waiter asks for
+            assert isinstance(e, Grown) and not e.added & asked and e.added <= gpus
+        self._record(events)
 
     @rule(job=st.integers(1, 4))
     def heartbeat(self, job: int) -> None:
