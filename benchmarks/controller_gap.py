@@ -3,7 +3,7 @@ controller's rollout replicas recover.
 
     python benchmarks/controller_gap.py [--jobs 60] [--seeds 2] [--no-write]
 
-Runs the default policy on the suite five ways, every job's limit set to the users'
+Runs the default policy on the suite six ways, every job's limit set to the users'
 limit shown, and writes the "Simulator and controller" section of docs/benchmarks.md
 (means over seeds x (steady, bursty)):
 - `designed`: the simulator as it is: a rollout's lease shrinks through its tail with
@@ -14,6 +14,9 @@ limit shown, and writes the "Simulator and controller" section of docs/benchmark
   the designed tail at replica granularity (`workload.consolidated_replica_points`),
   started on half the set (`min_gpus`), no grow, the controller's priors; the rounds'
   prefills unpriced;
+- `replicas + migration + grow`: the same, growing back as designed (a request queued in
+  the slice policy's order); the controller grows between rounds into GPUs free that no
+  waiter asks for (`Lease.grow`), between this row and the one above;
 - `replicas + grow`: rollouts as data-parallel replicas (`services.rollout_replica_gpus`,
   the fewest GPUs whose engine of the job's model fits one GPU), no sequence migrating: a
   replica's GPUs free when its share of the batch is done
@@ -53,8 +56,8 @@ from slurmrl.sim.workload import (  # noqa: E402
 )
 
 LIMITS = [1.15, 1.5]
-MODES = ["designed", "replicas + migration", "replicas + grow", "replicas",
-         "controller today"]
+MODES = ["designed", "replicas + migration", "replicas + migration + grow",
+         "replicas + grow", "replicas", "controller today"]
 
 
 def replica_gpus(job: SimJob, gpu_mem_bytes: int) -> int:
@@ -80,12 +83,12 @@ def run_as(mode: str, w: Workload, jobs: list[SimJob],
     if mode == "controller today":
         # one engine per rollout: it holds its whole set throughout and is granted it whole
         return [replace(j, tail=()) for j in jobs], replace(cfg, elastic_min=1.0)
-    if mode == "replicas + migration":
+    if mode.startswith("replicas + migration"):
         # the consolidated tail at replica granularity (round_tokens); started on half
-        # the set (min_gpus), no grow
+        # the set (min_gpus), growing back or not
         return [replace(j, tail=consolidated_replica_points(
             j.tail, j.rollout_gpus, replica_gpus(j, cfg.gpu_mem_bytes))) for j in jobs], \
-            replace(cfg, grow=False)
+            replace(cfg, grow=mode.endswith("+ grow"))
     kinds = {str(c["name"]): str(c.get("tail", "heavy")) for c in w.data["classes"]}
     jobs = [replace(j, tail=replica_tail_points(
         kinds[j.cls], j.rollout_gpus, replica_gpus(j, cfg.gpu_mem_bytes)))
@@ -146,14 +149,18 @@ partner's rollout starts on part of a set and grows back. The controller runs a 
 as one engine over its set by default, or as data-parallel replicas
 (`[services] rollout_replica_gpus`, docs/pools.md) whose lease shrinks to the replicas
 still generating, and which consolidate their tail between rounds with
-`generate(round_tokens=N)`; it has no grow request. Each row runs the same jobs under
-the default policy, every job's limit set to the users' limit shown:
+`generate(round_tokens=N)`, growing back between rounds where started on part of the
+set (`Lease.grow`: GPUs free now that no waiter asks for). Each row runs the same jobs
+under the default policy, every job's limit set to the users' limit shown:
 - **designed**: the simulator as above;
 - **replicas + migration**: rollouts as replicas of the fewest GPUs whose engine of the
   job's model fits one GPU, consolidating their tail in rounds: the designed tail with
   each point's GPU count rounded up to whole replicas
   (`workload.consolidated_replica_points`); started on half the set
   (`job.phase("rollout", min_gpus=G/2)`), no grow; the rounds' prefills are not priced;
+- **replicas + migration + grow**: the same, growing back as designed (a grow request
+  queued in the slice policy's order). The controller's grow takes only GPUs that no
+  waiter asks for, between rounds, so it lies between this row and the one above;
 - **replicas + grow**: the same replicas without rounds, the batch split evenly, a
   replica's GPUs freed when its longest response is done (`workload.replica_tail_points`:
   mean order statistics of the replicas' ends); starting on part of a set and growing
@@ -161,7 +168,7 @@ the default policy, every job's limit set to the users' limit shown:
 - **replicas**: the same without growing, granted the whole set (the driver's default);
 - **controller today**: one engine: no tail points, the rollout holds its set
   throughout for the same time and is granted it whole.
-The four controller rows use the controller's priors (a rollout holds its set,
+The five controller rows use the controller's priors (a rollout holds its set,
 `slurmrl.controller.placement.ROLLOUT_HELD_SHARE`) and learn from observed jobs as the
 designed row does. Means over {seeds} seeds x (steady, bursty), max over runs.
 

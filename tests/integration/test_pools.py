@@ -580,14 +580,16 @@ def test_a_staggered_placement_runs_each_job_on_its_own_window_of_the_pool(
 TAIL_DRIVER = '''#!{python}
 """A rollout run as two replicas: its tail gives the finished replica's GPU away (or, in
 rounds, the replica its unfinished sequences moved off). Once the test creates `grow`
-beside this script, rlbob's job holds its GPU 1 a second at a time, then leaves it for
-two (a long reward check), while rlalice runs rollouts only, in slow rounds: one that
-began on GPU 0 alone takes GPU 1 back between rounds once rlbob leaves it."""
+beside this script, rlbob's job takes GPU 1 and holds it until rlalice's rollout has
+begun on GPU 0 alone (she marks it with a file), then leaves it for three seconds (a
+long reward check); rlalice runs rollouts only, in slow rounds, and one that began on
+GPU 0 takes GPU 1 back between rounds."""
 import getpass, json, os, sys, time, slurmrl
 job = slurmrl.connect(url=sys.argv[1])
 ro, tr = job.service("rollout"), job.service("trainer")
 prompts = [f"{{k}}+{{k}}=" for k in range(48)]  # 3 micro-batches on 2 replicas: a tail
-grow = os.path.join(os.path.dirname(os.path.abspath(__file__)), "grow")
+here = os.path.dirname(os.path.abspath(__file__))
+grow, on0 = os.path.join(here, "grow"), os.path.join(here, "alice-on-0")
 last = None
 try:
     for i in range(100000):
@@ -599,13 +601,17 @@ try:
                 with job.phase("rollout", min_gpus=1) as lease:
                     if 1 in lease.gpus:
                         lease.shrink(gpus=[1])
-                        time.sleep(1.0)
-                time.sleep(2.0)
+                        t0 = time.monotonic()
+                        while not os.path.exists(on0) and time.monotonic() - t0 < 20:
+                            time.sleep(0.05)
+                time.sleep(3.0)
                 continue
-            time.sleep(0.3)
+            time.sleep(0.1)
             rounds, slow = 1, 0.2
         with job.phase("rollout", min_gpus=1) as lease:
             held, most = list(lease.gpus), [len(lease.gpus)]
+            if slow and held == [0]:
+                open(on0, "w").close()
 
             def tail(left):
                 most.append(len(lease.gpus))  # the GPUs the round that ended ran on
@@ -620,6 +626,8 @@ try:
                               "most": max(most), "slow": bool(slow),
                               "handle": type(ro).__name__}}), flush=True)
             last = out
+            if os.path.exists(on0):
+                os.remove(on0)
         if slow:
             continue  # rollouts only: a training would wait for rlbob's GPU 1 each time
         with job.phase("train"):
