@@ -6,9 +6,9 @@ Append new migrations; never edit a released one. A DB whose version is newer th
 slurmrl knows is refused (an older controller must not write a newer schema).
 
 Times are UTC epoch seconds (REAL) in `*_at` columns; GPU sets are JSON arrays of pool
-GPU indices; `lease_gpus` has one row per hold of a GPU by a lease (from a grant or a grow to a
-shrink or the lease's end) so that the no-overlap
-invariant can be checked from the DB alone.
+GPU indices; `lease_gpus` has one row per hold of a GPU by a lease (from its grant or a
+grow to a shrink or the lease's end) so that the no-overlap invariant can be checked
+from the DB alone.
 """
 
 from __future__ import annotations
