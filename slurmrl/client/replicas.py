@@ -15,7 +15,8 @@ Without migration a replica's GPUs free only when its whole share is done, late 
 long tail. `generate(..., round_tokens=N)` consolidates the tail instead: prompts decode
 in rounds of N tokens, and between rounds the unfinished sequences move, with the tokens
 they have, onto as many replicas as they fill at one replica's share of the whole batch
-(`Continuation`), the other replicas' GPUs going back at once: the tail the simulator's
+(`Continuation`; a sequence stays where it was while its replica is kept and has room),
+the other replicas' GPUs going back at once: the tail the simulator's
 designed rows assume (G/2, ... 1 GPU), at replica granularity, for one prefill per
 continued sequence and round. A rollout started on part of its set grows back between
 rounds (`Lease.grow`: the replicas it lacks, as far as their GPUs are free and no other
@@ -31,6 +32,7 @@ replica's call.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -181,15 +183,17 @@ class ReplicatedRollout:
         replicas it wants; with `give_back` the lease first shrinks to those replicas'
         GPUs. Each sequence continues from the tokens it has (`Continuation`: its place
         in the batch seeds its sampling, so on `tiny` the outputs are those of one engine;
-        `vllm` samples a continued sequence anew from its cut). The cost is a prefill of
-        every continued sequence per round (vLLM's prefix cache keeps it small where a
-        sequence stays on its replica).
+        `vllm` samples a continued sequence anew from its cut). A sequence stays on its
+        replica while that replica is kept and has room (`_deal`). The cost is a prefill
+        of every continued sequence per round, small where it stays (vLLM's prefix cache)
+        and whole where it moves.
         """
         n, fair = len(prompts), -(-len(prompts) // len(self.replicas))
         have: list[tuple[int, ...]] = [()] * n
         final: dict[int, Sample] = {}
         ended: list[tuple[int, int, int]] = []  # (round, finish step in round, index)
         trace: list[int] = []
+        where: dict[int, int] = {}  # sequence -> the replica it decoded on last round
         done_tokens, rnd = 0, 0
         with ThreadPoolExecutor(len(self.replicas), thread_name_prefix="slurmrl-replica") as ex:
             while len(final) < n:
@@ -204,7 +208,8 @@ class ReplicatedRollout:
                 if give_back and ours:
                     lease.shrink(gpus={g for i in active for g in self.gpus[i]})
                 budget = min(round_tokens, max_tokens - done_tokens)
-                shares = [todo[j * per:(j + 1) * per] for j in range(len(active))]
+                shares = _deal(todo, active, per, where)
+                where = {k: i for i, share in zip(active, shares, strict=True) for k in share}
                 calls = [ex.submit(
                     self.replicas[i].generate, [prompts[k] for k in share],
                     max_tokens=budget, temperature=temperature, seed=seed,
@@ -257,6 +262,26 @@ def _merge(results: dict[int, GenerateResult], back: list[int],
     samples = tuple(replace(s, finish_rank=rank[(start, k)]) for start in sorted(results)
                     for k, s in enumerate(results[start].samples))
     return GenerateResult(samples, tuple(_sum_traces(traces.values())))
+
+
+def _deal(todo: list[int], active: list[int], per: int,
+          where: dict[int, int]) -> list[list[int]]:
+    """The unfinished sequences `todo`, at most `per` to each `active` replica: each stays
+    on the replica it decoded on last round where that replica is still active and has
+    room (vLLM's prefix cache then holds its tokens), the others fill the rest in batch
+    order. Every replica gets some: len(active) = ceil(len(todo) / per)."""
+    shares: dict[int, list[int]] = {i: [] for i in active}
+    movers = []
+    for k in todo:
+        i = where.get(k, -1)
+        if i in shares and len(shares[i]) < per:
+            shares[i].append(k)
+        else:
+            movers.append(k)
+    it = iter(movers)
+    for i in active:
+        shares[i].extend(itertools.islice(it, per - len(shares[i])))
+    return [sorted(shares[i]) for i in active]
 
 
 def _sum_traces(traces: Iterable[Sequence[int]]) -> list[int]:

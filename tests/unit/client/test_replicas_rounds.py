@@ -36,6 +36,8 @@ class RecordingLease:
         self.shrinks: list[tuple[tuple[int, ...], int]] = []
         #: (GPUs got, sequences unfinished then, GPUs held before)
         self.grows: list[tuple[tuple[int, ...], int, int]] = []
+        #: (round, replica, sequences) of every generate call
+        self.log: list[tuple[int, int, tuple[int, ...]]] = []
         self._unfinished = unfinished
 
     def check(self) -> None:
@@ -77,6 +79,7 @@ class Replica:
         idx = continuation.indices if continuation is not None else tuple(
             range(first_index, first_index + len(prompts)))
         self.calls.append((self.i, max_tokens, idx))
+        self.lease.log.append((len(self.lease._unfinished), self.i, idx))
         return self.backend.generate(prompts, GenerateParams(
             max_tokens=max_tokens, temperature=temperature, seed=seed,
             micro_batch=micro_batch, first_index=first_index), continuation)
@@ -195,6 +198,26 @@ def test_any_rounds_give_one_engines_outputs_and_only_ever_shrink(
         assert gpus == tuple(range(len(gpus))) and left <= cap * len(gpus)
     # no call decoded more than a round, and none ran on a replica it had given back
     assert all(budget <= rounds for _, budget, _ in calls)
+    assert_sequences_move_only_when_they_must(lease.log)
+
+
+def assert_sequences_move_only_when_they_must(
+        log: list[tuple[int, int, tuple[int, ...]]]) -> None:
+    """A sequence continues on the replica it decoded on last round unless that replica
+    was given back or is full this round (the prefix cache of vLLM holds its tokens)."""
+    by_round: dict[int, dict[int, tuple[int, ...]]] = {}
+    for r, i, idx in log:
+        by_round.setdefault(r, {})[i] = idx
+    where: dict[int, int] = {}
+    for r in sorted(by_round):
+        shares = by_round[r]
+        per = max(len(x) for x in shares.values())
+        for i, idx in shares.items():
+            for k in idx:
+                old = where.get(k)
+                if old is not None and old != i:
+                    assert old not in shares or len(shares[old]) == per, (r, k, old, i)
+        where = {k: i for i, idx in shares.items() for k in idx}
 
 
 def one_engine(prompts: list[str], max_tokens: int, seed: int) -> list[Any]:
@@ -258,6 +281,7 @@ def test_any_grown_rollout_gives_one_engines_outputs_on_the_replicas_it_holds(
     out = ro.generate(prompts, max_tokens=8, seed=seed, round_tokens=rounds, on_tail=tail)
     assert [(s.completion_ids, s.finish_reason) for s in out.samples] == one_engine(
         prompts, 8, seed)
+    assert_sequences_move_only_when_they_must(lease.log)
     assert unfinished[-1] == 0
     fair = -(-n // n_rep)
     for _, left, before in lease.grows:
