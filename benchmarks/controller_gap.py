@@ -14,9 +14,9 @@ limit shown, and writes the "Simulator and controller" section of docs/benchmark
   the designed tail at replica granularity (`workload.consolidated_replica_points`),
   started on half the set (`min_gpus`), no grow, the controller's priors; the rounds'
   prefills unpriced;
-- `replicas + migration + grow`: the same, growing back as designed (a request queued in
-  the slice policy's order); the controller grows between rounds into GPUs free that no
-  waiter asks for (`Lease.grow`), between this row and the one above;
+- `replicas + migration + grow`: the same, growing back as the controller does
+  (`SimConfig.grow_free_only`: the lease takes the GPUs free that no waiter asks for,
+  `Lease.grow`, asked again whenever GPUs free; the controller asks at its next round);
 - `replicas + grow`: rollouts as data-parallel replicas (`services.rollout_replica_gpus`,
   the fewest GPUs whose engine of the job's model fits one GPU), no sequence migrating: a
   replica's GPUs free when its share of the batch is done
@@ -88,7 +88,7 @@ def run_as(mode: str, w: Workload, jobs: list[SimJob],
         # the set (min_gpus), growing back or not
         return [replace(j, tail=consolidated_replica_points(
             j.tail, j.rollout_gpus, replica_gpus(j, cfg.gpu_mem_bytes))) for j in jobs], \
-            replace(cfg, grow=mode.endswith("+ grow"))
+            replace(cfg, grow=mode.endswith("+ grow"), grow_free_only=True)
     kinds = {str(c["name"]): str(c.get("tail", "heavy")) for c in w.data["classes"]}
     jobs = [replace(j, tail=replica_tail_points(
         kinds[j.cls], j.rollout_gpus, replica_gpus(j, cfg.gpu_mem_bytes)))
@@ -158,9 +158,11 @@ under the default policy, every job's limit set to the users' limit shown:
   each point's GPU count rounded up to whole replicas
   (`workload.consolidated_replica_points`); started on half the set
   (`job.phase("rollout", min_gpus=G/2)`), no grow; the rounds' prefills are not priced;
-- **replicas + migration + grow**: the same, growing back as designed (a grow request
-  queued in the slice policy's order). The controller's grow takes only GPUs that no
-  waiter asks for, between rounds, so it lies between this row and the one above;
+- **replicas + migration + grow**: the same, growing back as the controller does: the
+  lease takes the missing GPUs that are free and that no waiter asks for
+  (`SimConfig.grow_free_only`, `LeaseTable.grow`), asked again whenever GPUs free (the
+  controller asks at its next round), where the designed row's grow is a request queued
+  in the slice policy's order;
 - **replicas + grow**: the same replicas without rounds, the batch split evenly, a
   replica's GPUs freed when its longest response is done (`workload.replica_tail_points`:
   mean order statistics of the replicas' ends); starting on part of a set and growing

@@ -9,14 +9,19 @@ then shrinks its first lease to k. Speed = GPUs working / GPUs needed (at most 1
 progress is tracked as a full-speed fraction and re-timed whenever either changes.
 
 Grow is RLix's "expand rollout one group at a time, sync weights only to the added
-workers" (shared/research/prior-art.md). Known limits: requests move to grown GPUs at
-once (no rebalancing cost beyond the handoff). `SimConfig.grow = False` turns growing off.
+workers" (shared/research/prior-art.md). With `SimConfig.grow_free_only` it is the
+controller's instead (`Lease.grow`, docs/pools.md): the first lease takes the missing
+GPUs that are free and that no waiter asks for (`LeaseTable.grow`), asked again whenever
+GPUs of the pool free; it never queues. Known limits: requests move to grown GPUs at
+once (no rebalancing cost beyond the handoff; the controller moves them at its next
+round). `SimConfig.grow = False` turns growing off.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from slurmrl.leases.types import Grown
 from slurmrl.model import Phase
 from slurmrl.sim import costs
 
@@ -68,6 +73,15 @@ def want_grow(sim: Simulation, pool: Pool, run: JobRun) -> None:
     rest = [g for g in sim._gpus_for(run, Phase.ROLLOUT) if g not in held]
     if not rest:
         return
+    if sim.cfg.grow_free_only:
+        grown = pool.table.grow(run.lease_id, rest, sim.now)
+        sim._check(pool)
+        if grown:
+            sim._account(run)
+            run.held_n = sim._held(pool, run)
+            added = frozenset().union(*(e.added for e in grown if isinstance(e, Grown)))
+            _join(sim, pool, run, run.lease_id, added)
+        return
     req, events = pool.table.request(run.job.job_id, Phase.ROLLOUT, rest, sim.now,
                                      min_gpus=1)
     run.grow_req = req.request_id
@@ -81,8 +95,16 @@ def grew(sim: Simulation, pool: Pool, run: JobRun, lease_id: int) -> None:
     run.grow_req = None
     run.grow_leases.append(lease_id)
     run.held_n = sim._held(pool, run)
+    _join(sim, pool, run, lease_id,
+          next(le.gpus for le in pool.table.leases if le.lease_id == lease_id))
+    want_grow(sim, pool, run)
+
+
+def _join(sim: Simulation, pool: Pool, run: JobRun, lease_id: int,
+          gpus: frozenset[int]) -> None:
+    """Grown `gpus` (of `lease_id`) start working after the handoff from their last
+    holder."""
     jid = run.job.job_id
-    gpus = next(le.gpus for le in pool.table.leases if le.lease_id == lease_id)
     prev = {pool.last_holder.get(g) for g in gpus} - {None, jid}
     cost = 0.0
     if prev:
@@ -92,16 +114,15 @@ def grew(sim: Simulation, pool: Pool, run: JobRun, lease_id: int) -> None:
     for g in gpus:
         pool.last_holder[g] = jid
     sim._push(sim.now + cost, "grown", (jid, run.token, lease_id, len(gpus)))
-    want_grow(sim, pool, run)
 
 
 def on_grown(sim: Simulation, data: tuple[int, int, int, int]) -> None:
     jid, token, lease_id, n = data
     run = sim.runs[jid]
-    if token != run.token or lease_id not in run.grow_leases:
+    if token != run.token or (lease_id not in run.grow_leases and lease_id != run.lease_id):
         return
     roll_advance(sim, run)
-    run.roll_gpus += n
+    run.roll_gpus = min(run.roll_gpus + n, run.held_n)  # a tail point may have come first
     roll_schedule(sim, run)
 
 

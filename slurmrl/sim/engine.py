@@ -146,8 +146,11 @@ class SimConfig:
     limits: SiteLimits = field(default_factory=SiteLimits)
     elastic_min: float = 0.5  #: a rollout starts on at least this share of its set
     #: a rollout holding less than its set asks for the rest with a second lease
-    #: (False: it stays on what it was granted, as the controller's rollouts do today)
+    #: (False: it stays on what it was granted, as the controller's one-engine rollouts)
     grow: bool = True
+    #: grow as the controller does (`Lease.grow`): take only free GPUs no waiter asks
+    #: for, asked again whenever GPUs of the pool free, instead of a queued request
+    grow_free_only: bool = False
     #: jobs' priors: the share of its set a rollout holds (0.55: its tail shrinks; 1.0: it
     #: holds the set, as in the controller today: slurmrl.controller.placement)
     rollout_prior_gpu_share: float = ROLLOUT_PRIOR_GPU_SHARE
@@ -368,6 +371,12 @@ class Simulation:
                 self._account(run)
                 run.held_n = self._held(pool, run)
         self._check(pool)
+        if self.cfg.grow_free_only and any(isinstance(ev, Shrunk | Released | Revoke)
+                                           for ev in events):
+            # GPUs freed: rollouts short of GPUs ask again once this instant's requests
+            # are queued (the releasing job's next phase first, as in the controller,
+            # where a rollout asks only at its next round)
+            self._push(self.now, "regrow", pool.pool_id)
 
     @staticmethod
     def _held(pool: Pool, run: JobRun) -> int:
@@ -414,6 +423,15 @@ class Simulation:
 
     def _on_roll(self, data: tuple[int, int, int]) -> None:
         elastic.on_roll(self, data)
+
+    def _on_regrow(self, pool_id: int) -> None:
+        pool = self.pools.get(pool_id)
+        if pool is None:
+            return
+        for jid in sorted({le.job_id for le in pool.table.leases}):
+            run = self.runs[jid]
+            if run.lease_id is not None and self._segment(run)[0] is Phase.ROLLOUT:
+                elastic.want_grow(self, pool, run)
 
     def _on_grown(self, data: tuple[int, int, int, int]) -> None:
         elastic.on_grown(self, data)

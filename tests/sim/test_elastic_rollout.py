@@ -109,3 +109,42 @@ def test_a_rollout_that_may_not_grow_stays_on_the_part_it_was_granted() -> None:
     assert abs(rb.lease_gpu_s - 4 * 200) < 8
     for pool in sim.closed:
         check_table(pool.table)
+
+
+def run_grow_free_only(jobs: list[SimJob]) -> Simulation:
+    """As `run`, growing as the controller does (`Lease.grow`: free GPUs no waiter asks
+    for, asked again whenever GPUs free)."""
+    sim = Simulation(jobs, SimConfig(gpus=8, grow_free_only=True), OnePool(),
+                     lambda: registry.load("slice", "round-robin"),
+                     registry.load("admission", "site-limits"))
+    return sim.run()
+
+
+def test_the_controllers_grow_takes_the_partners_gpus_once_nobody_waits_for_them() -> None:
+    # as test_a_rollout_started_on_half_its_set_grows_when_the_partner_releases: A goes
+    # to its reward gap at t=100, nobody waits for its GPUs, and B's lease takes them
+    a = job(1, 0.0, [(Phase.ROLLOUT, 100.0), (Phase.REWARD, 200.0), (Phase.TRAIN, 10.0)],
+            ((0.5, 4),))
+    b = job(2, 60.0, [(Phase.ROLLOUT, 100.0)], ())
+    sim = run_grow_free_only([a, b])
+    rb = sim.runs[2]
+    assert rb.finished_at is not None and abs(rb.finished_at - 180.1) < 0.5
+    assert abs(rb.lease_gpu_s - (4 * 40 + 8 * 80)) < 8
+    for pool in sim.closed:
+        check_table(pool.table)
+
+
+def test_the_controllers_grow_leaves_gpus_a_partner_waits_for() -> None:
+    # A trains right after its rollout: its training asks for all 8 GPUs, so B's grow
+    # gets none of A's freed ones and B's rollout runs on its 4 to the end (t=260); A
+    # trains once B is done. The designed (queued) grow takes them instead
+    a = job(1, 0.0, [(Phase.ROLLOUT, 100.0), (Phase.TRAIN, 10.0), (Phase.REWARD, 50.0)],
+            ((0.5, 4),))
+    b = job(2, 60.0, [(Phase.ROLLOUT, 100.0)], ())
+    free_only = run_grow_free_only([a, b])
+    rb, ra = free_only.runs[2], free_only.runs[1]
+    assert rb.finished_at is not None and abs(rb.finished_at - 260.0) < 0.5
+    assert abs(rb.lease_gpu_s - 4 * 200) < 8
+    assert ra.finished_at is not None and ra.finished_at > 260.0 + 10.0
+    queued = run([a, b])
+    assert queued.runs[2].finished_at is not None and queued.runs[2].finished_at < 250.0

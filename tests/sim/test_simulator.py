@@ -52,18 +52,22 @@ def small_workload(layout: str, tail: str, turns: int, gpus: list[int], rate: fl
     policy=st.sampled_from(POLICIES),
     arrivals=st.sampled_from(["steady", "bursty"]),
     seed=st.integers(0, 10_000),
+    grow_free_only=st.booleans(),
 )
 def test_invariants_hold_on_generated_workloads(layout: str, tail: str, turns: int,
                                                 gpus: list[int], rate: float, model: str,
                                                 mux_off: float, policy: str, arrivals: str,
-                                                seed: int) -> None:
+                                                seed: int, grow_free_only: bool) -> None:
     w = validate(small_workload(layout, tail, turns, gpus, rate, model, mux_off))
     if layout == "disaggregated" and 1 in gpus:
         with pytest.raises(WorkloadError, match="at least 2 GPUs"):
             run_workload(w, seed, arrivals, pairing=policy)
         return
-    # check_invariants=True: check_table runs after every event (raises on a double grant)
-    r = run_workload(w, seed, arrivals, pairing=policy)
+    # check_invariants=True: check_table runs after every event (raises on a double grant);
+    # rollouts grow as designed (a queued request) or as the controller does
+    r = run_jobs(generate(w, seed, arrivals), replace(config_for(w, True),
+                                                      grow_free_only=grow_free_only),
+                 pairing=policy)
     m, sim = r.metrics, r.sim
     assert all(run.finished_at is not None for run in sim.runs.values())  # every job ends
     assert not sim.pools and sim.free == w.cluster_gpus  # every GPU returned
