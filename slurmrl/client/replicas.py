@@ -118,7 +118,7 @@ class ReplicatedRollout:
         # the lock so that shrinks are serialised, each keeping the replicas busy then
         def done(i: int) -> None:
             busy.discard(i)
-            if give_back and busy and not errors and lease.held and lease.phase == "rollout":
+            if give_back and busy and not errors and _resizable(lease):
                 lease.shrink(gpus={g for k in busy for g in self.gpus[k]})  # no-op if same
 
         def work(i: int) -> None:
@@ -200,7 +200,7 @@ class ReplicatedRollout:
                 todo = [k for k in range(n) if k not in final]
                 want = -(-len(todo) // fair)
                 mine = self._held(lease)
-                ours = lease.held and lease.phase == "rollout"
+                ours = _resizable(lease)
                 if grow and ours and len(mine) < want:
                     mine = self._grow(lease, mine, want)
                 per = -(-len(todo) // min(want, len(mine)))
@@ -262,6 +262,11 @@ def _merge(results: dict[int, GenerateResult], back: list[int],
     samples = tuple(replace(s, finish_rank=rank[(start, k)]) for start in sorted(results)
                     for k, s in enumerate(results[start].samples))
     return GenerateResult(samples, tuple(_sum_traces(traces.values())))
+
+
+def _resizable(lease: Lease) -> bool:
+    """A replicated rollout shrinks and grows only a rollout lease it still holds."""
+    return lease.held and lease.phase == "rollout"
 
 
 def _deal(todo: list[int], active: list[int], per: int,

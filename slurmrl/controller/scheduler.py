@@ -216,14 +216,7 @@ class LeaseScheduler:
         `local_gpus` (a rollout keeping the GPUs of its replicas still generating)."""
         table = self._table_of(job, lease_id)
         now = self.clock()
-        gpus = None
-        if local_gpus is not None:
-            pool_gpus = job.pool_gpus or ()
-            bad = sorted(g for g in local_gpus if not 0 <= g < len(pool_gpus))
-            if bad:
-                raise LeaseError(f"job {job.job_id} has no GPU(s) {bad}: its GPUs are "
-                                 f"0..{len(pool_gpus) - 1}")
-            gpus = [pool_gpus[g] for g in local_gpus]
+        gpus = None if local_gpus is None else _pool_gpus(job, local_gpus)
         with self.store.transaction():
             self._apply(table.pool_id, table.shrink(lease_id, keep, now, gpus=gpus), now)
         lease = table.lease(lease_id)
@@ -238,15 +231,10 @@ class LeaseScheduler:
         table = self._table_of(job, lease_id)
         lease = table.lease(lease_id)
         assert lease is not None
-        pool_gpus = job.pool_gpus or ()
-        bad = sorted(g for g in local_gpus if not 0 <= g < len(pool_gpus))
-        if bad:
-            raise LeaseError(f"job {job.job_id} has no GPU(s) {bad}: its GPUs are "
-                             f"0..{len(pool_gpus) - 1}")
-        gpus = {pool_gpus[g] for g in local_gpus}
+        gpus = set(_pool_gpus(job, local_gpus))
         allowed = set(job.pool_gpus_for(lease.phase))
         if not gpus <= allowed:
-            outside = sorted(pool_gpus.index(g) for g in gpus - allowed)
+            outside = sorted(g for g in local_gpus if (job.pool_gpus or ())[g] not in allowed)
             raise LeaseError(f"job {job.job_id}'s {lease.phase} phase does not run on its "
                              f"GPU(s) {outside}")
         now = self.clock()
@@ -373,3 +361,14 @@ class LeaseScheduler:
         self.metrics.leases_ended.labels(str(pool_id), str(state)).inc()
         self.metrics.gpu_seconds.labels(str(lease.job_id)).inc(gpu_s)
         self._pool_of_request.pop(lease.lease_id, None)
+
+
+def _pool_gpus(job: JobRecord, local_gpus: Sequence[int]) -> list[int]:
+    """The pool GPUs of the job-local `local_gpus`; a GPU the job does not have is an
+    error naming it."""
+    pool_gpus = job.pool_gpus or ()
+    bad = sorted(g for g in local_gpus if not 0 <= g < len(pool_gpus))
+    if bad:
+        raise LeaseError(f"job {job.job_id} has no GPU(s) {bad}: its GPUs are "
+                         f"0..{len(pool_gpus) - 1}")
+    return [pool_gpus[g] for g in local_gpus]

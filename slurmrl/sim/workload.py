@@ -249,6 +249,15 @@ def tail_points(kind: str, gpus: int, batch: int = 512) -> tuple[tuple[float, in
     return tuple(points)
 
 
+def _replica_count(gpus: int, replica_gpus: int) -> int:
+    """How many rollout replicas of `replica_gpus` GPUs a set of `gpus` runs: 1 (one
+    engine) where `replica_gpus` is 0, not smaller than the set, or does not divide it,
+    as `slurmrl.controller.residency.replica_sets`."""
+    if replica_gpus < 1 or replica_gpus >= gpus or gpus % replica_gpus:
+        return 1
+    return gpus // replica_gpus
+
+
 @lru_cache(maxsize=64)
 def replica_tail_points(kind: str, gpus: int, replica_gpus: int, batch: int = 512,
                         trials: int = 200) -> tuple[tuple[float, int], ...]:
@@ -259,13 +268,11 @@ def replica_tail_points(kind: str, gpus: int, replica_gpus: int, batch: int = 51
     after each replica but the last finishes; the fractions are the mean order
     statistics of the replicas' finish over the batch's end, over `trials` seeded
     batches. This is what `slurmrl.client.replicas.ReplicatedRollout` gives with
-    `micro_batch = batch / replicas`. One engine (no tail points) where `replica_gpus`
-    is 0, not smaller than the set, or does not divide it, as
-    `slurmrl.controller.residency.replica_sets`.
+    `micro_batch = batch / replicas`. One engine (`_replica_count` 1) has no tail points.
     """
-    if kind == "none" or replica_gpus < 1 or replica_gpus >= gpus or gpus % replica_gpus:
+    n_rep = _replica_count(gpus, replica_gpus)
+    if kind == "none" or n_rep == 1:
         return ()
-    n_rep = gpus // replica_gpus
     pool, rng = _lengths(kind), random.Random(54321)
     per = max(1, batch // n_rep)
     acc = [0.0] * n_rep
@@ -283,7 +290,7 @@ def consolidated_replica_points(tail: tuple[tuple[float, int], ...], gpus: int,
     (`ReplicatedRollout.generate(round_tokens=...)`): each point's GPU count rounded up
     to whole replicas, points that free no replica dropped. One engine (the set, not
     split: see `replica_tail_points`) keeps no point."""
-    if replica_gpus < 1 or replica_gpus >= gpus or gpus % replica_gpus:
+    if _replica_count(gpus, replica_gpus) == 1:
         return ()
     out: list[tuple[float, int]] = []
     held = gpus

@@ -639,6 +639,12 @@ except Exception as exc:
 '''
 
 
+def _evidence(outs: dict[str, Path], log: Path | None = None) -> Callable[[], str]:
+    """What a failed wait shows: the tail of each driver's output (and of `log`)."""
+    return lambda: "\n".join(read(o)[-1500:] for o in outs.values()) + (
+        read(log)[-4000:] if log is not None else "")
+
+
 def _rollout_overlaps(store: Store, pool_id: int) -> list[tuple[int, int]]:
     """(lease, lease) pairs of two jobs' rollout leases holding different GPUs of the
     pool at the same time."""
@@ -680,7 +686,7 @@ def test_a_rollout_tail_hands_its_finished_replicas_gpus_to_the_partners_rollout
         # the partner's rollout ran on a GPU this job's tail had given back, beside it
         _wait(lambda: _rollout_overlaps(Store(ctl.db), pool.pool_id), 120,
               "two jobs' rollouts to hold the pool's two GPUs at once",
-              lambda: "\n".join(read(o)[-1500:] for o in outs.values()) + read(ctl.log)[-4000:])
+              _evidence(outs, ctl.log))
         rounds = {u: _rounds(o) for u, o in outs.items()}
         for user, rs in rounds.items():
             assert all(r["handle"] == "ReplicatedRollout" for r in rs), rs
@@ -698,7 +704,7 @@ def test_a_rollout_tail_hands_its_finished_replicas_gpus_to_the_partners_rollout
                     if r["rounds"] and len(r["held"]) == 2]  # type: ignore[arg-type]
 
         _wait(consolidated, 120, "a rollout in rounds that began on both GPUs",
-              lambda: "\n".join(read(o)[-1500:] for o in outs.values()))
+              _evidence(outs))
         for r in consolidated():
             assert r["kept"] == [0] and r["same"], r
 
@@ -711,7 +717,7 @@ def test_a_rollout_tail_hands_its_finished_replicas_gpus_to_the_partners_rollout
                     if r["slow"] and r["held"] == [0] and r["most"] == 2]
 
         _wait(grown, 180, "a rollout in rounds that began on one GPU to grow onto two",
-              lambda: "\n".join(read(o)[-1500:] for o in outs.values()) + read(ctl.log)[-3000:])
+              _evidence(outs, ctl.log))
         assert all(r["same"] for r in grown())
         assert re.search(r"\(rollout\): parked [^\n]*activated \[\(\d+, 'rollout:1'\)\]",
                          read(ctl.log))
