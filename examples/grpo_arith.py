@@ -62,6 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rollout-min-gpus", type=int, default=None,
                    help="start a rollout on this many free GPUs of its set rather than wait "
                         "for all (with the site's rollout replicas: the replicas there)")
+    p.add_argument("--round-tokens", type=int, default=None,
+                   help="decode the rollout in rounds of this many tokens, moving the "
+                        "unfinished sequences onto the fewest replicas between rounds and "
+                        "giving the rest back (needs the site's rollout replicas)")
     p.add_argument("--metrics", type=Path, default=None,
                    help="also append each step's JSON line to this file")
     return p.parse_args(argv)
@@ -74,11 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg = GrpoConfig(steps=args.steps, prompts_per_step=args.prompts_per_step,
                          group_size=args.group_size, max_operand=args.max_operand,
                          max_tokens=args.max_tokens, temperature=args.temperature,
-                         tool_latency_s=args.tool_latency, seed=args.seed)
+                         tool_latency_s=args.tool_latency, round_tokens=args.round_tokens,
+                         seed=args.seed)
     except ValueError as exc:
         print(f"grpo_arith: {exc}", file=sys.stderr)
         return 2
     import slurmrl
+    from slurmrl.client.replicas import ReplicatedRollout
 
     t0 = time.time()
     with slurmrl.connect(url=args.controller) as job:
@@ -86,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                           "config": cfg.__dict__}), flush=True)
         rollout = job.service("rollout", timeout_s=300)
         trainer = job.service("trainer", timeout_s=300)
+        if cfg.round_tokens is not None and not isinstance(rollout, ReplicatedRollout):
+            raise SystemExit("grpo_arith: --round-tokens needs the rollout run as replicas, "
+                             "and this job's rollout is one engine (the site sets "
+                             "[services] rollout_replica_gpus in slurmrl.toml)")
 
         def observe(phase: str, start: float, end: float, detail: dict[str, float]) -> None:
             # the reward gap with the step's mean reward: `slurmrl report` draws the curve

@@ -56,6 +56,9 @@ class GrpoConfig:
     max_tokens: int = 1  #: generation length limit (a real model needs more, e.g. 16)
     temperature: float = 1.0
     tool_latency_s: float = 0.0  #: extra wait in the reward gap (models agentic tools)
+    #: decode in rounds of this many tokens, consolidating the tail between rounds
+    #: (a rollout run as replicas only: `ReplicatedRollout.generate(round_tokens=)`)
+    round_tokens: int | None = None
     scale_by_std: bool = False  #: GRPO's /std; off = "Dr. GRPO" (less mode collapse)
     uniform_answers: bool = True  #: draw the sum first, so guessing one answer pays little
     seed: int = 0
@@ -66,13 +69,14 @@ class GrpoConfig:
             "group_size": self.group_size >= 2, "max_operand": 0 <= self.max_operand <= 99,
             "max_tokens": self.max_tokens >= 1, "temperature": self.temperature > 0,
             "tool_latency_s": self.tool_latency_s >= 0,
+            "round_tokens": self.round_tokens is None or self.round_tokens >= 1,
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"bad GRPO setting(s) {bad}: steps, prompts_per_step >= 1, "
                              "group_size >= 2 (advantages are relative to the group), "
                              "0 <= max_operand <= 99, max_tokens >= 1, temperature > 0, "
-                             "tool_latency_s >= 0")
+                             "tool_latency_s >= 0, round_tokens >= 1 if set")
 
 
 def problems(cfg: GrpoConfig, step: int) -> list[tuple[str, int]]:
@@ -171,10 +175,11 @@ def run_step(
     batch = problems(cfg, step)
     prompts = [p for p, _ in batch for _ in range(cfg.group_size)]
     t0 = time.monotonic()
+    rounds = {} if cfg.round_tokens is None else {"round_tokens": cfg.round_tokens}
     with phase("rollout"):
         result = rollout.generate(prompts, max_tokens=cfg.max_tokens,
                                   temperature=cfg.temperature, seed=cfg.seed * 7919 + step,
-                                  micro_batch=max(8, cfg.group_size))
+                                  micro_batch=max(8, cfg.group_size), **rounds)
     t1 = time.monotonic()
     # the GPU gap: verification on the driver's CPU, then (agentic jobs) tool waits
     wall0 = time.time()

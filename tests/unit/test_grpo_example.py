@@ -1,0 +1,91 @@
+"""The reference driver's `--round-tokens`: checked before anything runs, passed to a
+rollout run as replicas, never sent to a one-engine rollout (whose `generate` does not
+take it), and refused with a reason when the job's rollout is one engine.
+
+The rollouts here are in-process stand-ins that record their calls; the replicas
+themselves are tested in tests/unit/client/test_replicas_rounds.py, and the driver on
+the real dev cluster in tests/integration/test_e2e.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "examples"))
+import grpo_arith  # noqa: E402
+from rlvr import GrpoConfig, no_lease, run_step  # noqa: E402
+
+from slurmrl.worker.protocol import GenerateParams, Role  # noqa: E402
+from slurmrl.worker.tiny import TinyBackend  # noqa: E402
+
+
+class Recording:
+    """A tiny rollout and trainer in process; `kwargs` of every generate call."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.rollout = TinyBackend(Role.ROLLOUT)
+        self.rollout.load()
+
+    def generate(self, prompts: list[str], *, max_tokens: int, temperature: float,
+                 seed: int, micro_batch: int, **rest: Any) -> Any:
+        self.calls.append(rest)
+        return self.rollout.generate(prompts, GenerateParams(
+            max_tokens=max_tokens, temperature=temperature, seed=seed,
+            micro_batch=micro_batch))
+
+    def train_step(self, samples: Any) -> dict[str, float]:
+        return {"loss": 0.0}
+
+    def sync_weights_to(self, other: Any) -> int:
+        return 0
+
+
+def test_round_tokens_reaches_the_rollout_only_when_asked() -> None:
+    plain, rounds = Recording(), Recording()
+    run_step(GrpoConfig(prompts_per_step=2, group_size=4), 0, plain, plain, no_lease)
+    run_step(GrpoConfig(prompts_per_step=2, group_size=4, round_tokens=3), 0, rounds,
+             rounds, no_lease)
+    assert plain.calls == [{}]  # a one-engine ServiceHandle never sees the keyword
+    assert rounds.calls == [{"round_tokens": 3}]
+
+
+@pytest.mark.parametrize("bad", ["0", "-2"])
+def test_a_bad_round_tokens_is_refused_before_the_driver_connects(
+        bad: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import slurmrl
+
+    def no_connect(**kw: Any) -> Any:
+        raise AssertionError("connected despite a bad setting")
+
+    monkeypatch.setattr(slurmrl, "connect", no_connect)
+    assert grpo_arith.main(["--round-tokens", bad]) == 2
+    err = capsys.readouterr().err
+    assert "round_tokens" in err and "round_tokens >= 1 if set" in err
+
+
+def test_round_tokens_on_a_one_engine_rollout_is_refused_with_the_site_setting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import slurmrl
+
+    class OneEngineJob:  # stand-in for `connect()`: a job whose rollout is one engine
+        job_id = 9
+
+        def __enter__(self) -> OneEngineJob:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.exited = exc
+
+        def service(self, role: str, **kw: Any) -> Recording:
+            return Recording()
+
+    job = OneEngineJob()
+    monkeypatch.setattr(slurmrl, "connect", lambda **kw: job)
+    with pytest.raises(SystemExit, match="rollout_replica_gpus"):
+        grpo_arith.main(["--round-tokens", "4", "--steps", "1"])
+    assert job.exited[0] is SystemExit  # the job ends as failed, with the reason
