@@ -204,7 +204,8 @@ Reading (at 1.15 only disaggregated pairs, as everywhere on this page):
 - **Growing adds 0.4-1.8 points** over replicas alone. Started on half the set without
   growing or moving sequences, a rollout runs at half speed to its end (measured with
   the `replicas` row so: disaggregated at 1.15, 3.8% at p95 1.41, max 1.83), hence the
-  whole set for replicas without rounds, which do not grow in the controller.
+  whole set for replicas without rounds (the controller grows those only while
+  micro-batches wait unstarted, which the row's even split does not model).
 - On disaggregated at 1.5 the rows without rounds save less than "controller today"
   (25.2-26.3% against 28.6%), at lower p95: with replicas the profiles learn a held
   share below the whole set and the policy forms other pairs; measured, not tuned.

@@ -22,9 +22,12 @@ continued sequence and round. A rollout started on part of its set grows back be
 rounds (`Lease.grow`: the replicas it lacks, as far as their GPUs are free and no other
 phase waits for them), as the simulator's rollouts do.
 
-Known limits: a replica runs one micro-batch per call (one HTTP request each); without
-rounds a lease does not grow back, so a rollout started on part of its set stays there;
-a grow that gets only part of a multi-GPU replica's GPUs gives them back at the round's
+Without rounds, a rollout started on part of its set grows too (`grow`, every `poll_s`)
+while micro-batches wait unstarted, a replica it gets pulling from the same queue; once
+the queue is empty it no longer grows, since a started micro-batch stays where it is.
+
+Known limits: a replica runs one micro-batch per call (one HTTP request each); a grow
+that gets only part of a multi-GPU replica's GPUs gives them back at the round's
 shrink; `finish_rank` orders samples by the order their micro-batches (or rounds) came
 back, then within one; rounds are a barrier: a round lasts as long as its slowest
 replica's call.
@@ -85,8 +88,9 @@ class ReplicatedRollout:
         rounds of that many tokens, and after each round the unfinished ones move onto
         as many replicas as they need at one replica's share of the whole batch, the
         others' GPUs going back; with `grow` too, a rollout started on part of its set
-        takes back, between rounds, the replicas it lacks as their GPUs free."""
-        del poll_s  # the replicas report through their answers, not by polling
+        takes back, between rounds, the replicas it lacks as their GPUs free. Without
+        rounds, `grow` asks every `poll_s` for the replicas it lacks while micro-batches
+        wait unstarted, and a replica it gets pulls from the same queue."""
         if getattr(on_tail, "__func__", None) is Lease.shrink:
             raise ValueError("a replicated rollout gives the GPUs of its finished replicas "
                              "back itself (give_back=True); on_tail=lease.shrink would pick "
@@ -100,6 +104,8 @@ class ReplicatedRollout:
         if not mine:
             raise NoLease(f"lease {lease.lease_id} holds job GPUs {sorted(lease.gpus)}, none of "
                           f"the rollout replicas' ({self.gpus})")
+        if poll_s <= 0:
+            raise ValueError(f"poll_s must be > 0, got {poll_s}")
         if round_tokens is not None:
             return self._rounds(lease, prompts, round_tokens, max_tokens=max_tokens,
                                 temperature=temperature, seed=seed, timeout_s=timeout_s,
@@ -121,11 +127,14 @@ class ReplicatedRollout:
             if give_back and busy and not errors and _resizable(lease):
                 lease.shrink(gpus={g for k in busy for g in self.gpus[k]})  # no-op if same
 
+        emptied = threading.Event()  # no micro-batch waits any more: the grower stops
+
         def work(i: int) -> None:
             try:
                 while True:
                     with lock:
                         if not queue or errors:
+                            emptied.set()
                             done(i)
                             return
                         start, chunk = queue.popleft()
@@ -143,12 +152,45 @@ class ReplicatedRollout:
                 with lock:
                     errors.append(exc)
                     busy.discard(i)
+                    emptied.set()
 
-        threads = [threading.Thread(target=work, args=(i,), daemon=True,
-                                    name=f"slurmrl-replica-{i}") for i in mine]
-        for t in threads:
-            t.start()
-        for t in threads:
+        threads: list[threading.Thread] = []
+
+        def launch(i: int) -> None:  # with `lock` held, or before any thread runs
+            busy.add(i)
+            traces.setdefault(i, [])
+            threads.append(threading.Thread(target=work, args=(i,), daemon=True,
+                                            name=f"slurmrl-replica-{i}"))
+            threads[-1].start()
+
+        # a rollout started on part of its set: while micro-batches wait, ask every
+        # `poll_s` for the replicas it lacks (free GPUs no waiter asks for); a replica
+        # got pulls from the queue like the others. Under `lock`, as the shrinks are.
+        def grower() -> None:
+            try:
+                while True:
+                    with lock:
+                        held = self._held(lease)
+                        lacking = len(self.replicas) - len(held)
+                        if not queue or errors or not lacking or not _resizable(lease):
+                            return
+                        got = self._grow(lease, held, len(held) + min(len(queue), lacking))
+                        for i in got:
+                            if i not in traces:
+                                launch(i)
+                    if emptied.wait(poll_s):
+                        return
+            except BaseException as exc:
+                with lock:
+                    errors.append(exc)
+
+        for i in mine:
+            launch(i)
+        if grow and len(mine) < len(self.replicas) and _resizable(lease):
+            growing = threading.Thread(target=grower, daemon=True, name="slurmrl-grow")
+            growing.start()
+            growing.join()  # returns once the queue is empty: no replica starts after
+        for t in list(threads):
             t.join()
         if errors:
             raise errors[0]

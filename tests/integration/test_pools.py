@@ -247,7 +247,7 @@ url = sys.argv[1]
 job = slurmrl.connect(url=url)
 ro, tr = job.service("rollout"), job.service("trainer")
 prompts = ["1+2=", "3*4=", "9-7=", "5+5="]
-last = None
+last, began_on_0 = None, 0
 try:
     for i in range(10000):
         with job.phase("rollout"):
@@ -582,15 +582,16 @@ TAIL_DRIVER = '''#!{python}
 rounds, the replica its unfinished sequences moved off). Once the test creates `grow`
 beside this script, rlbob's job takes GPU 1 and holds it until rlalice's rollout has
 begun on GPU 0 alone (she marks it with a file), then leaves it for three seconds (a
-long reward check); rlalice runs rollouts only, in slow rounds, and one that began on
-GPU 0 takes GPU 1 back between rounds."""
+long reward check); rlalice runs slow rollouts only, every other one in rounds, and one
+that began on GPU 0 takes GPU 1 back: between rounds, or without rounds while
+micro-batches wait."""
 import getpass, json, os, sys, time, slurmrl
 job = slurmrl.connect(url=sys.argv[1])
 ro, tr = job.service("rollout"), job.service("trainer")
 prompts = [f"{{k}}+{{k}}=" for k in range(48)]  # 3 micro-batches on 2 replicas: a tail
 here = os.path.dirname(os.path.abspath(__file__))
 grow, on0 = os.path.join(here, "grow"), os.path.join(here, "alice-on-0")
-last = None
+last, began_on_0 = None, 0
 try:
     for i in range(100000):
         # start on whatever part of the rollout set is free; every other rollout in
@@ -607,19 +608,22 @@ try:
                 time.sleep(3.0)
                 continue
             time.sleep(0.1)
-            rounds, slow = 1, 0.2
+            slow = 0.2
         with job.phase("rollout", min_gpus=1) as lease:
             held, most = list(lease.gpus), [len(lease.gpus)]
-            if slow and held == [0]:
-                open(on0, "w").close()
+            if slow:  # those that begin on GPU 0 alone alternate: in rounds, and not
+                rounds = 1 if began_on_0 % 2 else None
+                if held == [0]:
+                    began_on_0 += 1
+                    open(on0, "w").close()
 
             def tail(left):
                 most.append(len(lease.gpus))  # the GPUs the round that ended ran on
                 time.sleep(slow)
 
             out = [s.completion_ids for s in ro.generate(
-                prompts, max_tokens=16, seed=11, micro_batch=16, round_tokens=rounds,
-                on_tail=tail).samples]
+                prompts, max_tokens=16, seed=11, micro_batch=4 if slow else 16,
+                round_tokens=rounds, on_tail=tail, poll_s=0.1).samples]
             # same weights and seed: the same outputs, however the batch was split
             print(json.dumps({{"round": i, "same": last is None or out == last,
                               "held": held, "kept": list(lease.gpus), "rounds": rounds,
@@ -708,15 +712,17 @@ def test_a_rollout_tail_hands_its_finished_replicas_gpus_to_the_partners_rollout
         for r in consolidated():
             assert r["kept"] == [0] and r["same"], r
 
-        # a rollout in rounds that began on GPU 0 alone (rlbob held GPU 1) took GPU 1
-        # once rlbob left it for his reward check, with one engine's outputs
+        # a rollout that began on GPU 0 alone (rlbob held GPU 1) took GPU 1 once rlbob
+        # left it for his reward check, with one engine's outputs: in rounds, between
+        # them; without rounds (12 micro-batches of 4), while micro-batches waited
         (shared_tmp / "grow").write_text("")
 
         def grown() -> list[dict[str, object]]:
             return [r for r in _rounds(outs["rlalice"])
                     if r["slow"] and r["held"] == [0] and r["most"] == 2]
 
-        _wait(grown, 180, "a rollout in rounds that began on one GPU to grow onto two",
+        _wait(lambda: {bool(r["rounds"]) for r in grown()} == {True, False}, 180,
+              "rollouts that began on one GPU to grow onto two, in rounds and without",
               _evidence(outs, ctl.log))
         assert all(r["same"] for r in grown())
         assert re.search(r"\(rollout\): parked [^\n]*activated \[\(\d+, 'rollout:1'\)\]",

@@ -290,3 +290,77 @@ def test_any_grown_rollout_gives_one_engines_outputs_on_the_replicas_it_holds(
     if freed and freed[0] > fair * held:
         # the partner's GPUs freed while the rollout still needed them: it took them
         assert any(got for got, _, _ in lease.grows)
+
+
+# -- without rounds: a rollout started on part of its set grows while micro-batches wait
+
+
+class Gated(Replica):
+    """Replica 0 decodes its first micro-batch, then waits (up to 10 s) until the lease
+    has grown before each further one, so the queue still holds work when GPUs free."""
+
+    grown = None  # set per test: a threading.Event
+
+    def generate(self, prompts: list[str], **kw: Any) -> GenerateResult:
+        assert self.grown is not None
+        if self.i == 0 and self.calls:
+            self.grown.wait(10)
+        return super().generate(prompts, **kw)
+
+
+def gated_rollout(n: int) -> tuple[ReplicatedRollout, RecordingLease, list[Any], list[int]]:
+    import threading
+
+    calls: list[tuple[int, int, tuple[int, ...]]] = []
+    unfinished = [len(PROMPTS)]
+    lease = RecordingLease((0,), unfinished)
+    grown = threading.Event()
+    real_grow = lease.grow
+
+    def grow(gpus: Any) -> tuple[int, ...]:
+        got = real_grow(gpus)
+        if got:
+            grown.set()
+        return got
+
+    lease.grow = grow  # type: ignore[method-assign]
+    replicas = [Gated(i, calls) for i in range(n)]
+    for r in replicas:
+        r.lease, r.grown = lease, grown
+    ro = ReplicatedRollout(cast(Any, Job(lease)), [cast(Any, r) for r in replicas],
+                           [(i,) for i in range(n)])
+    return ro, lease, calls, unfinished
+
+
+def test_without_rounds_a_rollout_grows_onto_freed_replicas_while_micro_batches_wait() -> None:
+    ro, lease, calls, unfinished = gated_rollout(4)
+
+    def tail(left: int) -> None:  # after the first micro-batch the partner leaves 1..3
+        unfinished.append(left)
+        lease.free = {1, 2, 3}
+
+    out = ro.generate(PROMPTS, max_tokens=24, seed=5, micro_batch=2, on_tail=tail,
+                      poll_s=0.01)
+    assert [(s.completion_ids, s.finish_reason) for s in out.samples] == one_engine(
+        PROMPTS, 24, 5)
+    assert calls[0][0] == 0 and len(calls) == 8  # eight micro-batches of two
+    # it asked for the replicas it lacked, got the freed ones, and they pulled work
+    assert lease.grows and lease.grows[-1][0] == (1, 2, 3)
+    assert {i for i, _, _ in calls[1:]} >= {1, 2, 3}
+    assert sorted(k for _, _, idx in calls for k in idx) == list(range(len(PROMPTS)))
+
+
+def test_without_rounds_or_grow_a_rollout_stays_on_its_replicas() -> None:
+    ro, lease, calls, _ = rollout(4, held=1)
+    lease.free = {1, 2, 3}
+    out = ro.generate(PROMPTS, max_tokens=24, seed=5, micro_batch=2, grow=False)
+    assert [(s.completion_ids, s.finish_reason) for s in out.samples] == one_engine(
+        PROMPTS, 24, 5)
+    assert lease.grows == [] and {i for i, _, _ in calls} == {0}
+
+
+def test_a_bad_poll_interval_is_refused_before_anything_runs() -> None:
+    ro, lease, calls, _ = rollout(2, held=1)
+    with pytest.raises(ValueError, match="poll_s must be > 0"):
+        ro.generate(PROMPTS, poll_s=0)
+    assert calls == [] and lease.grows == []
