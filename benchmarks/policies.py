@@ -507,8 +507,9 @@ simulates the tail as holding one GPU and rejects colocated one-window pairs who
 whole-set phases cannot fit beside the partner's GPU-holding phases; (d) it measures
 every member over the common horizon (until the first member is done: a 16-GPU pair
 predicted at 1.80 had run at 2.47; tests/sim/test_predictor.py). (b) is in the
-controller too (docs/pools.md); (a) only for rollout replicas decoding in rounds
-(`Lease.grow` between rounds, taking GPUs no waiter asks for), and staggered pools form
+controller too (docs/pools.md); (a) only for rollout replicas (`Lease.grow`, taking
+GPUs no waiter asks for: between rounds, or without rounds while micro-batches wait
+unstarted), and staggered pools form
 there only once observations show a lease shrinking through its tail, which rollout
 replicas do ("Simulator and controller" below).
 On disaggregated the predictor is slightly optimistic (p95 above 1.15 at the default
