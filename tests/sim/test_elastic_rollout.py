@@ -4,6 +4,7 @@ set when the partner lets go (and still shrinks through its own tail)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from policies import registry
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode
@@ -32,8 +33,9 @@ def job(jid: int, submit: float, segs: list[tuple[Phase, float]],
                   (tuple(Segment(p, s) for p, s in segs),), tail, None, None, False)
 
 
-def run(jobs: list[SimJob]) -> Simulation:
-    sim = Simulation(jobs, SimConfig(gpus=8), OnePool(),
+def run(jobs: list[SimJob], **config: Any) -> Simulation:
+    """The jobs in one pool of 8 GPUs, round-robin slicing; `config`: SimConfig flags."""
+    sim = Simulation(jobs, SimConfig(gpus=8, **config), OnePool(),
                      lambda: registry.load("slice", "round-robin"),
                      registry.load("admission", "site-limits"))
     return sim.run()
@@ -101,23 +103,12 @@ def test_a_rollout_that_may_not_grow_stays_on_the_part_it_was_granted() -> None:
     a = job(1, 0.0, [(Phase.ROLLOUT, 100.0), (Phase.REWARD, 200.0), (Phase.TRAIN, 10.0)],
             ((0.5, 4),))
     b = job(2, 60.0, [(Phase.ROLLOUT, 100.0)], ())
-    sim = Simulation([a, b], SimConfig(gpus=8, grow=False), OnePool(),
-                     lambda: registry.load("slice", "round-robin"),
-                     registry.load("admission", "site-limits")).run()
+    sim = run([a, b], grow=False)
     rb = sim.runs[2]
     assert rb.finished_at is not None and abs(rb.finished_at - 260.0) < 0.5
     assert abs(rb.lease_gpu_s - 4 * 200) < 8
     for pool in sim.closed:
         check_table(pool.table)
-
-
-def run_grow_free_only(jobs: list[SimJob]) -> Simulation:
-    """As `run`, growing as the controller does (`Lease.grow`: free GPUs no waiter asks
-    for, asked again whenever GPUs free)."""
-    sim = Simulation(jobs, SimConfig(gpus=8, grow_free_only=True), OnePool(),
-                     lambda: registry.load("slice", "round-robin"),
-                     registry.load("admission", "site-limits"))
-    return sim.run()
 
 
 def test_the_controllers_grow_takes_the_partners_gpus_once_nobody_waits_for_them() -> None:
@@ -126,7 +117,8 @@ def test_the_controllers_grow_takes_the_partners_gpus_once_nobody_waits_for_them
     a = job(1, 0.0, [(Phase.ROLLOUT, 100.0), (Phase.REWARD, 200.0), (Phase.TRAIN, 10.0)],
             ((0.5, 4),))
     b = job(2, 60.0, [(Phase.ROLLOUT, 100.0)], ())
-    sim = run_grow_free_only([a, b])
+    # growing as the controller does (`Lease.grow`: free GPUs no waiter asks for)
+    sim = run([a, b], grow_free_only=True)
     rb = sim.runs[2]
     assert rb.finished_at is not None and abs(rb.finished_at - 180.1) < 0.5
     assert abs(rb.lease_gpu_s - (4 * 40 + 8 * 80)) < 8
@@ -141,7 +133,7 @@ def test_the_controllers_grow_leaves_gpus_a_partner_waits_for() -> None:
     a = job(1, 0.0, [(Phase.ROLLOUT, 100.0), (Phase.TRAIN, 10.0), (Phase.REWARD, 50.0)],
             ((0.5, 4),))
     b = job(2, 60.0, [(Phase.ROLLOUT, 100.0)], ())
-    free_only = run_grow_free_only([a, b])
+    free_only = run([a, b], grow_free_only=True)
     rb, ra = free_only.runs[2], free_only.runs[1]
     assert rb.finished_at is not None and abs(rb.finished_at - 260.0) < 0.5
     assert abs(rb.lease_gpu_s - 4 * 200) < 8
