@@ -163,9 +163,10 @@ class ReplicatedRollout:
                                             name=f"slurmrl-replica-{i}"))
             threads[-1].start()
 
-        # a rollout started on part of its set: while micro-batches wait, ask every
-        # `poll_s` for the replicas it lacks (free GPUs no waiter asks for); a replica
-        # got pulls from the queue like the others. Under `lock`, as the shrinks are.
+        # a rollout started on part of its set (in the caller's thread, while the
+        # replicas work): while micro-batches wait, ask every `poll_s` for the replicas
+        # it lacks (free GPUs no waiter asks for); a replica got pulls from the queue
+        # like the others. Under `lock`, as the shrinks are.
         def grower() -> None:
             try:
                 while True:
@@ -187,9 +188,7 @@ class ReplicatedRollout:
         for i in mine:
             launch(i)
         if grow and len(mine) < len(self.replicas) and _resizable(lease):
-            growing = threading.Thread(target=grower, daemon=True, name="slurmrl-grow")
-            growing.start()
-            growing.join()  # returns once the queue is empty: no replica starts after
+            grower()  # returns once the queue is empty: no replica starts after
         for t in list(threads):
             t.join()
         if errors:
