@@ -189,12 +189,8 @@ class LeaseTable:
         wanted = frozenset(gpus)
         if not wanted <= self.gpus:
             raise LeaseError(f"GPUs {sorted(wanted - self.gpus)} are not in pool {self.pool_id}")
-        taken: set[int] = set()
-        for other in self._leases.values():
-            taken |= other.gpus
-        for req in self._waiting.values():
-            taken |= req.gpus
-        added = wanted - taken
+        added = frozenset((wanted & self._free()).difference(
+            *(req.gpus for req in self._waiting.values())))
         if not added:
             return []
         bigger = replace(lease, gpus=lease.gpus | added)
@@ -276,6 +272,10 @@ class LeaseTable:
                 return events
             events.extend(granted)
 
+    def _free(self) -> set[int]:
+        """The pool's GPUs that no lease holds."""
+        return set(self.gpus).difference(*(lease.gpus for lease in self._leases.values()))
+
     def _schedule_pass(self, now: float) -> list[Event]:
         if not self._waiting:
             return []
@@ -284,9 +284,7 @@ class LeaseTable:
             raise LeaseError(
                 f"slice policy {self.policy.name!r} must order every waiting request once"
             )
-        free = set(self.gpus)
-        for lease in self._leases.values():
-            free -= lease.gpus
+        free = self._free()
         reserved: set[int] = set()
         events: list[Event] = []
         for req in order:
