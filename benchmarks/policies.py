@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from policies import registry  # noqa: E402
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode  # noqa: E402
-from slurmrl.sim.engine import SimConfig  # noqa: E402
+from slurmrl.sim.engine import SimConfig, Simulation  # noqa: E402
 from slurmrl.sim.runner import config_for, run_jobs  # noqa: E402
-from slurmrl.sim.workload import WORKLOAD_DIR, generate, load  # noqa: E402
+from slurmrl.sim.workload import WORKLOAD_DIR, SimJob, generate, load  # noqa: E402
 
 WORKLOADS = ["math-sync", "long-cot", "agentic-tools", "disaggregated", "mixed-sizes",
              "polytrace-mix"]
@@ -100,8 +100,6 @@ def feasibility(wname: str, pairs: int = 40, seed: int = 0) -> dict[str, Any]:
     import itertools
     import random
 
-    from slurmrl.sim.engine import Simulation
-
     w = load(wname)
     cfg = config_for(w, check_invariants=False)
     jobs = generate(w, seed, "steady", 60)
@@ -113,16 +111,16 @@ def feasibility(wname: str, pairs: int = 40, seed: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {"workload": wname}
     for label, extra in (("", 0), ("stag_", 1)):
         worst, saved, ok = [], [], 0
+        err: list[float] = []  # predicted - measured, pairs measured within the site's cap
         for a, b in cands[:pairs]:
             if extra and (a.gpus < 2 or a.rollout_gpus != a.gpus):
                 continue  # staggering is for colocated jobs of 2+ GPUs
             pair = [replace(a, job_id=1, submit_s=0.0), replace(b, job_id=2, submit_s=0.0)]
-            sim = Simulation(pair, replace(cfg, gpus_per_node=72) if extra else cfg,
-                             _OnePool(extra),
-                             lambda: registry.load("slice", "round-robin"),
-                             registry.load("admission", "site-limits")).run()
-            sl = [(r.finished_at - r.placed_at) / r.solo_s for r in sim.runs.values()
-                  if r.finished_at is not None and r.placed_at is not None]
+            sim = _alone(pair, replace(cfg, gpus_per_node=72) if extra else cfg, extra)
+            sl = _slowdowns(sim)
+            pred, meas = _predicted_and_measured(pair, cfg, extra)
+            if meas <= cfg.limits.max_slowdown:
+                err.append(pred - meas)
             lim = [min(cfg.limits.max_slowdown, j.max_slowdown or cfg.limits.default_max_slowdown)
                    for j in pair]
             worst.append(max(sl))
@@ -134,8 +132,48 @@ def feasibility(wname: str, pairs: int = 40, seed: int = 0) -> dict[str, Any]:
         out.update({f"{label}pairs": len(worst), f"{label}within_limits": ok,
                     f"{label}worst_p50": statistics.median(worst) if worst else 0.0,
                     f"{label}worst_min": min(worst) if worst else 0.0,
-                    f"{label}saved_p50": statistics.median(saved) if saved else 0.0})
+                    f"{label}saved_p50": statistics.median(saved) if saved else 0.0,
+                    f"{label}err_n": len(err),
+                    f"{label}err_mean": statistics.mean(err) if err else 0.0,
+                    f"{label}err_sd": statistics.stdev(err) if len(err) > 1 else 0.0})
     return out
+
+
+def _alone(pair: list[SimJob], cfg: SimConfig, extra: int) -> Simulation:
+    """The two jobs alone in one pool from the same instant (`_OnePool`)."""
+    return Simulation(pair, cfg, _OnePool(extra), lambda: registry.load("slice", "round-robin"),
+                      registry.load("admission", "site-limits")).run()
+
+
+def _slowdowns(sim: Simulation) -> list[float]:
+    return [(r.finished_at - r.placed_at) / r.solo_s for r in sim.runs.values()
+            if r.finished_at is not None and r.placed_at is not None]
+
+
+def _predicted_and_measured(pair: list[SimJob], cfg: SimConfig, extra: int,
+                            ) -> tuple[float, float]:
+    """The pairing predictor's worst member's slowdown and the simulator's, for a pair
+    sharing from the same instant, the predictor given both members' observed profiles.
+
+    The predictor measures members over their common horizon (until the first is done);
+    a member's own slowdown also counts the steps it runs alone once its partner is
+    done. So the longer job is cut, in whole steps, to the shorter one's solo time,
+    which makes the two the same."""
+    from policies.complementarity import predict
+
+    a, b = sorted(pair, key=SimJob.solo_s)
+    keep, acc = [], 0.0
+    for step in b.steps:
+        if acc >= a.solo_s():
+            break
+        keep.append(step)
+        acc += sum(seg.seconds for seg in step)
+    pair = [replace(a, job_id=1), replace(b, job_id=2, steps=tuple(keep))]
+    sim = _alone(pair, replace(cfg, gpus_per_node=72) if extra else cfg, extra)
+    snaps = [sim._snapshot(sim.runs[j.job_id]) for j in pair]
+    pred = (predict(snaps, offsets=(0, extra), pool_gpus=a.gpus + extra) if extra
+            else predict(snaps))
+    return pred.max_slowdown, max(_slowdowns(sim))
 
 
 def speed() -> dict[str, float]:
@@ -161,8 +199,6 @@ def speed() -> dict[str, float]:
     pair_s = time.perf_counter() - t
     paired = sum(1 for p in placements if p.reason.startswith("paired"))
     # the same on `disaggregated`, where many pairs are feasible (profiles from priors)
-    from slurmrl.sim.engine import Simulation
-
     wd = load("disaggregated")
     djobs = generate(wd, 0, "steady", 1000)
     dsim = Simulation(djobs, config_for(wd, check_invariants=False), pol,
@@ -282,7 +318,9 @@ def needed_table(rows: list[dict[str, Any]]) -> tuple[str, str]:
 def feasibility_table(feas: list[dict[str, Any]]) -> str:
     lines = ["| workload | pool | pairs tried | both within their limit | worst member's "
              "slowdown, median | best pair's worst slowdown | GPU-h saved by the pairs "
-             "within, median |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+             "within, median | predictor error where measured <= the site's cap: pairs, "
+             "mean (sd) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for f in feas:
         for label, name in (("", "one window of G"),
                             ("stag_", "staggered, G + 1 (72-GPU domain)")):
@@ -291,7 +329,9 @@ def feasibility_table(feas: list[dict[str, Any]]) -> str:
             lines.append(f"| {f['workload']} | {name} | {f[f'{label}pairs']} | "
                          f"{f[f'{label}within_limits']} | {f[f'{label}worst_p50']:.3f} | "
                          f"{f[f'{label}worst_min']:.3f} | "
-                         f"{100 * f[f'{label}saved_p50']:.0f}% |")
+                         f"{100 * f[f'{label}saved_p50']:.0f}% | "
+                         + (f"{f[f'{label}err_n']}, {f[f'{label}err_mean']:+.3f} "
+                            f"({f[f'{label}err_sd']:.3f}) |" if f[f"{label}err_n"] else "0 |"))
     return "\n".join(lines)
 
 
@@ -355,12 +395,12 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--feasibility-only", action="store_true",
-                    help="only measure how many pairs fit their slowdown limits, print it")
+                    help="only measure how many pairs fit their slowdown limits (and the "
+                         "predictor's error on them), print the table")
     a = ap.parse_args()
     if a.feasibility_only:
         with ProcessPoolExecutor(a.procs) as ex:
-            for f in ex.map(feasibility, WORKLOADS):
-                print(f)
+            print(feasibility_table(list(ex.map(feasibility, WORKLOADS))))
         return
     tasks = [(w, p, arr, s, a.jobs, 1.0) for w in WORKLOADS for p in [*POLICIES, NVL72]
              for arr in ("steady", "bursty") for s in range(a.seeds)]
@@ -451,6 +491,23 @@ rack; on the suite's 8-GPU nodes such a pool would put a job on two nodes, see b
 
 {feasibility}
 
+The last column checks the pairing predictor (`policies.complementarity.predict`) on the
+same pairs: its worst member's slowdown minus the simulator's, given both members'
+observed profiles (as at the end of the run), over the pairs the simulator ran within
+the site's cap (1.5), where a policy's decisions lie. The predictor measures members
+until the first is done, so for this column each pair's longer job is cut, in whole
+steps, to the shorter one's solo time. It errs towards refusing: on one window it is
+0.04-0.11 above the simulator (polytrace-mix the most), in staggered pools within 0.03
+except agentic-tools and polytrace-mix (0.06-0.07). That does not move the 1.15 verdicts
+(no one-window colocated pair ran within 1.15), but above 1.15 it refuses pairs that would
+fit: on agentic-tools (seed 0, steady) every pair `greedy` formed ran at most 1.31 and
+the predictor put those pairs at 1.27-1.40; at a limit of 1.3 the default policy formed
+6 shared pools to `greedy`'s 18. Hence, in part, a default policy's p95 well under the
+limit L it ran at, and `greedy` saving more at equal p95 on agentic-tools and
+polytrace-mix ("Savings against slowdown" below). Where the bias comes from is not
+established yet: in a throwaway check on these pairs, taking busy phases at their median
+instead of their 90th percentile moved it by 0.02 at most, not always down.
+
 On one window no colocated pair fits 1.15. A step is ~90% wall time in GPU phases; the
 rollout's tail frees most of the set but keeps at least one GPU for most of the
 rollout's wall time (heavy tail: ~70% of it), and training needs the whole set, so a
@@ -495,9 +552,8 @@ GPU while alone; with the designed tail prior instead of the learned one, that c
 outweighed the joins (long-cot, 30 jobs, steady: -6% against +8.5%; tests/sim).
 (3) The predictor starts both members at once, where the round-robin schedule can settle
 into a cycle in which their trainings queue behind each other; with the members'
-observed profiles it is about right on long-cot staggered pairs (mean error -0.02, sd
-0.05: 29 of 40 predicted within 1.15, 7 of them ran above), but on arrival it works from
-priors.
+observed profiles it is about right on long-cot staggered pairs (-0.01, sd 0.07: the
+table above), but on arrival it works from priors.
 Earlier changes, each measured: (a) a rollout started on part of its set grows back (a
 second lease on the missing GPUs; RLix expands rollouts this way); (b) a disaggregated
 job's weight sync holds its trainer set only, its rollout engine loading the weights
