@@ -92,10 +92,12 @@ def feasibility(wname: str, pairs: int = 40, seed: int = 0) -> dict[str, Any]:
 
     Draws compatible pairs (same GPU count and layout split, both shareable), runs each
     pair alone in one pool from the same instant, and counts those where both members'
-    measured slowdown stays under their own limit: an upper bound on what any pairing
-    policy can win at those limits, whatever its predictor. Colocated pairs of more than
+    measured slowdown stays under their own limit: what a pairing policy can win at those
+    limits with round-robin slicing, whatever its predictor. Colocated pairs of more than
     one GPU also run in a staggered pool (G + 1 GPUs, the second job on GPUs 1..G), in
     a 72-GPU NVLink domain (on the suite's 8-GPU nodes such a pool would straddle two).
+    On the pairs the simulator ran within the site's cap it also gives the predictor's
+    error (`_predicted_and_measured`).
     """
     import itertools
     import random
