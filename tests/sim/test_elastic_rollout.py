@@ -41,14 +41,18 @@ def run(jobs: list[SimJob], **config: Any) -> Simulation:
     return sim.run()
 
 
+def tail_and_newcomer() -> list[SimJob]:
+    """A's rollout needs 4 GPUs after half its time (its tail), then A has a long gap;
+    B arrives in A's tail (t=60) and starts on the 4 free GPUs, at half speed."""
+    return [job(1, 0.0, [(Phase.ROLLOUT, 100.0), (Phase.REWARD, 200.0), (Phase.TRAIN, 10.0)],
+                ((0.5, 4),)),
+            job(2, 60.0, [(Phase.ROLLOUT, 100.0)], ())]
+
+
 def test_a_rollout_started_on_half_its_set_grows_when_the_partner_releases() -> None:
-    # A's rollout needs 4 GPUs after half its time (its tail), then A has a long gap.
-    a = job(1, 0.0, [(Phase.ROLLOUT, 100.0), (Phase.REWARD, 200.0), (Phase.TRAIN, 10.0)],
-            ((0.5, 4),))
-    # B arrives in A's tail: starts on the 4 free GPUs (half speed), and gets the other 4
-    # when A's rollout ends at t=100 (0.1 s to activate B's resident services there)
-    b = job(2, 60.0, [(Phase.ROLLOUT, 100.0)], ())
-    sim = run([a, b])
+    # B gets A's other 4 GPUs when A's rollout ends at t=100 (0.1 s to activate B's
+    # resident services there)
+    sim = run(tail_and_newcomer())
     rb = sim.runs[2]
     assert rb.finished_at is not None
     # 40 s at half speed (20 s of work), then 80 s at full speed: ends ~180, not 260
@@ -99,11 +103,8 @@ def test_lower_bound_counts_a_disaggregated_sync_on_the_trainer_set() -> None:
 
 def test_a_rollout_that_may_not_grow_stays_on_the_part_it_was_granted() -> None:
     # as test_a_rollout_started_on_half_its_set_grows_when_the_partner_releases, with
-    # growing off (the controller's rollouts today): B runs at half speed to the end
-    a = job(1, 0.0, [(Phase.ROLLOUT, 100.0), (Phase.REWARD, 200.0), (Phase.TRAIN, 10.0)],
-            ((0.5, 4),))
-    b = job(2, 60.0, [(Phase.ROLLOUT, 100.0)], ())
-    sim = run([a, b], grow=False)
+    # growing off (the controller's one-engine rollouts): B runs at half speed to the end
+    sim = run(tail_and_newcomer(), grow=False)
     rb = sim.runs[2]
     assert rb.finished_at is not None and abs(rb.finished_at - 260.0) < 0.5
     assert abs(rb.lease_gpu_s - 4 * 200) < 8
@@ -113,12 +114,9 @@ def test_a_rollout_that_may_not_grow_stays_on_the_part_it_was_granted() -> None:
 
 def test_the_controllers_grow_takes_the_partners_gpus_once_nobody_waits_for_them() -> None:
     # as test_a_rollout_started_on_half_its_set_grows_when_the_partner_releases: A goes
-    # to its reward gap at t=100, nobody waits for its GPUs, and B's lease takes them
-    a = job(1, 0.0, [(Phase.ROLLOUT, 100.0), (Phase.REWARD, 200.0), (Phase.TRAIN, 10.0)],
-            ((0.5, 4),))
-    b = job(2, 60.0, [(Phase.ROLLOUT, 100.0)], ())
+    # to its reward gap at t=100, nobody waits for its GPUs, and B's lease takes them,
     # growing as the controller does (`Lease.grow`: free GPUs no waiter asks for)
-    sim = run([a, b], grow_free_only=True)
+    sim = run(tail_and_newcomer(), grow_free_only=True)
     rb = sim.runs[2]
     assert rb.finished_at is not None and abs(rb.finished_at - 180.1) < 0.5
     assert abs(rb.lease_gpu_s - (4 * 40 + 8 * 80)) < 8
