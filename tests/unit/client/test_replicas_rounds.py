@@ -104,16 +104,22 @@ def rollout(n: int, prompts: int = len(PROMPTS), held: int | None = None
     return ro, lease, calls, unfinished
 
 
+def one_engine(prompts: list[str], max_tokens: int, seed: int) -> list[Any]:
+    """(completion ids, finish reason) of each prompt as one engine decodes the batch."""
+    one = TinyBackend(Role.ROLLOUT)
+    one.load()
+    ref = one.generate(prompts, GenerateParams(max_tokens=max_tokens, seed=seed,
+                                               micro_batch=len(prompts)))
+    return [(s.completion_ids, s.finish_reason) for s in ref.samples]
+
+
 def test_rounds_consolidate_the_tail_and_give_gpus_back_as_it_thins() -> None:
     ro, lease, calls, unfinished = rollout(4)
     out = ro.generate(PROMPTS, max_tokens=24, seed=5, round_tokens=3,
                       on_tail=unfinished.append)
-    one = TinyBackend(Role.ROLLOUT)
-    one.load()
-    ref = one.generate(PROMPTS, GenerateParams(max_tokens=24, seed=5, micro_batch=16))
     # the outputs of one engine over the whole batch
-    assert [s.completion_ids for s in out.samples] == [s.completion_ids for s in ref.samples]
-    assert [s.finish_reason for s in out.samples] == [s.finish_reason for s in ref.samples]
+    assert [(s.completion_ids, s.finish_reason) for s in out.samples] == one_engine(
+        PROMPTS, 24, 5)
     assert sorted(s.finish_rank for s in out.samples) == list(range(len(PROMPTS)))
     # the lease shrank replica by replica, each time the unfinished fit the rest
     # (4 sequences per replica, as at the start)
@@ -184,12 +190,8 @@ def test_any_rounds_give_one_engines_outputs_and_only_ever_shrink(
     ro, lease, calls, unfinished = rollout(n_rep, n)
     out = ro.generate(prompts, max_tokens=max_tokens, seed=seed, round_tokens=rounds,
                       on_tail=unfinished.append)
-    one = TinyBackend(Role.ROLLOUT)
-    one.load()
-    ref = one.generate(prompts, GenerateParams(max_tokens=max_tokens, seed=seed,
-                                               micro_batch=n))
-    assert [(s.completion_ids, s.finish_reason) for s in out.samples] == [
-        (s.completion_ids, s.finish_reason) for s in ref.samples]
+    assert [(s.completion_ids, s.finish_reason) for s in out.samples] == one_engine(
+        prompts, max_tokens, seed)
     assert unfinished[-1] == 0
     cap = -(-n // n_rep)
     sizes = [len(g) for g, _ in lease.shrinks]
@@ -218,14 +220,6 @@ def assert_sequences_move_only_when_they_must(
                 if old is not None and old != i:
                     assert old not in shares or len(shares[old]) == per, (r, k, old, i)
         where = {k: i for i, idx in shares.items() for k in idx}
-
-
-def one_engine(prompts: list[str], max_tokens: int, seed: int) -> list[Any]:
-    one = TinyBackend(Role.ROLLOUT)
-    one.load()
-    ref = one.generate(prompts, GenerateParams(max_tokens=max_tokens, seed=seed,
-                                               micro_batch=len(prompts)))
-    return [(s.completion_ids, s.finish_reason) for s in ref.samples]
 
 
 def test_a_rollout_started_on_half_its_set_grows_back_when_the_partner_leaves() -> None:
