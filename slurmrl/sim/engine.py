@@ -93,6 +93,7 @@ class JobRun:
     token: int = 0
     lease_id: int | None = None
     seg_start: float = 0.0
+    seg_due: float = 0.0  #: when the segment in progress ends (gaps, non-elastic phases)
     held_n: int = 0
     held_since: float = 0.0
     lease_gpu_s: float = 0.0  #: GPU-seconds of all its leases (the ledger's numerator)
@@ -198,7 +199,9 @@ class Simulation:
         heapq.heappush(self.heap, (t, next(self._seq), kind, data))
 
     # -- main loop -----------------------------------------------------------------
-    def run(self) -> Simulation:
+    def run(self, until: Callable[[Simulation], bool] | None = None) -> Simulation:
+        """Run to the end; with `until`, stop after the first event at which it holds
+        (jobs may then be unfinished: `work_done` says how far each got)."""
         total = len(self.runs)
         while self.heap:
             t, _, kind, data = heapq.heappop(self.heap)
@@ -207,11 +210,38 @@ class Simulation:
             getattr(self, f"_on_{kind}")(data)
             if self.progress is not None and self.events % 20000 == 0:
                 self.progress(1.0 - self._left / total)
+            if until is not None and until(self):
+                return self
         unfinished = [r.job.job_id for r in self.runs.values()
                       if r.admitted and r.finished_at is None]
         if unfinished:
             raise SimError(f"jobs never finished: {unfinished[:10]}")
         return self
+
+    def work_done(self, run: JobRun) -> float:
+        """Solo seconds of the job's work done by now: its finished segments, plus the
+        part of the one in progress done (a rollout: its full-speed fraction; a gap or
+        a granted phase: the time since it began, after any handoff; a gang member: its
+        quanta)."""
+        j = run.job
+        if run.finished_at is not None:
+            return run.solo_s
+        pool = run.pool
+        if pool is None:
+            return 0.0
+        if pool.mode is PoolMode.GANG:
+            held = self.now - pool.gang_since if pool.gang_holder is run else 0.0
+            return min(run.solo_s, run.progress + held)
+        done = sum(seg.seconds for step in j.steps[:run.step] for seg in step)
+        done += sum(seg.seconds for seg in j.steps[run.step][:run.seg])
+        phase, seconds = self._segment(run)
+        if phase.needs_gpu and run.lease_id is None:
+            return done  # waiting for its lease
+        if phase is Phase.ROLLOUT and pool.mode is PoolMode.LEASE:
+            speed = elastic.roll_speed(self, run)
+            f = run.roll_f + max(0.0, self.now - run.roll_t) * speed / max(seconds, 1e-12)
+            return done + min(1.0, f) * seconds
+        return done + min(seconds, max(0.0, seconds - (run.seg_due - self.now)))
 
     def _check(self, pool: Pool) -> None:
         if self.cfg.check_invariants:
@@ -338,7 +368,8 @@ class Simulation:
         run.token += 1
         run.seg_start = self.now
         if not phase.needs_gpu:
-            self._push(self.now + seconds, "seg_end", (run.job.job_id, run.token))
+            run.seg_due = self.now + seconds
+            self._push(run.seg_due, "seg_end", (run.job.job_id, run.token))
             return
         gpus = self._gpus_for(run, phase)
         need = len(gpus)
@@ -418,8 +449,8 @@ class Simulation:
         if phase is Phase.ROLLOUT and pool.mode is PoolMode.LEASE:
             elastic.start(self, pool, run, t, len(lease.gpus))
             return
-        t += seconds
-        self._push(t, "seg_end", (jid, run.token))
+        run.seg_due = t + seconds
+        self._push(run.seg_due, "seg_end", (jid, run.token))
 
     def _on_roll(self, data: tuple[int, int, int]) -> None:
         elastic.on_roll(self, data)

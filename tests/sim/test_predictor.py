@@ -42,3 +42,27 @@ def test_each_members_predicted_slowdown_matches_the_simulated_one() -> None:
         # pessimistic that good pairs are refused; it was 15% optimistic for the short
         # job when each member was measured at its own end (finishing alone, diluted)
         assert 0.95 * m <= p <= 1.15 * m, (predicted, measured)
+
+
+def test_members_of_unequal_lengths_are_measured_over_the_common_horizon() -> None:
+    # the short-step job now outlives its partner: over its own life it runs its last
+    # steps alone, so its own slowdown is diluted far below its slowdown while sharing;
+    # until the first member is done (the predictor's horizon) it is not
+    def shared() -> Simulation:
+        return Simulation([job(1, 20, 300.0, 300.0, 40.0), job(2, 60, 210.0, 170.0, 25.0)],
+                          SimConfig(gpus=8), OnePool(),
+                          lambda: registry.load("slice", "round-robin"),
+                          registry.load("admission", "site-limits"))
+
+    sim = shared().run(until=lambda s: any(r.finished_at is not None for r in s.runs.values()))
+    runs = [sim.runs[1], sim.runs[2]]
+    assert runs[0].finished_at is not None and runs[1].finished_at is None
+    horizon = [sim.now / sim.work_done(r) for r in runs]
+    assert 0.0 < sim.work_done(runs[1]) < runs[1].solo_s
+    complementarity.clear_caches()
+    predicted = complementarity.predict([sim._snapshot(r) for r in runs]).slowdowns
+    for p, m in zip(predicted, horizon, strict=True):
+        assert 0.95 * m <= p <= 1.15 * m, (predicted, horizon)
+    whole = shared().run()
+    own = (whole.runs[2].finished_at or 0.0) / whole.runs[2].solo_s
+    assert own < 0.75 * horizon[1]  # diluted by the steps it ran alone
