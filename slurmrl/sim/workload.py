@@ -250,12 +250,12 @@ def tail_points(kind: str, gpus: int, batch: int = 512) -> tuple[tuple[float, in
 
 
 def _replica_count(gpus: int, replica_gpus: int) -> int:
-    """How many rollout replicas of `replica_gpus` GPUs a set of `gpus` runs: 1 (one
-    engine) where `replica_gpus` is 0, not smaller than the set, or does not divide it,
-    as `slurmrl.controller.residency.replica_sets`."""
-    if replica_gpus < 1 or replica_gpus >= gpus or gpus % replica_gpus:
-        return 1
-    return gpus // replica_gpus
+    """How many rollout replicas of `replica_gpus` GPUs a set of `gpus` runs: the
+    controller's split (`slurmrl.controller.residency.replica_sets`; 1, one engine,
+    where `replica_gpus` is 0, not smaller than the set, or does not divide it)."""
+    from slurmrl.controller.residency import replica_sets
+
+    return len(replica_sets(range(gpus), replica_gpus))
 
 
 @lru_cache(maxsize=64)
