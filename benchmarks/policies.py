@@ -119,9 +119,11 @@ def feasibility(wname: str, pairs: int = 40, seed: int = 0) -> dict[str, Any]:
             if extra and (a.gpus < 2 or a.rollout_gpus != a.gpus):
                 continue  # staggering is for colocated jobs of 2+ GPUs
             pair = [replace(a, job_id=1, submit_s=0.0), replace(b, job_id=2, submit_s=0.0)]
-            sim = _alone(pair, replace(cfg, gpus_per_node=72) if extra else cfg, extra)
-            sl = _slowdowns(sim)
-            pred, meas = _predicted_and_measured(pair, cfg, extra)
+            sim = _alone(pair, replace(cfg, gpus_per_node=72) if extra else cfg, extra,
+                         until=lambda s: any(r.finished_at is not None
+                                             for r in s.runs.values()))
+            pred, meas = _predicted_and_measured(sim, extra)
+            sl = _slowdowns(sim.run())  # on to the end
             if meas <= cfg.limits.max_slowdown:
                 err.append(pred - meas)
             lim = [min(cfg.limits.max_slowdown, j.max_slowdown or cfg.limits.default_max_slowdown)
@@ -155,23 +157,20 @@ def _slowdowns(sim: Simulation) -> list[float]:
             if r.finished_at is not None and r.placed_at is not None]
 
 
-def _predicted_and_measured(pair: list[SimJob], cfg: SimConfig, extra: int,
-                            ) -> tuple[float, float]:
+def _predicted_and_measured(sim: Simulation, extra: int) -> tuple[float, float]:
     """The pairing predictor's worst member's slowdown and the simulator's, for a pair
-    sharing from the same instant, both over the predictor's horizon: until the first
-    member is done, each member's slowdown being that time over the solo time of the
-    work it did by then (`Simulation.work_done`). Measured at each member's own end
-    instead, the member slowed most would run its last steps alone once its partner
-    is done, and its slowdown would be diluted. The predictor is given both members'
+    sharing from the same instant (`_alone`), run until its first member is done: the
+    predictor's horizon. Each member's slowdown is that time over the solo time of the
+    work it did by then (`Simulation.work_done`); measured at each member's own end
+    instead, the member slowed most would run its last steps alone once its partner is
+    done, and its slowdown would be diluted. The predictor is given both members'
     profiles as observed by that instant."""
     from policies.complementarity import predict
 
-    sim = _alone(pair, replace(cfg, gpus_per_node=72) if extra else cfg, extra,
-                 until=lambda s: any(r.finished_at is not None for r in s.runs.values()))
-    runs = [sim.runs[j.job_id] for j in pair]
+    runs = sorted(sim.runs.values(), key=lambda r: r.job.job_id)
     measured = max(sim.now / max(sim.work_done(r), 1e-9) for r in runs)
     snaps = [sim._snapshot(r) for r in runs]
-    pred = (predict(snaps, offsets=(0, extra), pool_gpus=pair[0].gpus + extra) if extra
+    pred = (predict(snaps, offsets=(0, extra), pool_gpus=runs[0].job.gpus + extra) if extra
             else predict(snaps))
     return pred.max_slowdown, measured
 
