@@ -104,6 +104,9 @@ class RlRequest:
     profile: PhasePrior | None = None
     layout: Layout = Layout.COLOCATED
     rollout_gpus: int | None = None  #: disaggregated only: size of the rollout set
+    #: `--rl-steps`: training steps the job will run (None: not declared). Pairing uses it
+    #: to project a running job's slowdown over its whole run (policies/complementarity.py)
+    steps: int | None = None
 
     def gpu_sets(self) -> dict[str, tuple[int, ...]]:
         """Job-local GPU sets by name: `all` (colocated) or `rollout` + `trainer`."""
