@@ -19,6 +19,7 @@ SLURMRL_MEM            if given; bytes per GPU (the option's K/M/G/T, default M,
 SLURMRL_GROUP          if given
 SLURMRL_MAX_SLOWDOWN   if given; the decimal as written
 SLURMRL_PROFILE        if given; the spec as written
+SLURMRL_STEPS          if given; integer 1..10000000
 SLURMRL_CONTROLLER     if plugstack.conf sets controller=URL
 =====================  ===========================================================
 
@@ -40,6 +41,7 @@ GROUP_MAX = 64
 PROFILE_MAX = 256
 MEM_MAX_BYTES = 1024 << 40  #: 1024T
 STEP_MAX_S = 1_000_000.0
+STEPS_MAX = 10_000_000
 
 #: option name (without --) -> environment variable, in the plugin's cross-check order
 OPTION_ENV: dict[str, str] = {
@@ -51,6 +53,7 @@ OPTION_ENV: dict[str, str] = {
     "rl-max-slowdown": "SLURMRL_MAX_SLOWDOWN",
     "rl-profile": "SLURMRL_PROFILE",
     "rl-layout": "SLURMRL_LAYOUT",
+    "rl-steps": "SLURMRL_STEPS",
 }
 
 _DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")
@@ -161,6 +164,14 @@ def parse_max_slowdown(value: str) -> float:
     return x
 
 
+def parse_steps(value: str) -> int:
+    """`--rl-steps=N`: the training steps the job will run (e.g. verl's total_training_steps)."""
+    steps = _int(value, 1, STEPS_MAX)
+    if steps is None:
+        raise DirectiveError(f"--rl-steps={shown(value)}: expected a whole number 1..10000000")
+    return steps
+
+
 def _profile(value: str) -> PhasePrior | str:
     """The prior, or the reason it is malformed (the plugin's wording)."""
     if not value or len(value) > PROFILE_MAX:
@@ -261,6 +272,7 @@ def _build(gpus: int | None, given: Mapping[str, str], rollout: int | None,
         profile=parse_profile(given["rl-profile"]) if "rl-profile" in given else None,
         layout=layout,
         rollout_gpus=r,
+        steps=parse_steps(given["rl-steps"]) if "rl-steps" in given else None,
     )
 
 
@@ -339,4 +351,5 @@ _PARSERS = {
     "rl-max-slowdown": parse_max_slowdown,
     "rl-profile": parse_profile,
     "rl-layout": parse_layout,
+    "rl-steps": parse_steps,
 }

@@ -2,9 +2,10 @@
  * slurmrl SPANK plugin: the --rl-* directives of RL jobs.
  *
  * Registers --rl-gpus, --rl-model, --rl-mem, --rl-mux, --rl-group, --rl-max-slowdown,
- * --rl-profile and --rl-layout for sbatch, #SBATCH lines, salloc and srun. Each value is
- * checked in its option callback, so a malformed one fails the submission with a message
- * naming the option and the accepted form; cross-option checks run in init_post_opt.
+ * --rl-profile, --rl-layout and --rl-steps for sbatch, #SBATCH lines, salloc and srun.
+ * Each value is checked in its option callback, so a malformed one fails the submission
+ * with a message naming the option and the accepted form; cross-option checks run in
+ * init_post_opt.
  * Valid values reach the job as SLURMRL_* variables: spank_setenv() in the remote context
  * (every step, the batch step included, sees the options again there), and
  * spank_job_control_setenv() in allocator/local context for prolog/epilog scripts
@@ -38,9 +39,10 @@ SPANK_PLUGIN(slurmrl, 1);
 #define URL_MAX 1023
 #define MEM_MAX_BYTES (1024ULL << 40) /* 1024T */
 #define STEP_MAX_S 1000000.0
+#define STEPS_MAX 10000000L
 
 enum opt_id { OPT_GPUS = 1, OPT_MODEL, OPT_MEM, OPT_MUX, OPT_GROUP, OPT_SLOWDOWN,
-              OPT_PROFILE, OPT_LAYOUT };
+              OPT_PROFILE, OPT_LAYOUT, OPT_STEPS };
 
 static const char *const phase_names[] = { "rollout", "train", "sync", "reward", "idle" };
 #define N_PHASES (sizeof(phase_names) / sizeof(phase_names[0]))
@@ -59,6 +61,7 @@ static char profile[PROFILE_MAX + 1];
 static char layout[16];
 static long rollout_gpus;   /* 0: default (gpus / 2) */
 static int layout_r_given;
+static long steps;          /* 0: not given */
 
 /* A value as it may be echoed: printable ASCII only, at most 64 characters. */
 static const char *shown(const char *value)
@@ -347,6 +350,17 @@ static int opt_layout(int val, const char *arg, int remote)
 	return -1;
 }
 
+static int opt_steps(int val, const char *arg, int remote)
+{
+	(void)val; (void)remote;
+	if (parse_int(arg, 1, STEPS_MAX, &steps) < 0) {
+		slurm_error("slurmrl: --rl-steps=%s: expected a whole number 1..10000000",
+			    shown(arg));
+		return -1;
+	}
+	return 0;
+}
+
 static struct spank_option options[] = {
 	{ "rl-gpus", "N", "slurmrl: GPUs of this RL job (1..1024); makes the job an RL job",
 	  1, OPT_GPUS, opt_gpus },
@@ -364,6 +378,8 @@ static struct spank_option options[] = {
 	  "reward=0.2[,step=SECONDS]", 1, OPT_PROFILE, opt_profile },
 	{ "rl-layout", "colocated|disaggregated[:R]", "slurmrl: GPU layout (default colocated)",
 	  1, OPT_LAYOUT, opt_layout },
+	{ "rl-steps", "N", "slurmrl: training steps the job will run (1..10000000)", 1,
+	  OPT_STEPS, opt_steps },
 	SPANK_OPTIONS_TABLE_END
 };
 
@@ -424,7 +440,8 @@ static int any_rl_option(const char **which)
 {
 	*which = model[0] ? "--rl-model" : mem_bytes ? "--rl-mem" : mux[0] ? "--rl-mux" :
 		 group[0] ? "--rl-group" : slowdown[0] ? "--rl-max-slowdown" :
-		 profile[0] ? "--rl-profile" : layout[0] ? "--rl-layout" : NULL;
+		 profile[0] ? "--rl-profile" : layout[0] ? "--rl-layout" :
+		 steps ? "--rl-steps" : NULL;
 	return *which != NULL;
 }
 
@@ -464,7 +481,7 @@ struct env_var { const char *name; const char *value; };
 static const char *const contract_vars[] = {
 	"SLURMRL_GPUS", "SLURMRL_MUX", "SLURMRL_LAYOUT", "SLURMRL_ROLLOUT_GPUS", "SLURMRL_MODEL",
 	"SLURMRL_MEM", "SLURMRL_GROUP", "SLURMRL_MAX_SLOWDOWN", "SLURMRL_PROFILE",
-	"SLURMRL_CONTROLLER", NULL
+	"SLURMRL_STEPS", "SLURMRL_CONTROLLER", NULL
 };
 
 /*
@@ -495,9 +512,9 @@ static int unset_stale(spank_t sp, const struct env_var *vars, int n)
 static int export_all(spank_t sp, setenv_f set, const char *how)
 {
 	char num[32];
-	struct env_var vars[12];
+	struct env_var vars[16];
 	int n = 0, i;
-	char gpus_s[16], mem_s[24];
+	char gpus_s[16], mem_s[24], steps_s[16];
 	spank_err_t rc;
 
 	if (gpus == 0)
@@ -518,6 +535,10 @@ static int export_all(spank_t sp, setenv_f set, const char *how)
 	if (group[0]) { vars[n].name = "SLURMRL_GROUP"; vars[n++].value = group; }
 	if (slowdown[0]) { vars[n].name = "SLURMRL_MAX_SLOWDOWN"; vars[n++].value = slowdown; }
 	if (profile[0]) { vars[n].name = "SLURMRL_PROFILE"; vars[n++].value = profile; }
+	if (steps) {
+		snprintf(steps_s, sizeof(steps_s), "%ld", steps);
+		vars[n].name = "SLURMRL_STEPS"; vars[n++].value = steps_s;
+	}
 	if (controller[0]) {
 		vars[n].name = "SLURMRL_CONTROLLER"; vars[n++].value = controller;
 	}

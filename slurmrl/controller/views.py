@@ -47,7 +47,7 @@ def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
             "request": {
                 "gpus": r.gpus, "model": r.model, "mem_bytes": r.mem_bytes, "mux": str(r.mux),
                 "group": r.group, "max_slowdown": r.max_slowdown, "layout": str(r.layout),
-                "rollout_gpus": r.rollout_gpus,
+                "rollout_gpus": r.rollout_gpus, "steps": r.steps,
                 "profile": None if r.profile is None else {
                     "shares": {str(p): s for p, s in r.profile.shares},
                     "step_s": r.profile.step_s},

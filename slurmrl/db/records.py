@@ -30,6 +30,7 @@ def request_to_json(req: RlRequest) -> str:
             "profile": profile,
             "layout": str(req.layout),
             "rollout_gpus": req.rollout_gpus,
+            "steps": req.steps,
         },
         sort_keys=True,
     )
@@ -53,6 +54,7 @@ def request_from_json(text: str) -> RlRequest:
         profile=profile,
         layout=Layout(d.get("layout", "colocated")),
         rollout_gpus=d.get("rollout_gpus"),
+        steps=d.get("steps"),  # absent in records written before --rl-steps
     )
 
 

@@ -130,7 +130,7 @@ def test_help_lists_the_directives(jobs: JobFactory) -> None:
     proc = jobs.run(["sbatch", "--help"])
     for option in ("--rl-gpus=N", "--rl-model=NAME|PATH", "--rl-mem=SIZE", "--rl-mux",
                    "--rl-group=NAME", "--rl-max-slowdown=X", "--rl-profile=SPEC",
-                   "--rl-layout"):
+                   "--rl-layout", "--rl-steps=N"):
         assert option in proc.stdout
 
 

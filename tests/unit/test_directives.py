@@ -20,6 +20,7 @@ from slurmrl.directives import (
     parse_mem,
     parse_options,
     parse_profile,
+    parse_steps,
 )
 from slurmrl.model import Layout, Mux, Phase
 
@@ -67,12 +68,21 @@ def test_everything_case_fills_every_field() -> None:
     assert req.gpu_sets() == {"rollout": (0,), "trainer": (1, 2, 3)}
     assert req.profile is not None and req.profile.step_s == 60.0
     assert req.profile.share(Phase.REWARD) == 0.2
+    assert req.steps == 500
 
 
 def test_defaults_when_only_gpus_is_given() -> None:
     req = parse_env({"SLURMRL_GPUS": "2"})
-    assert (req.model, req.mux, req.layout, req.rollout_gpus) == (
-        "tiny", Mux.AUTO, Layout.COLOCATED, None)
+    assert (req.model, req.mux, req.layout, req.rollout_gpus, req.steps) == (
+        "tiny", Mux.AUTO, Layout.COLOCATED, None, None)
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("1", 1), ("500", 500), ("0500", 500), ("10000000", 10_000_000),
+])
+def test_steps_is_a_whole_number_up_to_ten_million(value: str, expected: int) -> None:
+    assert parse_steps(value) == expected
+    assert parse_options({"rl-gpus": "1", "rl-steps": value}).steps == expected
 
 
 def test_disaggregated_default_split_is_half_the_gpus() -> None:
@@ -103,6 +113,8 @@ def test_env_of_a_non_rl_job_is_refused() -> None:
     ({"SLURMRL_GPUS": "2", "SLURMRL_LAYOUT": "disaggregated", "SLURMRL_ROLLOUT_GPUS": "2"},
      "expected 1 <= R < --rl-gpus=2"),
     ({"SLURMRL_GPUS": "2", "SLURMRL_ROLLOUT_GPUS": "abc"}, "SLURMRL_ROLLOUT_GPUS=abc"),
+    ({"SLURMRL_GPUS": "2", "SLURMRL_STEPS": "0"},
+     "job environment: --rl-steps=0: expected a whole number 1..10000000"),
 ])
 def test_forged_environment_is_revalidated(env: dict[str, str], fragment: str) -> None:
     with pytest.raises(DirectiveError) as info:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from slurmrl.db import JobRecord, Store, StoreError
 from slurmrl.db.migrations import LATEST, MIGRATIONS
+from slurmrl.db.records import request_from_json, request_to_json
 from slurmrl.leases.invariants import InvariantViolation, check_history
 from slurmrl.leases.types import Lease
 from slurmrl.model import JobState, Layout, LeaseState, Mux, Phase, PhasePrior, RlRequest
@@ -16,7 +19,7 @@ from slurmrl.model import JobState, Layout, LeaseState, Mux, Phase, PhasePrior, 
 
 def _job(job_id: int, **kw: object) -> JobRecord:
     req = RlRequest(gpus=4, model="/m/q7b", mux=Mux.ON, layout=Layout.DISAGGREGATED,
-                    rollout_gpus=3, max_slowdown=1.2,
+                    rollout_gpus=3, max_slowdown=1.2, steps=1200,
                     profile=PhasePrior(((Phase.ROLLOUT, 0.6), (Phase.TRAIN, 0.4)), 30.0))
     return JobRecord(job_id=job_id, user="alice", uid=1002, request=req,
                      state=JobState.PENDING, registered_at=1.0, **kw)  # type: ignore[arg-type]
@@ -71,6 +74,14 @@ def test_job_round_trips_with_its_request(tmp_path: Path) -> None:
     assert got.pool_gpus_for(Phase.TRAIN) == frozenset({1})
     with pytest.raises(StoreError, match="cannot update job columns"):
         store.update_job(7, uid=0)
+
+
+def test_a_request_recorded_before_rl_steps_loads_without_steps() -> None:
+    req = _job(7).request
+    assert request_from_json(request_to_json(req)) == req
+    old = json.loads(request_to_json(req))
+    del old["steps"]
+    assert request_from_json(json.dumps(old)) == replace(req, steps=None)
 
 
 def test_a_failed_transaction_changes_nothing(tmp_path: Path) -> None:
