@@ -52,6 +52,9 @@ class JobSnapshot:
     gpu_type: str | None = None
     #: host memory its parked services take (weights + optimizer state), None = estimate
     host_mem_bytes: int | None = None
+    #: seconds since it began running in its pool (0 while waiting): with the steps its
+    #: profile has seen and its `--rl-steps`, what its slowdown so far is measured on
+    running_s: float = 0.0
 
 
 class PoolMode(StrEnum):

@@ -23,9 +23,14 @@ policy on the profiles where a formula does not hold) and places jobs:
   network. (Jobs of whole nodes shifted by a node, in a pool of G + node GPUs, were
   measured and lost GPU-hours: docs/benchmarks.md.)
 
-A group is accepted only if every member's predicted slowdown stays under its limit
-(its --rl-max-slowdown, capped by the site's) divided by `margin`, the parked state fits
-host memory, and partition, GPU type, GPU count and GPU-set split agree.
+A group is accepted only if every member's slowdown stays under its limit (its
+--rl-max-slowdown, capped by the site's) divided by `margin`, the parked state fits host
+memory, and partition, GPU type, GPU count and GPU-set split agree. The slowdown judged
+is the member's whole run's (`complementarity.lifetime`) where its `--rl-steps` and
+observed steps say how much work it has left: a job that ran alone for most of its run
+may take a partner that slows it more than its limit for the rest, as long as its run
+as a whole stays within it. Elsewhere (a job not yet running, no `--rl-steps`, groups
+of three) it is the predicted slowdown while sharing.
 
 Known limits: large batches are pruned to the `neighbours` nearest jobs by period
 before matching (matching is O(n^3)), the nearest half for staggered pools (always
@@ -50,9 +55,11 @@ from policies.base import (
 )
 from policies.complementarity import (
     GroupPrediction,
+    allowance,
     compatible,
     fits_memory,
     has_tail,
+    lifetime,
     limit_of,
     period_of,
     predict,
@@ -102,11 +109,12 @@ class ComplementaryPairing:
             return None
         if fits_memory(members, pool, limits) is not None:
             return None
-        lims = [limit if limit is not None else limit_of(m, limits) for m in members]
-        bound = min(lims) / self.margin
-        pred = predict(members, bound=bound, offsets=offsets, pool_gpus=pool_gpus)
-        for lim, s in zip(lims, pred.slowdowns, strict=True):
-            if s > lim / self.margin:
+        lims = [(limit if limit is not None else limit_of(m, limits)) / self.margin
+                for m in members]
+        pred = predict(members, bound=allowance(members, lims), offsets=offsets,
+                       pool_gpus=pool_gpus)
+        for lim, s in zip(lims, lifetime(members, pred.slowdowns), strict=True):
+            if s > lim:
                 return None
         return pred if pred.gain() >= self.min_gain * (len(members) - 1) else None
 

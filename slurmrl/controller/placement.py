@@ -132,9 +132,16 @@ def _held_share(job: JobRecord, o: ObservationRecord) -> float:
 
 
 def job_snapshot(job: JobRecord, partition: str,
-                 observations: Iterable[ObservationRecord] = ()) -> JobSnapshot:
-    return JobSnapshot(job.job_id, job.user, job.request, profile_of(job, observations),
-                       job.registered_at, partition)
+                 observations: Iterable[ObservationRecord] = (),
+                 now: float | None = None) -> JobSnapshot:
+    """`now`: the controller's clock, for how long a running job has run (since its
+    first phase began: its services' start-up before it is not counted)."""
+    obs = list(observations)
+    begun = min((o.requested_at if o.requested_at is not None else o.granted_at
+                 for o in obs if o.granted_at is not None), default=None)
+    running = 0.0 if now is None or begun is None else max(0.0, now - begun)
+    return JobSnapshot(job.job_id, job.user, job.request, profile_of(job, obs),
+                       job.registered_at, partition, running_s=running)
 
 
 def pool_snapshot(pool: PoolRecord, members: Sequence[JobSnapshot], partition: str,
@@ -187,9 +194,10 @@ async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
     """What the pairing policy sees now: open pools, `waiting` jobs, free GPUs."""
     part = c.config.slurm.pool_partition
     limits = c.policies.limits
+    now = c.clock()
 
     def snap(job: JobRecord) -> JobSnapshot:
-        return job_snapshot(job, part, c.store.observations(job.job_id))
+        return job_snapshot(job, part, c.store.observations(job.job_id), now)
 
     open_pools = c.store.pools(open_only=True)
     pools = []
@@ -209,5 +217,5 @@ async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
         log.warning("cannot read free GPUs from Slurm (%s); assuming enough", exc)
         free = {part: sum(j.request.gpus for j in waiting)}
         per_node = {}
-    return cluster_snapshot(c.clock(), pools, [snap(j) for j in waiting], free, limits,
+    return cluster_snapshot(now, pools, [snap(j) for j in waiting], free, limits,
                             per_node)

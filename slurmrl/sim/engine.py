@@ -162,6 +162,8 @@ class SimConfig:
     check_invariants: bool = True
     #: GPUs per node: a staggered pool's windows may not straddle a node boundary
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+    #: every job declares its step count (`--rl-steps`); False: none does
+    declare_steps: bool = True
 
 
 class Simulation:
@@ -252,7 +254,8 @@ class Simulation:
         j = run.job
         mux = Mux.OFF if (j.mux_off or run.dedicated) else Mux.AUTO
         req = RlRequest(j.gpus, j.model, None, mux, None, j.max_slowdown, j.prior, j.layout,
-                        j.rollout_gpus if j.rollout_gpus != j.gpus else None)
+                        j.rollout_gpus if j.rollout_gpus != j.gpus else None,
+                        len(j.steps) if self.cfg.declare_steps else None)
         share = self.cfg.rollout_prior_gpu_share
         if self.cfg.learn_priors and run.builder.observed_share(Phase.ROLLOUT) is None:
             share = self.site.rollout_share(j.model, j.rollout_gpus)
@@ -262,8 +265,9 @@ class Simulation:
             prof = run.profile()
         else:  # what the policy would assume (complementarity.profile_of), at our share
             prof = profile_from_prior(prior_for_model(j.model, j.gpus), rollout_gpu_share=share)
+        running = 0.0 if run.placed_at is None else self.now - run.placed_at
         return JobSnapshot(j.job_id, j.user, req, prof, j.submit_s, PARTITION,
-                           host_mem_bytes=costs.host_bytes(j))
+                           host_mem_bytes=costs.host_bytes(j), running_s=running)
 
     def _on_arrive(self, job_id: int) -> None:
         run = self.runs[job_id]

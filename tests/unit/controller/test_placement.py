@@ -207,3 +207,20 @@ def test_a_job_whose_rollouts_shrank_is_profiled_with_the_share_it_held(
     assert prof is not None and prof.source != "prior"
     assert prof.phases[Phase.ROLLOUT].gpu_share == pytest.approx(0.5)
     assert prof.phases[Phase.TRAIN].gpu_share == 1.0
+
+
+def test_a_running_job_is_snapshotted_with_how_long_it_has_run_and_its_steps(
+        tmp_path: Path) -> None:
+    """What pairing needs to judge a pool member's whole run: the time since its first
+    phase began (not since it registered: start-up is not its work), its complete
+    steps, and its `--rl-steps`; a job that has run nothing has run 0 s."""
+    store = Store(tmp_path / "c.db")
+    job = JobRecord(51, "user51", 1051, RlRequest(4, "tiny", steps=40), JobState.RUNNING,
+                    0.0, partition="drivers")
+    store.add_job(job)
+    _steps(store, 51, offset=30.0, busy=6.0, gap=4.0, n=6)  # 6 steps of 10 s from t=30
+    snap = job_snapshot(job, "pools", store.observations(51), now=100.0)
+    assert snap.running_s == pytest.approx(70.0)
+    assert snap.request.steps == 40
+    assert snap.profile is not None and snap.profile.steps == 5  # the 6th: not yet closed
+    assert job_snapshot(job, "pools", [], now=100.0).running_s == 0.0

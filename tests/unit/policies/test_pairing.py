@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from policies import registry
 from policies.base import Action, ClusterSnapshot, JobSnapshot, PoolSnapshot, SiteLimits, Verdict
-from policies.complementarity import formula, predict
+from policies.complementarity import formula, lifetime, predict
 from slurmrl.model import Mux, Phase, RlRequest
 from slurmrl.profiles import profile_from_segments
 
@@ -223,3 +225,48 @@ def test_a_lone_long_tail_job_opens_a_staggered_pool_and_a_later_one_takes_the_o
     full = PoolSnapshot(7, 9, (_long_tail_job(1), _long_tail_job(2)), offsets=(0, 1))
     (pl,) = pol.place(snap([_long_tail_job(4)], pools=(full,)))
     assert pl.action is Action.OPEN
+
+
+def running(base: JobSnapshot, *, steps: int | None, seen: int, ran_s: float) -> JobSnapshot:
+    """`base` as a running pool member that declared `--rl-steps=steps`, has completed
+    `seen` steps of its profile's period, and has run `ran_s` seconds."""
+    assert base.profile is not None
+    return replace(base, request=replace(base.request, steps=steps),
+                   profile=replace(base.profile, steps=seen), running_s=ran_s)
+
+
+def test_a_job_near_its_end_takes_a_partner_its_limit_would_refuse_while_sharing() -> None:
+    # A ran alone for 90 of its declared 100 steps: a partner that slows it by 1.4 for
+    # its last 10 keeps its whole run near 1.04, under its limit of 1.25
+    pol = registry.load("pairing", "complementary")
+    limits = SiteLimits(max_slowdown=1.5, default_max_slowdown=1.25)
+    base, joiner = job(1, 70, 30), job(2, 70, 30, max_slowdown=1.5)
+    period = base.profile.period() if base.profile else 0.0
+    near_end = running(base, steps=100, seen=90, ran_s=90 * period)
+    shared = predict([near_end, joiner]).slowdowns
+    assert shared[0] > 1.25 and shared[1] <= 1.5  # refused on its shared slowdown
+    assert lifetime([near_end, joiner], shared)[0] < 1.1
+
+    def place(member: JobSnapshot) -> Action:
+        pool = PoolSnapshot(7, 8, (member,))
+        return pol.place(snap([joiner], (pool,), limits=limits))[0].action
+
+    assert place(near_end) is Action.JOIN
+    # no --rl-steps: its end is unknown, so it is judged on the shared slowdown
+    assert place(running(base, steps=None, seen=90, ran_s=90 * period)) is Action.OPEN
+    # it already spent its budget (shared at 1.24 so far): the last steps would exceed it
+    assert place(running(base, steps=100, seen=90, ran_s=90 * period * 1.24)) is Action.OPEN
+    # past its declared steps: its end is unknown again
+    assert place(running(base, steps=100, seen=100, ran_s=100 * period)) is Action.OPEN
+
+
+def test_lifetime_counts_the_member_that_outlives_its_partner_as_alone_after() -> None:
+    # two members whose ends are known: A (100 s left) ends first at 1.5 (150 s wall);
+    # B has done 30 s of its 330 s of work in those 150 s, then runs alone
+    a = running(job(1, 50, 50), steps=3, seen=2, ran_s=200.0)  # period 100: 100 s left
+    b = running(job(2, 50, 50), steps=4, seen=1, ran_s=100.0)  # 300 s left
+    a_life, b_life = lifetime([a, b], (1.5, 1.5))
+    assert a_life == pytest.approx((200 + 150) / 300)
+    assert b_life == pytest.approx((100 + 150 + (300 - 100)) / 400)
+    # a group of three is never alone after the first leaves: judged while sharing
+    assert lifetime([a, b, job(3, 50, 50)], (1.5, 1.5, 1.5)) == (1.5, 1.5, 1.5)
