@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.policies import LABEL, NVL72, WORKLOADS, policy_config  # noqa: E402
+from benchmarks.policies import LABEL, NVL72, UNDECLARED, WORKLOADS, policy_config  # noqa: E402
 from slurmrl.sim.runner import config_for, run_jobs, with_max_slowdown  # noqa: E402
 from slurmrl.sim.workload import generate, load  # noqa: E402
 
@@ -108,7 +108,7 @@ def table(s: dict[tuple[str, str, float | None], dict[str, float]]) -> str:
     lines = ["| workload | policy | users' limit | savings % | p95 slowdown | max slowdown "
              "| jobs within their limit % |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for w in WORKLOADS:
-        keys = [(w, p, L) for p in ("complementary", NVL72) for L in LIMITS
+        keys = [(w, p, L) for p in ("complementary", UNDECLARED, NVL72) for L in LIMITS
                 if (w, p, L) in s] + [(w, b, None) for b in BASELINES]
         for k in keys:
             v = s[k]
@@ -132,6 +132,9 @@ def plot(s: dict[tuple[str, str, float | None], dict[str, float]], path: Path) -
         ax.plot(xs, ys, "-o", color="black", label="complementary (limit L)")
         for L, x, y in zip(LIMITS, xs, ys, strict=True):
             ax.annotate(f"{L}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+        ax.plot([s[(w, UNDECLARED, L)]["p95"] for L in LIMITS],
+                [100 * s[(w, UNDECLARED, L)]["savings"] for L in LIMITS], ":o", color="black",
+                markersize=3, label="complementary, no --rl-steps (limit L)")
         if w in STAGGERING:
             ax.plot([s[(w, NVL72, L)]["p95"] for L in LIMITS],
                     [100 * s[(w, NVL72, L)]["savings"] for L in LIMITS], "--o", color="grey",
@@ -182,7 +185,7 @@ def grid_args(doc: str | None) -> argparse.Namespace:
 def main() -> None:
     a = grid_args(__doc__)
     runs: list[tuple[str, str, float | None]] = [
-        *((w, "complementary", L) for w in WORKLOADS for L in LIMITS),
+        *((w, p, L) for w in WORKLOADS for p in ("complementary", UNDECLARED) for L in LIMITS),
         *((w, NVL72, L) for w in STAGGERING for L in LIMITS),
         *((w, b, None) for w in WORKLOADS for b in BASELINES)]
     tasks = [(w, p, L, arr, seed, a.jobs) for w, p, L in runs
@@ -222,7 +225,10 @@ seeds x (steady, bursty) arrivals of {jobs} jobs. "Jobs within their limit": fin
 with (finished - placed) / solo at most their own limit. All on the suite's 8-GPU nodes,
 where no staggered pool fits; `complementary, NVL72` (dashed in the plot) is the same
 curve with 72 GPUs in one NVLink domain (`--gpus-per-node 72`), for the long-tail
-workloads, where staggered pools form. The verdicts below are for the 8-GPU nodes.
+workloads, where staggered pools form. The suite's jobs declare their step counts
+(`--rl-steps`), so a pool member is judged on its whole run when a partner asks to join
+(docs/site-policies.md); `complementary, no --rl-steps` (dotted) is the same curve where
+no job declares them. The verdicts below are for the 8-GPU nodes and declared steps.
 
 The issue's "beats every baseline on savings at equal or lower p95 slowdown", read as:
 some limit L gives `complementary` at least the baseline's savings at no higher p95
@@ -238,10 +244,12 @@ a site that lets users accept more slowdown buys GPU-hours along it ({most} jobs
 most, {least} the least, at L = 3.0). A baseline's
 savings come with {base_out} of its jobs above the suite's limit (median over
 the sharing baselines and workloads); `complementary` keeps {comp_in_min:.0f}-100% of its jobs
-within the limit they were given at every L; those above it are mostly jobs that joined
-a pool on their prior (the `--rl-profile`, or defaults by model size) before any of
-their phases was observed, and the prior was off (docs/benchmarks.md, "Policies and
-simulator", has the diagnostic runs).
+within the limit they were given at every L. Before `--rl-steps`, those above it were
+mostly jobs that joined a pool on their prior (the `--rl-profile`, or defaults by model
+size) before any of their phases was observed, and the prior was off (docs/benchmarks.md,
+"Policies and simulator", has the diagnostic runs); now a member's projection of its
+remaining run (its observed median period times the steps left) can also be off, and
+this run does not say which.
 
 ![savings against p95 slowdown](benchmarks/frontier.png)
 
