@@ -596,11 +596,13 @@ unstarted), and staggered pools form
 there only once observations show a lease shrinking through its tail, which rollout
 replicas do ("Simulator and controller" below).
 On disaggregated the predictor is slightly optimistic (p95 above 1.15 at the default
-`margin = 1.0`). Jobs that end above their limit joined a pool on their prior, before
-any of their phases was observed. Planning for the prior's whole spread kept every
-disaggregated job within 1.15 but paired none (seed 0: savings 19.2% -> 0%);
-`margin = 1.03` brought p95 to 1.13 but halved the savings (19.3% -> 9.4%). Over the
-table's 4 runs (60 jobs, seeds 0-1, steady and bursty; 17.4% at p95 1.164 by default):
+`margin = 1.0`). The margins below were measured before `--rl-steps`, on the runs row
+`complementary, no --rl-steps` repeats. Jobs that end above their limit joined a pool
+on their prior, before any of their phases was observed. Planning for the prior's whole
+spread kept every disaggregated job within 1.15 but paired none (seed 0: savings
+19.2% -> 0%); `margin = 1.03` brought p95 to 1.13 but halved the savings (19.3% ->
+9.4%). Over the table's 4 runs (60 jobs, seeds 0-1, steady and bursty; 17.4% at p95
+1.164 by default):
 `margin = 1.02` 14.3% at p95 1.153, `1.03` 14.1% at 1.151, `1.04` 12.3% at 1.144; a
 margin applied only to groups with a member still on its prior (throwaway patch) gave
 the same figures, since nearly every group here has one, and one applied to that
