@@ -49,6 +49,9 @@ def _envelope(meta: dict[str, Any], payload: dict[str, Any]) -> str:
               help="what-if: GPUs per node, or per NVLink domain where it spans nodes (72 "
                    "on an NVL72 rack); a staggered pool must fit one (default: the "
                    "workload's, 8)")
+@click.option("--rl-steps/--no-rl-steps", "declare_steps", default=True, show_default=True,
+              help="every job declares its step count (#SBATCH --rl-steps), which lets "
+                   "pairing judge a pool member on its whole run; or none does")
 @click.option("--assume-profiles", is_flag=True,
               help="with -w FILE.jsonl: give each job without --rl-profile the one that "
                    "matches its recorded run (what if every user had written one)")
@@ -58,8 +61,8 @@ def _envelope(meta: dict[str, Any], payload: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admission: str,
              seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
-             gpus_per_node: int | None, assume_profiles: bool, replay_path: str | None,
-             no_check: bool, as_json: bool) -> None:
+             gpus_per_node: int | None, declare_steps: bool, assume_profiles: bool,
+             replay_path: str | None, no_check: bool, as_json: bool) -> None:
     """Simulate RL jobs multiplexed on a cluster; report GPU-hours saved and slowdowns."""
     from slurmrl.sim.workload import WorkloadError
 
@@ -73,7 +76,7 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
         given = {p for p in ("workload", "pairing", "arrivals", "seed", "n_jobs", "load_scale")
                  if ctx.get_parameter_source(p) is not ParameterSource.DEFAULT}
         if replay_path is not None and (given or max_slowdown is not None
-                                        or gpus_per_node is not None):
+                                        or gpus_per_node is not None or not declare_steps):
             raise click.UsageError("--replay runs a trace's jobs as recorded, in their "
                                    "recorded pools (only --slice applies); to place them by "
                                    "a pairing policy use -w FILE.jsonl --pairing NAME")
@@ -93,7 +96,7 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
         else:
             payload, meta = _run(workload, arrivals, pairing, slice_name, admission, seed,
                                  n_jobs, load_scale, max_slowdown, gpus_per_node,
-                                 assume_profiles, not no_check, as_json)
+                                 declare_steps, assume_profiles, not no_check, as_json)
         meta["wall_s"] = f"{time.perf_counter() - t0:.3f}"
     except (WorkloadError, ValueError) as exc:
         if isinstance(exc, click.UsageError):
@@ -111,8 +114,8 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
 
 def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission: str,
          seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
-         gpus_per_node: int | None, assume_profiles: bool, check: bool, quiet: bool,
-         ) -> tuple[dict[str, Any], dict[str, Any]]:
+         gpus_per_node: int | None, declare_steps: bool, assume_profiles: bool, check: bool,
+         quiet: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     from slurmrl.sim.runner import config_for, run_jobs, trace_config, with_max_slowdown
     from slurmrl.sim.workload import generate, load
 
@@ -131,13 +134,14 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
                 "seed": seed}
     if max_slowdown is not None:
         jobs, cfg = with_max_slowdown(jobs, cfg, max_slowdown)
-    if gpus_per_node is not None:
-        from dataclasses import replace
+    from dataclasses import replace
 
+    if gpus_per_node is not None:
         cfg = replace(cfg, gpus_per_node=gpus_per_node)
+    cfg = replace(cfg, declare_steps=declare_steps)
     meta.update({"pairing": pairing, "slice": slice_name, "admission": admission,
                  "jobs": len(jobs), "cluster_gpus": cfg.gpus, "gpus_per_node": cfg.gpus_per_node,
-                 "max_slowdown": max_slowdown})
+                 "max_slowdown": max_slowdown, "rl_steps": declare_steps})
     if quiet or not sys.stderr.isatty():
         result = run_jobs(jobs, cfg, pairing, slice_name, admission)
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -215,6 +216,23 @@ def test_cli_max_slowdown_lets_users_trade_slowdown_for_savings() -> None:
     assert res.exit_code == 2 and "--max-slowdown" in res.output
 
 
+def test_cli_jobs_that_declare_their_steps_share_more_within_their_limit() -> None:
+    """Pool members near their declared end take partners their limit would refuse
+    while sharing; without `--rl-steps` (`--no-rl-steps`) they do not."""
+    def run(*extra: str) -> dict[str, Any]:
+        res = CliRunner().invoke(simulate, ["-w", "agentic-tools", "--jobs", "16", "--json",
+                                            "--no-check", "--max-slowdown", "1.3", *extra])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.output)
+        return dict(out["metrics"], rl_steps=out["meta"]["rl_steps"])
+
+    declared, undeclared = run(), run("--no-rl-steps")
+    assert declared["rl_steps"] is True and undeclared["rl_steps"] is False
+    assert declared["shared_pools"] > undeclared["shared_pools"]
+    assert declared["savings"] > undeclared["savings"]
+    assert declared["slowdown_p95"] <= 1.3
+
+
 def recorded_trace(path: Path, profile: str | None, steps: int = 20) -> Path:
     """Two 2-GPU jobs recorded alone in their own pools: rollout 3 s, 5 s reward gap,
     train 1 s per step; the second asked for GPUs half a second after the first."""
@@ -280,6 +298,7 @@ def test_trace_options_that_would_be_ignored_are_refused(tmp_path: Path) -> None
             (["--replay", str(trace), "--pairing", "random"], "recorded pools"),
             (["--replay", str(trace), "--max-slowdown", "2"], "recorded pools"),
             (["--replay", str(trace), "--seed", "2"], "recorded pools"),
+            (["--replay", str(trace), "--no-rl-steps"], "recorded pools"),
             (["-w", str(trace), "--jobs", "5"], "arrive as recorded"),
             (["-w", str(trace), "--seed", "3"], "arrive as recorded"),
             (["-w", "math-sync", "--assume-profiles"], "recorded trace")):
