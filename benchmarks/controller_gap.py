@@ -176,21 +176,23 @@ designed row does. Means over {seeds} seeds x (steady, bursty), max over runs.
 
 {table}
 
-Reading (at 1.15 only disaggregated pairs, as everywhere on this page):
-- **Replicas consolidating their tail recover nearly all of the designed system's
-  savings** at about its slowdown: agentic-tools 20.2% (designed 19.9%) and
-  polytrace-mix 9.0% (9.8%) at 1.5, disaggregated 15.0% (17.4%) at 1.15 and 32.0%
-  (33.7%) at 1.5, long-cot 3.9% (6.4%) at 1.5, where one engine saves 5.0%, 1.2%,
-  0.9%, 28.6% and 0%. What is left is mostly the rounding of the tail to whole
-  replicas; the rounds' prefills are not priced here. The controller does this with
-  `round_tokens` and `job.phase("rollout", min_gpus=G/2)` (docs/pools.md); the
-  simulator measures it, no real rollout has shown it (the `tiny` model's rounds take
-  milliseconds).
-- **Growing back as the controller does adds 0.1-1.4 points**: disaggregated 16.1% at
-  1.15 (max slowdown 1.33 -> 1.23) and 33.4% at 1.5, long-cot 4.0% at 1.5 (p95 1.234
-  -> 1.185), agentic-tools and polytrace-mix within 0.1 point. On disaggregated at 1.5
-  it does not lower p95 (1.477 -> 1.491, max 1.75 -> 1.79): a grown rollout holds GPUs
-  that a partner's next phase, not yet asked for, then waits for. The designed grow (a
+Reading (at 1.15 mostly disaggregated pairs, as everywhere on this page; every job
+declares its steps, `--rl-steps`):
+- **Replicas consolidating their tail recover most of the designed system's
+  savings**: agentic-tools 25.1% (designed 25.0%) and polytrace-mix 12.9% (13.9%) at
+  1.5, disaggregated 17.0% (18.8%) at 1.15 and 31.6% (33.5%) at 1.5, long-cot 10.7%
+  (14.5%) at 1.5, where one engine saves 13.6%, 4.7%, 7.8%, 29.2% and 0%; at about the
+  designed slowdown except on long-cot (p95 1.652 against 1.519). What is left is
+  mostly the rounding of the tail to whole replicas; the rounds' prefills are not
+  priced here. The controller does this with `round_tokens` and
+  `job.phase("rollout", min_gpus=G/2)` (docs/pools.md); the simulator measures it, no
+  real rollout has shown it (the `tiny` model's rounds take milliseconds).
+- **Growing back as the controller does adds 0.1-1.7 points**: disaggregated 17.3% at
+  1.15 (max slowdown 1.37 -> 1.24) and 33.3% at 1.5, long-cot 11.7% at 1.5 (p95 1.652
+  -> 1.518), polytrace-mix 13.3% (p95 1.372 -> 1.360), agentic-tools within 0.1 point.
+  On disaggregated at 1.5 it lowers p95 little (1.473 -> 1.457) and raises the max
+  (1.75 -> 1.79): a grown rollout holds GPUs that a partner's next phase, not yet asked
+  for, then waits for. The designed grow (a
   request queued in the slice policy's order) ran there at p95 1.396, max 1.63, 33.3%
   (this benchmark's previous revision, the same jobs); elsewhere the two grows gave the
   same figures within 0.1.
@@ -198,16 +200,17 @@ Reading (at 1.15 only disaggregated pairs, as everywhere on this page):
   `heavy` tail the first GPU frees after ~41% of the rollout and the last-but-one after
   ~82% (`replica_tail_points("heavy", 8, 1)`), where a consolidated tail is down to half
   the set after 11% and to one GPU after 26% (`tail_points("heavy", 8)`); on math tails
-  the replicas end within ~20% of each other. They recover about half of the gap on
-  agentic-tools at 1.5, a third on polytrace-mix, a sixth on disaggregated at 1.15,
-  none on long-cot.
-- **Growing adds 0.4-1.8 points** over replicas alone. Started on half the set without
+  the replicas end within ~20% of each other. They recover about 60% of the gap on
+  agentic-tools at 1.5, a quarter on polytrace-mix, almost none on long-cot; on
+  disaggregated at 1.15 they save less than one engine (6.7% against 7.8%).
+- **Growing adds up to 2.6 points** over replicas alone (-0.2 on disaggregated at
+  1.15). Started on half the set without
   growing or moving sequences, a rollout runs at half speed to its end (measured with
   the `replicas` row so: disaggregated at 1.15, 3.8% at p95 1.41, max 1.83), hence the
   whole set for replicas without rounds (the controller grows those only while
   micro-batches wait unstarted, which the row's even split does not model).
 - On disaggregated at 1.5 the rows without rounds save less than "controller today"
-  (25.2-26.3% against 28.6%), at lower p95: with replicas the profiles learn a held
+  (27.5-29.0% against 29.2%), at about its p95: with replicas the profiles learn a held
   share below the whole set and the policy forms other pairs; measured, not tuned.
 Staggered pools would widen the gap where a pool of G + 1 fits one node (none on the
 suite's 8-GPU nodes). Until an earlier round the controller used the designed prior (a
