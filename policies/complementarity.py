@@ -217,41 +217,41 @@ def period_of(job: JobSnapshot) -> float:
     return _facts(job).period
 
 
-def remaining_s(job: JobSnapshot) -> float | None:
-    """Solo seconds of work the job has left: its `--rl-steps` less the complete steps
-    its profile has seen, at its observed median period. None where it declared no
-    steps, has not completed a step (its period would be a prior's) or has run past
-    what it declared (its end is then unknown)."""
+def progress(job: JobSnapshot) -> tuple[float, float] | None:
+    """(solo seconds of work done, solo seconds left): the complete steps its profile has
+    seen and its `--rl-steps` less those, at its observed median period. None where it
+    declared no steps, has not completed a step (its period would be a prior's) or has
+    run past what it declared (its end is then unknown)."""
     n, p = job.request.steps, job.profile
     if n is None or p is None or p.steps < 1 or p.steps >= n:
         return None
-    return (n - p.steps) * period_of(job)
+    period = period_of(job)
+    return p.steps * period, (n - p.steps) * period
 
 
 def lifetime(members: Sequence[JobSnapshot], shared: Sequence[float]) -> tuple[float, ...]:
     """Each member's slowdown over its whole run if the group forms now: what a user's
     `--rl-max-slowdown` bounds (the simulator's slowdown is (finished - placed) / solo).
 
-    A member whose remaining work is known (`remaining_s`) has run `running_s` for the
-    work of its observed steps; it shares at its predicted slowdown `shared[i]` until
-    the first member whose end is known is done, then runs alone. A member with no
-    known end is never counted as leaving, and is itself judged on its shared slowdown:
-    its run may last any time at that rate. Pairs only: a group of three is not alone
-    once one member leaves, so larger groups are judged on their shared slowdowns.
+    A member whose `progress` is known has run `running_s` for the work it has done; it
+    shares at its predicted slowdown `shared[i]` until the first member whose end is
+    known is done, then runs alone. A member with no known end is never counted as
+    leaving, and is itself judged on its shared slowdown: its run may last any time at
+    that rate. Pairs only: a group of three is not alone once one member leaves, so
+    larger groups are judged on their shared slowdowns.
     """
-    left = [remaining_s(m) for m in members]
-    if len(members) != 2 or all(r is None for r in left):
+    prog = [progress(m) for m in members]
+    if len(members) != 2 or all(p is None for p in prog):
         return tuple(shared)
-    first = min(r * s for r, s in zip(left, shared, strict=True) if r is not None)
+    first = min(p[1] * s for p, s in zip(prog, shared, strict=True) if p is not None)
     out = []
-    for m, r, s in zip(members, left, shared, strict=True):
-        if r is None:
+    for m, p, s in zip(members, prog, shared, strict=True):
+        if p is None:
             out.append(s)
             continue
-        assert m.profile is not None  # remaining_s needs observed steps
-        done = m.profile.steps * period_of(m)
-        wall = first + max(0.0, r - first / s)  # shared until `first`, then alone
-        out.append((m.running_s + wall) / (done + r))
+        done, left = p
+        wall = first + max(0.0, left - first / s)  # shared until `first`, then alone
+        out.append((m.running_s + wall) / (done + left))
     return tuple(out)
 
 
@@ -259,16 +259,16 @@ def allowance(members: Sequence[JobSnapshot], limits: Sequence[float]) -> float 
     """The highest shared slowdown `lifetime` could accept of any member, given each
     member's whole-run `limits`: a bound for `predict` (None: none, when every member's
     end is known, any one of them may end first)."""
-    left = [remaining_s(m) for m in members]
-    if len(members) == 2 and all(r is not None for r in left):
+    prog = [progress(m) for m in members] if len(members) == 2 else [None] * len(members)
+    if all(p is not None for p in prog):
         return None
     out = []
-    for m, r, lim in zip(members, left, limits, strict=True):
-        if r is None or len(members) != 2:
+    for m, p, lim in zip(members, prog, limits, strict=True):
+        if p is None:
             out.append(lim)
-        else:  # it ends first: (running + r x s) / (done + r) <= lim
-            assert m.profile is not None
-            out.append((lim * (m.profile.steps * period_of(m) + r) - m.running_s) / r)
+        else:  # it ends first: (running + left x s) / (done + left) <= lim
+            done, left = p
+            out.append((lim * (done + left) - m.running_s) / left)
     return max(out)
 
 
