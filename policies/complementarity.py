@@ -229,16 +229,34 @@ def progress(job: JobSnapshot) -> tuple[float, float] | None:
     return p.steps * period, (n - p.steps) * period
 
 
+#: quantile of a newcomer's prior period its length is taken at: the low end, since the
+#: shorter its run, the larger the share of it spent beside a partner that leaves
+Q_NEWCOMER = 0.1
+
+
+def newcomer_length(job: JobSnapshot) -> float | None:
+    """Solo seconds of a job not yet started that declared `--rl-steps`: its steps at
+    the low end of its prior's period (`Q_NEWCOMER`), a lower bound on its run as far as
+    the prior goes. None for a job that has started or declared no steps."""
+    n, p = job.request.steps, job.profile
+    if n is None or job.running_s > 0 or (p is not None and p.steps > 0):
+        return None
+    return n * max(profile_of(job).period(Q_NEWCOMER), 1e-9)
+
+
 def lifetime(members: Sequence[JobSnapshot], shared: Sequence[float]) -> tuple[float, ...]:
     """Each member's slowdown over its whole run if the group forms now: what a user's
     `--rl-max-slowdown` bounds (the simulator's slowdown is (finished - placed) / solo).
 
     A member whose `progress` is known has run `running_s` for the work it has done; it
     shares at its predicted slowdown `shared[i]` until the first member whose end is
-    known is done, then runs alone. A member with no known end is never counted as
-    leaving, and is itself judged on its shared slowdown: its run may last any time at
-    that rate. Pairs only: a group of three is not alone once one member leaves, so
-    larger groups are judged on their shared slowdowns.
+    known is done, then runs alone. A newcomer that declared its steps
+    (`newcomer_length`) likewise shares until then and runs the rest of its run alone;
+    it is not counted as a member that leaves, since its length is only its prior's. Any
+    other member (no `--rl-steps`, started with no complete step, past N) is judged on
+    its shared slowdown: its run may last any time at that rate. Pairs only: a group of
+    three is not alone once one member leaves, so larger groups are judged on their
+    shared slowdowns.
     """
     prog = [progress(m) for m in members]
     if len(members) != 2 or all(p is None for p in prog):
@@ -246,29 +264,44 @@ def lifetime(members: Sequence[JobSnapshot], shared: Sequence[float]) -> tuple[f
     first = min(p[1] * s for p, s in zip(prog, shared, strict=True) if p is not None)
     out = []
     for m, p, s in zip(members, prog, shared, strict=True):
-        if p is None:
-            out.append(s)
+        if p is not None:
+            done, left = p
+            wall = first + max(0.0, left - first / s)  # shared until `first`, then alone
+            out.append((m.running_s + wall) / (done + left))
             continue
-        done, left = p
-        wall = first + max(0.0, left - first / s)  # shared until `first`, then alone
-        out.append((m.running_s + wall) / (done + left))
+        solo = newcomer_length(m)
+        if solo is None or first / s >= solo:
+            out.append(s)  # no known length, or it ends while sharing
+        else:
+            out.append(1.0 + first * (1.0 - 1.0 / s) / solo)
     return tuple(out)
 
 
 def allowance(members: Sequence[JobSnapshot], limits: Sequence[float]) -> float | None:
     """The highest shared slowdown `lifetime` could accept of any member, given each
     member's whole-run `limits`: a bound for `predict` (None: none, when every member's
-    end is known, any one of them may end first)."""
+    end is known, any one of them may end first, or a newcomer ends after its partner
+    whatever the slowdown)."""
     prog = [progress(m) for m in members] if len(members) == 2 else [None] * len(members)
     if all(p is not None for p in prog):
         return None
+    known = [p[1] for p in prog if p is not None]  # solo seconds each has left
     out = []
     for m, p, lim in zip(members, prog, limits, strict=True):
-        if p is None:
-            out.append(lim)
-        else:  # it ends first: (running + left x s) / (done + left) <= lim
+        if p is not None:  # it ends first: (running + left x s) / (done + left) <= lim
             done, left = p
             out.append((lim * (done + left) - m.running_s) / left)
+            continue
+        solo = newcomer_length(m) if known else None
+        if solo is None:
+            out.append(lim)
+            continue
+        # ends while sharing: s <= lim; else 1 + first (1 - 1/s) / solo <= lim, where the
+        # partner is done no sooner than its work left at slowdown 1 (first >= min(known))
+        room = (lim - 1.0) * solo / min(known)
+        if room >= 1.0:
+            return None
+        out.append(max(lim, 1.0 / (1.0 - room)))
     return max(out)
 
 

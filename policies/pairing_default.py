@@ -29,8 +29,9 @@ memory, and partition, GPU type, GPU count and GPU-set split agree. The slowdown
 is the member's whole run's (`complementarity.lifetime`) where its `--rl-steps` and
 observed steps say how much work it has left: a job that ran alone for most of its run
 may take a partner that slows it more than its limit for the rest, as long as its run
-as a whole stays within it. Elsewhere (a job not yet running, no `--rl-steps`, groups
-of three) it is the predicted slowdown while sharing.
+as a whole stays within it, and a newcomer that declared its steps may join it beyond
+its own limit for the time they share. Elsewhere (no `--rl-steps`, a job started with no
+complete step seen, groups of three) it is the predicted slowdown while sharing.
 
 Known limits: large batches are pruned to the `neighbours` nearest jobs by period
 before matching (matching is O(n^3)), the nearest half for staggered pools (always

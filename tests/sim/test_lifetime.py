@@ -1,12 +1,13 @@
 """A job that declared its steps (`--rl-steps`) is judged on its whole run: near its end
-it may take a partner that slows it beyond its limit for the last steps, and the real
-default policy, driven by the simulator, keeps its whole run within that limit."""
+it may take a partner that slows it beyond its limit for the last steps, a newcomer may
+join it beyond its own limit for those steps, and the real default policy, driven by the
+simulator, keeps both runs within their limits."""
 
 from __future__ import annotations
 
 from policies import registry
 from policies.base import SiteLimits
-from slurmrl.model import Layout, Phase
+from slurmrl.model import Layout, Phase, PhasePrior
 from slurmrl.sim.engine import SimConfig, Simulation
 from slurmrl.sim.metrics import compute
 from slurmrl.sim.workload import Segment, SimJob
@@ -16,14 +17,20 @@ from slurmrl.sim.workload import Segment, SimJob
 STEP = (Segment(Phase.ROLLOUT, 40.0), Segment(Phase.TRAIN, 30.0), Segment(Phase.REWARD, 30.0))
 
 
-def job(jid: int, submit: float, steps: int, max_slowdown: float) -> SimJob:
+#: the `--rl-profile` of a user who knows that step
+PROFILE = PhasePrior(((Phase.ROLLOUT, 0.4), (Phase.TRAIN, 0.3), (Phase.REWARD, 0.3)), 100.0)
+
+
+def job(jid: int, submit: float, steps: int, max_slowdown: float,
+        prior: PhasePrior | None = None) -> SimJob:
     return SimJob(jid, "c", f"u{jid}", submit, "Qwen2.5-7B", 7e9, 8, Layout.COLOCATED, 8,
-                  (STEP,) * steps, (), None, max_slowdown, False)
+                  (STEP,) * steps, (), prior, max_slowdown, False)
 
 
-def run(declare_steps: bool) -> Simulation:
-    """A (limit 1.25) has run 18 of its 20 steps alone when B (limit 1.5) arrives."""
-    jobs = [job(1, 0.0, 20, 1.25), job(2, 1850.0, 20, 1.5)]
+def run(declare_steps: bool, b_limit: float = 1.5, b_steps: int = 20,
+        b_prior: PhasePrior | None = None) -> Simulation:
+    """A (limit 1.25) has run 18 of its 20 steps alone when B arrives."""
+    jobs = [job(1, 0.0, 20, 1.25), job(2, 1850.0, b_steps, b_limit, b_prior)]
     cfg = SimConfig(gpus=16, limits=SiteLimits(max_slowdown=1.5, default_max_slowdown=1.25),
                     declare_steps=declare_steps)
     sim = Simulation(jobs, cfg, registry.load("pairing", "complementary"),
@@ -48,3 +55,16 @@ def test_a_job_near_its_declared_end_shares_its_last_steps_within_its_limit() ->
     # without --rl-steps A is judged on 1.4 while sharing, over its 1.25: B runs alone
     assert sorted([m.job.job_id for m in p.history] for p in undeclared.closed) == [[1], [2]]
     assert compute(undeclared).savings == 0.0 < compute(declared).savings
+
+
+def test_a_newcomer_shares_a_members_last_steps_beyond_its_limit_and_ends_within_it() -> None:
+    # B's limit is 1.25 too, and its --rl-profile says it shares at 1.4 beside A: it
+    # does so only while A finishes, then runs alone
+    declared = run(declare_steps=True, b_limit=1.25, b_steps=40, b_prior=PROFILE)
+    pools = [[m.job.job_id for m in p.history] for p in declared.closed]
+    assert [1, 2] in pools
+    assert slowdown(declared, 1) <= 1.25
+    assert 1.0 < slowdown(declared, 2) <= 1.25
+    # without --rl-steps neither end is known: B would share its whole run at 1.4
+    undeclared = run(declare_steps=False, b_limit=1.25, b_steps=40, b_prior=PROFILE)
+    assert sorted([m.job.job_id for m in p.history] for p in undeclared.closed) == [[1], [2]]

@@ -270,3 +270,38 @@ def test_lifetime_counts_the_member_that_outlives_its_partner_as_alone_after() -
     assert b_life == pytest.approx((100 + 150 + (300 - 100)) / 400)
     # a group of three is never alone after the first leaves: judged while sharing
     assert lifetime([a, b, job(3, 50, 50)], (1.5, 1.5, 1.5)) == (1.5, 1.5, 1.5)
+
+
+def newcomer(base: JobSnapshot, steps: int | None) -> JobSnapshot:
+    """`base` as a job not yet started (no complete step seen) that declared
+    `--rl-steps=steps`."""
+    assert base.profile is not None
+    return replace(base, request=replace(base.request, steps=steps),
+                   profile=replace(base.profile, steps=0), running_s=0.0)
+
+
+def test_a_newcomer_joins_a_member_near_its_end_beyond_its_limit_while_sharing() -> None:
+    # A has 10 of its 100 steps left (1,000 s of work); B declared 200 steps (20,000 s):
+    # B shares ~950 s at 1.45, beyond its limit of 1.25, then runs alone: ~1.02 over its run
+    pol = registry.load("pairing", "complementary")
+    limits = SiteLimits(max_slowdown=1.5, default_max_slowdown=1.25)
+    host = running(job(1, 70, 30), steps=100, seen=90, ran_s=9000.0)
+    b = newcomer(job(2, 70, 30), 200)
+    shared = predict([host, b]).slowdowns
+    assert shared[1] > 1.25
+    first = 1000.0 * shared[0]  # A is done after its 1,000 s of work at its shared rate
+    assert lifetime([host, b], shared)[1] == pytest.approx(
+        1 + first * (1 - 1 / shared[1]) / 20_000)
+
+    def place(joiner: JobSnapshot) -> Action:
+        return pol.place(snap([joiner], (PoolSnapshot(7, 8, (host,)),), limits=limits))[0].action
+
+    assert place(b) is Action.JOIN
+    # no --rl-steps: its run may last any time at 1.45
+    assert place(newcomer(job(2, 70, 30), None)) is Action.OPEN
+    # 3 steps (300 s of work): it would be done before A, sharing all its run at 1.45
+    assert place(newcomer(job(2, 70, 30), 3)) is Action.OPEN
+    # A's end unknown (no --rl-steps): B's time beside it is unbounded
+    bare = running(job(1, 70, 30), steps=None, seen=90, ran_s=9000.0)
+    assert pol.place(snap([b], (PoolSnapshot(7, 8, (bare,)),), limits=limits))[0].action \
+        is Action.OPEN
