@@ -176,42 +176,41 @@ designed row does. Means over {seeds} seeds x (steady, bursty), max over runs.
 
 {table}
 
-Reading (at 1.15 mostly disaggregated pairs, as everywhere on this page; every job
-declares its steps, `--rl-steps`):
+Reading (at 1.15 mostly disaggregated pairs, the other workloads saving 0.7-5.1% as
+designed; every job declares its steps, `--rl-steps`):
 - **Replicas consolidating their tail recover most of the designed system's
-  savings**: agentic-tools 25.1% (designed 25.0%) and polytrace-mix 12.9% (13.9%) at
-  1.5, disaggregated 17.0% (18.8%) at 1.15 and 31.6% (33.5%) at 1.5, long-cot 10.7%
-  (14.5%) at 1.5, where one engine saves 13.6%, 4.7%, 7.8%, 29.2% and 0%; at about the
-  designed slowdown except on long-cot (p95 1.652 against 1.519). What is left is
-  mostly the rounding of the tail to whole replicas; the rounds' prefills are not
+  savings**: agentic-tools 25.1% (designed 25.6%) and polytrace-mix 14.1% (14.8%) at
+  1.5, disaggregated 17.4% (20.0%) at 1.15 and 31.6% (33.5%) at 1.5, long-cot 13.0%
+  (15.6%) at 1.5, where one engine saves 14.1%, 4.5%, 12.2%, 29.1% and 0.5%; at about
+  the designed p95 except on disaggregated at 1.5 (1.473 against 1.400). What is left
+  is mostly the rounding of the tail to whole replicas; the rounds' prefills are not
   priced here. The controller does this with `round_tokens` and
   `job.phase("rollout", min_gpus=G/2)` (docs/pools.md); the simulator measures it, no
   real rollout has shown it (the `tiny` model's rounds take milliseconds).
-- **Growing back as the controller does adds 0.1-1.7 points**: disaggregated 17.3% at
-  1.15 (max slowdown 1.37 -> 1.24) and 33.3% at 1.5, long-cot 11.7% at 1.5 (p95 1.652
-  -> 1.518), polytrace-mix 13.3% (p95 1.372 -> 1.360), agentic-tools within 0.1 point.
-  On disaggregated at 1.5 it lowers p95 little (1.473 -> 1.457) and raises the max
-  (1.75 -> 1.79): a grown rollout holds GPUs that a partner's next phase, not yet asked
-  for, then waits for. The designed grow (a
-  request queued in the slice policy's order) ran there at p95 1.396, max 1.63, 33.3%
-  (this benchmark's previous revision, the same jobs); elsewhere the two grows gave the
-  same figures within 0.1.
+- **Growing back as the controller does adds 0-1.7 points**: disaggregated 18.0% at
+  1.15 (max slowdown 1.37 -> 1.24) and 33.3% at 1.5, long-cot 13.9% at 1.5 (p95 1.535
+  -> 1.489), polytrace-mix 14.6% (p95 1.405 -> 1.386), math-sync 4.5% at 1.5 (3.0%
+  without), agentic-tools 25.4%. On disaggregated at 1.5 it lowers p95 little (1.473
+  -> 1.457) and raises the max (1.75 -> 1.79): a grown rollout holds GPUs that a
+  partner's next phase, not yet asked for, then waits for.
 - **Without moving sequences, replicas free GPUs late**: with 1-GPU replicas of a
   `heavy` tail the first GPU frees after ~41% of the rollout and the last-but-one after
   ~82% (`replica_tail_points("heavy", 8, 1)`), where a consolidated tail is down to half
   the set after 11% and to one GPU after 26% (`tail_points("heavy", 8)`); on math tails
-  the replicas end within ~20% of each other. They recover about 60% of the gap on
-  agentic-tools at 1.5, a quarter on polytrace-mix, almost none on long-cot; on
-  disaggregated at 1.15 they save less than one engine (6.7% against 7.8%).
-- **Growing adds up to 2.6 points** over replicas alone (-0.2 on disaggregated at
-  1.15). Started on half the set without
-  growing or moving sequences, a rollout runs at half speed to its end (measured with
-  the `replicas` row so: disaggregated at 1.15, 3.8% at p95 1.41, max 1.83), hence the
-  whole set for replicas without rounds (the controller grows those only while
-  micro-batches wait unstarted, which the row's even split does not model).
-- On disaggregated at 1.5 the rows without rounds save less than "controller today"
-  (27.5-29.0% against 29.2%), at about its p95: with replicas the profiles learn a held
-  share below the whole set and the policy forms other pairs; measured, not tuned.
+  the replicas end within ~20% of each other. Growing without rounds (`replicas +
+  grow`) recovers about 80% of the gap between one engine and the designed system on
+  agentic-tools at 1.5, about 30% on polytrace-mix, a fifth on long-cot; on
+  disaggregated at 1.15 it saves less than one engine (10.1% against 12.2%).
+- **Growing adds up to 2.9 points** over replicas alone (agentic-tools at 1.5; long-cot
+  2.2). Started on half the set without growing or moving sequences, a rollout runs at
+  half speed to its end (measured in an earlier revision with the `replicas` row so:
+  disaggregated at 1.15, 3.8% at p95 1.41, max 1.83), hence the whole set for replicas
+  without rounds (the controller grows those only while micro-batches wait unstarted,
+  which the row's even split does not model).
+- On disaggregated the rows without rounds save less than "controller today" (1.15:
+  9.7-10.1% against 12.2%; 1.5: 27.8-28.4% against 29.1%): with replicas the profiles
+  learn a held share below the whole set and the policy forms other pairs; measured,
+  not tuned.
 Staggered pools would widen the gap where a pool of G + 1 fits one node (none on the
 suite's 8-GPU nodes). Until an earlier round the controller used the designed prior (a
 tail-shrunk rollout holds 55% of its set), which placed jobs more optimistically than
