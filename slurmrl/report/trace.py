@@ -86,6 +86,8 @@ def build_trace(store: Store, job_ids: Iterable[int] | None = None) -> Trace:
             spec["profile"] = profile_text(r.profile)
         if r.max_slowdown is not None:
             spec["max_slowdown"] = r.max_slowdown
+        if r.steps is not None:
+            spec["steps"] = r.steps
         if r.mux is Mux.OFF:
             spec["mux"] = "off"
         specs.append(spec)

@@ -255,7 +255,8 @@ class Simulation:
         mux = Mux.OFF if (j.mux_off or run.dedicated) else Mux.AUTO
         req = RlRequest(j.gpus, j.model, None, mux, None, j.max_slowdown, j.prior, j.layout,
                         j.rollout_gpus if j.rollout_gpus != j.gpus else None,
-                        len(j.steps) if self.cfg.declare_steps else None)
+                        (j.declared_steps or len(j.steps)) if self.cfg.declare_steps
+                        else None)
         share = self.cfg.rollout_prior_gpu_share
         if self.cfg.learn_priors and run.builder.observed_share(Phase.ROLLOUT) is None:
             share = self.site.rollout_share(j.model, j.rollout_gpus)

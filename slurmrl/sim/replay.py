@@ -3,9 +3,10 @@
 Trace format (JSONL, documented in workloads/README.md): the first line is a header
 `{"format": "slurmrl-trace/1", "jobs": [{"job_id", "gpus", "layout", "rollout_gpus",
 "model", "pool"}]}` (optional per job: "user", "profile" as written in `--rl-profile`,
-"max_slowdown", "mux": "off"); every other line is one phase observation `{"job_id", "phase",
-"requested_at", "granted_at", "released_at", "gpus"}` (epoch seconds; `phase` a GPU
-phase; gaps are inferred between a release and the job's next request).
+"max_slowdown", "steps" as declared in `--rl-steps`, "mux": "off"); every other line is
+one phase observation `{"job_id", "phase", "requested_at", "granted_at", "released_at",
+"gpus"}` (epoch seconds; `phase` a GPU phase; gaps are inferred between a release and
+the job's next request).
 
 Each job's solo timeline is rebuilt from its own observations: GPU phases last
 `released_at - granted_at` (their waits removed), gaps last from one release to the
@@ -119,11 +120,20 @@ def jobs_from_trace(header: dict[str, Any], obs: list[dict[str, Any]]
             except DirectiveError as exc:
                 raise WorkloadError(f"trace: job {jid}: {exc}") from None
         ms = spec.get("max_slowdown")
+        declared = spec.get("steps")
+        if declared is not None:
+            from slurmrl.directives import STEPS_MAX
+
+            if isinstance(declared, bool) or not isinstance(declared, int) \
+                    or not 1 <= declared <= STEPS_MAX:
+                raise WorkloadError(f"trace: job {jid}: steps must be a whole number "
+                                    f"1..{STEPS_MAX} (its --rl-steps), got {declared!r}")
         jobs.append(SimJob(jid, "trace", str(spec.get("user", "trace")),
                            mine[0]["requested_at"] - t0, str(spec.get("model", "tiny")),
                            _params(str(spec.get("model", "tiny"))), gpus, layout, rg,
                            tuple(tuple(x) for x in steps), (), prior,
-                           None if ms is None else float(ms), spec.get("mux") == "off"))
+                           None if ms is None else float(ms), spec.get("mux") == "off",
+                           declared))
         groups[jid] = int(spec.get("pool", 0))
     return jobs, groups
 

@@ -84,6 +84,9 @@ class SimJob:
     prior: PhasePrior | None  #: the job's --rl-profile, if it gave one
     max_slowdown: float | None
     mux_off: bool
+    #: the `--rl-steps` it declared, where that differs from its steps or is known to
+    #: (a recorded trace's); None: its step count, when the simulation has jobs declare
+    declared_steps: int | None = None
 
     @property
     def trainer_gpus(self) -> int:

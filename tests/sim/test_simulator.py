@@ -12,12 +12,20 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from policies import registry
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode
 from slurmrl.model import Phase
 from slurmrl.sim.cli import simulate
+from slurmrl.sim.engine import Simulation
 from slurmrl.sim.metrics import ledger
 from slurmrl.sim.replay import trace_jobs
-from slurmrl.sim.runner import config_for, run_jobs, run_workload, with_max_slowdown
+from slurmrl.sim.runner import (
+    config_for,
+    run_jobs,
+    run_workload,
+    trace_config,
+    with_max_slowdown,
+)
 from slurmrl.sim.workload import WorkloadError, generate, load, validate
 
 POLICIES = ["complementary", "dedicated", "random", "greedy", "fifo-lock", "gang"]
@@ -233,15 +241,19 @@ def test_cli_jobs_that_declare_their_steps_share_more_within_their_limit() -> No
     assert declared["slowdown_p95"] <= 1.3
 
 
-def recorded_trace(path: Path, profile: str | None, steps: int = 20) -> Path:
+def recorded_trace(path: Path, profile: str | None, steps: int = 20,
+                   declared: object = None) -> Path:
     """Two 2-GPU jobs recorded alone in their own pools: rollout 3 s, 5 s reward gap,
-    train 1 s per step; the second asked for GPUs half a second after the first."""
+    train 1 s per step; the second asked for GPUs half a second after the first. The
+    first declared `--rl-steps=declared` where given."""
     jobs, rows = [], []
     for jid, t in ((1, 1000.0), (2, 1000.5)):
         spec: dict[str, object] = {"job_id": jid, "gpus": 2, "layout": "colocated",
                                    "model": "tiny", "user": f"u{jid}", "pool": jid}
         if profile is not None:
             spec["profile"] = profile
+        if declared is not None and jid == 1:
+            spec["steps"] = declared
         jobs.append(spec)
         for _ in range(steps):
             rows.append({"job_id": jid, "phase": "rollout", "requested_at": t,
@@ -307,6 +319,27 @@ def test_trace_options_that_would_be_ignored_are_refused(tmp_path: Path) -> None
     bad = recorded_trace(tmp_path / "bad.jsonl", "rollout=0.7,train=0.7", steps=2)
     res = CliRunner().invoke(simulate, ["-w", str(bad)])
     assert res.exit_code == 1 and "job 1" in res.output and "sum to" in res.output
+    for value in (0, 2.5, "20", True, 10**8):
+        bad = recorded_trace(tmp_path / "bad.jsonl", None, steps=2, declared=value)
+        res = CliRunner().invoke(simulate, ["-w", str(bad)])
+        assert res.exit_code == 1 and "job 1: steps must be a whole number" in res.output, \
+            res.output
+
+
+def test_a_recorded_job_is_placed_with_the_steps_it_declared(tmp_path: Path) -> None:
+    # job 1 declared 500 steps and was recorded for 20 (cancelled early, say); job 2
+    # declared none and is taken to have declared its 20
+    trace = recorded_trace(tmp_path / "t.jsonl", None, steps=20, declared=500)
+    jobs = trace_jobs(trace)
+    pol = registry.load("pairing", "complementary")
+    sim = Simulation(jobs, trace_config(jobs), pol,
+                     lambda: registry.load("slice", "round-robin"),
+                     registry.load("admission", "site-limits"))
+    assert [sim._snapshot(sim.runs[j]).request.steps for j in (1, 2)] == [500, 20]
+    off = Simulation(jobs, replace(trace_config(jobs), declare_steps=False), pol,
+                     lambda: registry.load("slice", "round-robin"),
+                     registry.load("admission", "site-limits"))
+    assert [off._snapshot(off.runs[j]).request.steps for j in (1, 2)] == [None, None]
 
 
 PLACE = """

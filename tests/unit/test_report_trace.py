@@ -40,7 +40,8 @@ def _db(path: Path) -> Path:
     p1 = store.add_pool(gpus=2, opened_at=990.0, slurm_job_id=9)
     p2 = store.add_pool(gpus=1, opened_at=990.0, slurm_job_id=10, dedicated=True)
     prior = PhasePrior(((Phase.ROLLOUT, 0.5), (Phase.TRAIN, 0.5)), 30.0)
-    reqs = {11: RlRequest(gpus=2, model="Qwen2.5-0.5B", profile=prior, max_slowdown=1.3),
+    reqs = {11: RlRequest(gpus=2, model="Qwen2.5-0.5B", profile=prior, max_slowdown=1.3,
+                          steps=400),
             12: RlRequest(gpus=2, layout=Layout.DISAGGREGATED, rollout_gpus=1),
             13: RlRequest(gpus=1, mux=Mux.OFF)}
     for jid, pool in ((11, p1), (12, p1), (13, p2)):
@@ -84,7 +85,7 @@ def test_trace_has_the_ended_leases_and_replays(tmp_path: Path) -> None:
     assert header == {"format": "slurmrl-trace/1", "jobs": [
         {"job_id": 11, "gpus": 2, "layout": "colocated", "model": "Qwen2.5-0.5B",
          "user": "user11", "pool": 1, "profile": "rollout=0.5,train=0.5,step=30",
-         "max_slowdown": 1.3},
+         "max_slowdown": 1.3, "steps": 400},
         {"job_id": 12, "gpus": 2, "layout": "disaggregated", "rollout_gpus": 1,
          "model": "tiny", "user": "user12", "pool": 1}]}
     # six ended leases in request order; the held lease, the cancelled request and
@@ -102,6 +103,8 @@ def test_trace_has_the_ended_leases_and_replays(tmp_path: Path) -> None:
     jobs = {j.job_id: j for j in trace_jobs(out)}
     assert jobs[11].prior == PhasePrior(((Phase.ROLLOUT, 0.5), (Phase.TRAIN, 0.5)), 30.0)
     assert jobs[11].max_slowdown == 1.3 and jobs[12].prior is None
+    # the --rl-steps it declared, not the 2 steps the trace recorded of it
+    assert jobs[11].declared_steps == 400 and jobs[12].declared_steps is None
     assert jobs[12].rollout_gpus == 1 and not jobs[12].mux_off
 
 
