@@ -545,9 +545,10 @@ policy where none does.
 Learning the phase shares of a job without `--rl-profile` from the jobs of its model and
 size observed so far (as the tail share is; throwaway patch, not landed) moved the
 prior where it is furthest off, agentic-tools (the default shares' GPU duty cycle is
-0.6, the class's 0.33, so a host was predicted at 1.5-2.0 beside a newcomer that would
-slow it 1.2-1.4), but cost users' limits elsewhere. Measured before the newcomer rule
-above (60 jobs, seeds 0-1, steady and bursty): agentic-tools at L = 1.5 25.0% -> 27.7%
+0.6, the class's 0.33, so a host was predicted at 1.5-2.0 beside a newcomer that, on
+its observed profile, would slow it mostly 1.2-1.5), but cost users' limits elsewhere.
+Measured before the newcomer rule above (60 jobs, seeds 0-1, steady and bursty):
+agentic-tools at L = 1.5 25.0% -> 27.7%
 saved at p95 1.302 both, at 1.25 10.3% -> 13.1%; polytrace-mix at 1.5 13.9% -> 16.3%
 (p95 1.446 -> 1.420); long-cot at 1.5 14.5% -> 18.3% with p95 1.519 -> 1.618, and
 disaggregated at 1.15 p95 1.153 -> 1.170. In the suite each model is one class, so
