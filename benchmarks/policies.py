@@ -561,7 +561,7 @@ newcomer's realised whole-run slowdown was mean +0.01, sd 0.17 on its prior, and
 How much better priors could buy at all: with every job's `--rl-profile` exactly its
 whole run's phase shares and mean step (an oracle; `slurmrl.sim.replay.recorded_profile`
 applied to the suite's jobs, throwaway script; 60 jobs, seeds 0-1, steady and bursty,
-the suite's 1.15, this code), the default policy saved agentic-tools 11.3% (5.1% on the
+the suite's 1.15, at commit 71fc75f), the default policy saved agentic-tools 11.3% (5.1% on the
 suite's priors) at p95 1.162, long-cot 5.9% (3.1%) at 1.162, polytrace-mix 5.2% (2.4%)
 at 1.154, math-sync 1.4% (0.8%), mixed-sizes 0.8% (0.7%), disaggregated 19.9% (20.0%)
 at 1.151, with 91-100% of jobs within their limit: a step-level prior that is exactly
