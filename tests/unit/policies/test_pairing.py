@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies import registry
 from policies.base import Action, ClusterSnapshot, JobSnapshot, PoolSnapshot, SiteLimits, Verdict
-from policies.complementarity import formula, lifetime, predict
+from policies.complementarity import allowance, formula, lifetime, predict
 from slurmrl.model import Mux, Phase, RlRequest
 from slurmrl.profiles import profile_from_segments
 
@@ -305,3 +307,25 @@ def test_a_newcomer_joins_a_member_near_its_end_beyond_its_limit_while_sharing()
     bare = running(job(1, 70, 30), steps=None, seen=90, ran_s=9000.0)
     assert pol.place(snap([b], (PoolSnapshot(7, 8, (bare,)),), limits=limits))[0].action \
         is Action.OPEN
+
+
+@settings(max_examples=1000, deadline=None)
+@given(left=st.integers(1, 400), seen=st.integers(1, 50), ran=st.floats(0.5, 1.5),
+       n_steps=st.integers(1, 400), s_host=st.floats(1.0, 4.0), s_new=st.floats(1.0, 4.0),
+       lim_host=st.floats(1.0, 2.0), lim_new=st.floats(1.0, 2.0),
+       order=st.booleans())
+def test_allowance_never_rules_out_shared_slowdowns_the_whole_run_accepts(
+        left: int, seen: int, ran: float, n_steps: int, s_host: float, s_new: float,
+        lim_host: float, lim_new: float, order: bool) -> None:
+    # `allowance` lets `predict` skip simulating groups whose load exceeds it: it must
+    # not skip one that `lifetime` would accept, whichever member is listed first
+    period = 100.0
+    host = running(job(1, 70, 30), steps=seen + left, seen=seen, ran_s=seen * period * ran)
+    new = newcomer(job(2, 70, 30), n_steps)
+    members, shared, lims = [host, new], [s_host, s_new], [lim_host, lim_new]
+    if order:
+        members, shared, lims = members[::-1], shared[::-1], lims[::-1]
+    life = lifetime(members, shared)
+    if all(x <= lim for x, lim in zip(life, lims, strict=True)):
+        bound = allowance(members, lims)
+        assert bound is None or max(shared) <= bound + 1e-9
