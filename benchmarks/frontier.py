@@ -68,10 +68,11 @@ def cost_of_steps(s: dict[tuple[str, str, float | None], dict[str, float]]) -> s
     drops = [d for d in drops if d[0] >= 0.02][:4]
     if not drops:
         return "no workload kept 2 points fewer of its jobs within their limit at any L"
-    parts = [f"{w} at {L} {100 * s[(w, 'complementary', L)]['within']:.0f}% "
-             f"({100 * s[(w, UNDECLARED, L)]['within']:.0f}%)" for _, w, L in drops]
-    parts[0] = parts[0].replace(" (", " of its jobs within their limit (", 1).replace(
-        "%)", "% without)", 1)
+    parts = []
+    for i, (_, w, L) in enumerate(drops):
+        ours, bare = (100 * s[(w, p, L)]["within"] for p in ("complementary", UNDECLARED))
+        parts.append(f"{w} at {L} {ours:.0f}% of its jobs within their limit ({bare:.0f}% "
+                     "without)" if i == 0 else f"{w} at {L} {ours:.0f}% ({bare:.0f}%)")
     _, w, L = drops[0]
     return (", ".join(parts) + f"; the max moves with it ({w} at {L}: "
             f"{s[(w, 'complementary', L)]['max']:.2f} against {s[(w, UNDECLARED, L)]['max']:.2f})")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -134,11 +135,8 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
                 "seed": seed}
     if max_slowdown is not None:
         jobs, cfg = with_max_slowdown(jobs, cfg, max_slowdown)
-    from dataclasses import replace
-
-    if gpus_per_node is not None:
-        cfg = replace(cfg, gpus_per_node=gpus_per_node)
-    cfg = replace(cfg, declare_steps=declare_steps)
+    cfg = replace(cfg, declare_steps=declare_steps,
+                  gpus_per_node=cfg.gpus_per_node if gpus_per_node is None else gpus_per_node)
     meta.update({"pairing": pairing, "slice": slice_name, "admission": admission,
                  "jobs": len(jobs), "cluster_gpus": cfg.gpus, "gpus_per_node": cfg.gpus_per_node,
                  "max_slowdown": max_slowdown, "rl_steps": declare_steps})
