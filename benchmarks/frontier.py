@@ -267,7 +267,8 @@ within the limit they were given at every L. Before `--rl-steps`, those above it
 mostly jobs that joined a pool on their prior (the `--rl-profile`, or defaults by model
 size) before any of their phases was observed, and the prior was off (docs/benchmarks.md,
 "Policies and simulator", has the diagnostic runs). They still are: on long-cot at 1.5
-(the same 4 runs, checked apart from this run), 21 of the 23 jobs above their limit had
+(the same 4 runs, checked apart from this run with a throwaway script logging each
+placement), 21 of the 23 jobs above their limit had
 joined a pool on their prior (predicted at 1.18-1.67 while sharing, 2 of them above 1.5
 and taken by the newcomer's whole-run projection; they ran 1.50-1.90), and 2 were pool
 members whose projected remaining run was off. Declaring steps costs some of that

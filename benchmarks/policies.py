@@ -533,11 +533,13 @@ period. A newcomer that declared its steps is projected likewise from its side: 
 shares until that member is done, then runs alone; its length is its N steps at its
 prior's p10 period (`complementarity.newcomer_length`), the short end, since the shorter
 its run the more of it is shared. Its prior's median length was tried before and
-overshot users' limits (p95 1.235 at a limit of 1.15 on agentic-tools); the p10 end kept
-p95 within 1.15 on every workload but disaggregated in a check before this run (60 jobs,
-seeds 0-1, steady and bursty; p50 and p10 of the prior: agentic-tools 5.6% and 4.9%
-saved at p95 1.122 and 1.114, long-cot 3.6% and 3.0% at 1.132 and 1.119, polytrace-mix
-3.2% and 2.4% at 1.139 and 1.112, 96-98% of jobs within their limit). A job that has not
+overshot users' limits (p95 1.235 at a limit of 1.15 on agentic-tools). In a check
+before this run (a throwaway patch scaling the prior's median period, not kept; 60 jobs,
+seeds 0-1, steady and bursty), the median period and 0.75 of it gave agentic-tools 5.6%
+and 4.9% saved at p95 1.122 and 1.114, long-cot 3.6% and 3.0% at 1.132 and 1.119,
+polytrace-mix 3.2% and 2.4% at 1.139 and 1.112, 96-98% of jobs within their limit; the
+p10 the rule takes is 0.75 of the median for the model-size prior and 0.85 for a
+`--rl-profile` (the rows above). A job that has not
 completed a step, declared none or ran past N is judged on its slowdown while sharing.
 The suite's jobs all declare their steps; row `complementary, no --rl-steps` is the same
 policy where none does.
@@ -559,9 +561,9 @@ newcomer's realised whole-run slowdown was mean +0.01, sd 0.17 on its prior, and
 +0.00, sd 0.15 predicted again on its final observed profile.
 
 How much better priors could buy at all: with every job's `--rl-profile` exactly its
-whole run's phase shares and mean step (an oracle; `slurmrl.sim.replay.recorded_profile`
-applied to the suite's jobs, throwaway script; 60 jobs, seeds 0-1, steady and bursty,
-the suite's 1.15, at commit 71fc75f), the default policy saved agentic-tools 11.3% (5.1% on the
+whole run's phase shares and mean step (an oracle, `python benchmarks/what_if.py
+--oracle-priors`: 60 jobs, seeds 0-1, steady and bursty, the suite's 1.15, at commit
+19c9c4e), the default policy saved agentic-tools 11.3% (5.1% on the
 suite's priors) at p95 1.162, long-cot 5.9% (3.1%) at 1.162, polytrace-mix 5.2% (2.4%)
 at 1.154, math-sync 1.4% (0.8%), mixed-sizes 0.8% (0.7%), disaggregated 19.9% (20.0%)
 at 1.151, with 91-100% of jobs within their limit: a step-level prior that is exactly

@@ -1,0 +1,89 @@
+"""What-ifs for the default policy, side by side with the default as the suite runs it.
+
+    python benchmarks/what_if.py --oracle-priors [-w WORKLOAD ...] [-L 1.15 ...]
+    python benchmarks/what_if.py --slice bounded-slowdown [--max-group 2] [-w ...] [-L ...]
+
+Each row: `complementary` on 60 jobs (`--jobs`) of a suite workload, every job's limit
+set to L (`slurmrl simulate --max-slowdown L`), means over seeds 0..`--seeds`-1 x
+(steady, bursty); "max" is the largest over those runs. The what-if row changes one
+thing:
+
+- `--oracle-priors`: every job's `--rl-profile` is its whole run's phase shares and mean
+  step (`slurmrl.sim.replay.recorded_profile`): what exactly right priors would buy;
+- `--slice NAME`: the pools' slice policy (`bounded-slowdown`: each job's own limit);
+- `--max-group N`: both rows with `complementary`'s `max_group = N`.
+
+Prints a table; writes nothing (docs/benchmarks.md and docs/site-policies.md quote it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.policies import WORKLOADS  # noqa: E402
+from slurmrl.sim.replay import recorded_profile  # noqa: E402
+from slurmrl.sim.runner import config_for, run_jobs, with_max_slowdown  # noqa: E402
+from slurmrl.sim.workload import generate, load  # noqa: E402
+
+
+def one(args: tuple[str, float, str, int, int, bool, str, int]) -> dict[str, float]:
+    wname, limit, arrivals, seed, n_jobs, oracle, slice_name, max_group = args
+    w = load(wname)
+    jobs = generate(w, seed, arrivals, n_jobs)
+    if oracle:
+        jobs = [replace(j, prior=recorded_profile(j)) for j in jobs]
+    jobs, cfg = with_max_slowdown(jobs, config_for(w, check_invariants=False), limit)
+    r = run_jobs(jobs, cfg, "complementary", slice_name,
+                 params={"complementary": {"max_group": max_group}})
+    lim = cfg.limits
+    within = [((run.finished_at or 0.0) - (run.placed_at or 0.0)) / run.solo_s
+              <= min(lim.max_slowdown, run.job.max_slowdown or lim.default_max_slowdown) + 1e-9
+              for run in r.sim.runs.values() if run.admitted]
+    m = r.metrics
+    return {"savings": m.savings, "p95": m.slowdown_p95, "max": m.slowdown_max,
+            "within": sum(within) / max(1, len(within))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-w", "--workload", action="append", choices=WORKLOADS)
+    ap.add_argument("-L", "--limit", action="append", type=float)
+    ap.add_argument("--oracle-priors", action="store_true")
+    ap.add_argument("--slice", default="round-robin")
+    ap.add_argument("--max-group", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=60)
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
+    a = ap.parse_args()
+    if not a.oracle_priors and a.slice == "round-robin":
+        ap.error("nothing to compare: give --oracle-priors or --slice NAME")
+    rows = [("default", False, "round-robin"),
+            ("what-if", a.oracle_priors, a.slice)]
+    keys = [(w, L, label, oracle, sl) for w in a.workload or WORKLOADS
+            for L in a.limit or [1.15] for label, oracle, sl in rows]
+    runs = [(w, L, arr, s, a.jobs, oracle, sl, a.max_group) for w, L, _, oracle, sl in keys
+            for arr in ("steady", "bursty") for s in range(a.seeds)]
+    with ProcessPoolExecutor(a.procs) as ex:
+        out = list(ex.map(one, runs, chunksize=1))
+    per = 2 * a.seeds
+    print("| workload | L | run | savings % | p95 slowdown | max slowdown | within limit % |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
+    for i, (w, L, label, _, _) in enumerate(keys):
+        got: list[dict[str, Any]] = out[i * per:(i + 1) * per]
+        mean = {k: statistics.mean(g[k] for g in got) for k in ("savings", "p95", "within")}
+        print(f"| {w} | {L} | {label} | {100 * mean['savings']:.1f} | {mean['p95']:.3f} | "
+              f"{max(g['max'] for g in got):.2f} | {100 * mean['within']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
