@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.policies import LABEL, NVL72, UNDECLARED, WORKLOADS, policy_config  # noqa: E402
-from slurmrl.sim.runner import config_for, run_jobs, with_max_slowdown  # noqa: E402
+from slurmrl.sim.engine import SimConfig  # noqa: E402
+from slurmrl.sim.runner import RunResult, config_for, run_jobs, with_max_slowdown  # noqa: E402
 from slurmrl.sim.workload import generate, load  # noqa: E402
 
 BASELINES = ["dedicated", "random", "greedy", "fifo-lock", "gang"]
@@ -50,14 +51,19 @@ def one(args: tuple[str, str, float | None, str, int, int]) -> dict[str, Any]:
     if limit is not None:
         jobs, cfg = with_max_slowdown(jobs, cfg, limit)
     r = run_jobs(jobs, cfg, name)
-    lim = cfg.limits
-    within = [((run.finished_at or 0.0) - (run.placed_at or 0.0)) / run.solo_s
-              <= min(lim.max_slowdown, run.job.max_slowdown or lim.default_max_slowdown) + 1e-9
-              for run in r.sim.runs.values() if run.admitted]
     m = r.metrics
     return {"workload": wname, "policy": policy, "limit": limit, "savings": m.savings,
-            "p95": m.slowdown_p95, "max": m.slowdown_max,
-            "within": sum(within) / max(1, len(within))}
+            "p95": m.slowdown_p95, "max": m.slowdown_max, "within": within_limit(r, cfg)}
+
+
+def within_limit(r: RunResult, cfg: SimConfig) -> float:
+    """The share of admitted jobs whose (finished - placed) / solo stayed within their own
+    limit (their `--rl-max-slowdown`, else the site's default, capped by the site)."""
+    lim = cfg.limits
+    ok = [((run.finished_at or 0.0) - (run.placed_at or 0.0)) / run.solo_s
+          <= min(lim.max_slowdown, run.job.max_slowdown or lim.default_max_slowdown) + 1e-9
+          for run in r.sim.runs.values() if run.admitted]
+    return sum(ok) / max(1, len(ok))
 
 
 def cost_of_steps(s: dict[tuple[str, str, float | None], dict[str, float]]) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.frontier import within_limit  # noqa: E402
 from benchmarks.policies import WORKLOADS  # noqa: E402
 from slurmrl.sim.replay import recorded_profile  # noqa: E402
 from slurmrl.sim.runner import config_for, run_jobs, with_max_slowdown  # noqa: E402
@@ -45,13 +46,9 @@ def one(args: tuple[str, float, str, int, int, bool, str, int]) -> dict[str, flo
     jobs, cfg = with_max_slowdown(jobs, config_for(w, check_invariants=False), limit)
     r = run_jobs(jobs, cfg, "complementary", slice_name,
                  params={"complementary": {"max_group": max_group}})
-    lim = cfg.limits
-    within = [((run.finished_at or 0.0) - (run.placed_at or 0.0)) / run.solo_s
-              <= min(lim.max_slowdown, run.job.max_slowdown or lim.default_max_slowdown) + 1e-9
-              for run in r.sim.runs.values() if run.admitted]
     m = r.metrics
     return {"savings": m.savings, "p95": m.slowdown_p95, "max": m.slowdown_max,
-            "within": sum(within) / max(1, len(within))}
+            "within": within_limit(r, cfg)}
 
 
 def main() -> None:
