@@ -18,9 +18,14 @@ the first observation). `shape` is the ordered phase sequence of the last comple
 used to simulate several GPU phases per step (agentic jobs alternate rollout turns and
 tool stalls).
 
-Known limits: quantiles of per-step sums are approximated by per-phase quantiles times
-the mean occurrences per step (phases of one step are treated as comonotone, which is
-conservative for p90 busy); the window forgets anything older than `window` phases.
+A phase that recurs within a step (rollout turns, tool stalls) is described by its
+totals per complete step once `min_obs` steps are seen: its quantiles are those of the
+per-step totals, divided by its mean occurrences per step, so `per_step(phase, q)` is the
+q-quantile of a step's time in it. (Before, and for phases seen at most once a step, the
+quantiles are those of single occurrences; a turn's length varies with the number of
+turns its step took, and its p90 times the mean count overstated a step's p90 rollout
+by a third on the agentic workloads.) The window forgets anything older than `window`
+occurrences, or steps for per-step totals.
 """
 
 from __future__ import annotations
@@ -176,6 +181,9 @@ class ProfileBuilder:
     _share: dict[Phase, float] = field(default_factory=dict)
     _counts: dict[Phase, int] = field(default_factory=dict)
     _done: dict[Phase, int] = field(default_factory=dict)
+    #: per phase that recurs within a step: its total per complete step (last `window`)
+    _totals: dict[Phase, deque[float]] = field(default_factory=dict)
+    _step_sum: dict[Phase, float] = field(default_factory=dict)
     _steps: int = 0
     _current: list[Phase] = field(default_factory=list)
     _last_shape: tuple[Phase, ...] = ()
@@ -226,7 +234,12 @@ class ProfileBuilder:
             self._current = []
             self._steps += 1
             self._done = dict(self._counts)  # occurrences in complete steps only
+            for ph in self._done:  # a phase absent from this step adds 0 to its totals
+                self._totals.setdefault(ph, deque(maxlen=self.window)).append(
+                    self._step_sum.get(ph, 0.0))
+            self._step_sum = {}
         self._current.append(phase)
+        self._step_sum[phase] = self._step_sum.get(phase, 0.0) + d
         buf = self._durations.setdefault(phase, deque(maxlen=self.window))
         buf.append(d)
         prev = self._ewma.get(phase)
@@ -276,6 +289,11 @@ class ProfileBuilder:
                 per_step = self._done.get(phase, 0) / steps if self._steps else 1.0
                 if self._steps == 0:
                     per_step = float(self._current.count(phase)) or 1.0
+                totals = self._totals.get(phase, ())
+                if per_step > 1.0 and len(totals) >= self.min_obs:
+                    # a phase that recurs within a step (rollout turns, tool stalls): the
+                    # quantiles of its per-step totals, per occurrence
+                    p10, p50, p90 = (x / per_step for x in _quantiles(totals))
                 phases[phase] = PhaseStats(phase, n, per_step, p10, p50, p90, self._ewma[phase],
                                            self._share.get(phase, 1.0))
                 used_obs = True

@@ -37,6 +37,30 @@ def test_profile_window_follows_drift() -> None:
     assert b.build().phases[Phase.ROLLOUT].p50 == pytest.approx(50.0)
 
 
+def test_turns_per_step_vary_but_the_step_rollout_does_not() -> None:
+    # an agentic job: every step generates 120 s in 1 to 6 turns, with 10 s tool stalls
+    # between them, then trains 60 s. Its busy time per step is 180 s at every quantile;
+    # a turn's own duration varies 20-120 s, and its p90 times the mean turns would not.
+    b = ProfileBuilder()
+    t = 0.0
+    for turns in [1, 3, 6, 2, 3, 5, 3, 4, 3, 6, 1, 3]:
+        for k in range(turns):
+            b.observe(Phase.ROLLOUT, t, t + 120.0 / turns)
+            t += 120.0 / turns
+            if k < turns - 1:
+                b.observe(Phase.IDLE, t, t + 10.0)
+                t += 10.0
+        b.observe(Phase.TRAIN, t, t + 60.0)
+        t += 60.0
+    p = b.build()
+    assert p.phases[Phase.ROLLOUT].per_step > 3.0
+    assert p.per_step(Phase.ROLLOUT, 0.9) == pytest.approx(120.0)
+    assert p.per_step(Phase.ROLLOUT, 0.1) == pytest.approx(120.0)
+    assert p.busy(0.9) == pytest.approx(180.0)
+    # tool stalls: 0-50 s per step, median 20 s (2 stalls), not a median stall x mean count
+    assert p.gap(0.5) == pytest.approx(20.0)
+
+
 def test_shrunk_rollout_counts_less_busy_but_keeps_its_wall_time() -> None:
     b = ProfileBuilder()
     for i in range(4):
