@@ -176,12 +176,12 @@ designed row does. Means over {seeds} seeds x (steady, bursty), max over runs.
 
 {table}
 
-Reading (at 1.15 mostly disaggregated pairs, the other workloads saving 0.7-5.1% as
+Reading (at 1.15 mostly disaggregated pairs, the other workloads saving 0.7-5.8% as
 designed; every job declares its steps, `--rl-steps`):
 - **Replicas consolidating their tail recover most of the designed system's
-  savings**: agentic-tools 25.1% (designed 25.6%) and polytrace-mix 14.1% (14.8%) at
+  savings**: agentic-tools 26.8% (designed 26.7%) and polytrace-mix 14.3% (15.9%) at
   1.5, disaggregated 17.4% (20.0%) at 1.15 and 31.6% (33.5%) at 1.5, long-cot 13.0%
-  (15.6%) at 1.5, where one engine saves 14.1%, 4.5%, 12.2%, 29.1% and 0.5%; at about
+  (15.6%) at 1.5, where one engine saves 15.0%, 4.4%, 12.2%, 29.1% and 0.5%; at about
   the designed p95 except on disaggregated at 1.5 (1.473 against 1.400). What is left
   is mostly the rounding of the tail to whole replicas; the rounds' prefills are not
   priced here. The controller does this with `round_tokens` and
@@ -189,8 +189,8 @@ designed; every job declares its steps, `--rl-steps`):
   real rollout has shown it (the `tiny` model's rounds take milliseconds).
 - **Growing back as the controller does adds 0-1.7 points**: disaggregated 18.0% at
   1.15 (max slowdown 1.37 -> 1.24) and 33.3% at 1.5, long-cot 13.9% at 1.5 (p95 1.535
-  -> 1.489), polytrace-mix 14.6% (p95 1.405 -> 1.386), math-sync 4.5% at 1.5 (3.0%
-  without), agentic-tools 25.4%. On disaggregated at 1.5 it lowers p95 little (1.473
+  -> 1.489), polytrace-mix 14.9% (p95 1.431 -> 1.401), math-sync 4.5% at 1.5 (3.0%
+  without), agentic-tools 27.1%. On disaggregated at 1.5 it lowers p95 little (1.473
   -> 1.457) and raises the max (1.75 -> 1.79): a grown rollout holds GPUs that a
   partner's next phase, not yet asked for, then waits for.
 - **Without moving sequences, replicas free GPUs late**: with 1-GPU replicas of a
@@ -198,11 +198,11 @@ designed; every job declares its steps, `--rl-steps`):
   ~82% (`replica_tail_points("heavy", 8, 1)`), where a consolidated tail is down to half
   the set after 11% and to one GPU after 26% (`tail_points("heavy", 8)`); on math tails
   the replicas end within ~20% of each other. Growing without rounds (`replicas +
-  grow`) recovers about 80% of the gap between one engine and the designed system on
-  agentic-tools at 1.5, about 30% on polytrace-mix, a fifth on long-cot; on
+  grow`) recovers about two thirds of the gap between one engine and the designed system
+  on agentic-tools at 1.5, about 30% on polytrace-mix, a fifth on long-cot; on
   disaggregated at 1.15 it saves less than one engine (10.1% against 12.2%).
-- **Growing adds up to 2.9 points** over replicas alone (agentic-tools at 1.5; long-cot
-  2.2). Started on half the set without growing or moving sequences, a rollout runs at
+- **Growing adds up to 2.2 points** over replicas alone (agentic-tools and long-cot at
+  1.5). Started on half the set without growing or moving sequences, a rollout runs at
   half speed to its end (measured in an earlier revision with the `replicas` row so:
   disaggregated at 1.15, 3.8% at p95 1.41, max 1.83), hence the whole set for replicas
   without rounds (the controller grows those only while micro-batches wait unstarted,
