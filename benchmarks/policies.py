@@ -589,7 +589,13 @@ suite's priors) at p95 1.162, long-cot 5.9% (3.1%) at 1.162, polytrace-mix 5.2% 
 at 1.154, math-sync 1.4% (0.8%), mixed-sizes 0.8% (0.7%), disaggregated 19.9% (20.0%)
 at 1.151, with 91-100% of jobs within their limit: a step-level prior that is exactly
 right on average still leaves the step-to-step variation, and 90% of the ideal savings
-stays 3x (disaggregated) to 35x (mixed-sizes) beyond what it saved.
+stays 3x (disaggregated) to 35x (mixed-sizes) beyond what it saved. Exact priors would
+turn the verdicts against `greedy` below, though: at commit bad385d (per-step totals),
+`python benchmarks/what_if.py --oracle-priors -w agentic-tools -w polytrace-mix -L 1.35
+-L 1.4` gives agentic-tools 28.2% at p95 1.292 at L = 1.35 (19.4% at 1.298 on the
+suite's priors), more than `greedy`'s 27.5% at 1.302, and polytrace-mix 17.8% at 1.391
+at 1.4 (12.0% at 1.369), against its 15.4% at 1.385. Where the default policy is
+beaten at equal p95, it is beaten on the newcomer's prior.
 
 On one window no colocated pair fits 1.15. A step is ~90% wall time in GPU phases; the
 rollout's tail frees most of the set but keeps at least one GPU for most of the
