@@ -593,9 +593,11 @@ stays 3x (disaggregated) to 35x (mixed-sizes) beyond what it saved. Exact priors
 turn the verdicts against `greedy` below, though: at commit bad385d (per-step totals),
 `python benchmarks/what_if.py --oracle-priors -w agentic-tools -w polytrace-mix -L 1.35
 -L 1.4` gives agentic-tools 28.2% at p95 1.292 at L = 1.35 (19.4% at 1.298 on the
-suite's priors), more than `greedy`'s 27.5% at 1.302, and polytrace-mix 17.8% at 1.391
-at 1.4 (12.0% at 1.369), against its 15.4% at 1.385. Where the default policy is
-beaten at equal p95, it is beaten on the newcomer's prior.
+suite's priors), more than `greedy`'s 27.5% at 1.302; polytrace-mix 15.1% at 1.316 at 1.35 and 17.8%
+at 1.391 at 1.4 (10.1% and 12.0% on the suite's priors), either side of `greedy`'s
+15.4% at 1.385 (about 17.6% at that p95, interpolated; no measured point beats it).
+Where the default policy is beaten at equal p95, it is beaten mostly on the newcomer's
+prior.
 
 On one window no colocated pair fits 1.15. A step is ~90% wall time in GPU phases; the
 rollout's tail frees most of the set but keeps at least one GPU for most of the
