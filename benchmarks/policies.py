@@ -584,20 +584,20 @@ newcomer's realised whole-run slowdown was mean +0.01, sd 0.17 on its prior, and
 How much better priors could buy at all: with every job's `--rl-profile` exactly its
 whole run's phase shares and mean step (an oracle, `python benchmarks/what_if.py
 --oracle-priors`: 60 jobs, seeds 0-1, steady and bursty, the suite's 1.15, at commit
-19c9c4e), the default policy saved agentic-tools 11.3% (5.1% on the
-suite's priors) at p95 1.162, long-cot 5.9% (3.1%) at 1.162, polytrace-mix 5.2% (2.4%)
-at 1.154, math-sync 1.4% (0.8%), mixed-sizes 0.8% (0.7%), disaggregated 19.9% (20.0%)
-at 1.151, with 91-100% of jobs within their limit: a step-level prior that is exactly
-right on average still leaves the step-to-step variation, and 90% of the ideal savings
-stays 3x (disaggregated) to 35x (mixed-sizes) beyond what it saved. Exact priors would
-turn the verdicts against `greedy` below, though: at commit bad385d (per-step totals),
-`python benchmarks/what_if.py --oracle-priors -w agentic-tools -w polytrace-mix -L 1.35
--L 1.4` gives agentic-tools 28.2% at p95 1.292 at L = 1.35 (19.4% at 1.298 on the
-suite's priors), more than `greedy`'s 27.5% at 1.302; polytrace-mix 15.1% at 1.316 at 1.35 and 17.8%
-at 1.391 at 1.4 (10.1% and 12.0% on the suite's priors), either side of `greedy`'s
-15.4% at 1.385 (about 17.6% at that p95, interpolated; no measured point beats it).
-Where the default policy is beaten at equal p95, it is beaten mostly on the newcomer's
-prior.
+19c9c4e), the default policy saved agentic-tools 11.3% (5.1% on the suite's priors) at
+p95 1.162, long-cot 5.9% (3.1%) at 1.162, polytrace-mix 5.2% (2.4%) at 1.154, math-sync
+1.4% (0.8%), mixed-sizes 0.8% (0.7%), disaggregated 19.9% (20.0%) at 1.151, with 91-100%
+of jobs within their limit: a step-level prior that is exactly right on average still
+leaves the step-to-step variation, and 90% of the ideal savings stays 3x (disaggregated)
+to 35x (mixed-sizes) beyond what it saved. Exact priors would turn the verdict against
+`greedy` on agentic-tools below, and nearly on polytrace-mix: at commit bad385d
+(per-step totals), `python benchmarks/what_if.py --oracle-priors -w agentic-tools -w
+polytrace-mix -L 1.35 -L 1.4` gives agentic-tools 28.2% at p95 1.292 at L = 1.35 (19.4%
+at 1.298 on the suite's priors), more than `greedy`'s 27.5% at 1.302; polytrace-mix
+15.1% at 1.316 at 1.35 and 17.8% at 1.391 at 1.4 (10.1% and 12.0% on the suite's
+priors), either side of `greedy`'s 15.4% at 1.385 (about 17.6% at that p95,
+interpolated; no measured point beats it). Where the default policy is beaten at equal
+p95, it is beaten mostly on the newcomer's prior.
 
 On one window no colocated pair fits 1.15. A step is ~90% wall time in GPU phases; the
 rollout's tail frees most of the set but keeps at least one GPU for most of the
