@@ -284,7 +284,6 @@ class ProfileBuilder:
         for phase in Phase:
             n = len(self._durations.get(phase, ()))
             if n >= self.min_obs or (n > 0 and prior is None):
-                p10, p50, p90 = _quantiles(self._durations[phase])
                 # occurrences per step: counted over complete steps once there are some
                 per_step = self._done.get(phase, 0) / steps if self._steps else 1.0
                 if self._steps == 0:
@@ -294,6 +293,8 @@ class ProfileBuilder:
                     # a phase that recurs within a step (rollout turns, tool stalls): the
                     # quantiles of its per-step totals, per occurrence
                     p10, p50, p90 = (x / per_step for x in _quantiles(totals))
+                else:
+                    p10, p50, p90 = _quantiles(self._durations[phase])
                 phases[phase] = PhaseStats(phase, n, per_step, p10, p50, p90, self._ewma[phase],
                                            self._share.get(phase, 1.0))
                 used_obs = True
