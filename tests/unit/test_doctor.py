@@ -79,6 +79,10 @@ def test_config_check_fails_naming_the_key(tmp_path: Path) -> None:
     unknown.write_text('[policies]\npairing = "nope"\n')
     r = load_settings(str(unknown), None).config_result
     assert r.level is Level.FAIL and "nope" in r.detail and "complementary" in r.detail
+    value = tmp_path / "v.toml"  # a parameter the policy refuses: named, no traceback
+    value.write_text("[policies.params.complementary]\nmargin = 0.5\n")
+    r = load_settings(str(value), None).config_result
+    assert r.level is Level.FAIL and "margin must be >= 1, got 0.5" in r.detail
     good = tmp_path / "g.toml"
     good.write_text('[controller]\nport = 7001\n[policies]\nslice = "fifo"\n')
     s = load_settings(str(good), None)
