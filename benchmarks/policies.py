@@ -42,17 +42,26 @@ NVL72 = "complementary@72"
 #: the default policy where no job declares its steps (`--rl-steps`): a pool member is
 #: then judged on its slowdown while sharing, not on its whole run
 UNDECLARED = "complementary!undeclared"
-LABEL = {NVL72: "complementary, NVL72", UNDECLARED: "complementary, no --rl-steps"}
+#: the default policy with a site's cap on a group's summed GPU duty cycle (`max_load`,
+#: docs/site-policies.md): no group with more GPU work than its pool has time
+LOAD_CAPPED = "complementary#max_load=1.0"
+LABEL = {NVL72: "complementary, NVL72", UNDECLARED: "complementary, no --rl-steps",
+         LOAD_CAPPED: "complementary, max_load = 1.0"}
 
 
-def policy_config(policy: str, cfg: SimConfig) -> tuple[str, SimConfig]:
-    """("NAME", cfg) for "NAME"; for "NAME@N" the policy on nodes of N GPUs; for
-    "NAME!undeclared" the policy where no job declares its steps."""
+def policy_config(policy: str, cfg: SimConfig,
+                  ) -> tuple[str, SimConfig, dict[str, dict[str, float]]]:
+    """("NAME", cfg, params) for "NAME"; for "NAME@N" the policy on nodes of N GPUs; for
+    "NAME!undeclared" the policy where no job declares its steps; for "NAME#KEY=VALUE"
+    the policy with that parameter."""
+    policy, hash_, param = policy.partition("#")
+    key, _, value = param.partition("=")
+    params = {policy.partition("@")[0].partition("!")[0]: {key: float(value)}} if hash_ else {}
     policy, bang, _ = policy.partition("!")
     if bang:
         cfg = replace(cfg, declare_steps=False)
     name, _, per_node = policy.partition("@")
-    return name, replace(cfg, gpus_per_node=int(per_node)) if per_node else cfg
+    return name, replace(cfg, gpus_per_node=int(per_node)) if per_node else cfg, params
 BEGIN, END = "<!-- policies:begin -->", "<!-- policies:end -->"
 
 
@@ -61,8 +70,8 @@ def one(args: tuple[str, str, str, int, int, float]) -> dict[str, Any]:
     w = load(wname)
     jobs = generate(w, seed, arrivals, n_jobs, load_scale)
     t = time.perf_counter()
-    name, cfg = policy_config(policy, config_for(w, check_invariants=False))
-    r = run_jobs(jobs, cfg, name)
+    name, cfg, params = policy_config(policy, config_for(w, check_invariants=False))
+    r = run_jobs(jobs, cfg, name, params=params)
     out = r.metrics.as_dict()
     out.update(workload=wname, policy=policy, arrivals=arrivals, seed=seed, load=load_scale,
                wall_s=time.perf_counter() - t)

@@ -167,6 +167,7 @@ class _Facts:
     hold: float  #: colocated: wall seconds per step holding any GPU (rollout incl. tail)
     head: float  #: wall seconds per step a rollout holds more than one GPU (before its tail)
     tail: bool  #: its rollout lease shrinks through a tail (held share of its set < 1)
+    duty: tuple[float, float]  #: median busy seconds on (rollout set, trainer set) / period
 
 
 #: job snapshot id -> (the snapshot, its facts). Snapshots are immutable, so the facts of
@@ -180,6 +181,8 @@ def _facts(job: JobSnapshot) -> _Facts:
         return hit[1]
     p = profile_of(job)
     lr, lt = _loads(p, job, Q_BUSY)
+    period = max(p.period(Q_PERIOD), 1e-9)
+    mr, mt = _loads(p, job, Q_PERIOD)
     segs: list[tuple[str, float]] = []
     rg, _tg = _sets(job)
     tail = False
@@ -194,12 +197,12 @@ def _facts(job: JobSnapshot) -> _Facts:
             tail = True
         else:
             segs.append((ph.value, d))
-    f = _Facts(max(p.period(Q_PERIOD), 1e-9), lr, lt, p.busy(Q_PERIOD), p.busy(Q_BUSY),
+    f = _Facts(period, lr, lt, p.busy(Q_PERIOD), p.busy(Q_BUSY),
                p.multi_phase() or tail, (rg if job.request.layout is Layout.DISAGGREGATED else 0,
                                  job.request.gpus), tuple(segs),
                p.per_step(Phase.TRAIN, Q_BUSY) + p.per_step(Phase.SYNC, Q_BUSY),
                p.busy_wall(Q_BUSY), sum(d for ph, d in segs if ph == Phase.ROLLOUT.value),
-               tail)
+               tail, (mr / period, mt / period))
     if len(_FACTS) > 50_000:
         _FACTS.clear()
     _FACTS[id(job)] = (job, f)
@@ -210,6 +213,15 @@ def has_tail(job: JobSnapshot) -> bool:
     """Whether the job's rollout gives GPUs back through a tail (its profile says its
     lease held less than its whole set): what a staggered pool needs to pay."""
     return _facts(job).tail
+
+
+def group_load(members: Sequence[JobSnapshot]) -> float:
+    """The group's load on its busier GPU set: the sum of its members' GPU duty cycles
+    there (median set-equivalent busy seconds per step over the median period; a
+    shrunk tail counts the share of the set it held). Above 1 the group has more GPU
+    work than the pool has time: it shares only by slowing its members."""
+    fs = [_facts(m) for m in members]
+    return max(sum(f.duty[0] for f in fs), sum(f.duty[1] for f in fs))
 
 
 def period_of(job: JobSnapshot) -> float:

@@ -25,7 +25,10 @@ policy on the profiles where a formula does not hold) and places jobs:
 
 A group is accepted only if every member's slowdown stays under its limit (its
 --rl-max-slowdown, capped by the site's) divided by `margin`, the parked state fits host
-memory, and partition, GPU type, GPU count and GPU-set split agree. The slowdown judged
+memory, and partition, GPU type, GPU count and GPU-set split agree; with `max_load`, also
+only if its members' GPU duty cycles on the busier set sum to at most that
+(`complementarity.group_load`): a site's cap on groups that share only by slowing their
+members (off by default; docs/benchmarks.md measures both). The slowdown judged
 is the member's whole run's (`complementarity.lifetime`) where its `--rl-steps` and
 observed steps say how much work it has left: a job that ran alone for most of its run
 may take a partner that slows it more than its limit for the rest, as long as its run
@@ -59,6 +62,7 @@ from policies.complementarity import (
     allowance,
     compatible,
     fits_memory,
+    group_load,
     has_tail,
     lifetime,
     limit_of,
@@ -82,7 +86,7 @@ class ComplementaryPairing:
 
     def __init__(self, margin: float = 1.0, min_gain: float = 0.05, max_group: int = 3,
                  single: str = "first-fit", neighbours: int = 8, stagger: int = 1,
-                 open_staggered: bool = True) -> None:
+                 open_staggered: bool = True, max_load: float | None = None) -> None:
         if margin < 1.0:
             raise ValueError(f"margin must be >= 1, got {margin}")
         if single not in ("first-fit", "best-fit"):
@@ -94,6 +98,9 @@ class ComplementaryPairing:
         self.margin, self.min_gain, self.max_group = margin, min_gain, max_group
         self.single, self.neighbours, self.stagger = single, neighbours, stagger
         self.open_staggered = open_staggered
+        if max_load is not None and max_load <= 0:
+            raise ValueError(f"max_load must be > 0, got {max_load}")
+        self.max_load = max_load
 
     # -- scoring -------------------------------------------------------------------
     def accepts(self, members: Sequence[JobSnapshot], limits: SiteLimits,
@@ -109,6 +116,8 @@ class ComplementaryPairing:
         if any(compatible(first, m) for m in members[1:]) or not all(map(shareable, members)):
             return None
         if fits_memory(members, pool, limits) is not None:
+            return None
+        if self.max_load is not None and group_load(members) > self.max_load:
             return None
         lims = [(limit if limit is not None else limit_of(m, limits)) / self.margin
                 for m in members]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from policies import registry
 from policies.base import Action, ClusterSnapshot, JobSnapshot, PoolSnapshot, SiteLimits, Verdict
-from policies.complementarity import allowance, formula, lifetime, predict
+from policies.complementarity import allowance, formula, group_load, lifetime, predict
 from slurmrl.model import Mux, Phase, RlRequest
 from slurmrl.profiles import profile_from_segments
 
@@ -81,6 +81,21 @@ def test_a_users_max_slowdown_is_respected() -> None:
     assert predict([a, b]).slowdowns[0] > 1.1
     out = by_job(registry.load("pairing", "complementary").place(snap([a, b])))
     assert out[1].pool_id != out[2].pool_id
+
+
+def test_max_load_keeps_apart_a_pair_with_more_gpu_work_than_the_pool_has_time() -> None:
+    # duty cycles 0.60 + 0.55: predicted within the users' 1.25, so paired by default;
+    # a site's max_load of 1.0 refuses the pair, one of 1.2 lets it through
+    a, b = job(1, 60, 40), job(2, 55, 45)
+    assert group_load([a, b]) == pytest.approx(1.15)
+    assert predict([a, b]).max_slowdown < 1.25
+    for max_load, together in ((None, True), (1.0, False), (1.2, True)):
+        pol = registry.load("pairing", "complementary", {"max_load": max_load})
+        out = by_job(pol.place(snap([a, b])))
+        assert (out[1].pool_id == out[2].pool_id) is together, max_load
+    with pytest.raises(registry.UnknownPolicy,
+                       match="'complementary': bad parameters: max_load must be > 0, got 0"):
+        registry.load("pairing", "complementary", {"max_load": 0})
 
 
 def test_mux_off_runs_dedicated_and_nobody_joins_it() -> None:
