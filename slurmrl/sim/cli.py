@@ -5,6 +5,8 @@ With no argument it runs `polytrace-mix`, steady arrivals, the default policies
 `-w FILE.jsonl` takes the jobs of a recorded trace (`slurmrl report --trace`) instead
 of drawing them: what a pairing policy would have saved on the site's own runs.
 `--replay FILE` runs a trace's jobs in their recorded pools and compares makespans.
+`--param POLICY.KEY=VALUE` (repeatable) passes a policy parameter, as a site config's
+`[policies.params.POLICY]` table does (`--param complementary.max_load=1.0`).
 `--json` prints one envelope (`meta`, `errors`, `warnings`, `metrics`); otherwise a
 table. A progress bar is drawn on stderr for long runs (not with --json).
 """
@@ -21,6 +23,23 @@ import click
 from click.core import ParameterSource
 
 from policies import registry
+
+
+def _param(value: str) -> tuple[str, str, Any]:
+    """POLICY.KEY=VALUE -> (policy, key, value): the value as a TOML scalar (1.0, 3,
+    true, "best-fit"), a bare word as a string."""
+    import tomllib
+
+    target, eq, raw = value.partition("=")
+    policy, dot, key = target.rpartition(".")
+    if not (eq and dot and policy and key.isidentifier() and raw.strip()):
+        raise click.BadParameter(f"{value!r}: expected POLICY.KEY=VALUE, e.g. "
+                                 "complementary.max_load=1.0", param_hint="--param")
+    try:
+        parsed = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = raw.strip()
+    return policy, key, parsed
 
 
 def _envelope(meta: dict[str, Any], payload: dict[str, Any]) -> str:
@@ -58,14 +77,26 @@ def _envelope(meta: dict[str, Any], payload: dict[str, Any]) -> str:
                    "matches its recorded run (what if every user had written one)")
 @click.option("--replay", "replay_path", type=click.Path(exists=True, dir_okay=False),
               default=None, help="replay a recorded phase trace (JSONL) instead")
+@click.option("--param", "param_args", multiple=True, metavar="POLICY.KEY=VALUE",
+              help="a policy parameter, as [policies.params.POLICY] in the site config")
 @click.option("--no-check", is_flag=True, help="skip the lease invariant check per event")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admission: str,
              seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
              gpus_per_node: int | None, declare_steps: bool, assume_profiles: bool,
-             replay_path: str | None, no_check: bool, as_json: bool) -> None:
+             replay_path: str | None, param_args: tuple[str, ...], no_check: bool,
+             as_json: bool) -> None:
     """Simulate RL jobs multiplexed on a cluster; report GPU-hours saved and slowdowns."""
     from slurmrl.sim.workload import WorkloadError
+
+    params: dict[str, dict[str, Any]] = {}
+    for arg in param_args:
+        policy, key, value = _param(arg)
+        if policy not in (pairing, slice_name, admission):
+            raise click.BadParameter(
+                f"{arg!r}: {policy!r} is none of this run's policies ({pairing}, "
+                f"{slice_name}, {admission})", param_hint="--param")
+        params.setdefault(policy, {})[key] = value
 
     try:
         for kind, name in (("pairing", pairing), ("slice", slice_name),
@@ -76,7 +107,7 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
         ctx = click.get_current_context()
         given = {p for p in ("workload", "pairing", "arrivals", "seed", "n_jobs", "load_scale")
                  if ctx.get_parameter_source(p) is not ParameterSource.DEFAULT}
-        if replay_path is not None and (given or max_slowdown is not None
+        if replay_path is not None and (given or max_slowdown is not None or params
                                         or gpus_per_node is not None or not declare_steps):
             raise click.UsageError("--replay runs a trace's jobs as recorded, in their "
                                    "recorded pools (only --slice applies); to place them by "
@@ -97,7 +128,8 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
         else:
             payload, meta = _run(workload, arrivals, pairing, slice_name, admission, seed,
                                  n_jobs, load_scale, max_slowdown, gpus_per_node,
-                                 declare_steps, assume_profiles, not no_check, as_json)
+                                 declare_steps, assume_profiles, not no_check, as_json,
+                                 params)
         meta["wall_s"] = f"{time.perf_counter() - t0:.3f}"
     except (WorkloadError, ValueError) as exc:
         if isinstance(exc, click.UsageError):
@@ -116,7 +148,8 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
 def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission: str,
          seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
          gpus_per_node: int | None, declare_steps: bool, assume_profiles: bool, check: bool,
-         quiet: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+         quiet: bool, params: dict[str, dict[str, Any]],
+         ) -> tuple[dict[str, Any], dict[str, Any]]:
     from slurmrl.sim.runner import config_for, run_jobs, trace_config, with_max_slowdown
     from slurmrl.sim.workload import generate, load
 
@@ -139,14 +172,15 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
                   gpus_per_node=cfg.gpus_per_node if gpus_per_node is None else gpus_per_node)
     meta.update({"pairing": pairing, "slice": slice_name, "admission": admission,
                  "jobs": len(jobs), "cluster_gpus": cfg.gpus, "gpus_per_node": cfg.gpus_per_node,
-                 "max_slowdown": max_slowdown, "rl_steps": declare_steps})
+                 "max_slowdown": max_slowdown, "rl_steps": declare_steps,
+                 **({"params": params} if params else {})})
     if quiet or not sys.stderr.isatty():
-        result = run_jobs(jobs, cfg, pairing, slice_name, admission)
+        result = run_jobs(jobs, cfg, pairing, slice_name, admission, params)
     else:
         from rich.progress import Progress
 
         with Progress(transient=True) as bar:
             task = bar.add_task(f"simulating {meta['workload']}", total=1.0)
-            result = run_jobs(jobs, cfg, pairing, slice_name, admission,
+            result = run_jobs(jobs, cfg, pairing, slice_name, admission, params,
                               progress=lambda f: bar.update(task, completed=f))
     return {"metrics": result.metrics.as_dict()}, meta

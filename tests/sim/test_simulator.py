@@ -454,3 +454,26 @@ def test_the_simulator_refuses_a_staggered_window_across_two_nodes() -> None:
         run(8)  # GPUs 1-8 of a 9-GPU pool: 7 on one 8-GPU node, 1 on the next
     done = run(16)  # one 16-GPU node holds the whole pool
     assert all(r.finished_at is not None for r in done.runs.values())
+
+
+def test_cli_param_passes_a_policy_parameter_and_names_a_bad_one() -> None:
+    def run(*extra: str) -> dict[str, Any]:
+        res = CliRunner().invoke(simulate, ["-w", "math-sync", "--jobs", "16", "--json",
+                                            "--no-check", "--max-slowdown", "2.0", *extra])
+        assert res.exit_code == 0, res.output
+        return dict(json.loads(res.output))
+
+    # math-sync jobs have GPU duty cycles near 0.7: a cap of 1.0 on a group's sum keeps
+    # every pair apart, where users accepting 2.0 share by default
+    free, capped = run(), run("--param", "complementary.max_load=1.0")
+    assert free["metrics"]["shared_pools"] > 0 and free["metrics"]["savings"] > 0
+    assert capped["metrics"]["shared_pools"] == 0
+    assert capped["meta"]["params"] == {"complementary": {"max_load": 1.0}}
+    for bad, says in ((["--param", "max_load=1.0"], "expected POLICY.KEY=VALUE"),
+                      (["--param", "greedy.max_duty=1"], "none of this run's policies")):
+        res = CliRunner().invoke(simulate, bad)
+        assert res.exit_code == 2 and says in res.output, res.output
+    res = CliRunner().invoke(simulate, ["--jobs", "2", "--param", "complementary.max_load=-1"])
+    assert res.exit_code == 1 and "max_load must be > 0, got -1" in res.output
+    res = CliRunner().invoke(simulate, ["--jobs", "2", "--param", "complementary.nope=1"])
+    assert res.exit_code == 1 and "bad parameters" in res.output and "nope" in res.output
