@@ -44,24 +44,27 @@ NVL72 = "complementary@72"
 UNDECLARED = "complementary!undeclared"
 #: the default policy with a site's cap on a group's summed GPU duty cycle (`max_load`,
 #: docs/site-policies.md): no group with more GPU work than its pool has time
-LOAD_CAPPED = "complementary#max_load=1.0"
+LOAD_CAPPED = "complementary#max_load"
 LABEL = {NVL72: "complementary, NVL72", UNDECLARED: "complementary, no --rl-steps",
          LOAD_CAPPED: "complementary, max_load = 1.0"}
+#: the policy parameters of a variant (as [policies.params] in a site config)
+PARAMS = {LOAD_CAPPED: {"complementary": {"max_load": 1.0}}}
 
 
 def policy_config(policy: str, cfg: SimConfig,
                   ) -> tuple[str, SimConfig, dict[str, dict[str, float]]]:
     """("NAME", cfg, params) for "NAME"; for "NAME@N" the policy on nodes of N GPUs; for
-    "NAME!undeclared" the policy where no job declares its steps; for "NAME#KEY=VALUE"
-    the policy with that parameter."""
-    policy, hash_, param = policy.partition("#")
-    key, _, value = param.partition("=")
-    params = {policy.partition("@")[0].partition("!")[0]: {key: float(value)}} if hash_ else {}
+    "NAME!undeclared" the policy where no job declares its steps; "NAME#VARIANT" the
+    policy with the parameters `PARAMS` gives that variant."""
+    params = PARAMS.get(policy, {})
+    policy = policy.partition("#")[0]
     policy, bang, _ = policy.partition("!")
     if bang:
         cfg = replace(cfg, declare_steps=False)
     name, _, per_node = policy.partition("@")
     return name, replace(cfg, gpus_per_node=int(per_node)) if per_node else cfg, params
+
+
 BEGIN, END = "<!-- policies:begin -->", "<!-- policies:end -->"
 
 

@@ -71,7 +71,5 @@ def load(kind: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
         )
     try:
         return factory(**dict(params or {}))
-    except UnknownPolicy:
-        raise
     except (TypeError, ValueError) as exc:  # an unknown parameter, or a bad value
         raise UnknownPolicy(f"{kind} policy {name!r}: bad parameters: {exc}") from exc

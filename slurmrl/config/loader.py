@@ -200,11 +200,11 @@ def _put_params(
         params.setdefault(policy, {}).update(value)
     else:
         if isinstance(value, str):
-            value = _toml_literal(value)
+            value = toml_literal(value)
         params.setdefault(policy, {})[key] = value
 
 
-def _toml_literal(text: str) -> object:
+def toml_literal(text: str) -> object:
     """A flag's text as a TOML value (`0.9`, `true`, `[1, 2]`), else the text itself."""
     try:
         return tomllib.loads(f"v = {text}")["v"]

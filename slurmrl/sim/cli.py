@@ -26,20 +26,16 @@ from policies import registry
 
 
 def _param(value: str) -> tuple[str, str, Any]:
-    """POLICY.KEY=VALUE -> (policy, key, value): the value as a TOML scalar (1.0, 3,
-    true, "best-fit"), a bare word as a string."""
-    import tomllib
+    """POLICY.KEY=VALUE -> (policy, key, value): the value read as the site config reads
+    a flag's (a TOML value: 1.0, 3, true, "best-fit"; else the text itself)."""
+    from slurmrl.config.loader import toml_literal
 
     target, eq, raw = value.partition("=")
     policy, dot, key = target.rpartition(".")
     if not (eq and dot and policy and key.isidentifier() and raw.strip()):
         raise click.BadParameter(f"{value!r}: expected POLICY.KEY=VALUE, e.g. "
                                  "complementary.max_load=1.0", param_hint="--param")
-    try:
-        parsed = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        parsed = raw.strip()
-    return policy, key, parsed
+    return policy, key, toml_literal(raw.strip())
 
 
 def _envelope(meta: dict[str, Any], payload: dict[str, Any]) -> str:
