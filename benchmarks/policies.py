@@ -745,7 +745,8 @@ and a pool that shrinks when its largest member leaves.
   scale-free in a canonical member order, a colocated pair whose whole-set phases cannot
   fit beside the other's GPU-holding phases is rejected before simulating, and the
   matching runs per connected component (bucket).
-- Checked again after `max_load` (commit 695d80c, `speed()` of this script, 3 runs, with
+- Checked again after `max_load` (commit 695d80c, 3 runs of `python -c "from
+  benchmarks.policies import speed; print(speed())"`, with
   the code before it, 7db93d1, run beside it in the same session): 38.9-39.5 s and
   0.76-0.77 s / 0.36-0.37 s, against 38.0-39.0 s and 0.71-0.76 s / 0.35-0.37 s before:
   the machine varies this much between sessions; the change costs nothing measurable.
