@@ -323,8 +323,17 @@ predicted gain therefore drops light pairs along with heavy ones: measured with 
 runs, `min_gain = 0.4` gave 13.6% at p95 1.443 at L = 2.0; with busy times at the median
 (`Q_BUSY = 0.5`) 14.4% at 1.354 at 1.5 and 17.2% at 1.642 at 2.0; a floor of 0.45 on the
 pairs formed on their whole run only, 12.5% at 1.365 at 1.5. None reached the cap's
-curve (15.3% at p95 1.354 at L = 1.75, 16.0% at 1.365 at 2.0). Where the predictor's
-pessimism for light pairs comes from is not established here.
+curve (15.3% at p95 1.354 at L = 1.75, 16.0% at 1.365 at 2.0). Split by what the policy
+knew of the newcomer (1-4 pools each, so indicative only): pt-tool pairs whose newcomer
+had only the model-size prior (GPU duty cycle 0.6, against 0.31-0.37 for the light
+classes) realised 1.63 against a predicted 0.64, those with a `--rl-profile` or an
+observed profile 1.57-1.68 against 1.33-1.86; pt-math + pt-tool pairs with a
+`--rl-profile` or observed newcomer realised 0.65-0.67 against 0.72-0.89. Most of the
+light pairs' pessimism is the model-size prior's, the rest the busy times at p90: two
+pt-tool jobs sharing from one instant on their observed profiles (11 such pairs among 80
+drawn at random from seed 0's jobs, `benchmarks/policies.py`'s
+`_predicted_and_measured`) had a worst slowdown of 1.32 (median), predicted 1.38 (1.31
+with `Q_BUSY = 0.5`).
 
 Reading: the suite's 1.15 is a point on this curve, not a property of the policy;
 a site that lets users accept more slowdown buys GPU-hours along it ({most} jobs the
