@@ -310,6 +310,20 @@ pairs (10.9% at p95 1.998 at L = 2.0, as the default) but gave polytrace-mix 13.
 1.371 at L = 1.5 and 20.9% at 1.797 at 2.0: pt-math pairs among themselves cost that p95
 too, so it does not reach `greedy` there.
 
+The cap only where a light job could use it (`max_load_when = "light-present"`,
+docs/site-policies.md: a round's snapshot holding a shareable job of load 0.5 or less),
+measured apart from this run with the same jobs (60, seeds 0-1, steady and bursty;
+`slurmrl simulate ... --max-slowdown L --param complementary.max_load=1.0 --param
+complementary.max_load_when=light-present`), gives the capped curve within 0.1 points on
+polytrace-mix, long-cot, agentic-tools and disaggregated and the default's within 0.3
+points on math-sync and mixed-sizes (math-sync 4.5% at p95 1.455 at L = 1.5, 10.7% at
+2.008 at 2.0; mixed-sizes 3.0% at 1.451, 7.4% at 1.983). Read as above, it would beat
+every baseline that either curve beats by sharing (not `dedicated` and `greedy` at p95
+1.00 on math-sync and mixed-sizes, which the capped curve beats only by pairing
+nothing): `greedy` on polytrace-mix and `random` on agentic-tools as the capped curve,
+`random` and `fifo-lock` on math-sync and `fifo-lock` on mixed-sizes as the default. It
+is not the default yet: this benchmark has not been run with it so.
+
 Why a cap on load and not a floor on the predicted gain (sum of 1/s - 1 over a pair's
 predicted slowdowns while sharing; GPU-h saved per GPU-h of delay to its members is gain
 / (1 - gain)): the predictor ranks pairs by class unevenly. Logging each pair the

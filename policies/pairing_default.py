@@ -28,7 +28,10 @@ A group is accepted only if every member's slowdown stays under its limit (its
 memory, and partition, GPU type, GPU count and GPU-set split agree; with `max_load`, also
 only if its members' GPU duty cycles on the busier set sum to at most that
 (`complementarity.group_load`): a site's cap on groups that share only by slowing their
-members (off by default; docs/benchmarks.md measures both). The slowdown judged
+members (off by default; docs/benchmarks.md measures both). With `max_load_when =
+"light-present"` the cap binds only in a round whose snapshot holds a shareable job of at
+most half that load (one a job like itself could join within the cap); where every job
+is heavy, heavy groups form as without it. The slowdown judged
 is the member's whole run's (`complementarity.lifetime`) where its `--rl-steps` and
 observed steps say how much work it has left: a job that ran alone for most of its run
 may take a partner that slows it more than its limit for the rest, as long as its run
@@ -43,6 +46,7 @@ simulated); a job is matched once per round; a staggered pool takes two members.
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
@@ -86,7 +90,8 @@ class ComplementaryPairing:
 
     def __init__(self, margin: float = 1.0, min_gain: float = 0.05, max_group: int = 3,
                  single: str = "first-fit", neighbours: int = 8, stagger: int = 1,
-                 open_staggered: bool = True, max_load: float | None = None) -> None:
+                 open_staggered: bool = True, max_load: float | None = None,
+                 max_load_when: str = "always") -> None:
         if margin < 1.0:
             raise ValueError(f"margin must be >= 1, got {margin}")
         if single not in ("first-fit", "best-fit"):
@@ -100,7 +105,10 @@ class ComplementaryPairing:
         self.open_staggered = open_staggered
         if max_load is not None and max_load <= 0:
             raise ValueError(f"max_load must be > 0, got {max_load}")
-        self.max_load = max_load
+        if max_load_when not in ("always", "light-present"):
+            raise ValueError("max_load_when must be 'always' or 'light-present', "
+                             f"got {max_load_when!r}")
+        self.max_load, self.max_load_when = max_load, max_load_when
 
     # -- scoring -------------------------------------------------------------------
     def accepts(self, members: Sequence[JobSnapshot], limits: SiteLimits,
@@ -201,7 +209,23 @@ class ComplementaryPairing:
         return int(1000 * (pred.gain() - before) * g) + 1, pred, off
 
     # -- placing -------------------------------------------------------------------
+    def light_present(self, snapshot: ClusterSnapshot) -> bool:
+        """Whether the snapshot holds a shareable job, waiting or in a pool, whose own
+        load is at most half of `max_load`: one that a job like itself could join within
+        the cap, so a group above the cap would spend sharing on heavier jobs."""
+        if self.max_load is None:
+            return False
+        jobs = [*snapshot.waiting, *(m for p in snapshot.pools for m in p.members)]
+        return any(shareable(j) and group_load([j]) <= self.max_load / 2 for j in jobs)
+
     def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:
+        if self.max_load_when == "light-present" and not self.light_present(snapshot):
+            uncapped = copy.copy(self)  # this round only: the policy object is unchanged
+            uncapped.max_load = None
+            return uncapped._place(snapshot)
+        return self._place(snapshot)
+
+    def _place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:
         limits = snapshot.limits
         free = defaultdict(int, snapshot.free_gpus)
         out: dict[int, Placement] = {}

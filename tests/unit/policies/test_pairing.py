@@ -98,6 +98,25 @@ def test_max_load_keeps_apart_a_pair_with_more_gpu_work_than_the_pool_has_time()
         registry.load("pairing", "complementary", {"max_load": 0})
 
 
+def test_max_load_when_light_present_caps_heavy_pairs_only_while_a_light_job_could_use_it() -> None:
+    # the same heavy pair (0.60 + 0.55): alone, or beside a light job that cannot share
+    # (--rl-mux=off), it is paired; beside a light job that can (0.30, half the cap or
+    # less), it is kept apart, and the light job pairs instead
+    a, b = job(1, 60, 40), job(2, 55, 45)
+    pol = registry.load("pairing", "complementary",
+                        {"max_load": 1.0, "max_load_when": "light-present"})
+    for light, together in ((None, True), (job(3, 30, 70, mux=Mux.OFF), True),
+                            (job(3, 30, 70), False)):
+        out = by_job(pol.place(snap([a, b] + ([light] if light else []))))
+        assert (out[1].pool_id == out[2].pool_id) is together, light
+        if light is not None and light.request.mux is Mux.AUTO:
+            assert out[3].pool_id in (out[1].pool_id, out[2].pool_id)
+    assert pol.max_load == 1.0  # an uncapped round leaves the policy as it was
+    with pytest.raises(registry.UnknownPolicy, match="max_load_when must be 'always' or "
+                       "'light-present', got 'sometimes'"):
+        registry.load("pairing", "complementary", {"max_load_when": "sometimes"})
+
+
 def test_mux_off_runs_dedicated_and_nobody_joins_it() -> None:
     pol = registry.load("pairing", "complementary")
     out = by_job(pol.place(snap([job(1, 40, 60, mux=Mux.OFF), job(2, 50, 50)])))
