@@ -47,6 +47,7 @@ simulated); a job is matched once per round; a staggered pool takes two members.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
@@ -215,11 +216,12 @@ class ComplementaryPairing:
         the cap, so a group above the cap would spend sharing on heavier jobs."""
         if self.max_load is None:
             return False
-        jobs = [*snapshot.waiting, *(m for p in snapshot.pools for m in p.members)]
+        jobs = itertools.chain(snapshot.waiting, *(p.members for p in snapshot.pools))
         return any(shareable(j) and group_load([j]) <= self.max_load / 2 for j in jobs)
 
     def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:
-        if self.max_load_when == "light-present" and not self.light_present(snapshot):
+        if (self.max_load is not None and self.max_load_when == "light-present"
+                and not self.light_present(snapshot)):
             uncapped = copy.copy(self)  # this round only: the policy object is unchanged
             uncapped.max_load = None
             return uncapped._place(snapshot)
