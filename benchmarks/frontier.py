@@ -277,6 +277,14 @@ limit, its p95 is above 1.00, so such rows read "not beaten":
 
 {verdicts}
 
+How much of this is noise, over seeds 0-2 (steady and bursty, 6 runs a point; checked
+apart from this run with the same simulations, standard errors in brackets): on
+agentic-tools the default saves 26.6% (1.1) at p95 1.312 at L = 1.5 against `greedy`'s
+27.0% (1.5) at 1.305, within the noise of a tie; on polytrace-mix its curve gives 12.7%
+at `greedy`'s p95 1.372 (7.0% (0.4) at 1.243 at L = 1.25, 16.3% (0.7) at 1.454 at 1.5),
+against 15.4% (1.1), a loss beyond it; on mixed-sizes it saves 7.9% (0.5) at p95 1.965 at
+L = 2.0 against `random`'s 6.9% (0.8) at 2.286, a win the two seeds above call a tie.
+
 `complementary, max_load = 1.0` (dash-dot in the plot) is the same policy with a site's
 cap on a group's summed GPU duty cycle (`max_load = 1.0` in
 `[policies.params.complementary]`, docs/site-policies.md; not the default): a group whose
