@@ -341,7 +341,9 @@ benchmark, `benchmarks/policies.py` and `benchmarks/controller_gap.py`, 60 jobs,
   3.7% at 1.113 and 13.2% at 1.293, against 6.3% at 1.154 and 17.2% at 1.428;
 - the controller as it runs today (one engine per rollout, holding its set; "Simulator
   and controller" below): disaggregated 7.1% at p95 1.121 at L = 1.15 and 18.8% at
-  1.334 at 1.5, against 12.2% at 1.175 and 29.1% at 1.342;
+  1.334 at 1.5, against 12.2% at 1.175 and 29.1% at 1.342; with rollouts as replicas
+  (its opt-in mode, same section), agentic-tools 14.1% at p95 1.399 at 1.5, against
+  20.4% at 1.410;
 - polytrace-mix at the suite's 1.15: 2.3% at p95 1.093, against 2.7% at 1.114.
 
 The cap binds only on groups with a member not yet observed: with it applied only where
