@@ -80,6 +80,7 @@ class Controller:
         log.info("restored %d held leases and waiting requests from %s", restored,
                  self.store.path)
         await self.pools.start(self)
+        await self._end_jobs_of_closed_pools()
         self._tasks.append(asyncio.create_task(self.scheduler.run_timer()))
         self._tasks.append(asyncio.create_task(self._reconcile_loop()))
 
@@ -118,15 +119,17 @@ class Controller:
             raise RpcError(403, "admin-only", f"{what} is for root and controller.admins")
 
     # -- jobs -----------------------------------------------------------------------------------
+    def _registered(self, who: Identity, job_id: int) -> JobRecord | None:
+        """The job if it is registered already (the idempotent answer), else None."""
+        if self.store.job(job_id) is None:
+            return None
+        return self.active_job(who, job_id)
+
     async def register(self, who: Identity, job_id: int, env: Mapping[str, str]) -> JobRecord:
         """Register a running Slurm job as an RL job (idempotent for its owner)."""
-        existing = self.store.job(job_id)
+        existing = self._registered(who, job_id)
         if existing is not None:
-            job = self.own_job(who, job_id)
-            if job.state.terminal:
-                raise RpcError(409, "job-ended", f"RL job {job_id} has ended ({job.state})"
-                               + (f": {job.reason}" if job.reason else ""))
-            return job
+            return existing
         try:
             request = parse_env(env)
         except DirectiveError as exc:
@@ -136,6 +139,11 @@ class Controller:
         except SlurmError as exc:
             raise RpcError(503, "slurm-unavailable", f"cannot ask Slurm about job "
                            f"{job_id}: {exc}") from None
+        # several driver ranks may connect at once: another call may have registered it
+        # while this one asked Slurm
+        existing = self._registered(who, job_id)
+        if existing is not None:
+            return existing
         if info is None:
             raise RpcError(404, "no-such-slurm-job", f"Slurm does not know job {job_id}")
         if info.uid != who.uid and not self.is_admin(who):
@@ -241,7 +249,8 @@ class Controller:
         """Put a job into a pool: job-local GPU i runs on pool GPU `pool_gpus[i]`."""
         job = self.store.job(job_id)
         pool = self.store.pool(pool_id)
-        if job is None or pool is None or pool.state != "open":
+        if job is None or job.state.terminal or pool is None or pool.state != "open":
+            # an ended job stays ended (it may end while the pool manager places it)
             raise ValueError(f"cannot place job {job_id} in pool {pool_id}")
         if len(pool_gpus) != job.request.gpus or not all(0 <= g < pool.gpus for g in pool_gpus):
             raise ValueError(f"pool GPUs {pool_gpus} do not fit job {job_id} in pool {pool_id}")
@@ -277,8 +286,20 @@ class Controller:
             except Exception:  # Slurm down: try again next round
                 log.exception("reconcile failed")
 
+    async def _end_jobs_of_closed_pools(self) -> None:
+        """End the active jobs placed in a closed pool, with the pool's close reason.
+
+        `close_pool` closes the pool in one transaction, then ends its members one at a
+        time: a crash (or an error) in between leaves members running in a closed pool.
+        """
+        for job in self.store.jobs(active=True):
+            pool = None if job.pool_id is None else self.store.pool(job.pool_id)
+            if pool is not None and pool.state == "closed":
+                await self.end_job(job.job_id, JobState.CANCELLED, pool.reason or "pool closed")
+
     async def reconcile(self) -> None:
-        """End RL jobs whose Slurm job ended; let the pool manager check pools."""
+        """End RL jobs whose Slurm job or pool ended; let the pool manager check pools."""
+        await self._end_jobs_of_closed_pools()
         active = self.store.jobs(active=True)
         if active:
             infos = await asyncio.to_thread(self.slurm.jobs, [j.job_id for j in active])
@@ -294,15 +315,17 @@ class Controller:
         await self.pools.reconcile()
 
     def gpu_seconds_now(self, job_ids: list[int]) -> dict[int, float]:
-        """GPU-seconds per job: ended leases from the ledger plus what is held now."""
+        """GPU-seconds per job: ended leases from the ledger plus what is held now.
+
+        A held lease counts its per-GPU holds so far, as the ledger will charge them
+        (a lease that shrank or grew held different GPUs for different times)."""
         out = self.store.gpu_seconds(job_ids)
-        now = self.clock()
         wanted = set(job_ids)
-        for table in self.scheduler.tables.values():
-            for lease in table.leases:
-                if lease.job_id in wanted:
-                    out[lease.job_id] = (out.get(lease.job_id, 0.0)
-                                         + len(lease.gpus) * max(0.0, now - lease.granted_at))
+        held = {lease.lease_id: lease.job_id for table in self.scheduler.tables.values()
+                for lease in table.leases if lease.job_id in wanted}
+        for lease_id, gpu_s in self.store.held_gpu_seconds(list(held), self.clock()).items():
+            job_id = held[lease_id]
+            out[job_id] = out.get(job_id, 0.0) + gpu_s
         return out
 
     def describe(self) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from slurmrl.controller.residency import (
     plan_grant,
 )
 from slurmrl.controller.services import RunningService, ServiceLauncher, ServiceSpec
-from slurmrl.db import JobRecord, PoolRecord
+from slurmrl.db import JobRecord, PoolRecord, ServiceRecord
 from slurmrl.db.readings import add_lease_reading
 from slurmrl.leases.types import Lease
 from slurmrl.model import JobState, Mux, Phase, Residency
@@ -241,6 +241,9 @@ class SlurmPools:
         self._live: dict[tuple[int, str], _Live] = {}
         self._lock = asyncio.Lock()
         self._handoff_locks: dict[int, asyncio.Lock] = {}  #: pool id -> its handoffs' lock
+        #: pool id -> the jobs being placed there (services launching): not closed under them
+        self._placing: dict[int, set[int]] = {}
+        self._closing: set[int] = set()  #: pools being closed: no job joins them
         self._tasks: set[asyncio.Task[None]] = set()
         self.handoffs: list[HandoffTiming] = []  #: the most recent handoffs, newest last
 
@@ -264,14 +267,25 @@ class SlurmPools:
                 bind_host=self._bind_host, ready_timeout_s=cfg.services.launch_timeout_s,
                 step_timeout_s=cfg.slurm.step_launch_timeout_s,
                 step_retries=cfg.slurm.step_launch_retries)
-        self._reattach()
+        await self._reattach()
+        # nothing is being placed at start: an open pool with no active member is empty
+        # (one opened for a job that was mid-placement at the crash)
+        for pool in controller.store.pools(open_only=True):
+            await self._close_if_empty(pool.pool_id)
         self._spawn(self._place_pending())
 
-    def _reattach(self) -> None:
-        """After a restart: talk to the services still listed live (their steps run on)."""
+    async def _reattach(self) -> None:
+        """After a restart: talk to the services still listed live (their steps run on).
+
+        Those of a job that has ended, or that was being placed when the controller died
+        (not placed in the service's pool), are stopped: such a job waits again and is
+        placed anew."""
         for svc in self.c.store.services(live_only=True):
             job = self.c.store.job(svc.job_id)
-            if job is None or job.state.terminal or not svc.address or svc.pool_id is None:
+            if job is None or job.state.terminal or job.pool_id != svc.pool_id:
+                await self._stop_stray(svc, job.secret if job is not None else "")
+                continue
+            if not svc.address or svc.pool_id is None:
                 continue
             # the service with this role on these GPUs (a replica is known by its GPUs)
             fps = {(f.role, f.gpus): f for f in self._footprints(job, job.pool_gpus or ())}
@@ -285,6 +299,17 @@ class SlurmPools:
             handle = ServiceHandle(svc.address, job.secret, str(job.job_id), svc.role)
             self._live[fp.key] = _Live(svc.service_id, job.job_id, fp.name, svc.pool_id,
                                        handle, fp)
+
+    async def _stop_stray(self, svc: ServiceRecord, secret: str) -> None:
+        """Stop a service no job uses (best effort: its step may be gone) and record it."""
+        if svc.address:
+            with contextlib.suppress(ServiceError, ValueError):
+                handle = ServiceHandle(svc.address, secret, str(svc.job_id), svc.role)
+                await asyncio.to_thread(handle.stop, 5.0)
+        self.c.store.update_service(svc.service_id, state="stopped", residency="stopped",
+                                    ended_at=self.c.clock())
+        log.info("service %d (%s of job %d) stopped: its job is not placed with it",
+                 svc.service_id, svc.role, svc.job_id)
 
     def _footprints(self, job: JobRecord, gpus: Sequence[int]) -> list[Footprint]:
         return footprints_for_job(job.job_id, job.request, gpus,
@@ -352,6 +377,8 @@ class SlurmPools:
         """Carry out one placement: join, open (shared or dedicated), or wait."""
         assert self.allocator is not None
         c = self.c
+        if self._ended(job.job_id):  # since the snapshot the policy placed it from
+            return
         if pl.action is Action.WAIT:
             why = f"PoolPending: {pl.reason}" if pl.reason else "PoolPending"
             if job.reason != why:
@@ -383,13 +410,30 @@ class SlurmPools:
                                  gpu_indices=opened.gpu_indices, dedicated=dedicated)
             if pl.action is Action.OPEN and pl.pool_id is not None and not dedicated:
                 new[pl.pool_id] = target
-        await self._launch_services(job, target, mine)
-        c.place_job(job.job_id, target.pool_id, gpus)
+        placing = self._placing.setdefault(target.pool_id, set())
+        placing.add(job.job_id)
+        try:
+            await self._launch_services(job, target, mine)
+            if self._ended(job.job_id):  # ended (deregistered, scancelled) meanwhile
+                await self._stop_job_services(job.job_id)
+            else:
+                c.place_job(job.job_id, target.pool_id, gpus)
+        finally:
+            placing.discard(job.job_id)
+            if not placing:
+                self._placing.pop(target.pool_id, None)
+            # a pool opened for the job, or whose members ended meanwhile, may be empty
+            await self._close_if_empty(target.pool_id)
+
+    def _ended(self, job_id: int) -> bool:
+        job = self.c.store.job(job_id)
+        return job is None or job.state.terminal
 
     def _joinable(self, job: JobRecord, pool: PoolRecord | None, mine: list[Footprint],
                   gpus: tuple[int, ...]) -> PoolRecord | None:
         """`pool` if the job may join it now (the controller's own guard), else None."""
-        if pool is None or pool.state != "open" or pool.slurm_job_id is None or pool.dedicated:
+        if (pool is None or pool.state != "open" or pool.slurm_job_id is None or pool.dedicated
+                or pool.pool_id in self._closing):
             return None
         members = self.c.store.jobs(active=True, pool_id=pool.pool_id)
         alone = job.request.mux is Mux.OFF or any(m.request.mux is Mux.OFF for m in members)
@@ -410,6 +454,8 @@ class SlurmPools:
         backend = {"rollout": self.c.config.services.rollout_backend,
                    "trainer": self.c.config.services.trainer_backend}
         for fp in fps:
+            if self._ended(job.job_id):  # no more launches for a job that ended meanwhile
+                return
             # pool GPU i is Slurm's GPU pool.gpu_indices[i] on the node
             devices = tuple(pool.gpu_indices[g] if g < len(pool.gpu_indices) else g
                             for g in sorted(fp.gpus))
@@ -464,16 +510,12 @@ class SlurmPools:
         try:
             plan = plan_grant(services, self._capacity_by_id(pool_id), job_id=job.job_id,
                               phase=phase, host_budget_bytes=self.c.config.limits
-                              .parked_host_mem_per_node, gpus=lease.gpus)
+                              .parked_host_mem_per_node, gpus=lease.gpus,
+                              park_others=self.park_others)
         except ResidencyError as exc:
             log.error("job %d %s: residency does not fit: %s", job.job_id, phase, exc)
             return
-        park = list(plan.park)
-        if self.park_others:
-            lease_gpus = set(lease.gpus)
-            park += [f.key for f in services if f.job_id != job.job_id
-                     and f.residency is Residency.ACTIVE and f.gpus & lease_gpus
-                     and f.key not in plan.drop and f.key not in park]
+        park = plan.park
         t1 = time.perf_counter()
         await asyncio.gather(*(self._set(k, Residency.PARKED) for k in park),
                              *(self._set(k, Residency.DROPPED) for k in plan.drop))
@@ -482,12 +524,12 @@ class SlurmPools:
         t3 = time.perf_counter()
         self.handoffs = [*self.handoffs[-99:], HandoffTiming(
             job.job_id, lease.lease_id, t1 - t0, t2 - t1, t3 - t2,
-            tuple(park) + plan.drop, plan.activate)]
+            park + plan.drop, plan.activate)]
         # off the answer's path: the lease's services read their GPUs on the pool's node
         self._spawn(self._record_readings(job.job_id, lease.lease_id, phase))
         if park or plan.drop or plan.activate:
             log.info("handoff to job %d (%s): parked %s, dropped %s, activated %s "
-                     "(%.1f/%.1f ms)", job.job_id, phase, park, list(plan.drop),
+                     "(%.1f/%.1f ms)", job.job_id, phase, list(park), list(plan.drop),
                      list(plan.activate), (t2 - t1) * 1e3, (t3 - t2) * 1e3)
 
     async def _record_readings(self, job_id: int, lease_id: int, phase: Phase) -> None:
@@ -540,26 +582,34 @@ class SlurmPools:
         assert self.launcher is not None
         launcher = self.launcher
         for key in [k for k in self._live if k[0] == job_id]:
-            live = self._live.pop(key)
+            live = self._live.pop(key, None)
+            if live is None:  # a concurrent call (the job ended mid-placement) stops it
+                continue
             if live.running is not None:
                 await asyncio.to_thread(launcher.stop, live.running)
-            else:  # re-attached after a restart: no srun of ours to end
-                with contextlib.suppress(ServiceError):
+            else:  # re-attached after a restart: no srun of ours to end (best effort; a
+                # job without a usable secret cannot sign the call)
+                with contextlib.suppress(ServiceError, ValueError):
                     await asyncio.to_thread(live.handle.stop, 5.0)
             self.c.store.update_service(live.record_id, state="stopped", residency="stopped",
                                         ended_at=self.c.clock())
 
     async def _close_if_empty(self, pool_id: int) -> None:
+        """Close the pool (scancel it) once no job is placed in it or being placed."""
         assert self.allocator is not None
         pool = self.c.store.pool(pool_id)
-        if pool is None or pool.state == "closed":
+        if (pool is None or pool.state == "closed" or pool_id in self._closing
+                or self._placing.get(pool_id)
+                or self.c.store.jobs(active=True, pool_id=pool_id)):
             return
-        if self.c.store.jobs(active=True, pool_id=pool_id):
-            return
-        if pool.slurm_job_id is not None:
-            with contextlib.suppress(SlurmError):
-                await asyncio.to_thread(self.allocator.close, pool.slurm_job_id)
-        await self.c.close_pool(pool_id, "group empty")
+        self._closing.add(pool_id)
+        try:
+            if pool.slurm_job_id is not None:
+                with contextlib.suppress(SlurmError):
+                    await asyncio.to_thread(self.allocator.close, pool.slurm_job_id)
+            await self.c.close_pool(pool_id, "group empty")
+        finally:
+            self._closing.discard(pool_id)
         self._handoff_locks.pop(pool_id, None)
 
     async def reconcile(self) -> None:

@@ -17,7 +17,9 @@ hand-built cases and could run in the simulator unchanged.
   otherwise it is parked — other jobs' services first, then this job's idle ones.
   Parked state goes to host memory while the node's budget (site config
   `limits.parked_host_mem_per_node`) lasts; a rollout can be dropped instead (its
-  weights come back with the next weight sync); a trainer cannot.
+  weights come back with the next weight sync); a trainer cannot. `park_others` also
+  parks the other jobs' services on the lease's GPUs that memory does not require
+  parking, while the host budget lasts (never by dropping); the rest stay active.
 - `admit()` refuses, with a reason the user sees, a job whose services cannot fit on
   the pool even with every other member parked or dropped.
 
@@ -198,9 +200,15 @@ def _fits(gpus: Iterable[int], state: Mapping[ServiceKey, Residency],
 def plan_grant(
     services: Sequence[Footprint], capacity: Sequence[GpuCapacity], *, job_id: int,
     phase: Phase, host_budget_bytes: int, gpus: Iterable[int] | None = None,
+    park_others: bool = False,
 ) -> ResidencyPlan:
     """Park/drop/activate so that job `job_id`'s `phase` services run on the lease's `gpus`
-    (None: wherever they are); raise if impossible."""
+    (None: wherever they are); raise if impossible.
+
+    With `park_others`, other jobs' services still active on the lease's GPUs are parked
+    too (an RL phase wants nearly all of a GPU's memory), but only while the node's host
+    budget lasts: a park that memory does not require never drops a rollout nor pins
+    host memory past the budget; what does not fit stays active."""
     by_key = {f.key: f for f in services}
     cap = {c.index: c.usable_bytes for c in capacity}
     mine = [f for f in services if f.job_id == job_id]
@@ -236,6 +244,15 @@ def plan_grant(
         state[victim.key] = Residency.PARKED
         parked.append(victim.key)
     park, drop = _fit_host(by_key, state, parked, host_budget_bytes)
+    if park_others:
+        scope = touched if held is None else held
+        others = sorted((f for f in services if f.job_id != job_id and f.gpus & scope),
+                        key=lambda f: (-f.active_bytes, f.key))
+        for f in others:
+            if (state[f.key] is Residency.ACTIVE
+                    and _host(by_key, state) + f.host_bytes <= host_budget_bytes):
+                state[f.key] = Residency.PARKED
+                park.append(f.key)
     activate = tuple(k for k in needed if by_key[k].residency is not Residency.ACTIVE)
     return ResidencyPlan(tuple(park), tuple(drop), activate, _host(by_key, state))
 

@@ -363,6 +363,17 @@ class Store:
             ).fetchone()
         return float(row[0] or 0.0)
 
+    def held_gpu_seconds(self, lease_ids: Sequence[int], now: float) -> dict[int, float]:
+        """GPU-seconds each of the (held) `lease_ids` has held up to `now`: its holds of
+        each GPU, as `lease_ended` will sum them."""
+        if not lease_ids:
+            return {}
+        rows = self._q(
+            "SELECT lease_id, SUM(COALESCE(end_at, MAX(?, start_at)) - start_at) AS s"
+            f" FROM lease_gpus WHERE lease_id IN ({','.join('?' * len(lease_ids))})"
+            " GROUP BY lease_id", (now, *lease_ids))
+        return {int(r["lease_id"]): float(r["s"] or 0.0) for r in rows}
+
     def renew(self, lease_ids: Sequence[int], deadline_at: float) -> None:
         if not lease_ids:
             return

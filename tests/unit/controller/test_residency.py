@@ -75,6 +75,21 @@ def test_rollouts_are_dropped_when_host_memory_runs_out() -> None:
     assert plan.host_bytes_after == 30 * GiB
 
 
+def test_parking_the_others_stops_at_the_host_budget() -> None:
+    # job 2 trains: memory requires one of job 1's services off GPU 0; park_others would
+    # park the other too, but 60 + 60 GiB of parked state does not fit a 100 GiB node
+    services = [fp(1, "rollout", (0,), 30, host=60), fp(1, "trainer", (0,), 30, host=60),
+                fp(2, "trainer", (0,), 30, residency=Residency.PARKED, host=30)]
+    plan = plan_grant(services, CAP80, job_id=2, phase=Phase.TRAIN,
+                      host_budget_bytes=100 * GiB, park_others=True)
+    assert plan.park == ((1, "rollout"),) and plan.drop == ()
+    assert plan.host_bytes_after == 60 * GiB
+    roomy = plan_grant(services, CAP80, job_id=2, phase=Phase.TRAIN,
+                       host_budget_bytes=200 * GiB, park_others=True)
+    assert roomy.park == ((1, "rollout"), (1, "trainer"))
+    assert roomy.host_bytes_after == 120 * GiB
+
+
 def test_trainer_state_that_fits_no_host_is_refused_with_the_sizes() -> None:
     services = [fp(1, "rollout", (0,), 70, host=5), fp(2, "trainer", (0,), 70, host=90)]
     with pytest.raises(ResidencyError, match=r"host memory.*50\.00 GiB"):

@@ -1,0 +1,350 @@
+"""The Slurm pool manager's lifecycle around placements, endings and restarts.
+
+A real Controller, Store, LeaseScheduler and `SlurmPools` run on one event loop; Slurm,
+the pool allocator and the service launcher are fakes (no daemons, no processes). A
+launch can be held at a gate, so a test decides what happens while a job's services
+are still coming up. Pairing is a test policy (join the first open pool, else open
+one), so each test says where a job goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policies.base import Action, ClusterSnapshot, Placement, PoolMode
+from slurmrl.auth.tokens import mint_secret
+from slurmrl.config import Config
+from slurmrl.config.schema import LimitsConfig
+from slurmrl.controller.core import Controller
+from slurmrl.controller.pools import SlurmPool, SlurmPools
+from slurmrl.controller.residency import footprints_for_job
+from slurmrl.controller.services import ServiceLaunchError, ServiceSpec
+from slurmrl.db import JobRecord, Store
+from slurmrl.gpu.estimate import GiB
+from slurmrl.leases import LeaseError
+from slurmrl.model import Identity, JobState, Phase, RlRequest
+from slurmrl.slurm import JobInfo, NodeInfo, SlurmJobState
+
+ALICE = Identity(1001, 1001, "alice")
+BOB = Identity(1002, 1002, "bob")
+ENV = {"SLURMRL_GPUS": "2", "SLURMRL_MODEL": "tiny"}
+#: unreachable (connection refused at once): a re-attached service's stop fails fast
+DEAD_ADDRESS = "127.0.0.1:1"
+
+
+def run(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Run an async test on a fresh event loop (no pytest-asyncio here)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
+class FakeSlurm:
+    """The drivers' Slurm jobs, all running on one node."""
+
+    def __init__(self) -> None:
+        self.running: dict[int, JobInfo] = {}
+
+    def add(self, job_id: int, who: Identity) -> None:
+        self.running[job_id] = JobInfo(job_id, f"job{job_id}", who.user, who.uid,
+                                       SlurmJobState.RUNNING, partition="drivers",
+                                       nodes=("n1",))
+
+    def job(self, job_id: int) -> JobInfo | None:
+        return self.running.get(job_id)
+
+    def jobs(self, job_ids: list[int] | None = None, user: str | None = None) -> list[JobInfo]:
+        return [j for j in self.running.values() if job_ids is None or j.job_id in job_ids]
+
+    def nodes(self) -> list[NodeInfo]:
+        return [NodeInfo("n1", "IDLE", 8, 16, 64000, ("pools",))]
+
+
+class FakeAllocator:
+    """Pools open at once as Slurm jobs 101, 102, ...; `closed` lists the scancelled."""
+
+    def __init__(self, first: int = 101) -> None:
+        self.next = first
+        self.closed: list[int] = []
+
+    def open(self, gpus: int, label: str = "") -> SlurmPool:
+        self.next += 1
+        return SlurmPool(self.next - 1, "pools", "n1", ("n1",), tuple(range(gpus)))
+
+    def close(self, slurm_job_id: int) -> None:
+        self.closed.append(slurm_job_id)
+
+    def losses(self, slurm_job_ids: list[int]) -> list[Any]:
+        return []
+
+
+class FakeHandle:
+    def activate(self) -> dict[str, Any]:
+        return {"residency": "active"}
+
+    def park(self, level: int) -> dict[str, Any]:
+        return {"residency": "parked" if level == 1 else "dropped"}
+
+    def status(self) -> dict[str, Any]:
+        return {}
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class FakeRunning:
+    spec: ServiceSpec
+    step_id: str = "0"
+    address: str = DEAD_ADDRESS
+    handle: FakeHandle = field(default_factory=FakeHandle)
+
+
+class FakeLauncher:
+    """Services come up at once, unless `gate` is cleared (a launch then waits for it)
+    or their role is in `fail_roles`."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered: list[tuple[int, str]] = []  #: launches begun: (job id, role)
+        self.stopped: list[tuple[int, str]] = []
+        self.fail_roles: set[str] = set()
+
+    def launch(self, pool_job_id: int, node: str, spec: ServiceSpec,
+               secret: str) -> FakeRunning:
+        self.entered.append((spec.job_id, spec.role))
+        assert self.gate.wait(10.0), "a test left a launch gated"
+        if spec.role in self.fail_roles:
+            raise ServiceLaunchError(f"{spec.name} did not start: CUDA OOM at model load")
+        return FakeRunning(spec)
+
+    def stop(self, svc: FakeRunning) -> None:
+        self.stopped.append((svc.spec.job_id, svc.spec.role))
+
+
+class JoinFirst:
+    """Pairing for these tests: join the first open pool, else open one."""
+
+    name = "join-first"
+    mode = PoolMode.LEASE
+
+    def place(self, snap: ClusterSnapshot) -> list[Placement]:
+        pool = next((p.pool_id for p in snap.pools), None)
+        return [Placement(j.job_id, Action.OPEN, -1, j.request.gpus) if pool is None
+                else Placement(j.job_id, Action.JOIN, pool) for j in snap.waiting]
+
+
+@dataclass
+class Site:
+    c: Controller
+    pools: SlurmPools
+    slurm: FakeSlurm
+    allocator: FakeAllocator
+    launcher: FakeLauncher
+
+    async def settle(self) -> None:
+        """Wait until the pool manager has nothing left to do (placements included)."""
+        while self.pools._tasks:
+            await asyncio.gather(*list(self.pools._tasks), return_exceptions=True)
+
+    async def until(self, cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not cond():
+            assert time.monotonic() < deadline, "timed out"
+            await asyncio.sleep(0.01)
+
+    def job(self, job_id: int) -> JobRecord:
+        job = self.c.store.job(job_id)
+        assert job is not None
+        return job
+
+
+async def _site(store: Store, cfg: Config | None = None, *, first_pool: int = 101,
+                jobs: Mapping[int, Identity] | None = None) -> Site:
+    slurm, allocator, launcher = FakeSlurm(), FakeAllocator(first_pool), FakeLauncher()
+    for job_id, who in (jobs or {}).items():
+        slurm.add(job_id, who)
+    pools = SlurmPools(allocator=allocator, launcher=launcher)  # type: ignore[arg-type]
+    c = Controller(cfg or Config(), store, slurm, pools=pools)  # type: ignore[arg-type]
+    c.policies = replace(c.policies, pairing=JoinFirst())
+    await c.start()
+    return Site(c, pools, slurm, allocator, launcher)
+
+
+def _live_roles(store: Store, job_id: int) -> list[str]:
+    return [s.role for s in store.services(job_id=job_id) if s.state == "running"]
+
+
+@run
+async def test_a_restart_after_a_crash_mid_placement_places_the_job_anew(
+        tmp_path: Path) -> None:
+    # what the pool manager had written when the controller died between job 7's two
+    # service launches: a pool opened for it, its rollout up, its trainer launching
+    store = Store(tmp_path / "c.db")
+    store.add_job(JobRecord(7, "alice", 1001, RlRequest(2, "tiny"), JobState.PENDING, 1.0,
+                            reason="PoolPending", secret=mint_secret()))
+    pool = store.add_pool(gpus=2, opened_at=1.0, slurm_job_id=101, nodes=("n1",),
+                          gpu_indices=(0, 1))
+    rollout = store.add_service(job_id=7, role="rollout", started_at=1.0, pool_id=pool,
+                                backend="tiny", gpus=(0, 1))
+    store.update_service(rollout, step_id="0", address=DEAD_ADDRESS, residency="active",
+                         state="running")
+    store.add_service(job_id=7, role="trainer", started_at=1.0, pool_id=pool,
+                      backend="tiny", gpus=(0, 1))
+
+    site = await _site(store, first_pool=201, jobs={7: ALICE})  # start() does not raise
+    await site.settle()
+    job = site.job(7)
+    assert job.state is JobState.RUNNING and job.pool_id not in (None, pool)
+    old = [s for s in store.services(job_id=7) if s.pool_id == pool]
+    assert [s.state for s in old] == ["stopped", "stopped"]
+    assert all(s.ended_at is not None for s in old)
+    assert store.pool(pool).state == "closed"  # type: ignore[union-attr]
+    assert site.allocator.closed == [101]  # its allocation released
+    assert sorted(_live_roles(store, 7)) == ["rollout", "trainer"]  # launched anew
+    await site.c.stop()
+
+
+@run
+async def test_a_job_joining_a_pool_whose_last_member_ends_is_placed_there(
+        tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"), jobs={21: ALICE, 22: BOB})
+    await site.c.register(ALICE, 21, ENV)
+    await site.settle()
+    pool = site.job(21).pool_id
+    assert pool is not None
+
+    site.launcher.gate.clear()  # job 22's services take a while to come up
+    await site.c.register(BOB, 22, ENV)
+    await site.until(lambda: (22, "rollout") in site.launcher.entered)
+    await site.c.end_job(21, JobState.COMPLETED, "driver done")  # the only member ends
+    site.launcher.gate.set()
+    await site.settle()
+
+    job = site.job(22)
+    assert (job.state, job.pool_id, job.reason) == (JobState.RUNNING, pool, "")
+    assert site.c.store.pool(pool).state == "open"  # type: ignore[union-attr]
+    assert site.allocator.closed == []
+    await site.c.stop()
+
+
+@run
+async def test_a_failed_service_launch_releases_the_pool_opened_for_the_job(
+        tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE})
+    site.launcher.fail_roles = {"trainer"}
+    await site.c.register(ALICE, 7, ENV)
+    await site.settle()
+
+    job = site.job(7)
+    assert job.state is JobState.FAILED and "trainer did not start" in job.reason
+    assert [p.state for p in site.c.store.pools()] == ["closed"]
+    assert site.allocator.closed == [101]
+    assert site.launcher.stopped == [(7, "rollout")]  # the one that came up
+    assert _live_roles(site.c.store, 7) == []
+    await site.c.stop()
+
+
+@run
+async def test_members_left_running_in_a_closed_pool_are_ended_with_its_reason(
+        tmp_path: Path) -> None:
+    # a crash in the middle of close_pool: the pool is closed, job 21 was ended, job 22
+    # not yet
+    why = "pool allocation (Slurm job 101) was preempted"
+    store = Store(tmp_path / "c.db")
+    pool = store.add_pool(gpus=2, opened_at=1.0, slurm_job_id=101, nodes=("n1",))
+    store.update_pool(pool, state="closed", reason=why, closed_at=2.0)
+    for job_id, state in ((21, JobState.CANCELLED), (22, JobState.RUNNING)):
+        store.add_job(JobRecord(job_id, "alice", 1001, RlRequest(2, "tiny"), state, 1.0,
+                                pool_id=pool, pool_gpus=(0, 1), secret=mint_secret()))
+    site = await _site(store, jobs={21: ALICE, 22: ALICE, 23: ALICE})
+    job = site.job(22)
+    assert (job.state, job.reason) == (JobState.CANCELLED, why)
+
+    # the same, found by the reconciler while the controller runs
+    await site.c.register(ALICE, 23, ENV)
+    await site.settle()
+    other = site.job(23).pool_id
+    assert other is not None
+    site.c.scheduler.close_pool(other, "node failure")
+    store.update_pool(other, state="closed", reason="node failure", closed_at=3.0)
+    await site.c.reconcile()
+    job = site.job(23)
+    assert (job.state, job.reason) == (JobState.CANCELLED, "node failure")
+    with pytest.raises(LeaseError):
+        site.c.scheduler.request(job, Phase.ROLLOUT)
+    await site.c.stop()
+
+
+@run
+async def test_a_job_that_ends_while_being_placed_stays_ended(tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE})
+    site.launcher.gate.clear()
+    await site.c.register(ALICE, 7, ENV)
+    await site.until(lambda: (7, "rollout") in site.launcher.entered)  # pool opened
+    await site.c.deregister(ALICE, 7, "CA", "scancel by user")
+    site.launcher.gate.set()
+    await site.settle()
+
+    job = site.job(7)
+    assert (job.state, job.reason, job.pool_id) == (JobState.CANCELLED, "scancel by user",
+                                                    None)
+    assert _live_roles(site.c.store, 7) == []
+    assert site.launcher.entered == [(7, "rollout")]  # no launch after it ended
+    assert site.launcher.stopped == [(7, "rollout")]
+    assert [p.state for p in site.c.store.pools()] == ["closed"]
+    assert site.allocator.closed == [101]
+    with pytest.raises(LeaseError):  # no lease for an ended job
+        site.c.scheduler.request(job, Phase.ROLLOUT)
+    await site.c.stop()
+
+
+@run
+async def test_parking_the_other_members_never_pins_host_memory_past_the_budget(
+        tmp_path: Path) -> None:
+    # two jobs, each service 30 GiB per GPU on both GPUs: 60 GiB of host memory parked
+    budget = 130 * GiB
+    cfg = Config(limits=LimitsConfig(parked_host_mem_per_node=budget))
+    site = await _site(Store(tmp_path / "c.db"), cfg, jobs={1: ALICE, 2: BOB})
+    env = {"SLURMRL_GPUS": "2", "SLURMRL_MODEL": "custom-model",
+           "SLURMRL_MEM": str(30 * GiB)}
+    for job_id, who in ((1, ALICE), (2, BOB)):
+        await site.c.register(who, job_id, env)
+        await site.settle()
+    assert site.job(1).pool_id == site.job(2).pool_id is not None
+    host = {f.key: f.host_bytes for j in (1, 2)
+            for f in footprints_for_job(j, site.job(j).request, (0, 1))}
+
+    def pinned() -> int:
+        return sum(host[(s.job_id, s.role)] for s in site.c.store.services(live_only=True)
+                   if s.residency == "parked")
+
+    for job_id, phase in ((1, Phase.ROLLOUT), (2, Phase.TRAIN)):
+        ticket = site.c.scheduler.request(site.job(job_id), phase)
+        assert ticket.lease is not None
+        await site.pools.before_answer(site.job(job_id), ticket.lease)
+        assert pinned() <= budget
+        site.c.scheduler.release(site.job(job_id), ticket.request_id, {})
+    # job 2 trains: job 1's rollout had to leave the GPUs; its trainer would overflow
+    # the host budget parked, and memory does not require it, so it stays
+    residency = {(s.job_id, s.role): s.residency
+                 for s in site.c.store.services(live_only=True)}
+    assert residency[(1, "rollout")] == "parked" and residency[(1, "trainer")] == "active"
+    assert residency[(2, "trainer")] == "active"
+    await site.c.stop()
