@@ -61,7 +61,8 @@ _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 _GROUP_CHARS = _ALNUM | frozenset("_.-")
 _PATH_FORBIDDEN = frozenset(";|&$`'\"<>\\")
-_UNITS = {"k": 10, "m": 20, "g": 30, "t": 40}
+#: unit letters exactly as the plugin takes them; not via .lower(): "\u212a".lower() == "k"
+_UNITS = {"K": 10, "k": 10, "M": 20, "m": 20, "G": 30, "g": 30, "T": 40, "t": 40}
 _PHASES = tuple(p.value for p in Phase)
 
 
@@ -127,8 +128,8 @@ def parse_model(value: str) -> str:
 def parse_mem(value: str) -> int:
     """Bytes per GPU from `SIZE[K|M|G|T]` (binary units, default M, like Slurm's --mem)."""
     digits, shift = value, 20
-    if 1 < len(value) <= 20 and value[-1].lower() in _UNITS:
-        digits, shift = value[:-1], _UNITS[value[-1].lower()]
+    if 1 < len(value) <= 20 and value[-1] in _UNITS:
+        digits, shift = value[:-1], _UNITS[value[-1]]
     ok = (
         0 < len(value) <= 20 and 0 < len(digits) <= 16 and digits.isascii()
         and digits.isdigit() and 0 < int(digits) <= MEM_MAX_BYTES >> shift

@@ -15,7 +15,8 @@
  * mirrors these checks and messages word for word).
  *
  * plugstack.conf arguments: controller=URL (exported as SLURMRL_CONTROLLER for RL jobs),
- * debug=yes|no (log the exported values). Unknown arguments are an error.
+ * debug=yes|no (log the exported values). Unknown arguments are an error, and so is a URL
+ * the Python client (slurmrl/client/rpc.py, split_url) would refuse: http://HOST[:PORT].
  *
  * Known limits: a value is echoed in messages with non-printable characters replaced by
  * '?' and cut at 64 characters.
@@ -383,6 +384,50 @@ static struct spank_option options[] = {
 	SPANK_OPTIONS_TABLE_END
 };
 
+static int in_set(char c, const char *set)
+{
+	return c != '\0' && strchr(set, c) != NULL;
+}
+
+/*
+ * The controller URL rule of slurmrl/client/rpc.py (split_url), which every job's driver
+ * applies: http://HOST[:PORT][/], HOST a name or IPv4 address of [A-Za-z0-9._-] or a
+ * bracketed IPv6 address of [0-9A-Fa-f:.], PORT 1..65535 in at most 5 digits.
+ */
+static int url_ok(const char *url)
+{
+	static const char host_chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+					 "0123456789._-";
+	const char *p = url + 7, *start;
+	long port;
+
+	if (strlen(url) > URL_MAX || strncmp(url, "http://", 7) != 0)
+		return 0;
+	if (*p == '[') {
+		for (start = ++p; in_set(*p, "0123456789abcdefABCDEF:."); p++)
+			;
+		if (p == start || *p++ != ']')
+			return 0;
+	} else {
+		for (start = p; in_set(*p, host_chars); p++)
+			;
+		if (p == start)
+			return 0;
+	}
+	if (*p == ':') {
+		for (start = ++p; in_set(*p, "0123456789"); p++)
+			;
+		if (p == start || p - start > 5)
+			return 0;
+		port = strtol(start, NULL, 10);
+		if (port < 1 || port > 65535)
+			return 0;
+	}
+	if (*p == '/')
+		p++;
+	return *p == '\0';
+}
+
 static int parse_plugin_args(int ac, char **av)
 {
 	int i;
@@ -390,15 +435,12 @@ static int parse_plugin_args(int ac, char **av)
 	for (i = 0; i < ac; i++) {
 		if (strncmp(av[i], "controller=", 11) == 0) {
 			const char *url = av[i] + 11;
-			const char *p;
-			int ok = (strncmp(url, "http://", 7) == 0 ||
-				  strncmp(url, "https://", 8) == 0) && strlen(url) <= URL_MAX;
 
-			for (p = url; ok && *p; p++)
-				ok = *p > 0x20 && *p < 0x7f;
-			if (!ok) {
-				slurm_error("slurmrl: plugstack.conf: controller=%s: expected an "
-					    "http:// or https:// URL", shown(url));
+			if (!url_ok(url)) {
+				slurm_error("slurmrl: plugstack.conf: controller=%s: expected "
+					    "http://HOST[:PORT] (HOST a name, IPv4 or [IPv6] "
+					    "address; PORT 1..65535; no https, user or path)",
+					    shown(url));
 				return -1;
 			}
 			snprintf(controller, sizeof(controller), "%s", url);

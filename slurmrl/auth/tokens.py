@@ -102,7 +102,8 @@ class Verifier:
             absent = ", ".join(h for h in HEADERS if h not in present)
             raise AuthError(AuthCode.MALFORMED, f"signed call lacks {absent}")
         ts_text, nonce, sig = (lower[h.lower()].strip() for h in HEADERS)
-        if not ts_text.isdigit() or len(ts_text) > 12:
+        # isascii(): isdigit() alone admits "²" and other digits int() refuses
+        if not (ts_text.isascii() and ts_text.isdigit()) or len(ts_text) > 12:
             raise AuthError(AuthCode.MALFORMED, f"{TIMESTAMP} must be unix seconds")
         if not _NONCE.match(nonce):
             raise AuthError(AuthCode.MALFORMED, f"{NONCE} must be 16-128 lowercase hex digits")

@@ -26,6 +26,7 @@ import click
 
 from slurmrl import __version__
 from slurmrl.cli.status import Field, render
+from slurmrl.controller.validate import MAX_ID
 
 JOB_COLS: list[Field] = [
     ("JOBID", 7, True, lambda j: str(j["job_id"])),
@@ -76,9 +77,12 @@ def _ids(raw: str | None) -> list[int] | None:
     if not raw:
         return None
     out = []
-    for part in raw.split(","):
-        if not part.strip().isdigit():
-            raise click.UsageError(f"-j takes comma-separated job ids, got {part.strip()!r}")
+    for part in (p.strip() for p in raw.split(",")):
+        # isascii(): isdigit() alone admits "²"; the bound (the controller's) fits SQLite
+        ok = part.isascii() and part.isdigit() and len(part) <= 16
+        if not ok or not 1 <= int(part) <= MAX_ID:
+            raise click.UsageError("-j takes comma-separated job ids (1 to 2^53), "
+                                   f"got {part[:40]!r}")
         out.append(int(part))
     return out
 

@@ -95,6 +95,9 @@ DEFAULTS = {
 }
 
 
+MAX_WIDTH = 1000  #: widest column -o/--format may ask for
+
+
 class StatusError(Exception):
     pass
 
@@ -108,8 +111,10 @@ def parse_format(spec: str, table: dict[str, Field]) -> list[Field]:
                                    f"{', '.join(table)}")
         header, w, right, get = table[name]
         if width:
-            if not width.isdigit():
-                raise click.UsageError(f"width of {name!r} must be a number, got {width!r}")
+            ok = width.isascii() and width.isdigit() and len(width) <= 4
+            if not ok or int(width) > MAX_WIDTH:
+                raise click.UsageError(f"width of {name!r} in --format must be a number "
+                                       f"0..{MAX_WIDTH}, got {width[:20]!r}")
             w = int(width)
         out.append((header, w, right, get))
     return out

@@ -271,7 +271,7 @@ def connect(env: Mapping[str, str] | None = None, *, url: str | None = None,
     """
     environ = os.environ if env is None else env
     raw = environ.get("SLURM_JOB_ID", "")
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):
         raise RuntimeError("SLURM_JOB_ID is not set: slurmrl.connect() runs inside a "
                            "Slurm batch job submitted with --rl-gpus")
     rl = {k: v for k, v in environ.items()

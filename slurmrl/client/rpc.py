@@ -17,10 +17,11 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import re
 import threading
 import time
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 from slurmrl.auth import AuthCode, AuthError, sessions
 from slurmrl.auth.requests import sign_request
@@ -39,16 +40,31 @@ class ControllerError(Exception):
 
 _NET_ERRORS = (ConnectionError, TimeoutError, OSError, http.client.HTTPException)
 
+DEFAULT_PORT = 6829
+#: a controller URL: http://HOST[:PORT][/], HOST a name or IPv4 address, or [IPv6]. The
+#: SPANK plugin checks plugstack.conf's controller= against this same rule (url_ok in
+#: spank_plugin/slurmrl.c), so that it never hands jobs a URL this client refuses.
+_URL = re.compile(r"http://([A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::([0-9]{1,5}))?/?")
+URL_MAX = 1023
+
+
+def split_url(url: str) -> tuple[str, int]:
+    """(host, port) of a controller URL; ValueError naming the accepted form."""
+    m = _URL.fullmatch(url) if len(url) <= URL_MAX else None
+    port = int(m.group(2)) if m and m.group(2) else DEFAULT_PORT
+    if m is None or not 1 <= port <= 65535:
+        raise ValueError(f"controller URL {url[:80]!r} must look like http://host:port "
+                         "(host a name, IPv4 or [IPv6] address; port 1..65535; no https, "
+                         "user or path)")
+    return m.group(1).strip("[]"), port
+
 
 class RpcClient:
     def __init__(self, url: str, *, retry_for_s: float = 300.0, timeout_s: float = 30.0,
                  munge_socket: str | None = None, use_sessions: bool = False,
                  session_job_id: int | None = None) -> None:
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"controller URL {url!r} must look like http://host:port")
+        self._host, self._port = split_url(url)
         self.url = url
-        self._host, self._port = parts.hostname, parts.port or 6829
         self.retry_for_s = retry_for_s
         self.timeout_s = timeout_s
         self._socket = munge_socket

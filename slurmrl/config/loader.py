@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 import tomllib
 import typing
 from collections.abc import Iterable, Mapping
@@ -41,6 +42,10 @@ POLICY_KEYS = ("policies.pairing", "policies.slice", "policies.admission")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+# Numbers in text (environment, flags): ASCII digits only. int() and float() alone also
+# take "6_830" and other scripts' digits ("٦٨٣٠"), which no site means as a number.
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 class ConfigError(ValueError):
@@ -257,10 +262,10 @@ def _as_bool(raw: object, textual: bool) -> bool:
 def _as_int(raw: object, textual: bool) -> int:
     if isinstance(raw, int) and not isinstance(raw, bool):
         return raw
-    if textual and isinstance(raw, str):
+    if textual and isinstance(raw, str) and _INT.fullmatch(raw.strip()):
         try:
             return int(raw.strip())
-        except ValueError:
+        except ValueError:  # past Python's limit on the digits of an int
             pass
     raise ValueError(f"expected an integer, got {_describe(raw)}")
 
@@ -269,11 +274,8 @@ def _as_float(raw: object, textual: bool) -> float:
     value: float | None = None
     if isinstance(raw, int | float) and not isinstance(raw, bool):
         value = float(raw)
-    elif textual and isinstance(raw, str):
-        try:
-            value = float(raw.strip())
-        except ValueError:
-            value = None
+    elif textual and isinstance(raw, str) and _FLOAT.fullmatch(raw.strip()):
+        value = float(raw.strip())
     if value is None or not math.isfinite(value):
         raise ValueError(f"expected a number, got {_describe(raw)}")
     return value
@@ -284,7 +286,7 @@ def _as_names(raw: object, textual: bool) -> tuple[str | int, ...]:
     items: list[object]
     if textual and isinstance(raw, str):
         words = [w.strip() for w in raw.split(",") if w.strip()]
-        items = [int(w) if w.isdigit() else w for w in words]
+        items = [int(w) if w.isascii() and w.isdigit() else w for w in words]
     elif isinstance(raw, list | tuple):
         items = list(raw)
     else:

@@ -63,7 +63,7 @@ class ControllerConfig:
     db_path: str = opt(
         "/var/lib/slurmrl/slurmrl.db", "colocation database (SQLite, WAL)", absolute_path=True
     )
-    metrics_enabled: bool = opt(True, "serve Prometheus metrics")
+    metrics_enabled: bool = opt(True, "serve Prometheus metrics (GET /metrics)")
     metrics_port: int = opt(
         0, "0: metrics at /metrics on the RPC server; else a separate port", lo=0, hi=65535
     )
@@ -86,16 +86,12 @@ class ControllerConfig:
 
 @dataclass(frozen=True)
 class AuthConfig:
-    """`[auth]`: MUNGE for the controller RPC, per-job secrets for the data plane."""
+    """`[auth]`: MUNGE for the controller RPC."""
 
     munge_socket: str = opt("", 'munged socket; "" for libmunge\'s default')
     credential_ttl_s: int = opt(
         60, "lifetime of the MUNGE credential on each RPC request", lo=1, hi=3600
     )
-    data_plane_skew_s: float = opt(
-        30.0, "largest clock difference accepted on a signed data-plane call", above=0
-    )
-    data_plane_nonce_cache: int = opt(65536, "nonces a service remembers to refuse replays", lo=16)
 
 
 @dataclass(frozen=True)
@@ -103,9 +99,9 @@ class SlurmConfig:
     """`[slurm]`: where pools run and how slurmrl talks to Slurm."""
 
     pool_partition: str = opt("pools", "partition slurmrl submits pool allocations to")
-    driver_partition: str = opt("", 'partition RL jobs (drivers) run in; "" for any')
-    pool_user: str = opt("slurmrl", "service account that owns pool allocations")
-    pool_account: str = opt("", 'Slurm account pools are charged to; "" for the default')
+    pool_account: str = opt(
+        "", 'sbatch --account of a pool; "" for the controller account\'s default'
+    )
     pool_time_limit: str = opt(
         "", 'sbatch --time of a pool; "" for the partition default', slurm_time=True
     )

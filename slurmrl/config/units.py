@@ -1,19 +1,21 @@
 """Human-friendly units in the site config: byte sizes ("512G") and Slurm time limits.
 
 Sizes use binary multiples (K = 1024), as Slurm's own `--mem=512G` does; a bare number
-is bytes. Time limits are validated, not converted: they are handed to `sbatch --time`
-as written, so the accepted forms are Slurm's own.
+is bytes; at most `MAX_SIZE` (what fits a signed 64-bit integer). Time limits are
+validated, not converted: they are handed to `sbatch --time` as written, so the accepted
+forms are Slurm's own. Digits are ASCII 0-9 only (`re.ASCII`), not "١٢" and the like.
 """
 
 from __future__ import annotations
 
 import re
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"\s*(\d+)(?:\.(\d{1,20}))?\s*([KMGTP]?)(?:I?B)?\s*", re.I | re.ASCII)
 _MULT = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+MAX_SIZE = (1 << 63) - 1  #: the largest size in bytes: below 8192P
 
 # Slurm's --time forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or unlimited.
-_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(?::\d{1,2}){0,2})$")
+_TIME = re.compile(r"\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(?::\d{1,2}){0,2}", re.ASCII)
 
 
 def parse_size(value: object) -> int:
@@ -23,19 +25,25 @@ def parse_size(value: object) -> int:
     """
     if isinstance(value, bool):
         raise ValueError(f"expected a size such as 512G or a number of bytes, got {value!r}")
+    result: int | None = None
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"a size cannot be negative, got {value}")
-        return value
-    if isinstance(value, str):
-        m = _SIZE.match(value)
-        if m:
-            number, unit = m.group(1), m.group(2).upper()
-            result = float(number) * _MULT[unit]
-            if unit == "" and "." in number:
-                raise ValueError(f"a size in bytes must be a whole number, got {value!r}")
-            return int(result)
-    raise ValueError(f"expected a size such as 512G, 64M, 1.5T or a number of bytes, got {value!r}")
+        result = value
+    elif isinstance(value, str) and (m := _SIZE.fullmatch(value)):
+        whole, frac, unit = m.group(1), m.group(2) or "", m.group(3).upper()
+        if unit == "" and frac:
+            raise ValueError(f"a size in bytes must be a whole number, got {value!r}")
+        if len(whole.lstrip("0")) > 20:  # past MAX_SIZE whatever the unit
+            raise ValueError(f"a size must be below 8192P, got {value[:40]!r}")
+        # exact integer arithmetic: a float would round, or overflow to inf
+        result = int(whole + frac) * _MULT[unit] // 10 ** len(frac)
+    if result is None:
+        raise ValueError(
+            f"expected a size such as 512G, 64M, 1.5T or a number of bytes, got {value!r}")
+    if result > MAX_SIZE:
+        raise ValueError(f"a size must be below 8192P, got {str(value)[:40]!r}")
+    return result
 
 
 def format_size(n: int) -> str:
@@ -48,9 +56,8 @@ def format_size(n: int) -> str:
 
 def check_slurm_time(value: str) -> str:
     """`value` if it is a Slurm time limit (or "" for the partition default)."""
-    v = value.strip()
-    if v == "" or v.upper() in ("UNLIMITED", "INFINITE") or _TIME.match(v):
-        return v
+    if value == "" or value.upper() in ("UNLIMITED", "INFINITE") or _TIME.fullmatch(value):
+        return value
     raise ValueError(
         "expected a Slurm time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, "
         f'UNLIMITED) or "" for the partition default, got {value!r}'

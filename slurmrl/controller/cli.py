@@ -1,8 +1,10 @@
 """`slurmrl controller`: run the controller daemon in the foreground (systemd runs it so).
 
-Reads the site config (see site-configs/slurmrl.toml), opens or creates the colocation
-DB, restores leases and waiters from it, and serves the RPC until SIGTERM/SIGINT.
-`kill -9` is safe: every state change is committed before it is answered.
+Reads the site config (see site-configs/slurmrl.toml) and builds its policies and Slurm
+backend, then opens or creates the colocation DB, restores leases and waiters from it,
+and serves the RPC until SIGTERM/SIGINT. A bad config (a key, a policy, its parameters)
+stops it before the DB is touched. `kill -9` is safe: every state change is committed
+before it is answered.
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ import logging
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from policies import registry
-from slurmrl.config import ConfigError, load
+from slurmrl.config import Config, ConfigError, load
+
+if TYPE_CHECKING:
+    from slurmrl.slurm import SlurmBackend
 
 
 @click.command("controller", context_settings={"help_option_names": ["-h", "--help"]})
@@ -47,6 +53,7 @@ def controller(config_path: str | None, host: str | None, port: int | None,
         "controller.log_level": log_level}.items() if v is not None}
     try:
         cfg = load(config_path, overrides=overrides, known=registry.known())
+        check_policies(cfg)
     except ConfigError as exc:
         click.echo(f"slurmrl controller: {exc}", err=True)
         sys.exit(1)
@@ -59,25 +66,56 @@ def controller(config_path: str | None, host: str | None, port: int | None,
         sys.exit(1)
 
 
-async def _run(cfg: object, debug_invariants: bool, pool_manager: str = "attached",
+def check_policies(cfg: Config) -> None:
+    """Build the configured policies as the Controller will, so that an unknown name or
+    a bad `[policies.params.<name>]` table fails before anything is written."""
+    from slurmrl.controller.placement import load_policies
+
+    p, source = cfg.policies, cfg.source or "defaults"
+    for kind in ("slice", "pairing", "admission"):
+        name = getattr(p, kind)
+        params = p.params_for(name)
+        try:
+            registry.load(kind, name, params)
+        except registry.UnknownPolicy as exc:
+            key = f"policies.params.{name}" if params else f"policies.{kind}"
+            raise ConfigError(source, key, str(exc)) from None
+    try:
+        load_policies(cfg)  # the checks the controller adds (e.g. a lease-mode pairing)
+    except registry.UnknownPolicy as exc:
+        raise ConfigError(source, "policies.pairing", str(exc)) from None
+
+
+def slurm_backend(cfg: Config) -> SlurmBackend:
+    """The backend `[slurm]` configures: its kind, each command's timeout, and the
+    account and time limit of the pools it submits (ConfigError if it cannot be had)."""
+    from slurmrl.slurm import SlurmError, default_backend
+
+    s = cfg.slurm
+    env = dict(os.environ)
+    if s.slurm_conf:
+        env["SLURM_CONF"] = s.slurm_conf
+    try:
+        return default_backend(env, choice=s.backend, timeout_s=s.command_timeout_s,
+                               account=s.pool_account, time_limit=s.pool_time_limit)
+    except SlurmError as exc:  # slurm.backend = "pyslurm" where it cannot be used
+        raise ConfigError(cfg.source or "defaults", "slurm.backend", str(exc)) from None
+
+
+async def _run(cfg: Config, debug_invariants: bool, pool_manager: str = "attached",
                services_dir: str | None = None) -> None:
-    from slurmrl.config import Config
     from slurmrl.controller.core import Controller
     from slurmrl.controller.server import serve
     from slurmrl.db import Store
-    from slurmrl.slurm import default_backend
 
-    assert isinstance(cfg, Config)
-    env = dict(os.environ)
-    if cfg.slurm.slurm_conf:
-        env["SLURM_CONF"] = cfg.slurm.slurm_conf
+    slurm = slurm_backend(cfg)  # before the DB: a backend that cannot be had changes nothing
     store = Store(cfg.controller.db_path)
     store.checkpoint_in_background()
     pools = None
     if pool_manager == "slurm":  # issue 4: pools and services on Slurm
         from slurmrl.controller.pools import SlurmPools
         pools = SlurmPools(run_dir=services_dir)
-    c = Controller(cfg, store, default_backend(env), pools=pools,
+    c = Controller(cfg, store, slurm, pools=pools,
                    check_invariants=debug_invariants)
     runner = await serve(c, cfg.controller.host, cfg.controller.port)
     stop = asyncio.Event()

@@ -13,7 +13,9 @@ JSON: `{"error": {"code", "message"}}` with 400 (malformed), 401 (credential),
 A driver waiting for a lease holds its HTTP request open (long poll, `wait_s`); if it
 disconnects, the server cancels the handler (`handler_cancellation=True`) and the waiting
 request is withdrawn, unless another poll of the same request is still waiting.
-`/v1/ping` and `/metrics` need no credential (they reveal nothing private).
+`/v1/ping` and `/metrics` need no credential (they reveal nothing private). `/metrics` is
+served only with `controller.metrics_enabled`, on this port when `controller.metrics_port`
+is 0, else on a listener of its own on that port (same host), which serves nothing else.
 """
 
 from __future__ import annotations
@@ -435,6 +437,13 @@ class Api:
                       "controller": self.c.describe()})
 
 
+def metrics_app(c: Controller) -> web.Application:
+    """The `/metrics` listener of `controller.metrics_port`: that route only."""
+    app = web.Application()
+    app.router.add_get("/metrics", Api(c).metrics)
+    return app
+
+
 def make_app(c: Controller) -> web.Application:
     app = web.Application(middlewares=[_guard], client_max_size=c.config.controller.max_body_bytes)
     app[CTRL] = c
@@ -445,7 +454,9 @@ def make_app(c: Controller) -> web.Application:
     r = app.router
     r.add_get("/v1/ping", a.ping)
     r.add_post("/v1/sessions", a.open_session)
-    r.add_get("/metrics", a.metrics)
+    cc = c.config.controller
+    if cc.metrics_enabled and not cc.metrics_port:
+        r.add_get("/metrics", a.metrics)
     r.add_post("/v1/jobs", a.register)
     r.add_get("/v1/jobs", a.list_jobs)
     r.add_get("/v1/jobs/{job_id}", a.get_job)
@@ -470,9 +481,24 @@ def make_app(c: Controller) -> web.Application:
 async def serve(c: Controller, host: str, port: int) -> web.AppRunner:
     """Start the controller and its HTTP server; returns the runner (call .cleanup())."""
     await c.start()
-    runner = web.AppRunner(make_app(c), handler_cancellation=True, access_log=None)
+    app = make_app(c)
+    cc = c.config.controller
+    metrics: web.AppRunner | None = None
+    if cc.metrics_enabled and cc.metrics_port:
+        metrics = web.AppRunner(metrics_app(c), access_log=None)
+        await metrics.setup()
+
+        async def stop_metrics(_: web.Application) -> None:
+            assert metrics is not None
+            await metrics.cleanup()
+
+        app.on_cleanup.append(stop_metrics)  # the caller cleans up the returned runner only
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
     log.info("slurmrl controller listening on http://%s:%d (API %s)", host, port, API_VERSION)
+    if metrics is not None:
+        await web.TCPSite(metrics, host, cc.metrics_port, reuse_address=True).start()
+        log.info("metrics on http://%s:%d/metrics", host, cc.metrics_port)
     return runner

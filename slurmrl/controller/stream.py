@@ -117,6 +117,11 @@ class Stream:
         except RpcError as exc:
             await self.error(frame_id(raw), exc)
             return
+        except Exception:  # as HTTP's 500: one bad frame must not drop the stream
+            log.exception("stream frame could not be parsed")
+            await self.error(None, RpcError(500, "internal", "internal error; see the "
+                                            "controller's log"))
+            return
         fid = b["id"]
         if op != "acquire":
             await self._answer(fid, op, b)

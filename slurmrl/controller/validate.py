@@ -65,6 +65,8 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         value = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # json's decoder recurses once per level of [ and {
+        raise bad("request body is not valid JSON: arrays/objects nested too deeply") from None
     if not isinstance(value, dict):
         raise bad(f"request body must be a JSON object, got {type(value).__name__}")
     return value

@@ -66,14 +66,19 @@ class CommandBackend:
     `env` is the environment for every Slurm command (default: `os.environ` at call
     time), so `SLURM_CONF` selects the cluster; `timeout_s` bounds every query.
     `use_json=False` forces the `scontrol -o` query path (None: use --json if present).
+    `account` and `time_limit` (a Slurm time string) are the `--account` and `--time` of
+    every batch job submitted ("": Slurm's defaults; a spec's `time_limit_min` wins): the
+    controller submits only pools, so it passes `[slurm] pool_account, pool_time_limit`.
     """
 
     def __init__(
         self, env: Mapping[str, str] | None = None, *, timeout_s: float = 20.0,
         bin_dir: str | None = None, launch_poll_s: float = 0.05, use_json: bool | None = None,
+        account: str = "", time_limit: str = "",
     ) -> None:
         self._env = dict(env) if env is not None else None
         self.timeout_s = timeout_s
+        self.account, self.time_limit = account, time_limit
         self._bin = bin_dir
         self._poll_s = launch_poll_s
         self._json: bool | None = use_json  # None: learned on the first query
@@ -144,9 +149,11 @@ class CommandBackend:
         gid = spec.gid
         if spec.uid is not None and gid is None:
             gid = _primary_gid(spec.uid)
+        limit = spec.time_limit_min if spec.time_limit_min is not None else self.time_limit
         opt = {
-            "--partition": spec.partition, "--job-name": spec.name,
-            "--cpus-per-task": spec.cpus, "--mem": spec.mem_mb, "--time": spec.time_limit_min,
+            "--partition": spec.partition, "--account": self.account or None,
+            "--job-name": spec.name, "--cpus-per-task": spec.cpus, "--mem": spec.mem_mb,
+            "--time": limit if limit != "" else None,
             "--uid": spec.uid, "--gid": gid, "--comment": spec.comment,
             "--output": spec.output, "--error": spec.error, "--chdir": spec.workdir,
         }

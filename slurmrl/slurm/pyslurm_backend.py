@@ -49,8 +49,11 @@ def _gpu_indices_from_layout(layout: Mapping[str, Any]) -> tuple[tuple[str, tupl
 class PyslurmBackend:
     """SlurmBackend over pyslurm. Raises ImportError when pyslurm cannot be imported."""
 
-    def __init__(self, env: Mapping[str, str] | None = None, *, timeout_s: float = 20.0) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None, *, timeout_s: float = 20.0,
+                 account: str = "", time_limit: str = "") -> None:
         self.ps: Any = importlib.import_module("pyslurm")
+        #: every submission's account and time limit, as for CommandBackend
+        self.account, self.time_limit = account, time_limit
         # srun-based steps and a few read-only fallbacks share the command backend.
         self._cmd = CommandBackend(env, timeout_s=timeout_s)
 
@@ -91,11 +94,13 @@ class PyslurmBackend:
     # ---------------------------------------------------------------- protocol
 
     def submit(self, spec: BatchSpec) -> int:
+        limit = spec.time_limit_min if spec.time_limit_min is not None else self.time_limit
         desc: dict[str, Any] = {
             "script": CommandBackend.script_text(spec),
             "name": spec.name, "partition": spec.partition,
             "cpus_per_task": spec.cpus, "memory_per_node": spec.mem_mb,
-            "time_limit": spec.time_limit_min, "user_id": spec.uid, "group_id": spec.gid,
+            "account": self.account or None, "time_limit": limit if limit != "" else None,
+            "user_id": spec.uid, "group_id": spec.gid,
             "comment": spec.comment, "standard_output": spec.output,
             "standard_error": spec.error, "working_directory": spec.workdir,
         }

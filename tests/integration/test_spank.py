@@ -143,8 +143,8 @@ def test_plugstack_conf_passes_the_controller_url(dev_cluster: DevCluster) -> No
 @pytest.mark.parametrize(("args", "message"), [
     ("controller=http://127.0.0.1:6829 colour=blue",
      "slurmrl: plugstack.conf: unknown argument 'colour=blue'"),
-    ("controller=ftp://host", "slurmrl: plugstack.conf: controller=ftp://host: expected an "
-     "http:// or https:// URL"),
+    ("controller=ftp://host",
+     "slurmrl: plugstack.conf: controller=ftp://host: expected http://HOST[:PORT]"),
 ])
 def test_bad_plugstack_arguments_are_refused_by_name(
     dev_cluster: DevCluster, jobs: JobFactory, args: str, message: str,

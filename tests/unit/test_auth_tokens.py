@@ -143,6 +143,16 @@ def test_missing_and_malformed_headers(secret: str, verifier: Verifier) -> None:
         assert refused(verifier, bad, "GET", "/v1/state", b"") is AuthCode.MALFORMED, header
 
 
+@pytest.mark.parametrize("stamp", ["\u00b2", "1800000000\u00b2", "\u0661\u0668\u0660"])
+def test_a_timestamp_of_non_ascii_digits_is_malformed_not_a_crash(
+    secret: str, verifier: Verifier, stamp: str,
+) -> None:
+    # "²".isdigit() is True but int("²") raises: that was a 500 on the controller's
+    # session-signed calls and on every service's data plane
+    bad = {**sign(secret, "GET", "/v1/state", now=NOW), TIMESTAMP: stamp}
+    assert refused(verifier, bad, "GET", "/v1/state", b"") is AuthCode.MALFORMED
+
+
 def test_short_secret_is_rejected() -> None:
     with pytest.raises(ValueError, match="at least 16 bytes"):
         Verifier("hunter2")

@@ -50,7 +50,6 @@ def test_no_file_gives_defaults() -> None:
     assert cfg.controller.heartbeat_s == 2.0
     assert cfg.controller.lease_timeout_s == 10.0
     assert cfg.slurm.pool_partition == "pools"
-    assert cfg.slurm.pool_user == "slurmrl"
     assert cfg.slurm.backend == "auto"
     assert cfg.limits.max_slowdown == 1.5
     assert cfg.limits.parked_host_mem_per_node == 64 << 30
@@ -262,6 +261,58 @@ def test_default_slowdown_under_site_cap(tmp_path: Path) -> None:
     assert "must not exceed limits.max_slowdown (1.2)" in str(err)
 
 
+@pytest.mark.parametrize(
+    "key", ["auth.data_plane_skew_s", "auth.data_plane_nonce_cache", "slurm.pool_user",
+            "slurm.driver_partition"],
+)
+def test_keys_nothing_reads_are_unknown_not_silently_ignored(tmp_path: Path, key: str) -> None:
+    section, name = key.split(".")
+    err = error(tmp_path, f'[{section}]\n{name} = "x"\n')
+    assert err.key == key and "unknown key" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "expected"),
+    [
+        # a float would overflow to inf: an OverflowError traceback, not a config error
+        ('[controller]\nmax_body_bytes = "' + "9" * 400 + 'P"\n', "controller.max_body_bytes",
+         "below 8192P"),
+        ('[limits]\nparked_host_mem_per_node = "' + "9" * 400 + '"\n',
+         "limits.parked_host_mem_per_node", "below 8192P"),
+        ("[limits]\nparked_host_mem_per_node = 9223372036854775808\n",
+         "limits.parked_host_mem_per_node", "below 8192P"),
+        # other scripts' digits match \d and int() takes them; no site means them
+        ('[controller]\nmax_body_bytes = "\u0661\u0662K"\n', "controller.max_body_bytes",
+         "size such as 512G"),
+        ('[slurm]\npool_time_limit = "\u0661\u0662"\n', "slurm.pool_time_limit",
+         "Slurm time limit"),
+        # checked stripped but kept as written: sbatch would get --time= 10
+        ('[slurm]\npool_time_limit = " 10 "\n', "slurm.pool_time_limit", "Slurm time limit"),
+    ],
+)
+def test_sizes_and_times_slurm_cannot_take_are_errors(
+    tmp_path: Path, text: str, key: str, expected: str,
+) -> None:
+    err = error(tmp_path, text)
+    assert err.key == key
+    assert expected in str(err)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("SLURMRL_CONTROLLER__PORT", "6_830"),
+        ("SLURMRL_CONTROLLER__PORT", "\u0666\u0668\u0663\u0660"),
+        ("SLURMRL_CONTROLLER__HEARTBEAT_S", "\u0661.\u0665"),
+        ("SLURMRL_CONTROLLER__MAX_BODY_BYTES", "9" * 400 + "T"),
+    ],
+)
+def test_env_numbers_are_ascii_digits(name: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(env={name: value})
+    assert info.value.source == f"environment variable {name}"
+
+
 def test_metrics_port_must_differ(tmp_path: Path) -> None:
     err = error(tmp_path, "[controller]\nport = 7000\nmetrics_port = 7000\n")
     assert err.key == "controller.metrics_port"
@@ -345,7 +396,8 @@ def test_parse_size(text: str | int, size: int) -> None:
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("bad", ["", "G", "12X", "1.5", "-1G", "1e3", True, 1.5, None])
+@pytest.mark.parametrize("bad", ["", "G", "12X", "1.5", "-1G", "1e3", True, 1.5, None,
+                                 "\u0661\u0662K", "8192P", 1 << 63])
 def test_parse_size_rejects(bad: object) -> None:
     with pytest.raises(ValueError):
         parse_size(bad)

@@ -96,6 +96,12 @@ def test_mem_units_are_binary_and_default_to_mebibytes(value: str, expected: int
     assert parse_mem(value) == expected
 
 
+def test_the_kelvin_sign_is_no_unit_as_the_plugin_says() -> None:
+    # "\u212a".lower() == "k", but the plugin compares bytes and refuses --rl-mem=4\u212a
+    with pytest.raises(DirectiveError, match=r"--rl-mem=4\?\?\?: expected a positive size"):
+        parse_options({"rl-gpus": "4", "rl-mem": "4\u212a"})
+
+
 def test_profile_keeps_shares_in_the_order_written() -> None:
     prior = parse_profile("train=0.6,rollout=0.4")
     assert prior.shares == ((Phase.TRAIN, 0.6), (Phase.ROLLOUT, 0.4))

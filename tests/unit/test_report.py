@@ -198,6 +198,11 @@ def test_cli_errors_name_what_is_wrong(tmp_path: Path) -> None:
     res = runner.invoke(report, ["--db", "x", "--plot", "t.svg"])
     assert res.exit_code == 2 and "PNG" in res.output
     db = _db(tmp_path / "c.db")
+    # "²".isdigit() is True but int() refuses it; past 2^63 SQLite raises OverflowError
+    for ids in ("\u00b2", "12,99999999999999999999999", "0"):
+        res = runner.invoke(report, ["--db", str(db), "-j", ids])
+        assert res.exit_code == 2, (ids, res.output)
+        assert "-j takes comma-separated job ids" in res.output, ids
     bad = tmp_path / "bad.json"
     bad.write_text('["a"]')
     res = runner.invoke(report, ["--db", str(db), "--baseline", str(bad)])

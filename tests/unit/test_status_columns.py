@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from slurmrl.cli.status import JOB_FIELDS
+import pytest
+from click.testing import CliRunner
+
+from slurmrl.cli.status import JOB_FIELDS, status
 
 
 def _saved(view: dict[str, object]) -> str:
@@ -21,3 +24,12 @@ def test_a_mux_off_job_shows_no_saving_however_little_it_leased() -> None:
 
 def test_saved_is_a_dash_without_the_private_figures() -> None:
     assert _saved({"gpu_seconds": None, "dedicated_gpu_seconds": None}) == "-"
+
+
+@pytest.mark.parametrize("width", ["\u00b2", "99999999999", "-1"])
+def test_a_bad_column_width_is_a_usage_error_naming_format(width: str) -> None:
+    # "²".isdigit() is True but int("²") raises; a huge width would pad each line to it
+    res = CliRunner().invoke(status, ["--controller", "http://127.0.0.1:1",
+                                      "-o", f"jobid:{width}"])
+    assert res.exit_code == 2, res.output
+    assert "width of 'jobid' in --format must be a number" in res.output

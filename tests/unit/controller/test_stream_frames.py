@@ -62,3 +62,11 @@ def test_a_good_acquire_and_named_errors() -> None:
         parse_frame('{"id": true, "op": "heartbeat", "job_id": 9}')
     assert frame_id('{"id": 5, "op": "nope"}') == 5
     assert frame_id("not json") is None
+
+
+def test_a_frame_nested_past_the_recursion_limit_is_refused_as_malformed() -> None:
+    deep = '{"id": 4, "op": "heartbeat", "job_id": 9, "x": ' + "[" * 50_000
+    with pytest.raises(RpcError, match="nested too deeply") as info:
+        parse_frame(deep)
+    assert info.value.status == 400
+    assert frame_id(deep) is None

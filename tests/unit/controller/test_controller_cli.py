@@ -1,0 +1,77 @@
+"""`slurmrl controller` start-up: a bad config stops it before anything is written, and
+the `[slurm]` keys reach the backend it runs Slurm through."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurmrl.config import Config, load
+from slurmrl.controller.cli import controller, slurm_backend
+from slurmrl.slurm import BatchSpec, CommandBackend, default_backend
+
+POOL = BatchSpec(command=("sleep", "infinity"), partition="pools", gpus=4)
+
+
+def _site(tmp_path: Path, text: str) -> tuple[Path, Path]:
+    db_dir = tmp_path / "state"
+    site = tmp_path / "site.toml"
+    site.write_text(f'[controller]\ndb_path = "{db_dir}/slurmrl.db"\n{text}')
+    return site, db_dir
+
+
+@pytest.fixture(autouse=True)
+def no_pyslurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever this machine has: pyslurm is not usable (and no Slurm command runs)."""
+    monkeypatch.setattr("slurmrl.slurm.factory.pyslurm_status",
+                        lambda env=None, timeout_s=20.0: (False, "pyslurm not importable"))
+
+
+def test_bad_policy_parameters_stop_it_before_the_db_exists(tmp_path: Path) -> None:
+    site, db_dir = _site(tmp_path, "[policies.params.round-robin]\nbogus = 1\n")
+    res = CliRunner().invoke(controller, ["--config", str(site)])
+    assert res.exit_code == 1
+    assert f"{site}: policies.params.round-robin: slice policy 'round-robin': bad " \
+        "parameters" in res.output
+    assert not db_dir.exists()
+
+
+def test_an_unusable_pyslurm_backend_stops_it_before_the_db_exists(tmp_path: Path) -> None:
+    site, db_dir = _site(tmp_path, '[slurm]\nbackend = "pyslurm"\n')
+    res = CliRunner().invoke(controller, ["--config", str(site)])
+    assert res.exit_code == 1
+    assert f"{site}: slurm.backend: the pyslurm backend was asked for but cannot be used: " \
+        "pyslurm not importable" in res.output
+    assert not db_dir.exists()
+
+
+def test_slurm_keys_reach_the_pools_sbatch(tmp_path: Path) -> None:
+    site, _ = _site(tmp_path, '[slurm]\nbackend = "command"\ncommand_timeout_s = 7.5\n'
+                    'pool_account = "rl-pools"\npool_time_limit = "1-00:00:00"\n')
+    b = slurm_backend(load(site, env={}))
+    assert isinstance(b, CommandBackend)
+    assert b.timeout_s == 7.5
+    argv = b.sbatch_argv(POOL)
+    assert "--account=rl-pools" in argv and "--time=1-00:00:00" in argv
+    # a spec's own limit still wins
+    argv = b.sbatch_argv(BatchSpec(command=("true",), time_limit_min=30))
+    assert "--time=30" in argv and "--time=1-00:00:00" not in argv
+
+
+def test_default_slurm_keys_add_nothing_to_sbatch() -> None:
+    b = slurm_backend(Config())  # backend "auto", pyslurm unusable: the commands
+    assert isinstance(b, CommandBackend)
+    assert b.timeout_s == 30.0
+    assert not [a for a in b.sbatch_argv(POOL) if a.startswith(("--account", "--time"))]
+
+
+def test_command_backend_is_used_without_asking_pyslurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    def asked(env: object = None, timeout_s: float = 0.0) -> tuple[bool, str]:
+        raise AssertionError("pyslurm_status called")
+
+    monkeypatch.setattr("slurmrl.slurm.factory.pyslurm_status", asked)
+    assert isinstance(default_backend({}, choice="command"), CommandBackend)
+    with pytest.raises(ValueError, match="unknown Slurm backend 'rest'"):
+        default_backend({}, choice="rest")

@@ -1,0 +1,178 @@
+"""The RPC app in process (a fake Slurm, a real Store and Controller), as a caller sees it:
+malformed bodies and frames, a malformed credential, and where `/metrics` is served."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import WSMsgType
+from aiohttp.test_utils import TestClient, TestServer
+
+from slurmrl.auth import sessions
+from slurmrl.auth.tokens import TIMESTAMP
+from slurmrl.config import Config, ControllerConfig
+from slurmrl.controller.core import Controller
+from slurmrl.controller.server import SESSIONS, make_app, serve
+from slurmrl.db import Store
+from slurmrl.model import Identity
+from slurmrl.slurm import JobInfo, SlurmJobState
+
+ALICE = Identity(1001, 1001, "alice")
+DEEP = b"[" * 50_000  # json's decoder recurses once per level: RecursionError, not ValueError
+
+
+class FakeSlurm:
+    """Slurm as registration sees it: alice's job 100 runs."""
+
+    def __init__(self) -> None:
+        self.known = {100: JobInfo(job_id=100, name="j100", user=ALICE.user, uid=ALICE.uid,
+                                   state=SlurmJobState.RUNNING, partition="cpu",
+                                   nodes=("n1",))}
+
+    def job(self, job_id: int) -> JobInfo | None:
+        return self.known.get(job_id)
+
+    def jobs(self, job_ids: Sequence[int] | None = None,
+             user: str | None = None) -> list[JobInfo]:
+        return [j for j in self.known.values() if job_ids is None or j.job_id in job_ids]
+
+
+@dataclass
+class Rig:
+    c: Controller
+    client: TestClient[Any, Any]
+    session: sessions.SessionGrant
+
+    async def call(self, method: str, path: str, body: bytes = b"",
+                   headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+        signed = sessions.sign(self.session.session_id, self.session.key, method, path, body)
+        r = await self.client.request(method, path, data=body,
+                                      headers={**signed, **(headers or {})})
+        return r.status, await r.json()
+
+
+@asynccontextmanager
+async def rig(tmp_path: Path, cfg: Config | None = None) -> AsyncIterator[Rig]:
+    store = Store(tmp_path / "c.db")
+    c = Controller(cfg or Config(), store, FakeSlurm())  # type: ignore[arg-type]
+    await c.pools.start(c)
+    app = make_app(c)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    try:
+        r = Rig(c, client, app[SESSIONS].open(ALICE))
+        status, _ = await r.call("POST", "/v1/jobs",
+                                 json.dumps({"job_id": 100, "env": {"SLURMRL_GPUS": "2"}}).encode())
+        assert status == 200
+        yield r
+    finally:
+        await client.close()
+        store.close()
+
+
+def test_a_deeply_nested_body_is_a_400_naming_the_nesting(tmp_path: Path) -> None:
+    async def main() -> tuple[int, dict[str, Any]]:
+        async with rig(tmp_path) as r:
+            return await r.call("POST", "/v1/jobs/100/heartbeat", DEEP)
+
+    status, answer = asyncio.run(main())
+    assert status == 400
+    assert answer["error"]["code"] == "bad-request"
+    assert "nested too deeply" in answer["error"]["message"]
+
+
+def test_a_timestamp_of_a_superscript_digit_is_a_401_not_a_500(tmp_path: Path) -> None:
+    async def main() -> tuple[int, dict[str, Any]]:
+        async with rig(tmp_path) as r:
+            return await r.call("GET", "/v1/jobs", headers={TIMESTAMP: "\u00b2"})
+
+    status, answer = asyncio.run(main())
+    assert status == 401
+    assert answer["error"]["code"] == "auth-malformed"
+
+
+def test_a_deep_frame_gets_an_error_frame_and_the_stream_carries_on(tmp_path: Path) -> None:
+    async def main() -> list[dict[str, Any]]:
+        async with rig(tmp_path) as r:
+            s = r.session
+            ws = await r.client.ws_connect(
+                "/v1/stream", headers=sessions.sign(s.session_id, s.key, "GET", "/v1/stream"))
+            # job 100 has no pool: this acquire waits (1 s) while the stream reads on
+            await ws.send_str(json.dumps({"id": 5, "op": "acquire", "job_id": 100,
+                                          "phase": "rollout", "wait_s": 1}))
+            await ws.send_str('{"id": 6, "op": "heartbeat", "job_id": 100, "x": '
+                              + DEEP.decode())
+            await ws.send_str(json.dumps({"id": 7, "op": "heartbeat", "job_id": 100}))
+            frames = []
+            for _ in range(3):
+                msg = await ws.receive(timeout=10)
+                assert msg.type is WSMsgType.TEXT, (msg.type, msg.data, msg.extra)
+                frames.append(json.loads(msg.data))
+            await ws.close()
+            return frames
+
+    error, heartbeat, acquire = asyncio.run(main())
+    assert error["id"] is None and error["status"] == 400
+    assert "nested too deeply" in error["error"]["message"]
+    assert (heartbeat["id"], heartbeat["status"]) == (7, 200)
+    # the waiting acquire was not cancelled with the stream: it is answered when it times out
+    assert (acquire["id"], acquire["status"], acquire["state"]) == (5, 202, "unplaced")
+
+
+def _metrics_status(tmp_path: Path, cfg: Config) -> int:
+    async def main() -> int:
+        async with rig(tmp_path, cfg) as r:
+            resp = await r.client.get("/metrics")  # no credential, like Prometheus
+            return resp.status
+
+    return asyncio.run(main())
+
+
+def test_metrics_are_served_on_the_rpc_port_by_default(tmp_path: Path) -> None:
+    assert _metrics_status(tmp_path, Config()) == 200
+
+
+def test_metrics_enabled_false_serves_no_metrics(tmp_path: Path) -> None:
+    cfg = Config(controller=ControllerConfig(metrics_enabled=False))
+    assert _metrics_status(tmp_path, cfg) == 404
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_metrics_port_serves_metrics_there_and_not_on_the_rpc_port(tmp_path: Path) -> None:
+    rpc_port, metrics_port = _free_port(), _free_port()
+    cfg = Config(controller=ControllerConfig(metrics_port=metrics_port))
+
+    async def main() -> tuple[int, int, int, str]:
+        store = Store(tmp_path / "c.db")
+        c = Controller(cfg, store, FakeSlurm())  # type: ignore[arg-type]
+        runner = await serve(c, "127.0.0.1", rpc_port)
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"http://127.0.0.1:{rpc_port}/metrics") as r:
+                    on_rpc = r.status
+                async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+                    on_metrics, text = r.status, await r.text()
+                async with http.get(f"http://127.0.0.1:{metrics_port}/v1/ping") as r:
+                    ping = r.status
+        finally:
+            await runner.cleanup()
+            await c.stop()
+            store.close()
+        return on_rpc, on_metrics, ping, text
+
+    on_rpc, on_metrics, ping, text = asyncio.run(main())
+    assert (on_rpc, on_metrics, ping) == (404, 200, 404)
+    assert "slurmrl_lease_requests_waiting" in text
