@@ -62,7 +62,9 @@ class PoolMode(StrEnum):
 
     LEASE = "lease"  #: phase leases on GPU sets, shrinkable (slurmrl)
     LOCK = "lock"  #: one lock on the whole pool per GPU phase, no shrink (llm-d style)
-    GANG = "gang"  #: fixed time quanta regardless of phases, memory held (Slurm GANG)
+    #: fixed time quanta regardless of phases, memory held (Slurm GANG); the quantum is
+    #: the pairing policy's `quantum_s` attribute (seconds)
+    GANG = "gang"
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,8 @@ class PoolSnapshot:
     gpu_mem_bytes: int | None = None  #: per GPU, None when unknown
     host_mem_free_bytes: int | None = None  #: budget left for parked state on its nodes
     dedicated: bool = False  #: opened for a `--rl-mux=off` (or forced-dedicated) job
-    closed: bool = False  #: takes no new member (fixed groups of `fifo-lock`)
+    #: takes no new member: its group is fixed and was complete (`fixed_group`)
+    closed: bool = False
     #: per member (same order), the first pool GPU of its window (its GPUs are
     #: offset .. offset + its GPU count - 1); empty: every member from GPU 0
     offsets: tuple[int, ...] = ()
@@ -138,12 +141,33 @@ class PairingPolicy(Protocol):
     Called with every waiting job at once (a batch), so a policy may match them among
     themselves. Returns one placement per waiting job. `OPEN` placements that should
     share with each other use the same (negative, provisional) `pool_id`.
+
+    Optional attributes, read where present: `fixed_group` (an int, see `fixed_group`),
+    `slice_policy` (the name of the slice policy its pools run in the simulator, which
+    refuses another; the controller slices by the site's), `quantum_s` (a
+    `PoolMode.GANG` policy's time quantum, seconds).
+
+    A join (or a second `OPEN` of the same provisional pool) is a request: the caller
+    enacts it only where the pool still takes the job (the controller's guard,
+    `SlurmPools._joinable`: not dedicated, fewer members than `max_jobs_per_pool`, the
+    job's window inside the pool, memory; the simulator's, `Simulation._refusal`, checks
+    the same, the members' compatibility and `closed` too), else the job opens a pool of
+    its own: it never waits for a partner.
     """
 
     name: str
     mode: PoolMode  #: how pools it forms are sliced; the controller supports LEASE
 
     def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]: ...
+
+
+def fixed_group(policy: object) -> int | None:
+    """How many members a group of `policy` has for good (its optional `fixed_group`
+    attribute), or None where its groups are not fixed. A pool that has had that many
+    members takes no new one, even after a member leaves: the caller (the simulator,
+    the controller) marks it `PoolSnapshot.closed`."""
+    n = getattr(policy, "fixed_group", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
 
 
 class Verdict(StrEnum):

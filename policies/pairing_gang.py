@@ -1,18 +1,18 @@
 """`gang`: Slurm `PreemptMode=SUSPEND,GANG`-style time slicing, memory held.
 
-Pairs jobs first-fit like `fifo-lock` (fixed pairs), but the pool is sliced in fixed time
-quanta (`quantum_s`, Slurm's SchedulerTimeSlice defaults to 30 s) whatever the phases:
-a member is suspended (SIGSTOP: GPU and CPU work alike) outside its quantum, and both
-members' memory stays on the GPUs, so they must fit it together.
+Pairs jobs in arrival order like `fifo-lock` (`pair_in_arrival_order`: fixed pairs, with
+waiting jobs of the same round paired with each other too), but the pool is sliced in
+fixed time quanta (`quantum_s`, Slurm's SchedulerTimeSlice defaults to 30 s) whatever
+the phases: a member is suspended (SIGSTOP: GPU and CPU work alike) outside its quantum,
+and both members' memory stays on the GPUs, so they must fit it together.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 
-from policies.base import Action, ClusterSnapshot, JobSnapshot, Placement, PoolMode
-from policies.complementarity import compatible, shareable
+from policies.base import ClusterSnapshot, JobSnapshot, Placement, PoolMode, PoolSnapshot
+from policies.pairing_fifo_lock import pair_in_arrival_order
 
 
 def device_bytes(job: JobSnapshot) -> int:
@@ -33,36 +33,17 @@ class GangPairing:
     name = "gang"
     mode = PoolMode.GANG
     slice_policy = "round-robin"
+    fixed_group = 2
 
     def __init__(self, quantum_s: float = 30.0, gpu_mem_bytes: int = 80 * 2**30) -> None:
         if quantum_s <= 0:
             raise ValueError(f"quantum_s must be > 0, got {quantum_s}")
         self.quantum_s, self.gpu_mem_bytes = quantum_s, gpu_mem_bytes
 
+    def _fits(self, job: JobSnapshot, mate: JobSnapshot, pool: PoolSnapshot | None) -> bool:
+        """Both resident at once: their GPU memory within a GPU's."""
+        mem = (pool.gpu_mem_bytes if pool is not None else None) or self.gpu_mem_bytes
+        return device_bytes(job) + device_bytes(mate) <= mem
+
     def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:
-        free = defaultdict(int, snapshot.free_gpus)
-        taken: set[int] = set()
-        out = []
-        for job in snapshot.waiting:
-            target = None
-            for pool in sorted(snapshot.pools, key=lambda p: p.pool_id):
-                mem = pool.gpu_mem_bytes or self.gpu_mem_bytes
-                if (shareable(job) and len(pool.members) == 1 and not pool.closed
-                        and not pool.dedicated and pool.pool_id not in taken
-                        and pool.gpus == job.request.gpus
-                        and compatible(job, pool.members[0]) is None
-                        and device_bytes(job) + device_bytes(pool.members[0]) <= mem):
-                    target = pool.pool_id
-                    break
-            if target is not None:
-                taken.add(target)
-                out.append(Placement(job.job_id, Action.JOIN, target, reason="gang pair"))
-                continue
-            g = job.request.gpus
-            if free[job.partition] < g:
-                out.append(Placement(job.job_id, Action.WAIT, reason="no free GPUs"))
-                continue
-            free[job.partition] -= g
-            action = Action.OPEN if shareable(job) else Action.DEDICATED
-            out.append(Placement(job.job_id, action, -1 - len(out), g, reason="alone"))
-        return out
+        return pair_in_arrival_order(snapshot, self._fits, reason="gang pair")

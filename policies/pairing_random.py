@@ -1,8 +1,10 @@
 """`random`: Gandiva-style random pairing (Gavel's Gandiva baseline), blind to profiles.
 
-Each waiting job joins a uniformly chosen open pool of its size with a free slot, or
-opens a pool alone. Pure: the choice is seeded by `seed` and the job id, so the same
-snapshot gives the same placements. Known limit: no un-pairing (a job never migrates).
+Each waiting job joins a uniformly chosen open pool of its size with a free slot whose
+members it may share with (`compatible`) and whose parked state, its own added, fits
+host memory (`fits_memory`), or opens a pool alone. Pure: the choice is seeded by `seed`
+and the job id, so the same snapshot gives the same placements. Known limit: no
+un-pairing (a job never migrates).
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ import random
 from collections import defaultdict
 from collections.abc import Sequence
 
-from policies.base import Action, ClusterSnapshot, Placement, PoolMode
-from policies.complementarity import compatible, shareable
+from policies.base import Action, ClusterSnapshot, JobSnapshot, Placement, PoolMode
+from policies.complementarity import compatible, fits_memory, shareable
 
 
 class RandomPairing:
@@ -25,18 +27,20 @@ class RandomPairing:
     def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:
         free = defaultdict(int, snapshot.free_gpus)
         cap = min(self.max_group, snapshot.limits.max_jobs_per_pool)
-        size = {p.pool_id: len(p.members) for p in snapshot.pools}
+        members: dict[int, list[JobSnapshot]] = {p.pool_id: list(p.members)
+                                                  for p in snapshot.pools}
         out = []
         for job in snapshot.waiting:
             rng = random.Random(self.seed * 1_000_003 + job.job_id)
             cands = [p for p in snapshot.pools
                      if shareable(job) and not p.dedicated and not p.closed and p.members
-                     and size[p.pool_id] < cap and p.gpus == job.request.gpus
-                     and all(compatible(job, m) is None for m in p.members)]
+                     and len(members[p.pool_id]) < cap and p.gpus == job.request.gpus
+                     and all(compatible(job, m) is None for m in members[p.pool_id])
+                     and fits_memory([*members[p.pool_id], job], p, snapshot.limits) is None]
             # Gandiva packs with probability 1/2 when it can, as a coin flip per job
             if cands and rng.random() < 0.5 + 0.5 * (free[job.partition] < job.request.gpus):
                 pool = rng.choice(cands)
-                size[pool.pool_id] += 1
+                members[pool.pool_id].append(job)
                 out.append(Placement(job.job_id, Action.JOIN, pool.pool_id, reason="random"))
                 continue
             g = job.request.gpus

@@ -12,7 +12,10 @@ and Slurm, so both call the same objects with the same kind of input:
   where the driver runs, not where its GPUs come from);
 - free GPUs per partition are the GPUs of the partition's usable nodes minus what is
   allocated on them: the GPUs Slurm lists for running jobs (any partition: nodes are
-  shared), plus the controller's own open pools Slurm listed without GPUs.
+  shared), plus the controller's own open pools Slurm listed without GPUs;
+- a pool is `closed` where the pairing policy's groups are fixed
+  (`policies.base.fixed_group`) and it has had that many members, ended ones included,
+  as the simulator marks it.
 
 Known limits: free GPUs are summed over nodes while a pool needs all its GPUs on one
 node, so a fragmented partition may be over-estimated; the pool then stays pending in
@@ -37,6 +40,7 @@ from policies.base import (
     PoolMode,
     PoolSnapshot,
     SiteLimits,
+    fixed_group,
 )
 from policies.complementarity import host_bytes
 from slurmrl.config import Config
@@ -146,12 +150,14 @@ def job_snapshot(job: JobRecord, partition: str,
 
 def pool_snapshot(pool: PoolRecord, members: Sequence[JobSnapshot], partition: str,
                   gpu_mem_bytes: int | None, limits: SiteLimits,
-                  offsets: Sequence[int] = ()) -> PoolSnapshot:
-    """`offsets`: each member's first pool GPU, in `members`' order (empty: all 0)."""
+                  offsets: Sequence[int] = (), closed: bool = False) -> PoolSnapshot:
+    """`offsets`: each member's first pool GPU, in `members`' order (empty: all 0);
+    `closed`: it takes no new member (a fixed group was complete)."""
     budget = limits.parked_host_mem_bytes
     free = None if budget is None else budget - sum(host_bytes(m) for m in members)
     return PoolSnapshot(pool.pool_id, pool.gpus, tuple(members), pool.partition or partition,
-                        None, gpu_mem_bytes, free, pool.dedicated, offsets=tuple(offsets))
+                        None, gpu_mem_bytes, free, pool.dedicated, closed,
+                        offsets=tuple(offsets))
 
 
 def free_gpus(nodes: Sequence[NodeInfo], running: Sequence[JobInfo],
@@ -200,13 +206,15 @@ async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
         return job_snapshot(job, part, c.store.observations(job.job_id), now)
 
     open_pools = c.store.pools(open_only=True)
+    group = fixed_group(c.policies.pairing)
     pools = []
     for p in open_pools:
         if p.slurm_job_id is None:
             continue
         members = c.store.jobs(active=True, pool_id=p.pool_id)
+        closed = group is not None and len(c.store.jobs(pool_id=p.pool_id)) >= group
         pools.append(pool_snapshot(p, [snap(m) for m in members], part, gpu_mem_bytes, limits,
-                                   [min(m.pool_gpus, default=0) for m in members]))
+                                   [min(m.pool_gpus, default=0) for m in members], closed))
     try:
         nodes, running = await asyncio.to_thread(lambda: (c.slurm.nodes(), c.slurm.jobs()))
         free = free_gpus(nodes, running, open_pools, part)

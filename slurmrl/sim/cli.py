@@ -7,8 +7,13 @@ of drawing them: what a pairing policy would have saved on the site's own runs.
 `--replay FILE` runs a trace's jobs in their recorded pools and compares makespans.
 `--param POLICY.KEY=VALUE` (repeatable) passes a policy parameter, as a site config's
 `[policies.params.POLICY]` table does (`--param complementary.max_load=1.0`).
-`--json` prints one envelope (`meta`, `errors`, `warnings`, `metrics`); otherwise a
-table. A progress bar is drawn on stderr for long runs (not with --json).
+`--slice NAME` picks the slice policy, except for a pairing policy that fixes its own
+(`fifo-lock`: fifo, `gang`: round-robin), where another is a usage error; `meta.slice`
+says which ran. `--json` prints one envelope (`meta`, `errors`, `warnings`, `metrics`);
+otherwise a table. `warnings` lists joins the simulator refused (a pool that could not
+take the job: `slurmrl.sim.engine`), which then opened pools of their own. A malformed
+workload or trace, or a simulation that cannot go on, fails with one line on stderr
+(exit 1). A progress bar is drawn on stderr for long runs (not with --json).
 """
 
 from __future__ import annotations
@@ -38,8 +43,18 @@ def _param(value: str) -> tuple[str, str, Any]:
     return policy, key, toml_literal(raw.strip())
 
 
-def _envelope(meta: dict[str, Any], payload: dict[str, Any]) -> str:
-    return json.dumps({"meta": meta, "errors": [], "warnings": [], **payload}, indent=2)
+def _envelope(meta: dict[str, Any], warnings: list[str], payload: dict[str, Any]) -> str:
+    return json.dumps({"meta": meta, "errors": [], "warnings": warnings, **payload},
+                      indent=2)
+
+
+def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
+    """One warning for the joins the simulator refused, with the first's reason."""
+    if not refused:
+        return []
+    job, pool, why = refused[0]
+    return [f"pairing policy {pairing!r}: {len(refused)} join(s) refused, the jobs opened "
+            f"pools of their own (first: job {job} to pool {pool}: {why})"]
 
 
 @click.command("simulate")
@@ -50,8 +65,9 @@ def _envelope(meta: dict[str, Any], payload: dict[str, Any]) -> str:
               show_default=True)
 @click.option("--pairing", "--policy", "pairing", default="complementary", show_default=True,
               help=f"pairing policy: {', '.join(registry.names('pairing'))}")
-@click.option("--slice", "slice_name", default="round-robin", show_default=True,
-              help=f"slice policy: {', '.join(registry.names('slice'))}")
+@click.option("--slice", "slice_name", default=None,
+              help=f"slice policy: {', '.join(registry.names('slice'))} (default: "
+                   "round-robin, or the one the pairing policy fixes)")
 @click.option("--admission", default="site-limits", show_default=True)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None,
@@ -77,27 +93,26 @@ def _envelope(meta: dict[str, Any], payload: dict[str, Any]) -> str:
               help="a policy parameter, as [policies.params.POLICY] in the site config")
 @click.option("--no-check", is_flag=True, help="skip the lease invariant check per event")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
-def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admission: str,
+def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
+             admission: str,
              seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
              gpus_per_node: int | None, declare_steps: bool, assume_profiles: bool,
              replay_path: str | None, param_args: tuple[str, ...], no_check: bool,
              as_json: bool) -> None:
     """Simulate RL jobs multiplexed on a cluster; report GPU-hours saved and slowdowns."""
+    from slurmrl.sim.engine import SimError
+    from slurmrl.sim.runner import SliceConflict, slice_for
     from slurmrl.sim.workload import WorkloadError
 
+    parsed = [(arg, *_param(arg)) for arg in param_args]
     params: dict[str, dict[str, Any]] = {}
-    for arg in param_args:
-        policy, key, value = _param(arg)
-        if policy not in (pairing, slice_name, admission):
-            raise click.BadParameter(
-                f"{arg!r}: {policy!r} is none of this run's policies ({pairing}, "
-                f"{slice_name}, {admission})", param_hint="--param")
+    for _, policy, key, value in parsed:
         params.setdefault(policy, {})[key] = value
 
     try:
         for kind, name in (("pairing", pairing), ("slice", slice_name),
                            ("admission", admission)):
-            if name not in registry.REGISTRY[kind] and ":" not in name:
+            if name is not None and name not in registry.REGISTRY[kind] and ":" not in name:
                 raise click.UsageError(f"unknown {kind} policy {name!r}; valid: "
                                        f"{', '.join(registry.names(kind))}")
         ctx = click.get_current_context()
@@ -114,27 +129,43 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str, admiss
         if workload.endswith(".jsonl") and given & {"arrivals", "seed", "n_jobs", "load_scale"}:
             raise click.UsageError("--arrivals, --seed, --jobs and --load draw a synthetic "
                                    "workload; a trace's jobs arrive as recorded")
+        # the slice policy that runs: a pairing policy that fixes its own takes no other
+        if replay_path is not None:
+            sname = slice_name or "round-robin"
+        else:
+            sname = slice_for(registry.load("pairing", pairing, params.get(pairing)),
+                              slice_name)
+        for arg, policy, _, _ in parsed:
+            if policy not in (pairing, sname, admission):
+                raise click.BadParameter(
+                    f"{arg!r}: {policy!r} is none of this run's policies ({pairing}, "
+                    f"{sname}, {admission})", param_hint="--param")
         t0 = time.perf_counter()
+        warnings: list[str] = []
         if replay_path is not None:
             from slurmrl.sim.replay import replay
 
-            payload: dict[str, Any] = {"replay": replay(replay_path, slice_name=slice_name)}
+            payload: dict[str, Any] = {"replay": replay(replay_path, slice_name=sname)}
             meta: dict[str, Any] = {"command": "simulate", "replay": replay_path,
-                                    "slice": slice_name}
+                                    "slice": sname}
         else:
-            payload, meta = _run(workload, arrivals, pairing, slice_name, admission, seed,
-                                 n_jobs, load_scale, max_slowdown, gpus_per_node,
-                                 declare_steps, assume_profiles, not no_check, as_json,
-                                 params)
+            payload, meta, warnings = _run(workload, arrivals, pairing, sname, admission,
+                                           seed, n_jobs, load_scale, max_slowdown,
+                                           gpus_per_node, declare_steps, assume_profiles,
+                                           not no_check, as_json, params)
         meta["wall_s"] = f"{time.perf_counter() - t0:.3f}"
-    except (WorkloadError, ValueError) as exc:
+    except SliceConflict as exc:
+        raise click.UsageError(str(exc)) from None
+    except (WorkloadError, ValueError, SimError) as exc:
         if isinstance(exc, click.UsageError):
             raise
         click.echo(f"slurmrl simulate: {exc}", err=True)
         sys.exit(1)
     if as_json:
-        click.echo(_envelope(meta, payload))
+        click.echo(_envelope(meta, warnings, payload))
         return
+    for w in warnings:
+        click.echo(f"slurmrl simulate: warning: {w}", err=True)
     rows = payload.get("metrics") or payload["replay"]
     click.echo(" ".join(f"{k}={v}" for k, v in meta.items() if v is not None))
     for k, v in rows.items():
@@ -145,7 +176,7 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
          seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
          gpus_per_node: int | None, declare_steps: bool, assume_profiles: bool, check: bool,
          quiet: bool, params: dict[str, dict[str, Any]],
-         ) -> tuple[dict[str, Any], dict[str, Any]]:
+         ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     from slurmrl.sim.runner import config_for, run_jobs, trace_config, with_max_slowdown
     from slurmrl.sim.workload import generate, load
 
@@ -179,4 +210,6 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
             task = bar.add_task(f"simulating {meta['workload']}", total=1.0)
             result = run_jobs(jobs, cfg, pairing, slice_name, admission, params,
                               progress=lambda f: bar.update(task, completed=f))
-    return {"metrics": result.metrics.as_dict()}, meta
+    meta["slice"] = result.slice_name
+    return ({"metrics": result.metrics.as_dict()}, meta,
+            _refusals(pairing, result.sim.refused))

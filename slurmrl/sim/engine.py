@@ -5,12 +5,25 @@ ends; a rollout reaches its next tail point (its leases shrink) or gets grown GP
 active (slurmrl/sim/elastic.py); a gang quantum ends. Every pool's GPUs
 are sliced by a real `LeaseTable` with the real slice policy, jobs are placed by the real
 pairing policy from a `ClusterSnapshot`, admitted by the real admission policy, and
-`check_table` runs on the touched table after every event. Pool modes (`PoolMode`):
+`check_table` runs on the touched table after every event.
+
+A join (or a second `OPEN` of one provisional pool) is enacted only where the pool still
+takes the job, as the controller's guard does (`SlurmPools._joinable`): not dedicated,
+fewer members than the site's `max_jobs_per_pool`, the job's window inside the pool,
+the parked state of all its members within `SimConfig.host_mem_per_pool_bytes`; and
+here also members that may share (`complementarity.compatible`: GPU count, layout
+split, `--rl-mux=off`) and a pool not closed. A refused job opens a pool of its own
+(it never waits for a partner) and is listed in `Simulation.refused`, so a policy that
+ignores a constraint gains nothing from it. Pairing policies with fixed groups
+(`policies.base.fixed_group`) have a pool marked `PoolSnapshot.closed` once it has had
+that many members.
+
+Pool modes (`PoolMode`):
 LEASE (phase leases; a rollout starts on >= half its set, asks for the rest with a second
 lease on the missing GPUs (`min_gpus=1`, queued under the slice policy like any request)
 and grows as they free, then gives GPUs back through its tail),
-LOCK (each GPU phase locks the whole pool, no shrink), GANG (whole-pool time quanta,
-the job frozen outside its quantum, memory held).
+LOCK (each GPU phase locks the whole pool, no shrink), GANG (whole-pool time quanta of
+the pairing policy's `quantum_s`, the job frozen outside its quantum, memory held).
 
 A pool may be larger than its members (a staggered pool: the pairing policy gives each
 member's first GPU in `Placement.gpu_offset`); a member's leases stay within its window,
@@ -55,7 +68,9 @@ from policies.base import (
     SiteLimits,
     SlicePolicy,
     Verdict,
+    fixed_group,
 )
+from policies.complementarity import compatible
 from slurmrl.leases.invariants import check_table
 from slurmrl.leases.table import LeaseTable
 from slurmrl.leases.types import Event, Grant, Released, Revoke, Shrunk
@@ -158,7 +173,6 @@ class SimConfig:
     #: learn the rollout share prior from the jobs observed so far, by model and size
     #: (`SitePriors`): every job's until its own rollouts are seen
     learn_priors: bool = True
-    gang_quantum_s: float = 30.0
     check_invariants: bool = True
     #: GPUs per node: a staggered pool's windows may not straddle a node boundary
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
@@ -175,6 +189,15 @@ class Simulation:
         self.cfg, self.pairing, self.admission = config, pairing, admission
         self.slice_factory = slice_factory
         self.mode = pairing.mode
+        #: members after which a pool takes no new one (the policy's fixed groups)
+        self.group = fixed_group(pairing)
+        self.quantum_s = 0.0
+        if self.mode is PoolMode.GANG:
+            q = getattr(pairing, "quantum_s", None)
+            if isinstance(q, bool) or not isinstance(q, int | float) or not q > 0:
+                raise SimError(f"pairing policy {pairing.name!r} forms gang pools but has "
+                               f"no quantum_s > 0 (got {q!r})")
+            self.quantum_s = float(q)
         self.runs = {j.job_id: JobRun(j, ProfileBuilder(
             prior=j.prior, rollout_gpu_share=config.rollout_prior_gpu_share), solo_s=j.solo_s())
                      for j in jobs}
@@ -183,6 +206,8 @@ class Simulation:
         self.pools: dict[int, Pool] = {}
         self.closed: list[Pool] = []
         self.waiting: list[JobRun] = []
+        #: joins the pool refused (job id, pool id, why): the job opened its own
+        self.refused: list[tuple[int, int, str]] = []
         self.heap: list[tuple[float, int, str, Any]] = []
         self._seq = itertools.count()
         self._pool_ids = itertools.count(1)
@@ -192,9 +217,6 @@ class Simulation:
         self.progress = progress
         self._left = len(jobs)
         for j in jobs:
-            if j.gpus > config.gpus:
-                raise SimError(f"job {j.job_id} needs {j.gpus} GPUs, the cluster has "
-                               f"{config.gpus}")
             self._push(j.submit_s, "arrive", j.job_id)
 
     def _push(self, t: float, kind: str, data: Any) -> None:
@@ -277,6 +299,9 @@ class Simulation:
             run.admitted, run.reject_reason = False, verdict.reason
             self._left -= 1
             return
+        if run.job.gpus > self.cfg.gpus:  # admitted, but no pool could ever hold it
+            raise SimError(f"job {job_id} needs {run.job.gpus} GPUs, the cluster has "
+                           f"{self.cfg.gpus}")
         run.dedicated = verdict.verdict is Verdict.DEDICATED
         self.waiting.append(run)
         self._want_pairing()
@@ -291,13 +316,14 @@ class Simulation:
         pools = tuple(
             PoolSnapshot(p.pool_id, p.gpus, tuple(self._snapshot(m) for m in p.members),
                          PARTITION, None, self.cfg.gpu_mem_bytes,
-                         self._host_free(p), p.dedicated,
+                         self._host_free(p), p.dedicated, self._closed(p),
                          offsets=tuple(p.offset[m.job.job_id] for m in p.members))
             for p in self.pools.values()
         )
         snap = ClusterSnapshot(self.now, pools, tuple(self._snapshot(r) for r in self.waiting),
                                {PARTITION: self.free}, self.cfg.limits,
                                {PARTITION: self.cfg.gpus_per_node})
+        jobs = {j.job_id: j for j in itertools.chain(snap.waiting, *(p.members for p in pools))}
         placements = self.pairing.place(snap)
         if sorted(p.job_id for p in placements) != sorted(r.job.job_id for r in self.waiting):
             raise SimError(f"pairing policy {self.pairing.name!r} must place every waiting job")
@@ -308,14 +334,20 @@ class Simulation:
             if pl.action is Action.WAIT:
                 still.append(run)
                 continue
+            pool: Pool | None = None
             if pl.action is Action.JOIN:
                 pool = self.pools.get(pl.pool_id if pl.pool_id is not None else 0)
-                if pool is None or pool.dedicated:
-                    raise SimError(f"job {pl.job_id} told to join unusable pool {pl.pool_id}")
+                if pool is None:
+                    raise SimError(f"job {pl.job_id} told to join unknown pool {pl.pool_id}")
             elif pl.action is Action.OPEN and pl.pool_id in new:
                 pool = new[pl.pool_id]
-            else:
-                size = max(pl.gpus or 0, run.job.gpus)
+            if pool is not None:
+                why = self._refusal(pool, run, pl.gpu_offset, jobs)
+                if why is not None:  # never wait for a partner: open alone instead
+                    self.refused.append((run.job.job_id, pool.pool_id, why))
+                    pool = None
+            if pool is None:
+                size = max(pl.gpus or 0, pl.gpu_offset + run.job.gpus)
                 if self.free < size:
                     still.append(run)  # the policy over-allocated: Slurm would queue it
                     continue
@@ -334,6 +366,35 @@ class Simulation:
                                f"GPUs would straddle nodes of {node} GPUs")
             self._add(pool, run, pl.gpu_offset)
         self.waiting = still
+
+    def _closed(self, pool: Pool) -> bool:
+        """Whether the pool takes no new member: its fixed group was complete."""
+        return self.group is not None and len(pool.history) >= self.group
+
+    def _refusal(self, pool: Pool, run: JobRun, offset: int,
+                 jobs: dict[int, JobSnapshot]) -> str | None:
+        """Why `run` may not join `pool` from GPU `offset` now (see the module's
+        docstring), or None; `jobs`: this round's snapshots by job id."""
+        members = pool.members
+        if pool.dedicated:
+            return "the pool is dedicated"
+        if self._closed(pool):
+            return f"its group of {self.group} is fixed"
+        if len(members) >= self.cfg.limits.max_jobs_per_pool:
+            return f"it has {len(members)} members, the site's most (max_jobs_per_pool)"
+        if not 0 <= offset <= pool.gpus - run.job.gpus:
+            return (f"{run.job.gpus} GPUs from GPU {offset} do not fit its {pool.gpus} "
+                    "GPUs")
+        me = jobs[run.job.job_id]
+        why = next((w for m in members if (w := compatible(me, jobs[m.job.job_id]))), None)
+        if why is not None:
+            return why
+        cap = self.cfg.host_mem_per_pool_bytes
+        need = sum(costs.host_bytes(m.job) for m in (*members, run))
+        if cap is not None and need > cap:
+            return (f"parked state needs {need / 2**30:.0f} GiB host memory, "
+                    f"{cap / 2**30:.0f} per pool")
+        return None
 
     def _host_free(self, pool: Pool) -> int | None:
         cap = self.cfg.host_mem_per_pool_bytes
@@ -537,7 +598,7 @@ class Simulation:
             raise SimError(f"gang pool {pool.pool_id} could not grant job {nxt.job.job_id}")
         left = nxt.solo_s - nxt.progress
         pool.gang_token += 1
-        self._push(self.now + min(self.cfg.gang_quantum_s, left), "gang",
+        self._push(self.now + min(self.quantum_s, left), "gang",
                    (pool.pool_id, pool.gang_token))
 
     def _on_gang(self, data: tuple[int, int]) -> None:

@@ -24,17 +24,45 @@ the simulator's handoff cost on top (a small overestimate); no tail shrink is re
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from policies.base import Action, ClusterSnapshot, Placement, PoolMode
-from slurmrl.model import Layout, Phase, PhasePrior
+from policies.base import Action, ClusterSnapshot, Placement, PoolMode, SiteLimits
+from slurmrl.model import GPU_PHASES, Layout, Phase, PhasePrior
+from slurmrl.sim import schema as sc
 from slurmrl.sim.workload import Segment, SimJob, WorkloadError
 
 TRACE_FORMAT = "slurmrl-trace/1"
+
+#: the header's line (workloads/README.md, "Trace format"); a job's `steps` is checked
+#: where it is read, with the --rl-steps range
+HEADER = sc.table({
+    "format": (True, sc.anything),
+    "jobs": (True, sc.list_of(sc.table({
+        "job_id": (True, sc.whole(0)),
+        "gpus": (True, sc.whole(1)),
+        "layout": (False, sc.one_of(*(str(x) for x in Layout))),
+        "rollout_gpus": (False, sc.optional(sc.whole(1))),
+        "model": (False, sc.text),
+        "pool": (False, sc.optional(sc.whole(0))),
+        "user": (False, sc.text),
+        "profile": (False, sc.optional(sc.text)),
+        "max_slowdown": (False, sc.optional(sc.number(0.0))),
+        "steps": (False, sc.anything),
+        "mux": (False, sc.optional(sc.text)),
+    }, strict=False))),
+}, strict=False)
+#: one phase observation line
+OBSERVATION = sc.table({
+    "job_id": (True, sc.whole(0)),
+    "phase": (True, sc.one_of(*(str(x) for x in GPU_PHASES))),
+    "requested_at": (True, sc.real),
+    "granted_at": (True, sc.real),
+    "released_at": (True, sc.real),
+}, strict=False)
 
 
 class FixedGroups:
@@ -73,13 +101,12 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         obs = [json.loads(ln) for ln in lines[1:]]
     except json.JSONDecodeError as exc:
         raise WorkloadError(f"{path}: not JSON lines: {exc}") from exc
-    if header.get("format") != TRACE_FORMAT:
+    if not isinstance(header, dict) or header.get("format") != TRACE_FORMAT:
         raise WorkloadError(f"{path}: first line must be a header with format "
                             f"{TRACE_FORMAT!r}")
+    sc.check(HEADER, header, f"{path}: header")
     for i, o in enumerate(obs, 2):
-        for key in ("job_id", "phase", "requested_at", "granted_at", "released_at"):
-            if key not in o:
-                raise WorkloadError(f"{path}:{i}: missing key {key!r}")
+        sc.check(OBSERVATION, o, f"{path}:{i}")
         if not o["requested_at"] <= o["granted_at"] <= o["released_at"]:
             raise WorkloadError(f"{path}:{i}: times must satisfy requested <= granted <= "
                                 "released")
@@ -189,8 +216,19 @@ def replay(path: str | Path, slice_name: str = "round-robin") -> dict[str, float
 
     header, obs = read_trace(path)
     jobs, groups = jobs_from_trace(header, obs)
+    sizes: dict[int, set[int]] = defaultdict(set)
+    for j in jobs:
+        sizes[groups[j.job_id]].add(j.gpus)
+    for pool, gpus in sorted(sizes.items()):
+        if len(gpus) > 1:
+            raise WorkloadError(f"{path}: header: the jobs of pool {pool} have different GPU "
+                                f"counts ({', '.join(map(str, sorted(gpus)))}); a recorded "
+                                "pool's members have one")
     recorded = max(o["released_at"] for o in obs) - min(o["requested_at"] for o in obs)
-    cfg = SimConfig(gpus=sum(j.gpus for j in jobs))
+    # every recorded group whole: the simulator refuses a join beyond the site's most
+    largest = max(Counter(groups.values()).values())
+    cfg = SimConfig(gpus=sum(j.gpus for j in jobs),
+                    limits=SiteLimits(max_jobs_per_pool=max(largest, 2)))
     sim = Simulation(jobs, cfg, FixedGroups(groups),
                      lambda: registry.load("slice", slice_name), SiteLimitsAdmission())
     sim.run()

@@ -18,6 +18,26 @@ from slurmrl.sim.workload import SimJob, Workload, generate
 class RunResult:
     metrics: Metrics
     sim: Simulation
+    slice_name: str  #: the slice policy that ran (`slice_for`)
+
+
+class SliceConflict(ValueError):
+    """A slice policy was asked for a pairing policy that fixes its own."""
+
+
+def slice_for(pairing: Any, slice_name: str | None) -> str:
+    """The slice policy a run uses: the pairing policy's own where it fixes one (its
+    `slice_policy`: `fifo-lock` and `gang` are defined by their slicing), else
+    `slice_name`, by default `round-robin`. Raises `SliceConflict` where `slice_name`
+    names another than the one the pairing policy fixes."""
+    fixed = getattr(pairing, "slice_policy", None)
+    if not isinstance(fixed, str):
+        return slice_name or "round-robin"
+    if slice_name is not None and slice_name != fixed:
+        raise SliceConflict(f"pairing policy {pairing.name!r} slices its pools with "
+                            f"{fixed!r} (that is what it models); it takes no other slice "
+                            f"policy, got {slice_name!r}")
+    return fixed
 
 
 def config_for(w: Workload, check_invariants: bool = True, **overrides: Any) -> SimConfig:
@@ -56,19 +76,19 @@ def with_max_slowdown(jobs: list[SimJob], cfg: SimConfig, limit: float,
 
 
 def run_jobs(jobs: list[SimJob], cfg: SimConfig, pairing: str = "complementary",
-             slice_name: str = "round-robin", admission: str = "site-limits",
+             slice_name: str | None = None, admission: str = "site-limits",
              params: Mapping[str, Mapping[str, Any]] | None = None,
              progress: Callable[[float], None] | None = None) -> RunResult:
+    """`slice_name`: as `slice_for` (None: the pairing policy's own, else round-robin)."""
     params = params or {}
     pol = registry.load("pairing", pairing, params.get(pairing))
-    forced = getattr(pol, "slice_policy", None)
-    sname = forced if isinstance(forced, str) else slice_name
+    sname = slice_for(pol, slice_name)
     registry.load("slice", sname, params.get(sname))  # fail early on a bad name
     adm = registry.load("admission", admission, params.get(admission))
     sim = Simulation(jobs, cfg, pol, lambda: registry.load("slice", sname, params.get(sname)),
                      adm, progress)
     sim.run()
-    return RunResult(compute(sim), sim)
+    return RunResult(compute(sim), sim, sname)
 
 
 def run_workload(w: Workload, seed: int = 0, arrivals: str = "steady",

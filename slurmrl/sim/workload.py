@@ -2,7 +2,8 @@
 
 A workload file (JSON, `format: "slurmrl-workload/1"`, documented in workloads/README.md)
 names the cluster, the site limits, the arrival processes (`steady`: Poisson; `bursty`:
-Poisson bursts of several jobs at once) and job classes. `generate` draws jobs from it,
+Poisson bursts of several jobs at once) and job classes; `validate` checks every key
+(the tables below, `slurmrl.sim.schema`) before anything is drawn. `generate` draws jobs from it,
 seeded: arrival time, GPU count, layout, model, and every step's phase durations.
 
 The RL job model, per step: rollout (one or several turns separated by tool stalls),
@@ -29,7 +30,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from policies.base import SiteLimits
 from slurmrl.model import Layout, Phase, PhasePrior
+from slurmrl.sim import schema as sc
 
 FORMAT = "slurmrl-workload/1"
 #: GPUs per node (an HGX board) where a workload does not say
@@ -156,10 +159,58 @@ class Workload:
         return int(self.data["jobs"])
 
 
-def _need(d: Mapping[str, Any], key: str, where: str) -> Any:
-    if key not in d:
-        raise WorkloadError(f"{where}: missing key {key!r}")
-    return d[key]
+#: one job class (workloads/README.md, "Per class")
+CLASS: sc.Table = {
+    "name": (True, sc.text),
+    "weight": (True, sc.number(0.0)),
+    "model": (True, sc.drawn(sc.model, ranged=False)),
+    "gpus": (True, sc.drawn(sc.whole(1))),
+    "layout": (True, sc.one_of(*(str(x) for x in Layout))),
+    "rollout_fraction": (False, sc.number(0.0, hi=1.0)),
+    "steps": (True, sc.drawn(sc.whole(1))),
+    "step_s": (True, sc.drawn(sc.number(0.0))),
+    "shares": (True, sc.shares),
+    "sync_s": (False, sc.number(0.0, strict=False)),
+    "turns": (False, sc.drawn(sc.whole(1))),
+    "tool_gap_s": (False, sc.drawn(sc.number(0.0, strict=False))),
+    "tail": (False, sc.one_of("math", "heavy", "none")),
+    "drift": (False, sc.number(-1.0)),
+    "noise_cv": (False, sc.number(0.0, strict=False)),
+    "profile_hint": (False, sc.number(0.0, strict=False, hi=1.0)),
+    "max_slowdown": (False, sc.optional(sc.drawn(sc.number(0.0)))),
+    "mux_off": (False, sc.number(0.0, strict=False, hi=1.0)),
+}
+
+
+def _arrivals(bursty: bool) -> sc.Check:
+    return sc.table({"process": (False, sc.anything), "rate_per_h": (True, sc.number(0.0)),
+                     **({"burst_mean": (False, sc.number(1.0, strict=False))} if bursty
+                        else {})})
+
+
+#: a workload file (workloads/README.md, "Format")
+WORKLOAD = sc.table({
+    "format": (True, sc.anything),  # checked first, with its own message
+    "name": (True, sc.text),
+    "description": (False, sc.anything),
+    "sources": (False, sc.anything),
+    "cluster": (True, sc.table({
+        "gpus": (True, sc.whole(1)),
+        "gpus_per_node": (False, sc.whole(1)),
+        "gpu_mem_gib": (False, sc.number(0.0)),
+        "host_mem_per_pool_gib": (False, sc.optional(sc.number(0.0))),
+    })),
+    "jobs": (True, sc.whole(1)),
+    "arrivals": (True, sc.table({"steady": (True, _arrivals(False)),
+                                 "bursty": (True, _arrivals(True))})),
+    "limits": (False, sc.table({
+        "max_slowdown": (False, sc.number(1.0, strict=False)),
+        "default_max_slowdown": (False, sc.number(1.0, strict=False)),
+        "max_jobs_per_pool": (False, sc.whole(1)),
+        "max_gpus_per_job": (False, sc.whole(1)),
+    })),
+    "classes": (True, sc.list_of(sc.table(CLASS))),
+})
 
 
 def load(name_or_path: str) -> Workload:
@@ -177,41 +228,29 @@ def load(name_or_path: str) -> Workload:
     return validate(data, str(p), p)
 
 
-def validate(data: Mapping[str, Any], where: str = "workload", path: Path | None = None
-             ) -> Workload:
+def validate(data: Any, where: str = "workload", path: Path | None = None) -> Workload:
+    """`data` as a `Workload`, or a `WorkloadError` naming `where` and the first bad key
+    (every key's type and range: the tables above)."""
+    if not isinstance(data, Mapping):
+        raise WorkloadError(f"{where}: must be a JSON object (a workload), got "
+                            f"{type(data).__name__}")
     if data.get("format") != FORMAT:
         raise WorkloadError(f"{where}: format must be {FORMAT!r}, got {data.get('format')!r}")
-    name = str(_need(data, "name", where))
-    cluster = _need(data, "cluster", where)
-    _need(cluster, "gpus", f"{where}: cluster")
-    per_node = cluster.get("gpus_per_node", DEFAULT_GPUS_PER_NODE)
-    if not isinstance(per_node, int) or isinstance(per_node, bool) or per_node < 1:
-        raise WorkloadError(f"{where}: cluster.gpus_per_node must be a whole number >= 1, "
-                            f"got {per_node!r}")
-    if int(_need(data, "jobs", where)) < 1:
-        raise WorkloadError(f"{where}: jobs must be >= 1")
-    arr = _need(data, "arrivals", where)
-    for kind in ("steady", "bursty"):
-        a = _need(arr, kind, f"{where}: arrivals")
-        if float(_need(a, "rate_per_h", f"{where}: arrivals.{kind}")) <= 0:
-            raise WorkloadError(f"{where}: arrivals.{kind}.rate_per_h must be > 0")
-    classes = _need(data, "classes", where)
-    if not classes:
-        raise WorkloadError(f"{where}: classes is empty")
-    for i, c in enumerate(classes):
-        w = f"{where}: classes[{i}]"
-        for key in ("name", "weight", "model", "gpus", "layout", "steps", "step_s", "shares"):
-            _need(c, key, w)
-        try:
-            Layout(c["layout"])
-            shares = {Phase(k): float(v) for k, v in c["shares"].items()}
-        except ValueError as exc:
-            raise WorkloadError(f"{w}: {exc}") from exc
-        if abs(sum(shares.values()) - 1.0) > 0.02:
-            raise WorkloadError(f"{w}: shares must sum to 1, got {sum(shares.values()):.3f}")
-        if c.get("tail", "heavy") not in ("math", "heavy", "none"):
-            raise WorkloadError(f"{w}: tail must be 'math', 'heavy' or 'none'")
-    return Workload(name, data, path)
+    sc.check(WORKLOAD, data, where)
+    # a job that admission accepts but no pool could ever hold would wait forever
+    cluster = data["cluster"]["gpus"]
+    most = data.get("limits", {}).get("max_gpus_per_job", SiteLimits().max_gpus_per_job)
+    for i, c in enumerate(data["classes"]):
+        spec = c["gpus"]
+        spans = [tuple(spec)] if isinstance(spec, list) else [(g, g) for g in sc.values(spec)]
+        for lo, hi in spans:
+            if max(lo, cluster + 1) <= min(hi, most):
+                raise WorkloadError(
+                    f"{where}: classes[{i}].gpus draws jobs of {max(lo, cluster + 1)} GPUs, "
+                    f"more than cluster.gpus ({cluster}), which limits.max_gpus_per_job "
+                    f"({most}) admits: no pool could ever hold one; lower it, or set "
+                    "limits.max_gpus_per_job to refuse them")
+    return Workload(str(data["name"]), data, path)
 
 
 @lru_cache(maxsize=4)
@@ -374,9 +413,18 @@ def _draw_job(rng: random.Random, c: Mapping[str, Any], job_id: int, submit: flo
     )
 
 
+def _geometric(rng: random.Random, mean: float) -> int:
+    """A geometric draw on 0, 1, 2, ... with mean `mean` (> 0): failures before the first
+    success at p = 1 / (mean + 1), by inversion (one uniform draw)."""
+    u = 1.0 - rng.random()  # in (0, 1]
+    return int(math.log(u) / math.log(mean / (mean + 1.0)))
+
+
 def generate(w: Workload, seed: int, arrivals: str = "steady", n_jobs: int | None = None,
              load_scale: float = 1.0) -> list[SimJob]:
-    """Draw the workload's jobs: Poisson arrivals (bursts for `bursty`), seeded."""
+    """Draw the workload's jobs: Poisson arrivals, seeded. `bursty`: bursts of
+    1 + geometric(mean `burst_mean` - 1) jobs at a time (mean `burst_mean`), the bursts
+    Poisson at `rate_per_h / burst_mean`, so the mean rate is the steady one's."""
     if arrivals not in ("steady", "bursty"):
         raise WorkloadError(f"arrivals must be 'steady' or 'bursty', got {arrivals!r}")
     if load_scale <= 0:
@@ -392,7 +440,7 @@ def generate(w: Workload, seed: int, arrivals: str = "steady", n_jobs: int | Non
     total = w.n_jobs if n_jobs is None else n_jobs
     while len(jobs) < total:
         t += rng.expovariate(rate / burst)
-        size = 1 if burst <= 1 else 1 + int(rng.expovariate(1.0 / (burst - 1)))
+        size = 1 if burst <= 1 else 1 + _geometric(rng, burst - 1)
         for _ in range(min(size, total - len(jobs))):
             c = rng.choices(classes, weights)[0]
             jobs.append(_draw_job(rng, c, len(jobs) + 1, t))

@@ -1,0 +1,180 @@
+"""Workload and trace files as `slurmrl simulate` reads them: arrivals as documented,
+malformed files refused in one line naming the file and the key, the slice policy
+that ran."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from slurmrl.sim.cli import simulate
+from slurmrl.sim.workload import generate, validate
+
+BASE: dict[str, Any] = {
+    "format": "slurmrl-workload/1", "name": "files", "jobs": 4,
+    "cluster": {"gpus": 32, "host_mem_per_pool_gib": None},
+    "arrivals": {"steady": {"rate_per_h": 6.0},
+                 "bursty": {"rate_per_h": 6.0, "burst_mean": 6}},
+    "limits": {"max_slowdown": 1.5, "default_max_slowdown": 1.25},
+    "classes": [{"name": "c", "weight": 1, "model": "Qwen2.5-7B", "gpus": {"choices": [4, 8]},
+                 "layout": "colocated", "steps": 2, "step_s": [20.0, 40.0],
+                 "shares": {"rollout": 0.4, "train": 0.3, "idle": 0.3}, "tail": "none"}],
+}
+
+
+def test_bursty_arrivals_have_the_documented_burst_size_and_the_steady_rate() -> None:
+    # 1 + geometric(mean burst_mean - 1) jobs per burst: mean burst_mean (6). The old
+    # sampler, 1 + int(exponential(mean 5)), gave 5.5 on average and ~9% less load
+    w = validate(BASE)
+    rate = {}
+    for arrivals in ("steady", "bursty"):
+        jobs = generate(w, 7, arrivals, n_jobs=20_000)
+        rate[arrivals] = len(jobs) / (jobs[-1].submit_s / 3600)
+        bursts = Counter(j.submit_s for j in jobs)
+        if arrivals == "bursty":
+            sizes = list(bursts.values())[:-1]  # the last burst is cut at n_jobs
+            assert sum(sizes) / len(sizes) == pytest.approx(6.0, abs=0.2)
+            assert sum(1 for s in sizes if s == 1) / len(sizes) == pytest.approx(1 / 6,
+                                                                                 abs=0.02)
+        else:
+            assert len(bursts) == len(jobs)
+    assert rate["bursty"] == pytest.approx(6.0, rel=0.04)
+    assert rate["steady"] == pytest.approx(6.0, rel=0.04)
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    """An edit of BASE: the value at a dotted path (`classes.0.step_s`)."""
+    *head, last = path.split(".")
+
+    def edit(d: dict[str, Any]) -> None:
+        for k in head:
+            d = d[int(k)] if isinstance(d, list) else d[k]
+        d[last] = value
+    return edit
+
+
+MALFORMED = [
+    (_set("classes", 5), "classes must be a non-empty list"),
+    (_set("classes.0.steps", 0), "classes[0].steps must be a whole number >= 1"),
+    (_set("classes.0.step_s", 0), "classes[0].step_s must be a number > 0"),
+    (_set("classes.0.step_s", -5), "classes[0].step_s must be a number > 0"),
+    (_set("classes.0.step_s", [40.0, 20.0]), "classes[0].step_s must be a range"),
+    (_set("limits.max_slowdown", "x"), "limits.max_slowdown must be a number >= 1"),
+    (_set("limits.max_slowdwn", 1.2), "limits.max_slowdwn is not a known key"),
+    (_set("classes.0.gpus", {"weights": [1]}), "classes[0].gpus.choices is missing"),
+    (_set("classes.0.gpus", {"choices": [4, "8"]}), "classes[0].gpus.choices[1] must be"),
+    (_set("classes.0.gpus", 64), "classes[0].gpus draws jobs of 64 GPUs, more than "
+                                 "cluster.gpus (32)"),
+    (_set("classes.0.sync", 1.0), "classes[0].sync is not a known key"),
+    (_set("classes.0.model", "nonsense"), "classes[0].model must be a model name"),
+    (_set("classes.0.weight", 0), "classes[0].weight must be a number > 0"),
+    (_set("classes.0.shares", {"rollout": "x"}), "classes[0].shares.rollout must be"),
+    (_set("cluster.gpus", 0), "cluster.gpus must be a whole number >= 1, got 0"),
+    (_set("cluster.gpus", "many"), "cluster.gpus must be a whole number >= 1, got 'many'"),
+    (_set("arrivals.bursty.burst_mean", 0.5), "arrivals.bursty.burst_mean must be"),
+]
+
+
+def run(*args: str) -> Any:
+    return CliRunner().invoke(simulate, list(args))
+
+
+def one_line_error(res: Any, *says: str) -> None:
+    assert res.exit_code == 1, res.output
+    assert isinstance(res.exception, SystemExit), repr(res.exception)  # no traceback
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    for text in says:
+        assert text in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(("edit", "says"), MALFORMED)
+def test_a_malformed_workload_fails_in_one_line_naming_the_file_and_the_key(
+        tmp_path: Path, edit: Callable[[dict[str, Any]], None], says: str) -> None:
+    data = copy.deepcopy(BASE)
+    edit(data)
+    path = tmp_path / "site.json"
+    path.write_text(json.dumps(data))
+    one_line_error(run("-w", str(path), "--no-check"), str(path), says)
+
+
+def test_a_workload_that_is_not_an_object_fails_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "list.json"
+    path.write_text("[1, 2]")
+    one_line_error(run("-w", str(path)), str(path), "must be a JSON object")
+
+
+def test_jobs_larger_than_the_cluster_are_refused_by_admission_where_the_site_limits_them(
+        tmp_path: Path) -> None:
+    data = copy.deepcopy(BASE)
+    data["classes"][0]["gpus"] = {"choices": [8, 64]}
+    data["limits"]["max_gpus_per_job"] = 32
+    data["jobs"] = 12
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(data))
+    res = run("-w", str(path), "--json", "--no-check")
+    assert res.exit_code == 0, res.output
+    m = json.loads(res.stdout)["metrics"]
+    assert m["rejected"] > 0 and m["jobs"] == 12 - m["rejected"]
+
+
+TRACES = [
+    ([{"format": "slurmrl-trace/1"}], "header: jobs is missing"),
+    ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1}]}], "header: jobs[0].gpus is missing"),
+    ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2, "layout": "x"}]}],
+     "header: jobs[0].layout must be"),
+    ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2}]},
+      {"job_id": 1, "phase": "nap", "requested_at": 0, "granted_at": 0, "released_at": 1}],
+     ":2: phase must be"),
+    ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2}]},
+      {"job_id": 1, "phase": "train", "requested_at": "0", "granted_at": 0,
+       "released_at": 1}], ":2: requested_at must be a number"),
+]
+
+
+@pytest.mark.parametrize(("lines", "says"), TRACES)
+@pytest.mark.parametrize("how", ["--replay", "-w"])
+def test_a_malformed_trace_fails_in_one_line_naming_the_file_and_the_key(
+        tmp_path: Path, lines: list[dict[str, Any]], says: str, how: str) -> None:
+    rows = [*lines, {"job_id": 1, "phase": "rollout", "requested_at": 0, "granted_at": 0,
+                     "released_at": 1}]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    one_line_error(run(how, str(path)), str(path), says)
+
+
+def test_a_replayed_pool_whose_members_differ_in_gpu_count_fails_in_one_line(
+        tmp_path: Path) -> None:
+    rows = [{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2, "pool": 1},
+                                                   {"job_id": 2, "gpus": 4, "pool": 1}]},
+            *({"job_id": j, "phase": "rollout", "requested_at": 0, "granted_at": 0,
+               "released_at": 10} for j in (1, 2))]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    one_line_error(run("--replay", str(path)), str(path), "pool 1", "GPU counts (2, 4)")
+    res = run("-w", str(path), "--json")  # placed anew, the recorded pools play no part
+    assert res.exit_code == 0, res.output
+
+
+def test_the_slice_policy_that_ran_is_reported_and_a_conflicting_one_refused() -> None:
+    def meta(*args: str) -> dict[str, Any]:
+        res = run("-w", "agentic-tools", "--jobs", "4", "--json", "--no-check", *args)
+        assert res.exit_code == 0, res.output
+        return dict(json.loads(res.stdout)["meta"])
+
+    assert meta()["slice"] == "round-robin"
+    assert meta("--slice", "bounded-slowdown")["slice"] == "bounded-slowdown"
+    assert meta("--pairing", "fifo-lock")["slice"] == "fifo"
+    assert meta("--pairing", "fifo-lock", "--slice", "fifo")["slice"] == "fifo"
+    assert meta("--pairing", "gang")["slice"] == "round-robin"
+    for pairing, other in (("fifo-lock", "round-robin"), ("gang", "fifo")):
+        res = run("-w", "agentic-tools", "--jobs", "4", "--pairing", pairing,
+                  "--slice", other)
+        assert res.exit_code == 2 and f"pairing policy {pairing!r} slices its pools" in \
+            res.output, res.output
