@@ -9,7 +9,9 @@ STATE     ?= /var/lib/slurmrl-dev
 PY        := $(VENV)/bin/python
 SLURMRL   := $(VENV)/bin/slurmrl
 STAMP     := $(VENV)/.requirements-$(shell sha1sum requirements/ci.txt | cut -c1-12)
-APT_PKGS  := python3 python3-venv python3-dev gcc make libc6-dev
+# libslurm-dev: spank.h, which the unit tests compile the SPANK plugin against (they run
+# before `dev-cluster up` installs the rest of Slurm).
+APT_PKGS  := python3 python3-venv python3-dev gcc make libc6-dev libslurm-dev
 
 .PHONY: all deps venv install spank lint typecheck unit sim integration test demo \
         cluster-up cluster-down clean
