@@ -150,8 +150,10 @@ as one engine over its set by default, or as data-parallel replicas
 (`[services] rollout_replica_gpus`, docs/pools.md) whose lease shrinks to the replicas
 still generating, and which consolidate their tail between rounds with
 `generate(round_tokens=N)`, growing back between rounds where started on part of the
-set (`Lease.grow`: GPUs free now that no waiter asks for). Each row runs the same jobs
-under the default policy, every job's limit set to the users' limit shown:
+set (`Lease.grow`: GPUs free now that no waiter asks for). Measured with bursty arrivals
+of their documented mean burst (fixed at commit 00011fe; "Policies and simulator" above).
+Each row runs the same jobs under the default policy, every job's limit set to the users'
+limit shown:
 - **designed**: the simulator as above;
 - **replicas + migration**: rollouts as replicas of the fewest GPUs whose engine of the
   job's model fits one GPU, consolidating their tail in rounds: the designed tail with
@@ -176,23 +178,21 @@ designed row does. Means over {seeds} seeds x (steady, bursty), max over runs.
 
 {table}
 
-Reading (at 1.15 mostly disaggregated pairs, the other workloads saving 0.7-5.8% as
+Reading (at 1.15 mostly disaggregated pairs, the other workloads saving 0.6-6.1% as
 designed; every job declares its steps, `--rl-steps`):
 - **Replicas consolidating their tail recover most of the designed system's
-  savings**: agentic-tools 26.8% (designed 26.7%) and polytrace-mix 14.3% (15.9%) at
-  1.5, disaggregated 17.4% (20.0%) at 1.15 and 31.6% (33.5%) at 1.5, long-cot 13.0%
-  (15.6%) at 1.5, where one engine saves 15.0%, 4.4%, 12.2%, 29.1% and 0.5%; at about
-  the designed p95 except on disaggregated at 1.5 (1.473 against 1.400). What is left
-  is mostly the rounding of the tail to whole replicas; the rounds' prefills are not
-  priced here. The controller does this with `round_tokens` and
-  `job.phase("rollout", min_gpus=G/2)` (docs/pools.md); the simulator measures it, no
-  real rollout has shown it (the `tiny` model's rounds take milliseconds).
-- **Growing back as the controller does adds 0-1.7 points**: disaggregated 18.0% at
-  1.15 (max slowdown 1.37 -> 1.24) and 33.3% at 1.5, long-cot 13.9% at 1.5 (p95 1.535
-  -> 1.489), polytrace-mix 14.9% (p95 1.431 -> 1.401), math-sync 4.5% at 1.5 (3.0%
-  without), agentic-tools 27.1%. On disaggregated at 1.5 it lowers p95 little (1.473
-  -> 1.457) and raises the max (1.75 -> 1.79): a grown rollout holds GPUs that a
-  partner's next phase, not yet asked for, then waits for.
+  savings**: agentic-tools 25.7% (designed 25.9%) and polytrace-mix 14.4% (15.9%) at
+  1.5, disaggregated 16.3% (16.6%) at 1.15 and 32.2% (33.3%) at 1.5, long-cot 13.5%
+  (16.1%) at 1.5, where one engine saves 14.5%, 4.9%, 10.8%, 29.0% and 0.5%; at about
+  the designed p95 except on disaggregated (1.173 against 1.141 at 1.15, 1.497 against
+  1.380 at 1.5). What is left is mostly the rounding of the tail to whole replicas; the
+  rounds' prefills are not priced here. The controller does this with `round_tokens`
+  and `job.phase("rollout", min_gpus=G/2)` (docs/pools.md); the simulator measures it,
+  no real rollout has shown it (the `tiny` model's rounds take milliseconds).
+- **Growing back as the controller does adds 0.1-1.4 points**: disaggregated 16.4% at
+  1.15 (p95 1.173 -> 1.150) and 32.4% at 1.5 (p95 1.497 -> 1.451), long-cot 14.8% at
+  1.5 (p95 1.556 -> 1.491), polytrace-mix 15.4% (p95 1.438 -> 1.440), math-sync 4.5% at
+  1.5 (3.1% without), agentic-tools 26.4%.
 - **Without moving sequences, replicas free GPUs late**: with 1-GPU replicas of a
   `heavy` tail the first GPU frees after ~41% of the rollout and the last-but-one after
   ~82% (`replica_tail_points("heavy", 8, 1)`), where a consolidated tail is down to half
@@ -200,15 +200,15 @@ designed; every job declares its steps, `--rl-steps`):
   the replicas end within ~20% of each other. Growing without rounds (`replicas +
   grow`) recovers about two thirds of the gap between one engine and the designed system
   on agentic-tools at 1.5, about 30% on polytrace-mix, a fifth on long-cot; on
-  disaggregated at 1.15 it saves less than one engine (10.1% against 12.2%).
-- **Growing adds up to 2.2 points** over replicas alone (agentic-tools and long-cot at
-  1.5). Started on half the set without growing or moving sequences, a rollout runs at
-  half speed to its end (measured in an earlier revision with the `replicas` row so:
-  disaggregated at 1.15, 3.8% at p95 1.41, max 1.83), hence the whole set for replicas
-  without rounds (the controller grows those only while micro-batches wait unstarted,
-  which the row's even split does not model).
+  disaggregated at 1.15 it saves about what one engine saves (10.7% against 10.8%).
+- **Growing adds up to 2.2 points** over replicas alone (long-cot at 1.5; 1.9-2.0 on
+  agentic-tools and polytrace-mix). Started on half the set without growing or moving
+  sequences, a rollout runs at half speed to its end (measured in an earlier revision
+  with the `replicas` row so: disaggregated at 1.15, 3.8% at p95 1.41, max 1.83), hence
+  the whole set for replicas without rounds (the controller grows those only while
+  micro-batches wait unstarted, which the row's even split does not model).
 - On disaggregated the rows without rounds save less than "controller today" (1.15:
-  9.7-10.1% against 12.2%; 1.5: 27.8-28.4% against 29.1%): with replicas the profiles
+  10.1-10.7% against 10.8%; 1.5: 27.7-28.5% against 29.0%): with replicas the profiles
   learn a held share below the whole set and the policy forms other pairs; measured,
   not tuned.
 Staggered pools would widen the gap where a pool of G + 1 fits one node (none on the
