@@ -61,6 +61,11 @@ MAX_WAIT_S = 300.0
 PUBLIC = {("GET", "/v1/ping"), ("GET", "/metrics")}
 CTRL: web.AppKey[Controller] = web.AppKey("controller", Controller)
 SESSIONS: web.AppKey[sessions.SessionTable] = web.AppKey("sessions", sessions.SessionTable)
+#: what the middleware learnt of a request: a session signed it (not MUNGE), who sent it,
+#: its body as read
+IS_SESSION: web.RequestKey[bool] = web.RequestKey("is_session", bool)
+WHO: web.RequestKey[Identity] = web.RequestKey("who", Identity)
+BODY: web.RequestKey[bytes] = web.RequestKey("body", bytes)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -80,20 +85,20 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         body = await request.read()
         if (request.method, request.path) not in PUBLIC:
             header = request.headers.get("Authorization")
-            request["session"] = sessions.is_session(header)
-            if request["session"]:
+            request[IS_SESSION] = sessions.is_session(header)
+            if request[IS_SESSION]:
                 assert header is not None
-                request["who"] = request.app[SESSIONS].verify(
+                request[WHO] = request.app[SESSIONS].verify(
                     header, request.headers, request.method, request.raw_path, body,
                     job_alive=lambda job_id: _job_alive(c, job_id))
             else:
                 # munged's round trip runs in a worker thread: grants go on meanwhile
-                request["who"] = await asyncio.get_running_loop().run_in_executor(
+                request[WHO] = await asyncio.get_running_loop().run_in_executor(
                     None, lambda: verify_request(
                         header, request.method, request.raw_path, body,
                         socket=c.config.auth.munge_socket or None,
                         max_age_s=c.config.auth.credential_ttl_s))
-        request["body"] = body
+        request[BODY] = body
         return await handler(request)
     except AuthError as exc:
         status = 503 if exc.code is AuthCode.UNAVAILABLE else 401
@@ -122,17 +127,15 @@ def _job_alive(c: Controller, job_id: int) -> bool:
 
 
 def _who(request: web.Request) -> Identity:
-    who = request["who"]
-    assert isinstance(who, Identity)
-    return who
+    return request[WHO]
 
 
 def _body(request: web.Request, spec: dict[str, F]) -> dict[str, Any]:
-    return fields(parse_json(request["body"]), spec)
+    return fields(parse_json(request[BODY]), spec)
 
 
 def _no_body(request: web.Request) -> None:
-    fields(parse_json(request["body"]), {})
+    fields(parse_json(request[BODY]), {})
 
 
 def _query(request: web.Request, allowed: set[str]) -> dict[str, str]:
@@ -169,7 +172,8 @@ class Api:
         return got
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        return await stream.serve_stream(self, request, request.app[SESSIONS].ttl_s)
+        return await stream.serve_stream(self, request, request[WHO],
+                                         request.app[SESSIONS].ttl_s)
 
     async def ping(self, request: web.Request) -> web.Response:
         return _json({"api": API_VERSION, "version": __version__})
@@ -189,7 +193,7 @@ class Api:
 
     async def open_session(self, request: web.Request) -> web.Response:
         b = _body(request, {"job_id": F("int", lo=1, hi=2**53, nullable=True)})
-        if request["session"]:
+        if request[IS_SESSION]:
             raise RpcError(401, "auth-mismatch",
                            "a session is opened with a MUNGE credential, not another session")
         who = _who(request)

@@ -177,10 +177,9 @@ class Stream:
 STREAMS: web.AppKey[weakref.WeakSet[Any]] = web.AppKey("streams", weakref.WeakSet)
 
 
-async def serve_stream(api: Api, request: web.Request, ttl_s: float) -> web.StreamResponse:
-    """The `/v1/stream` handler; the middleware has authenticated the upgrade."""
-    who = request["who"]
-    assert isinstance(who, Identity)
+async def serve_stream(api: Api, request: web.Request, who: Identity,
+                       ttl_s: float) -> web.StreamResponse:
+    """The `/v1/stream` handler; the middleware has authenticated the upgrade as `who`."""
     if request.method != "GET":
         raise RpcError(405, "http", "open the stream with GET")
     ws = web.WebSocketResponse(max_msg_size=api.c.config.controller.max_body_bytes,
