@@ -57,7 +57,7 @@ def main() -> None:
     s = summarise(rows)
     for curve in CURVES:
         print(f"\nverdicts, {LABEL.get(curve, curve)}:")
-        print("\n".join(verdicts(s, curve, chosen)))
+        print("\n".join(verdicts(s, curve, chosen, rows)))
 
 
 if __name__ == "__main__":
