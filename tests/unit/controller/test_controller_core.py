@@ -7,12 +7,10 @@ fake, time a settable clock.
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
-from collections.abc import Callable, Coroutine
-from typing import Any
 
 import pytest
+from _loop import Clock, run
 
 from slurmrl.config import Config
 from slurmrl.controller.core import Controller
@@ -21,24 +19,6 @@ from slurmrl.model import Identity, JobState, Phase, RlRequest
 from slurmrl.slurm import JobInfo, SlurmJobState
 
 ALICE = Identity(1001, 1001, "alice")
-
-
-def run(fn: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
-    """Run an async test on a fresh event loop (no pytest-asyncio here)."""
-
-    @functools.wraps(fn)
-    def wrapper() -> None:
-        asyncio.run(fn())
-
-    return wrapper
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class TwoAtOnceSlurm:

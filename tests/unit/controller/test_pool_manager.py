@@ -10,15 +10,15 @@ one), so each test says where a job goes.
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _loop import run
 
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode
 from slurmrl.auth.tokens import mint_secret
@@ -39,16 +39,6 @@ BOB = Identity(1002, 1002, "bob")
 ENV = {"SLURMRL_GPUS": "2", "SLURMRL_MODEL": "tiny"}
 #: unreachable (connection refused at once): a re-attached service's stop fails fast
 DEAD_ADDRESS = "127.0.0.1:1"
-
-
-def run(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
-    """Run an async test on a fresh event loop (no pytest-asyncio here)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(fn(*args, **kwargs))
-
-    return wrapper
 
 
 class FakeSlurm:

@@ -7,11 +7,9 @@ clock (the scheduler takes the clock as an argument, as the lease table does).
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Callable, Coroutine
-from typing import Any
 
 import pytest
+from _loop import Clock, run
 
 from policies.registry import load
 from slurmrl.controller.scheduler import LeaseScheduler, RequestEnded
@@ -21,24 +19,6 @@ from slurmrl.leases.invariants import check_history
 from slurmrl.model import JobState, Layout, LeaseState, Phase, RlRequest
 
 TIMEOUT_S = 10.0
-
-
-def run(fn: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
-    """Run an async test on a fresh event loop (no pytest-asyncio here)."""
-
-    @functools.wraps(fn)
-    def wrapper() -> None:
-        asyncio.run(fn())
-
-    return wrapper
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _setup(layout: Layout = Layout.COLOCATED) -> tuple[Store, int, Clock]:
