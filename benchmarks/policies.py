@@ -643,6 +643,24 @@ different tasks. Nor is the prior the only error: on long-cot at 1.5 (learned sh
 112 newcomers that joined a pool), the predicted slowdown beside the host minus the
 newcomer's realised whole-run slowdown was mean +0.01, sd 0.17 on its prior, and mean
 +0.00, sd 0.15 predicted again on its final observed profile.
+Re-measured at commit bf02f9d, with the newcomer rule and the fixes of commit 00011fe
+(the same kind of throwaway patch: a newcomer without `--rl-profile` takes the mean
+phase shares of the jobs of its model and size that completed a step, two at least, at
+the model-size period; 60 jobs, seeds 0-1, steady and bursty; default -> learned), it
+still buys savings where the default shares are furthest off and costs users' limits
+where they are not: agentic-tools 6.1% -> 7.1% saved at the suite's 1.15 (p95 1.110 ->
+1.142, jobs within their limit 98% -> 95%), 18.4% -> 25.0% at 1.35 (p95 1.303 ->
+1.322), 25.9% -> 27.1% at 1.5; polytrace-mix 2.6% -> 3.1% at 1.15 (p95 1.132 both),
+10.7% -> 13.1% at 1.35 (1.317 -> 1.329), 15.9% -> 16.2% at 1.5; but long-cot 3.0% ->
+3.8% at 1.15 with p95 1.118 -> 1.152 (98% -> 94% within) and 16.1% -> 19.3% at 1.5
+with p95 1.549 -> 1.620 (90% -> 87%), disaggregated 16.6% -> 18.5% at 1.15 with p95
+1.141 -> 1.165 (95% -> 92%); math-sync and mixed-sizes moved by at most 0.2 points.
+Planning instead on the p90 of the class's GPU-phase shares (p10 of its gaps) left
+long-cot at p95 1.139 at 1.15 and 1.604 at 1.5 and disaggregated at 1.167 at 1.15: the
+overshoot is not the spread between the class's jobs. Nor does it win the verdicts
+below: with `max_load = 1.0` it gives polytrace-mix 14.5% at p95 1.344 at L = 1.5
+(`greedy`: 14.8% at 1.342) and agentic-tools 25.0% at 1.322 at 1.35 (`greedy`: 27.2%
+at 1.319), ties within the noise measured below. So it is not landed.
 
 How much better priors could buy at all: with every job's `--rl-profile` exactly its
 whole run's phase shares and mean step (an oracle, `python benchmarks/what_if.py
