@@ -16,13 +16,18 @@ from policies.base import (
     SiteLimits,
     fixed_group,
 )
-from slurmrl.model import Mux, RlRequest
+from slurmrl.model import Mux, Phase, RlRequest
+from slurmrl.profiles import profile_from_segments
 
 GiB = 2**30
 
 
-def job(jid: int, gpus: int = 8, host: int = 0, mux: Mux = Mux.AUTO) -> JobSnapshot:
-    return JobSnapshot(jid, f"u{jid}", RlRequest(gpus, "Qwen2.5-7B", mux=mux), None,
+def job(jid: int, gpus: int = 8, host: int = 0, mux: Mux = Mux.AUTO,
+        busy: float | None = None) -> JobSnapshot:
+    """A waiting job; with `busy`, observed at that GPU duty cycle (a 100 s step)."""
+    prof = None if busy is None else profile_from_segments(
+        [(Phase.ROLLOUT, 100 * busy), (Phase.REWARD, 100 * (1 - busy))])
+    return JobSnapshot(jid, f"u{jid}", RlRequest(gpus, "Qwen2.5-7B", mux=mux), prof,
                        float(jid), host_mem_bytes=host)
 
 
@@ -80,8 +85,34 @@ def test_baselines_keep_the_parked_state_within_host_memory(name: str) -> None:
                  limits=limits)[2].action is Action.WAIT
     assert place(name, [job(2, host=400 * GiB)], [pool], free=0,
                  limits=limits)[2].action is Action.JOIN
-    if name != "random":  # it pairs no waiting jobs with each other
+    if name != "random":  # it pairs waiting jobs by a coin flip: tested below
         out = place(name, [job(2, host=600 * GiB), job(3, host=600 * GiB)], limits=limits)
         assert not shared(out, 2, 3)
         out = place(name, [job(2, host=500 * GiB), job(3, host=500 * GiB)], limits=limits)
         assert shared(out, 2, 3)
+
+
+@pytest.mark.parametrize("name", ["greedy", "random"])
+def test_one_at_a_time_baselines_share_a_pool_opened_in_the_same_round(name: str) -> None:
+    # a burst of light jobs (duty 0.3: `greedy` packs two of them) on 8 free GPUs: the
+    # first opens a pool, the next shares it (`random` packs for sure with no GPUs
+    # left), the third finds it full and waits for GPUs
+    waiting = [job(1, busy=0.3), job(2, busy=0.3), job(3, busy=0.3)]
+    out = place(name, waiting, free=8)
+    assert out[1].action is Action.OPEN and shared(out, 1, 2)
+    assert out[3].action is Action.WAIT
+    # not with a job of another size, nor one whose parked state would not fit
+    out = place(name, [job(1, busy=0.3), job(2, gpus=4, busy=0.3)], free=12)
+    assert not shared(out, 1, 2) and out[2].action is Action.OPEN
+    limits = SiteLimits(parked_host_mem_bytes=1024 * GiB)
+    out = place(name, [job(1, host=600 * GiB, busy=0.3), job(2, host=600 * GiB, busy=0.3)],
+                free=8, limits=limits)
+    assert not shared(out, 1, 2) and out[2].action is Action.WAIT
+    # nor a --rl-mux=off job's dedicated pool
+    out = place(name, [job(1, mux=Mux.OFF, busy=0.3), job(2, busy=0.3)], free=8)
+    assert out[1].action is Action.DEDICATED and out[2].action is Action.WAIT
+
+
+def test_greedy_packs_only_within_its_duty_cap() -> None:
+    out = place("greedy", [job(1, busy=0.6), job(2, busy=0.6), job(3, busy=0.4)])
+    assert not shared(out, 1, 2) and shared(out, 1, 3)
