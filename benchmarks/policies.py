@@ -670,7 +670,14 @@ below: with `max_load = 1.0` it gives polytrace-mix 14.5% at p95 1.344 at L = 1.
 16.4% at 1.419 at 1.75, either side of `greedy`'s 15.0% at 1.388 (at commit aa935d7;
 14.8% at 1.342 in the runs above it was measured beside), and agentic-tools 25.0% at
 1.322 at 1.35 against `greedy`'s 27.6% at 1.322 (27.2% at 1.319): within the noise
-measured below. So it is not landed.
+measured below. Taking the class's median period as well (its whole typical profile)
+saves more again at 1.15 (agentic-tools 9.4%, polytrace-mix 4.2%, disaggregated 23.2%)
+but runs further over the limit (long-cot p95 1.161, disaggregated 1.182); with
+`margin = 1.05` beside it, agentic-tools saves 27.9% at p95 1.321 at L = 1.5, above
+`greedy`'s 27.6% at 1.322, but disaggregated still runs at p95 1.169 at 1.15 and
+long-cot at 1.585 at 1.5, and polytrace-mix at 1.15 drops to 2.3%. On these priors the
+predictor is optimistic on disaggregated and long-cot, which the default shares'
+pessimism hides. So neither is landed.
 
 How much better priors could buy at all: with every job's `--rl-profile` exactly its
 whole run's phase shares and mean step (an oracle, `python benchmarks/what_if.py
