@@ -651,10 +651,11 @@ different tasks. Nor is the prior the only error: on long-cot at 1.5 (learned sh
 112 newcomers that joined a pool), the predicted slowdown beside the host minus the
 newcomer's realised whole-run slowdown was mean +0.01, sd 0.17 on its prior, and mean
 +0.00, sd 0.15 predicted again on its final observed profile.
-Re-measured at commit bf02f9d, with the newcomer rule and the fixes of commit 00011fe
-(the same kind of throwaway patch: a newcomer without `--rl-profile` takes the mean
-phase shares of the jobs of its model and size that completed a step, two at least, at
-the model-size period; 60 jobs, seeds 0-1, steady and bursty; default -> learned), it
+Re-measured with the newcomer rule and the fixes of commit 00011fe, and now
+reproducible (`python benchmarks/what_if.py --site-prior shares -L 1.15 -L 1.35 -L 1.5`:
+a newcomer without `--rl-profile` takes the mean phase shares of the jobs of its model
+and size that completed a step, two at least, at the model-size period; 60 jobs, seeds
+0-1, steady and bursty; default -> learned), it
 still buys savings where the default shares are furthest off and costs users' limits
 where they are not: agentic-tools 6.1% -> 7.1% saved at the suite's 1.15 (p95 1.110 ->
 1.142, jobs within their limit 98% -> 95%), 18.4% -> 25.0% at 1.35 (p95 1.303 ->
@@ -665,19 +666,21 @@ with p95 1.549 -> 1.620 (90% -> 87%), disaggregated 16.6% -> 18.5% at 1.15 with 
 1.141 -> 1.165 (95% -> 92%); math-sync and mixed-sizes moved by at most 0.2 points.
 Planning instead on the p90 of the class's GPU-phase shares (p10 of its gaps) left
 long-cot at p95 1.139 at 1.15 and 1.604 at 1.5 and disaggregated at 1.167 at 1.15: the
-overshoot is not the spread between the class's jobs. Nor does it win the verdicts
-below: with `max_load = 1.0` it gives polytrace-mix 14.5% at p95 1.344 at L = 1.5 and
+overshoot is not the spread between the class's jobs (throwaway patch). Nor does it win
+the verdicts below: with `max_load = 1.0` (`--param max_load=1.0`, both rows) it gives
+polytrace-mix 14.5% at p95 1.344 at L = 1.5 and
 16.4% at 1.419 at 1.75, either side of `greedy`'s 15.0% at 1.388 (at commit aa935d7;
 14.8% at 1.342 in the runs above it was measured beside), and agentic-tools 25.0% at
 1.322 at 1.35 against `greedy`'s 27.6% at 1.322 (27.2% at 1.319): within the noise
-measured below. Taking the class's median period as well (its whole typical profile)
-saves more again at 1.15 (agentic-tools 9.4%, polytrace-mix 4.2%, disaggregated 23.2%)
-but runs further over the limit (long-cot p95 1.161, disaggregated 1.182); with
-`margin = 1.05` beside it, agentic-tools saves 27.9% at p95 1.321 at L = 1.5, above
-`greedy`'s 27.6% at 1.322, but disaggregated still runs at p95 1.169 at 1.15 and
-long-cot at 1.585 at 1.5, and polytrace-mix at 1.15 drops to 2.3%. On these priors the
-predictor is optimistic on disaggregated and long-cot, which the default shares'
-pessimism hides. So neither is landed.
+measured below. Taking the class's median period as well, its whole typical step
+(`--site-prior profile`), saves more again at 1.15 (agentic-tools 9.5%, polytrace-mix
+4.2%, disaggregated 23.2%) but runs further over the limit (long-cot p95 1.161,
+disaggregated 1.182); with `--what-if-param margin=1.05` beside it, agentic-tools saves
+27.9% at p95 1.321 at L = 1.5, above `greedy`'s 27.6% at 1.322, but disaggregated still
+runs at p95 1.178 at 1.15 and long-cot at 1.585 at 1.5, and polytrace-mix at 1.15 drops
+to 2.3%. On these priors the predictor is optimistic on disaggregated and long-cot,
+which the default shares' pessimism hides. So neither is the designed system; the
+simulator keeps both as what-ifs (`SimConfig.site_prior`).
 
 How much better priors could buy at all: with every job's `--rl-profile` exactly its
 whole run's phase shares and mean step (an oracle, `python benchmarks/what_if.py

@@ -332,6 +332,9 @@ class SitePriors:
     default_share: float = ROLLOUT_PRIOR_GPU_SHARE
     min_jobs: int = 2  #: jobs observed before the learned mean replaces the default
     _share: dict[tuple[str, int], dict[int, float]] = field(default_factory=dict)
+    #: (model, GPUs) -> job -> (phase shares of its median step, its median period)
+    _steps: dict[tuple[str, int], dict[int, tuple[dict[Phase, float], float]]] = field(
+        default_factory=dict)
 
     def record_share(self, job_id: int, model: str, gpus: int, share: float) -> None:
         """Job `job_id`'s current estimate of its rollout share (replaces its last)."""
@@ -341,6 +344,31 @@ class SitePriors:
         seen = self._share.get((model, gpus), {})
         return sum(seen.values()) / len(seen) if len(seen) >= self.min_jobs else \
             self.default_share
+
+    def record_step(self, job_id: int, model: str, gpus: int, profile: Profile) -> None:
+        """Job `job_id`'s phase shares and period as its profile now says (replaces its
+        last); a profile with no complete step is not recorded. Only a what-if learns
+        these (`SimConfig.site_prior`): docs/benchmarks.md measures why."""
+        period = profile.period()
+        if profile.steps < 1 or period <= 0:
+            return
+        shares = {ph: profile.per_step(ph) / period for ph in profile.phases}
+        self._steps.setdefault((model, gpus), {})[job_id] = (shares, period)
+
+    def phase_prior(self, model: str, gpus: int, step_s: float | None) -> PhasePrior | None:
+        """The mean phase shares of the jobs of this model and size recorded so far, at
+        `step_s` (None: their median period); None before `min_jobs` of them."""
+        seen = list(self._steps.get((model, gpus), {}).values())
+        if len(seen) < self.min_jobs:
+            return None
+        phases = sorted({ph for shares, _ in seen for ph in shares}, key=list(Phase).index)
+        mean = {ph: sum(shares.get(ph, 0.0) for shares, _ in seen) / len(seen)
+                for ph in phases}
+        total = sum(mean.values())
+        if step_s is None:
+            periods = sorted(period for _, period in seen)
+            step_s = periods[len(periods) // 2]
+        return PhasePrior(tuple((ph, v / total) for ph, v in mean.items()), step_s)
 
 
 def profile_from_prior(prior: PhasePrior, spread: float = 0.25,

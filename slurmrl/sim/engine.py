@@ -173,6 +173,11 @@ class SimConfig:
     #: learn the rollout share prior from the jobs observed so far, by model and size
     #: (`SitePriors`): every job's until its own rollouts are seen
     learn_priors: bool = True
+    #: a what-if (benchmarks/what_if.py), not the designed system: a job with no
+    #: --rl-profile takes as its prior the mean phase shares of the jobs of its model and
+    #: size that completed a step (`SitePriors.phase_prior`), at the model-size period
+    #: ("shares") or at their median period ("profile"); None: the model-size prior
+    site_prior: str | None = None
     check_invariants: bool = True
     #: GPUs per node: a staggered pool's windows may not straddle a node boundary
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
@@ -202,6 +207,9 @@ class Simulation:
             prior=j.prior, rollout_gpu_share=config.rollout_prior_gpu_share), solo_s=j.solo_s())
                      for j in jobs}
         self.site = SitePriors(default_share=config.rollout_prior_gpu_share)
+        if config.site_prior not in (None, "shares", "profile"):
+            raise SimError(f"site_prior must be None, 'shares' or 'profile', got "
+                           f"{config.site_prior!r}")
         self.free = config.gpus
         self.pools: dict[int, Pool] = {}
         self.closed: list[Pool] = []
@@ -287,7 +295,11 @@ class Simulation:
         if j.prior is not None or run.builder.observations:
             prof = run.profile()
         else:  # what the policy would assume (complementarity.profile_of), at our share
-            prof = profile_from_prior(prior_for_model(j.model, j.gpus), rollout_gpu_share=share)
+            prior = prior_for_model(j.model, j.gpus)
+            if self.cfg.site_prior is not None:
+                step = prior.step_s if self.cfg.site_prior == "shares" else None
+                prior = self.site.phase_prior(j.model, j.gpus, step) or prior
+            prof = profile_from_prior(prior, rollout_gpu_share=share)
         running = 0.0 if run.placed_at is None else self.now - run.placed_at
         return JobSnapshot(j.job_id, j.user, req, prof, j.submit_s, PARTITION,
                            host_mem_bytes=costs.host_bytes(j), running_s=running)
@@ -559,6 +571,8 @@ class Simulation:
         run.seg += 1
         if run.seg == len(run.job.steps[run.step]):
             run.seg, run.step = 0, run.step + 1
+            if self.cfg.site_prior is not None:
+                self.site.record_step(jid, run.job.model, run.job.gpus, run.profile())
         if run.step == len(run.job.steps):
             self._finish(run)
         else:

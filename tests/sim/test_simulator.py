@@ -16,7 +16,7 @@ from policies import registry
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode
 from slurmrl.model import Phase
 from slurmrl.sim.cli import simulate
-from slurmrl.sim.engine import Simulation
+from slurmrl.sim.engine import SimError, Simulation
 from slurmrl.sim.metrics import ledger
 from slurmrl.sim.replay import trace_jobs
 from slurmrl.sim.runner import (
@@ -346,7 +346,7 @@ PLACE = """
 import json, sys
 from policies import registry
 from policies.base import ClusterSnapshot
-from slurmrl.sim.engine import Simulation
+from slurmrl.sim.engine import SimError, Simulation
 from slurmrl.sim.runner import config_for
 from slurmrl.sim.workload import generate, load
 w = load(sys.argv[1])
@@ -419,6 +419,21 @@ def test_a_rollout_share_learned_from_peers_lets_long_tails_pair_within_their_li
     assert learned.shared_pools > fixed.shared_pools
     assert learned.savings > max(0.05, fixed.savings + 0.05)
     assert learned.slowdown_max <= 1.15
+
+
+def test_a_site_prior_what_if_places_newcomers_on_their_peers_steps() -> None:
+    # agentic-tools: the model-size prior puts a tool job's GPU duty cycle at ~0.6, its
+    # peers run at ~0.33; on their mean step (the what-if `site_prior`) newcomers that
+    # gave no --rl-profile look light, so more of them share, here within their limit
+    w = load("agentic-tools")
+    jobs, cfg = with_max_slowdown(generate(w, 0, "steady", 30), config_for(w), 1.35)
+    base = run_jobs(jobs, cfg)
+    peers = run_jobs(jobs, replace(cfg, site_prior="shares"))
+    assert peers.metrics.shared_pools > base.metrics.shared_pools
+    assert peers.metrics.savings > base.metrics.savings + 0.02
+    assert peers.metrics.slowdown_max <= 1.35
+    with pytest.raises(SimError, match="site_prior"):
+        run_jobs(jobs, replace(cfg, site_prior="typical"))
 
 
 class _StaggerAcrossNodes:

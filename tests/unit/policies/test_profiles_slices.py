@@ -7,7 +7,7 @@ import pytest
 from policies.slice_bounded import BoundedSlowdownSlice
 from slurmrl.leases import LeaseTable
 from slurmrl.model import Phase, PhasePrior
-from slurmrl.profiles import ProfileBuilder, SitePriors, prior_for_model
+from slurmrl.profiles import Profile, ProfileBuilder, SitePriors, prior_for_model
 
 
 def test_profile_starts_from_the_prior_and_follows_observations() -> None:
@@ -78,6 +78,35 @@ def test_observe_lease_infers_gaps_and_rejects_bad_times() -> None:
     assert b.build().phases[Phase.IDLE].p50 == pytest.approx(10.0)
     with pytest.raises(ValueError, match="before it starts"):
         b.observe(Phase.TRAIN, 5.0, 4.0)
+
+
+def test_site_phase_prior_is_the_mean_step_of_jobs_like_a_new_one() -> None:
+    def observed(roll: float, train: float, reward: float, steps: int = 3) -> Profile:
+        b = ProfileBuilder(min_obs=1)
+        t = 0.0
+        for _ in range(steps):
+            for ph, d in ((Phase.ROLLOUT, roll), (Phase.REWARD, reward), (Phase.TRAIN, train)):
+                b.observe(ph, t, t + d)
+                t += d
+        b.observe(Phase.ROLLOUT, t, t + 1)  # the next step begins: the last one is complete
+        return b.build()
+
+    site = SitePriors(min_jobs=2)
+    site.record_step(1, "Qwen2.5-14B", 8, observed(60, 20, 20))
+    assert site.phase_prior("Qwen2.5-14B", 8, None) is None  # one job is not enough
+    site.record_step(2, "Qwen2.5-14B", 8, ProfileBuilder().build())  # no step: not recorded
+    assert site.phase_prior("Qwen2.5-14B", 8, None) is None
+    site.record_step(2, "Qwen2.5-14B", 8, observed(100, 60, 40))
+    prior = site.phase_prior("Qwen2.5-14B", 8, None)
+    assert prior is not None
+    # the mean of each job's shares (0.6/0.2/0.2 and 0.5/0.3/0.2), the median period
+    assert prior.share(Phase.ROLLOUT) == pytest.approx(0.55)
+    assert prior.share(Phase.TRAIN) == pytest.approx(0.25)
+    assert prior.share(Phase.REWARD) == pytest.approx(0.2)
+    assert prior.step_s == pytest.approx(200)
+    fixed = site.phase_prior("Qwen2.5-14B", 8, 300.0)
+    assert fixed is not None and fixed.step_s == 300.0
+    assert site.phase_prior("Qwen2.5-14B", 16, None) is None  # another size: not learned
 
 
 def test_site_learns_the_rollout_share_of_jobs_like_a_new_one() -> None:
