@@ -679,8 +679,15 @@ disaggregated 1.182); with `--what-if-param margin=1.05` beside it, agentic-tool
 27.9% at p95 1.321 at L = 1.5, above `greedy`'s 27.6% at 1.322, but disaggregated still
 runs at p95 1.178 at 1.15 and long-cot at 1.585 at 1.5, and polytrace-mix at 1.15 drops
 to 2.3%. On these priors the predictor is optimistic on disaggregated and long-cot,
-which the default shares' pessimism hides. So neither is the designed system; the
-simulator keeps both as what-ifs (`SimConfig.site_prior`).
+which the default shares' pessimism hides, and about the newcomers themselves: at 1.15
+the jobs over their limit were mostly newcomers that joined a pool (long-cot 14 of
+105, 2 of 99 on the default prior; disaggregated 16 of 126 and 9 of 30 pairs opened
+together, against 7 of 110 and 2 of 14; hosts 3 either way). Neither the spread of
+the peers' periods as the prior's spread nor a margin on newcomers' own limits only
+(throwaway patches) brought disaggregated within 1.15 without losing what it saved
+(margin 1.05: 19.8% at p95 1.170; 1.10: 15.0% at 1.147, less than the default's 16.6%).
+So neither prior is the designed system; the simulator keeps both as what-ifs
+(`SimConfig.site_prior`).
 
 How much better priors could buy at all: with every job's `--rl-profile` exactly its
 whole run's phase shares and mean step (an oracle, `python benchmarks/what_if.py
