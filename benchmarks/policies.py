@@ -682,7 +682,7 @@ to 2.3%. On these priors the predictor is optimistic on disaggregated and long-c
 which the default shares' pessimism hides, and about the newcomers themselves: at 1.15
 the jobs over their limit were mostly newcomers that joined a pool (long-cot 14 of
 105, 2 of 99 on the default prior; disaggregated 16 of 126 and 9 of 30 pairs opened
-together, against 7 of 110 and 2 of 14; hosts 3 either way). Neither the spread of
+together, against 7 of 110 and 2 of 14; hosts 2-3 either way). Neither the spread of
 the peers' periods as the prior's spread nor a margin on newcomers' own limits only
 (throwaway patches) brought disaggregated within 1.15 without losing what it saved
 (margin 1.05: 19.8% at p95 1.170; 1.10: 15.0% at 1.147, less than the default's 16.6%).
