@@ -62,7 +62,8 @@ def one(args: tuple[str, str, float | None, str, int, int]) -> dict[str, Any]:
     m = r.metrics
     return {"workload": wname, "policy": policy, "limit": limit, "arrivals": arrivals,
             "seed": seed, "savings": m.savings, "p95": m.slowdown_p95,
-            "max": m.slowdown_max, "within": within_limit(r, cfg)}
+            "max": m.slowdown_max, "within": within_limit(r, cfg),
+            "shared": m.shared_fraction}
 
 
 def within_limit(r: RunResult, cfg: SimConfig) -> float:
@@ -98,7 +99,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[tuple[str, str, float | None],
     for key in {(r["workload"], r["policy"], r["limit"]) for r in rows}:
         rs = [r for r in rows if (r["workload"], r["policy"], r["limit"]) == key]
         out[key] = {k: statistics.fmean(r[k] for r in rs)
-                    for k in ("savings", "p95", "max", "within")}
+                    for k in ("savings", "p95", "max", "within", "shared")}
     return out
 
 
@@ -181,7 +182,8 @@ def verdicts(s: dict[tuple[str, str, float | None], dict[str, float]],
 
 def table(s: dict[tuple[str, str, float | None], dict[str, float]]) -> str:
     lines = ["| workload | policy | users' limit | savings % | p95 slowdown | max slowdown "
-             "| jobs within their limit % |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| jobs within their limit % | shared % |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for w in WORKLOADS:
         keys = [(w, p, L) for p in ("complementary", UNDECLARED, LOAD_CAPPED, NVL72)
                 for L in LIMITS
@@ -190,7 +192,8 @@ def table(s: dict[tuple[str, str, float | None], dict[str, float]]) -> str:
             v = s[k]
             lim = "suite's" if k[2] is None else f"{k[2]}"
             lines.append(f"| {w} | {LABEL.get(k[1], k[1])} | {lim} | {100 * v['savings']:.1f} "
-                         f"| {v['p95']:.3f} | {v['max']:.2f} | {100 * v['within']:.0f} |")
+                         f"| {v['p95']:.3f} | {v['max']:.2f} | {100 * v['within']:.0f} "
+                         f"| {100 * v['shared']:.0f} |")
     return "\n".join(lines)
 
 
@@ -288,13 +291,18 @@ def main() -> None:
     comp_in = min(s[(w, "complementary", L)]["within"] for w in WORKLOADS for L in LIMITS)
     # which workloads buy the most and the least GPU-hours at the highest limit
     by = sorted(WORKLOADS, key=lambda w: s[(w, "complementary", LIMITS[-1])]["savings"])
+    # how much of its pools' time the default spends sharing, at the lowest and highest L
+    sh = {L: [100 * s[(w, "complementary", L)]["shared"] for w in WORKLOADS]
+          for L in (LIMITS[0], LIMITS[-1])}
+    shared = " and ".join(f"{min(v):.0f}-{max(v):.0f}% at L = {L}" for L, v in sh.items())
     write_marked("frontier", SECTION.format(jobs=a.jobs, seeds=a.seeds, runs=len(tasks), wall=wall,
                                  machine=machine, table=tab, verdicts=ver,
                                  capped_verdicts="\n".join(verdicts(s, LOAD_CAPPED, rows=rows)),
                                  limits=", ".join(map(str, LIMITS)),
                                  base_out=f"{100 * out:.0f}%", comp_in_min=100 * comp_in,
                                  most=" and ".join(by[:-3:-1]), least=" and ".join(by[:2]),
-                                 cost=cost_of_steps(s), remeasured=REMEASURED))
+                                 cost=cost_of_steps(s), remeasured=REMEASURED,
+                                 shared=shared))
 
 
 SECTION = """## Savings against slowdown
@@ -304,7 +312,8 @@ Produced by `python benchmarks/frontier.py --jobs {jobs} --seeds {seeds}` ({runs
 (`slurmrl simulate --max-slowdown L`: as if every user asked `--rl-max-slowdown=L`); the
 baselines ran at the workload's own limits (they do not read them). Means over {seeds}
 seeds x (steady, bursty) arrivals of {jobs} jobs. "Jobs within their limit": finished
-with (finished - placed) / solo at most their own limit. All on the suite's 8-GPU nodes,
+with (finished - placed) / solo at most their own limit. "Shared %": the share of the
+pools' GPU-hours during which a pool held two jobs or more. All on the suite's 8-GPU nodes,
 where no staggered pool fits; `complementary, NVL72` (dashed in the plot) is the same
 curve with 72 GPUs in one NVLink domain (`--gpus-per-node 72`), for the long-tail
 workloads, where staggered pools form. The suite's jobs declare their step counts
@@ -444,7 +453,10 @@ with `Q_BUSY = 0.5`).
 
 Reading: the suite's 1.15 is a point on this curve, not a property of the policy;
 a site that lets users accept more slowdown buys GPU-hours along it ({most} jobs the
-most, {least} the least, at L = 3.0). A baseline's
+most, {least} the least, at L = 3.0). What it buys is sharing: the share of the
+default's pool GPU-hours during which a pool held two jobs or more was {shared} over the
+suite's workloads; the rest is a job alone in its pool, before a partner that fits
+arrives or after it is done. A baseline's
 savings come with {base_out} of its jobs above the suite's limit (median over
 the sharing baselines and workloads); `complementary` keeps {comp_in_min:.0f}-100% of its jobs
 within the limit they were given at every L. Before `--rl-steps`, those above it were

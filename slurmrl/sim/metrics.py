@@ -15,6 +15,8 @@
 - **slowdown** of a job = (finished - placed) / solo duration; **JCT** = finished -
   submitted; **queueing delay** = placed - submitted.
 - **utilisation** = lease GPU-s / used GPU-s; **makespan** = last finish - first submit.
+- **shared fraction** = the share of used GPU-s during which a pool held two or more jobs
+  (the rest: pools with one member, which only a partner's arrival could have shared).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class Metrics:
     queue_p95_h: float
     utilisation: float
     makespan_h: float
+    shared_fraction: float  #: share of used GPU-s in pools while they held 2+ jobs
     pools: int
     shared_pools: int
     staggered_pools: int  #: pools larger than each of their members (shifted windows)
@@ -98,6 +101,18 @@ def _all_members(pool: Pool) -> list[JobRun]:
     return pool.history
 
 
+def shared_gpu_s(pool: Pool) -> float:
+    """GPU-seconds of the pool's life during which two or more jobs were its members."""
+    edges = sorted([(r.placed_at or 0.0, 1) for r in pool.history]
+                   + [(r.finished_at or 0.0, -1) for r in pool.history])
+    members, since, total = 0, pool.opened_at, 0.0
+    for t, step in edges:  # at one instant a leave sorts before a join
+        if members >= 2:
+            total += t - since
+        members, since = members + step, t
+    return total * pool.gpus
+
+
 def compute(sim: Simulation) -> Metrics:
     runs = [r for r in sim.runs.values() if r.admitted]
     if sim.pools:
@@ -124,6 +139,7 @@ def compute(sim: Simulation) -> Metrics:
         sum(jct) / len(jct) if jct else 0.0, _q(jct, 0.95),
         sum(queue) / len(queue) if queue else 0.0, _q(queue, 0.95),
         leased / used if used else 0.0, (last - first) / 3600,
+        sum(shared_gpu_s(p) for p in sim.closed) / used if used else 0.0,
         len(sim.closed), shared, staggered, sum(r.handoffs for r in runs), sim.events,
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from policies.base import Action, ClusterSnapshot, Placement, PoolMode
 from slurmrl.model import Phase
 from slurmrl.sim.cli import simulate
 from slurmrl.sim.engine import SimError, Simulation
-from slurmrl.sim.metrics import ledger
+from slurmrl.sim.metrics import ledger, shared_gpu_s
 from slurmrl.sim.replay import trace_jobs
 from slurmrl.sim.runner import (
     config_for,
@@ -87,9 +88,22 @@ def test_invariants_hold_on_generated_workloads(layout: str, tail: str, turns: i
     assert sum(charges.values()) == pytest.approx(used)  # the ledger conserves GPU-seconds
     assert m.savings <= m.ideal_savings + 1e-9  # nobody beats the lower bound
     assert m.slowdown_p50 >= 1.0 - 1e-9
+    assert 0.0 <= m.shared_fraction <= 1.0
     if policy == "dedicated":
         assert m.savings == pytest.approx(0.0, abs=1e-9)
         assert m.shared_pools == 0
+    if m.shared_pools == 0:
+        assert m.shared_fraction == 0.0
+
+
+def test_shared_fraction_counts_the_time_a_pool_held_two_jobs_or_more() -> None:
+    # a 4-GPU pool: A from 0 to 100, B from 30 to 130, C joins at 100 as A leaves, to 120
+    runs = [SimpleNamespace(placed_at=a, finished_at=b) for a, b in ((0, 100), (30, 130),
+                                                                      (100, 120))]
+    pool = SimpleNamespace(opened_at=0.0, gpus=4, history=runs)
+    assert shared_gpu_s(pool) == pytest.approx(4 * (70 + 20))  # type: ignore[arg-type]
+    alone = SimpleNamespace(opened_at=0.0, gpus=4, history=runs[:1])
+    assert shared_gpu_s(alone) == 0.0  # type: ignore[arg-type]
 
 
 def test_same_seed_same_result_other_seed_differs() -> None:
