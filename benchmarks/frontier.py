@@ -368,8 +368,9 @@ of duty cycle 0.65-0.92, pair nothing under it). Its verdicts, read as above:
 Over seeds 0-2 (`benchmarks/noise.py` as above) the cap beats `greedy` on agentic-tools
 at L = 1.75 (28.6% (0.9) at p95 1.318 (0.009), against 27.5% (1.3) at 1.320 (0.006)) and
 on polytrace-mix at L = 1.75 (15.4% (0.9) at p95 1.386 (0.013), against 15.4% (1.0) at
-1.396 (0.025)), as over the two seeds above; each by less than the two points'
-standard errors combined (1.6 and 1.3 points): wins within the noise. It beats `random`
+1.396 (0.025)); over the two seeds above it beats `greedy` on polytrace-mix and falls
+0.3 points short on agentic-tools. Each margin is less than the two points' standard
+errors combined (1.6 and 1.3 points): wins and a miss within the noise. It beats `random`
 on agentic-tools at L = 1.5 (26.3% (1.1) at 1.313, against 22.4% (1.3) at 1.315). On
 math-sync and
 mixed-sizes the cap "beats" `dedicated` and `greedy` only by pairing nothing, as they
