@@ -55,7 +55,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from policies.base import (
     Action,
@@ -177,7 +177,7 @@ class SimConfig:
     #: --rl-profile takes as its prior the mean phase shares of the jobs of its model and
     #: size that completed a step (`SitePriors.phase_prior`), at the model-size period
     #: ("shares") or at their median period ("profile"); None: the model-size prior
-    site_prior: str | None = None
+    site_prior: Literal["shares", "profile"] | None = None
     check_invariants: bool = True
     #: GPUs per node: a staggered pool's windows may not straddle a node boundary
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
