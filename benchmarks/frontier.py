@@ -349,6 +349,16 @@ run by run 2.7 points short (standard error 0.7): a loss beyond the noise. On
 mixed-sizes it saves 8.8% (0.6) at p95 1.993 at L = 2.0, against `random`'s 7.5% (0.4)
 at 2.329: a win.
 
+Two of the policy's own settings do not turn these verdicts (`python
+benchmarks/what_if.py --what-if-param max_group=2 -w polytrace-mix -w agentic-tools -L
+1.35 -L 1.5 -L 1.75`, and the same with `single=best-fit`; seeds 0-1, at commit
+a505d24). Pools of two only (no groups of three) give the same figures on polytrace-mix
+and at L = 1.35-1.5 on agentic-tools, and at 1.75 28.5% at p95 1.331 (28.9% at 1.394),
+a p95 0.009 above `greedy`'s. Single arrivals placed in the pool of most gain instead
+of the oldest that accepts them give polytrace-mix 11.0% at p95 1.327 and 15.0% at
+1.477 at L = 1.35 and 1.5 (10.7% at 1.317 and 15.9% at 1.474 first-fit), agentic-tools
+19.6% at 1.292 and 25.3% at 1.320 (18.4% at 1.303 and 25.9% at 1.319).
+
 `complementary, max_load = 1.0` (dash-dot in the plot) is the same policy with a site's
 cap on a group's summed GPU duty cycle (`max_load = 1.0` in
 `[policies.params.complementary]`, docs/site-policies.md; not the default): a group whose
