@@ -103,8 +103,9 @@ def _all_members(pool: Pool) -> list[JobRun]:
 
 def shared_gpu_s(pool: Pool) -> float:
     """GPU-seconds of the pool's life during which two or more jobs were its members."""
-    edges = sorted([(r.placed_at or 0.0, 1) for r in pool.history]
-                   + [(r.finished_at or 0.0, -1) for r in pool.history])
+    runs = _all_members(pool)
+    edges = sorted([(r.placed_at or 0.0, 1) for r in runs]
+                   + [(r.finished_at or 0.0, -1) for r in runs])
     members, since, total = 0, pool.opened_at, 0.0
     for t, step in edges:  # at one instant a leave sorts before a join
         if members >= 2:
