@@ -8,6 +8,7 @@ step-launch API, and a long-lived srun is what keeps a service step alive.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal as _signal
 import subprocess
@@ -22,12 +23,16 @@ class StepHandle:
 
     `pid` is srun's pid, which Slurm records as the step's `SrunHost:Pid`; that is how
     `step_id()` finds the step id. Ending srun (terminate/kill) ends the step.
+
+    With `temp_stderr`, `stderr_path` is a temporary file the backend made because the
+    caller named none: once srun has exited, the handle keeps its text and removes the
+    file, so a long-running controller leaves no file behind per step it launched.
     """
 
     def __init__(
         self, proc: subprocess.Popen[bytes], job_id: int, argv: Sequence[str],
         stdout_path: str | None, stderr_path: str | None,
-        owned_files: Sequence[IO[bytes]] = (),
+        owned_files: Sequence[IO[bytes]] = (), temp_stderr: bool = False,
     ) -> None:
         self._proc = proc
         self.job_id = job_id
@@ -36,6 +41,8 @@ class StepHandle:
         self.stderr_path = stderr_path
         self._owned = list(owned_files)
         self._step: str | None = None
+        self._temp_stderr = temp_stderr
+        self._stderr_kept: str | None = None  #: the temporary file's text once removed
 
     @property
     def pid(self) -> int:
@@ -79,6 +86,8 @@ class StepHandle:
 
     def stderr_text(self) -> str:
         """What srun wrote to stderr so far ("" when it went elsewhere)."""
+        if self._stderr_kept is not None:
+            return self._stderr_kept
         if not self.stderr_path or not os.path.exists(self.stderr_path):
             return ""
         with open(self.stderr_path, "rb") as f:
@@ -88,6 +97,11 @@ class StepHandle:
         for f in self._owned:
             f.close()
         self._owned.clear()
+        if self._temp_stderr and self._stderr_kept is None:
+            self._stderr_kept = self.stderr_text()
+            if self.stderr_path:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.stderr_path)
 
     def __repr__(self) -> str:
         return f"StepHandle(job_id={self.job_id}, pid={self.pid}, step={self._step})"

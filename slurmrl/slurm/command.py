@@ -349,6 +349,7 @@ class CommandBackend:
             owned.append(out)
         else:
             out = subprocess.DEVNULL
+        temp = stderr_path is None
         if stderr_path is None:
             fd, stderr_path = tempfile.mkstemp(prefix=f"slurmrl-step-{job_id}-", suffix=".err")
             os.close(fd)
@@ -360,8 +361,10 @@ class CommandBackend:
         except FileNotFoundError as e:
             for f in owned:
                 f.close()
+            if temp:
+                os.unlink(stderr_path)
             raise SlurmError("srun not found: is Slurm installed?", argv=argv) from e
-        return StepHandle(proc, job_id, argv, stdout_path, stderr_path, owned)
+        return StepHandle(proc, job_id, argv, stdout_path, stderr_path, owned, temp)
 
     def _await_step(self, handle: StepHandle, timeout_s: float) -> None:
         """Return once Slurm lists the step or srun ended well; raise otherwise."""

@@ -111,6 +111,7 @@ def steps_to_stop() -> Iterator[list[StepHandle]]:
     yield handles
     for h in handles:
         h.kill()
+        h.wait(timeout_s=30)  # reaps srun; its temporary stderr file goes with it
 
 
 def wait_for(backend: SlurmBackend, job_id: int, states: set[SlurmJobState],
@@ -261,8 +262,11 @@ def test_step_gets_hostile_argv_and_pinned_gpus_literally(
 
 
 def test_step_into_missing_job_is_a_clear_error(backend: SlurmBackend) -> None:
+    left = set(Path(tempfile.gettempdir()).glob("slurmrl-step-99999999-*"))
     with pytest.raises(SlurmError, match="99999999"):
         backend.launch_step(99_999_999, ["true"], timeout_s=20, retries=0)
+    # srun's stderr is in the error; its temporary file is not left behind
+    assert set(Path(tempfile.gettempdir()).glob("slurmrl-step-99999999-*")) == left
 
 
 # ------------------------------------------------------------ cancel/signal

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from slurmrl.slurm import BatchSpec, CommandBackend, SlurmError
+from slurmrl.slurm import BatchSpec, CommandBackend, SlurmError, StepHandle
 from slurmrl.slurm import parse as p
 
 HOSTILE = ["it's", 'a "quoted" arg', "two  spaces", "new\nline", "$(touch /tmp/pwned)",
@@ -130,3 +132,36 @@ def test_missing_slurm_binary_is_a_slurm_error(tmp_path: object) -> None:
     with pytest.raises(SlurmError, match="not found"):
         b.version()
     assert b.ping() is False
+
+
+def test_failed_step_launch_reports_srun_stderr_and_leaves_no_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a stand-in srun (no Slurm here) failing as the real one does for a missing job
+    bin_dir, tmp = tmp_path / "bin", tmp_path / "tmp"
+    bin_dir.mkdir()
+    tmp.mkdir()
+    srun = bin_dir / "srun"
+    srun.write_text("#!/bin/sh\necho 'srun: error: Invalid job id specified' >&2\nexit 1\n")
+    srun.chmod(0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    with pytest.raises(SlurmError, match="Invalid job id specified"):
+        CommandBackend(bin_dir=str(bin_dir)).launch_step(42, ["true"], retries=0)
+    assert list(tmp.iterdir()) == []  # the temporary stderr file was removed
+
+
+def test_step_handle_keeps_srun_stderr_after_removing_its_temporary_file(
+        tmp_path: Path) -> None:
+    err_path = tmp_path / "step.err"
+    err = open(err_path, "ab")  # noqa: SIM115 - owned by the handle
+    proc = subprocess.Popen(["/bin/sh", "-c", "echo oops >&2; exit 3"], stderr=err)
+    h = StepHandle(proc, 7, ["sh"], None, str(err_path), [err], temp_stderr=True)
+    assert h.wait(timeout_s=30) == 3
+    assert not err_path.exists()
+    assert h.stderr_text() == "oops\n"
+    # a path the caller named is the caller's: kept
+    named = tmp_path / "named.err"
+    err2 = open(named, "ab")  # noqa: SIM115 - owned by the handle
+    proc2 = subprocess.Popen(["/bin/sh", "-c", "echo kept >&2"], stderr=err2)
+    h2 = StepHandle(proc2, 7, ["sh"], None, str(named), [err2])
+    assert h2.wait(timeout_s=30) == 0
+    assert named.read_text() == "kept\n" == h2.stderr_text()
