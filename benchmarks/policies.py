@@ -708,6 +708,14 @@ together, against 7 of 110 and 2 of 14; hosts 2-3 either way). Neither the sprea
 the peers' periods as the prior's spread nor a margin on newcomers' own limits only
 (throwaway patches) brought disaggregated within 1.15 without losing what it saved
 (margin 1.05: 19.8% at p95 1.170; 1.10: 15.0% at 1.147, less than the default's 16.6%).
+Nor does the converse split: the peers' shares only for the slowdown a newcomer causes
+its partners, its own judged on the model-size prior as by default (throwaway patch, a
+second group simulation with the newcomer on the learned shares; 60 jobs, seeds 0-1,
+steady and bursty, L = 1.15 and 1.5) moved savings by -0.1 to +0.9 points: agentic-tools
+6.1% -> 6.8% at 1.15 (p95 1.110 -> 1.136) and 25.9% -> 26.4% at 1.5, still short of
+`greedy`'s 27.6% at p95 1.322; polytrace-mix 15.9% -> 16.2% at 1.5 (p95 1.474 ->
+1.471); disaggregated 16.6% -> 16.7% at 1.15 with p95 1.141 -> 1.151. On agentic-tools
+that is about half of what the shares bought on both sides (7.1% and 27.1%, above).
 So neither prior is the designed system; the simulator keeps both as what-ifs
 (`SimConfig.site_prior`).
 
