@@ -7,7 +7,8 @@ losing a committed transaction; only a power loss may drop the last ones (SQLite
 documented trade-off), which costs at most a lease that a restart then revokes.
 
 Known limits: one writer process (the controller); readers (`slurmrl status` reads
-through the controller's RPC, not the file). Not thread-safe: use it from one thread.
+through the controller's RPC, not the file; `slurmrl report` opens it `read_only`). Not
+thread-safe: use it from one thread.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ class StoreError(RuntimeError):
     """The DB cannot be used (newer schema, unknown id...)."""
 
 
+#: the tables of every schema version (migration 1), which the read API uses
+_TABLES = frozenset({"pools", "groups", "jobs", "services", "leases", "lease_gpus",
+                     "observations", "ledger"})
+
+
 def _gpus(g: Iterable[int]) -> str:
     return json.dumps(sorted(g))
 
@@ -50,21 +56,39 @@ def _gpus(g: Iterable[int]) -> str:
 class Store:
     """The colocation database of one controller."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+        """`read_only`: read an existing DB without ever writing to it (`slurmrl report`):
+        it is not created, migrated nor switched to WAL, an older schema is read as it is,
+        and a file without the slurmrl schema raises `StoreError`. Reading a WAL-mode DB
+        may leave SQLite's empty `-wal`/`-shm` side files next to it."""
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        # isolation_level=None: we issue BEGIN/COMMIT ourselves (explicit transactions).
-        self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=NORMAL")
+        if read_only:
+            # mode=ro: SQLite itself refuses every write, a checkpoint's included
+            uri = Path(self.path).resolve().as_uri() + "?mode=ro"
+            self.conn = sqlite3.connect(uri, uri=True, isolation_level=None,
+                                        check_same_thread=False)
+        else:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves (explicit transactions).
+            self.conn = sqlite3.connect(self.path, isolation_level=None,
+                                        check_same_thread=False)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.execute("PRAGMA foreign_keys=ON")
         self.conn.execute("PRAGMA busy_timeout=5000")
         self.db = sqlite_utils.Database(self.conn)
         self._checkpointer: threading.Thread | None = None
         self._closing = threading.Event()
         self._depth = 0
-        self.migrate()
+        try:
+            if read_only:
+                self._check_schema()
+            else:
+                self.migrate()
+        except BaseException:
+            self.conn.close()
+            raise
 
     def close(self) -> None:
         self._closing.set()
@@ -102,16 +126,32 @@ class Store:
 
     def migrate(self) -> None:
         current = self.version
-        if current > LATEST:
-            raise StoreError(
-                f"{self.path} has schema version {current}, newer than this slurmrl "
-                f"knows ({LATEST}); upgrade slurmrl"
-            )
+        self._refuse_newer(current)
         for number in range(current + 1, LATEST + 1):
             with self.transaction():
                 for statement in _statements(MIGRATIONS[number - 1]):
                     self.conn.execute(statement)
                 self.conn.execute(f"PRAGMA user_version = {number}")
+
+    def _check_schema(self) -> None:
+        """Refuse a file that is not a slurmrl DB, or whose schema is newer than ours."""
+        try:
+            current = self.version
+            tables = {r[0] for r in self.conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.DatabaseError as exc:  # not SQLite at all: "file is not a database"
+            raise StoreError(f"{self.path} is not a slurmrl colocation DB ({exc})") from None
+        if current == 0 or not _TABLES.issubset(tables):
+            raise StoreError(f"{self.path} is not a slurmrl colocation DB (it has no "
+                             "slurmrl schema)")
+        self._refuse_newer(current)
+
+    def _refuse_newer(self, current: int) -> None:
+        if current > LATEST:
+            raise StoreError(
+                f"{self.path} has schema version {current}, newer than this slurmrl "
+                f"knows ({LATEST}); upgrade slurmrl"
+            )
 
     @contextmanager
     def transaction(self) -> Iterator[None]:

@@ -1,5 +1,7 @@
 """Where a report's data comes from: the colocation DB (through `Store`) or the controller.
 
+- `open_store(path)` opens a DB file read-only; it refuses a missing file and one
+  without the slurmrl schema, and never writes to the file.
 - `from_store(store, ids, now)` reads everything through the Store's read API: exact
   per-GPU holds (shrinks included), closed pools, every job.
 - `from_controller(url, ids, now)` reads the RPC (`/v1/status?all=1`, then each job's
@@ -90,14 +92,17 @@ def from_store(store: Any, ids: Sequence[int] | None, now: float) -> ReportInput
 
 
 def open_store(path: str) -> Any:
-    """Open an existing colocation DB (never creates one: a typo must not make a new DB)."""
+    """Open an existing colocation DB read-only: a report never writes to the file (a
+    typo makes no new DB; another program's DB is refused, not given slurmrl's tables)."""
     if not Path(path).is_file():
         raise SourceError(f"no colocation DB at {path} (give --db PATH, or --controller URL)")
     from slurmrl.db import Store, StoreError
 
     try:
-        return Store(path)
-    except (StoreError, sqlite3.Error) as exc:
+        return Store(path, read_only=True)
+    except StoreError as exc:  # it names the file and what is wrong with it
+        raise SourceError(str(exc)) from None
+    except sqlite3.Error as exc:
         raise SourceError(f"cannot open {path}: {exc}") from None
 
 
@@ -106,13 +111,13 @@ def from_controller(url: str, ids: Sequence[int] | None,
     """The report input through the controller's RPC, and warnings on what it lacks."""
     from slurmrl.client.rpc import ControllerError, RpcClient
 
-    rpc = RpcClient(url, retry_for_s=0.0, timeout_s=10.0)
     warnings: list[str] = ["via the controller: closed pools are not listed and a shrunk "
                            "lease counts its final GPUs; use --db for exact numbers"]
     query = {"all": "1"}
     if ids:
         query["ids"] = ",".join(map(str, ids))
     try:
+        rpc = RpcClient(url, retry_for_s=0.0, timeout_s=10.0)  # ValueError: a malformed URL
         _, ans = rpc.call("GET", "/v1/status", query=query, retry=False)
         jobs_v = ans.get("jobs", [])
         jobs, holds, requests, rewards = [], [], [], []
@@ -157,7 +162,10 @@ def load_baseline(path: str, now: float) -> tuple[dict[str, float], set[str]]:
     with p.open("rb") as f:
         head = f.read(16)
     if head.startswith(b"SQLite format 3"):
-        store = open_store(path)
+        try:
+            store = open_store(path)
+        except SourceError as exc:
+            raise SourceError(f"baseline: {exc}") from None
         try:
             return baseline_from_report(compute(from_store(store, None, now)))
         finally:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ from click.testing import CliRunner
 
 from slurmrl.cli.report import report
 from slurmrl.db import JobRecord, Store
+from slurmrl.db.migrations import MIGRATIONS
 from slurmrl.leases.types import Lease
 from slurmrl.model import JobState, LeaseState, Phase, RlRequest
 from slurmrl.report.compute import (
@@ -217,3 +220,68 @@ def test_cli_job_filter_and_unknown_id_warning(tmp_path: Path) -> None:
     env = json.loads(res.output)
     assert [j["job_id"] for j in env["jobs"]] == [12]
     assert any("no RL job 99" in w for w in env["warnings"])
+
+
+# -- a report reads its DB files, it never writes to them -----------------------------------
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _other_programs_db(path: Path) -> Path:
+    conn = sqlite3.connect(path)  # a rollback-journal DB, as most programs keep theirs
+    conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+    conn.execute("INSERT INTO notes (text) VALUES ('mine')")
+    conn.commit()
+    conn.close()
+    return path
+
+
+@pytest.mark.parametrize(("flag", "kind"), [("--db", "empty"), ("--db", "other"),
+                                           ("--baseline", "other")])
+def test_cli_refuses_a_file_that_is_no_slurmrl_db_and_leaves_it_unchanged(
+        tmp_path: Path, flag: str, kind: str) -> None:
+    bad = tmp_path / "x.db"
+    if kind == "empty":
+        bad.touch()
+    else:
+        _other_programs_db(bad)
+    before = _sha(bad)
+    args = ["--db", str(bad)] if flag == "--db" else ["--db", str(_db(tmp_path / "c.db")),
+                                                       "--baseline", str(bad)]
+    res = CliRunner().invoke(report, args)
+    assert res.exit_code == 1, res.output
+    prefix = "baseline: " if flag == "--baseline" else ""
+    assert (f"slurmrl report: {prefix}{bad} is not a slurmrl colocation DB (it has no "
+            "slurmrl schema)") in res.output
+    assert _sha(bad) == before
+    if kind == "other":  # still its own: no slurmrl table, not switched to WAL
+        conn = sqlite3.connect(f"file:{bad}?mode=ro", uri=True)
+        assert {r[0] for r in conn.execute("SELECT name FROM sqlite_master")} == {"notes"}
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        conn.close()
+
+
+def test_cli_reports_an_older_slurmrl_db_without_upgrading_it(tmp_path: Path) -> None:
+    db = tmp_path / "run ?#%1.db"  # characters a SQLite URI must escape
+    conn = sqlite3.connect(db)  # the history of `_db` in the version-1 schema
+    conn.executescript(MIGRATIONS[0] + "PRAGMA user_version = 1;")
+    conn.execute("ATTACH DATABASE ? AS src", (str(_db(tmp_path / "c.db")),))
+    for table in ("pools", "jobs", "leases", "lease_gpus", "observations", "ledger"):
+        conn.execute(f"INSERT INTO main.{table} SELECT * FROM src.{table}")
+    conn.commit()
+    conn.close()
+    before = _sha(db)
+    res = CliRunner().invoke(report, ["--db", str(db), "--json", "--baseline", str(db)])
+    assert res.exit_code == 0, res.output
+    env = json.loads(res.output)
+    assert [(j["job_id"], j["granted_gpu_s"], j["slowdown"]) for j in env["jobs"]] == [
+        (11, 55.0, 1.0), (12, 60.0, 1.0)]
+    assert _sha(db) == before  # not upgraded to the latest schema, not switched to WAL
+
+
+def test_cli_a_malformed_controller_url_is_a_clear_error() -> None:
+    res = CliRunner().invoke(report, ["--controller", "garbage"])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.exception
+    assert ("slurmrl report: controller URL 'garbage' must look like http://host:port"
+            in res.output)
