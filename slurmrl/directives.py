@@ -175,7 +175,8 @@ def parse_steps(value: str) -> int:
 
 def _profile(value: str) -> PhasePrior | str:
     """The prior, or the reason it is malformed (the plugin's wording)."""
-    if not value or len(value) > PROFILE_MAX:
+    # bytes, as the plugin counts them (a non-ASCII value is refused by either rule)
+    if not value or len(value.encode("utf-8", "surrogateescape")) > PROFILE_MAX:
         return f"empty or longer than {PROFILE_MAX} characters"
     if value.startswith(",") or value.endswith(",") or ",," in value:
         return "empty item"

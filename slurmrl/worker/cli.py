@@ -64,7 +64,8 @@ def read_secret(secret_file: Path | None) -> str:
 @click.option("--lr", type=float, default=None, help="Trainer learning rate.")
 @click.option("--gpu-memory-utilization", type=float, default=0.85, show_default=True)
 @click.option("--max-body-mb", default=1024, show_default=True, help="Largest request body.")
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
 def worker(
     backend_name: str,
     role: str,

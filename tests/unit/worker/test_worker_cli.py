@@ -47,6 +47,7 @@ def test_secret_from_env_is_removed_from_the_environment(
         ([], {SECRET_ENV: "short"}, "at least 16 bytes"),
         (["--backend", "torch", "--role", "rollout"], None, "torch backend is a trainer"),
         (["--backend", "sglang"], None, "'sglang' is not one of"),
+        (["--log-level", "FOO"], None, "'FOO' is not one of 'debug', 'info'"),
     ],
 )
 def test_usage_errors_exit_2_with_a_message(
