@@ -19,6 +19,7 @@ workload or trace, or a simulation that cannot go on, fails with one line on std
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from dataclasses import replace
@@ -28,6 +29,7 @@ import click
 from click.core import ParameterSource
 
 from policies import registry
+from slurmrl.sim.schema import MAX_SLOWDOWN
 
 
 def _param(value: str) -> tuple[str, str, Any]:
@@ -43,9 +45,20 @@ def _param(value: str) -> tuple[str, str, Any]:
     return policy, key, toml_literal(raw.strip())
 
 
+def _finite(ctx: click.Context, param: click.Parameter, value: float | None
+            ) -> float | None:
+    """A float option's value, refused where it is NaN or infinite (their metrics would
+    be NaN)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"must be a finite number, got {value}")
+    return value
+
+
 def _envelope(meta: dict[str, Any], warnings: list[str], payload: dict[str, Any]) -> str:
+    """The --json envelope; a ValueError where a value is not finite (no `NaN` or
+    `Infinity`, which are not JSON)."""
     return json.dumps({"meta": meta, "errors": [], "warnings": warnings, **payload},
-                      indent=2)
+                      indent=2, allow_nan=False)
 
 
 def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
@@ -72,11 +85,15 @@ def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None,
               help="number of jobs (default: the workload's)")
-@click.option("--load", "load_scale", type=float, default=1.0, show_default=True,
-              help="scale the arrival rate")
-@click.option("--max-slowdown", "max_slowdown", type=click.FloatRange(min=1.0), default=None,
+@click.option("--load", "load_scale", type=click.FloatRange(min=0.0, min_open=True),
+              default=1.0, show_default=True, callback=_finite,
+              help="scale the arrival rate (a finite number > 0)")
+@click.option("--max-slowdown", "max_slowdown",
+              type=click.FloatRange(min=1.0, max=MAX_SLOWDOWN), default=None,
+              callback=_finite,
               help="what-if: every job's slowdown limit, as if each user asked "
-                   "--rl-max-slowdown=X (the site's cap rises to X if lower)")
+                   f"--rl-max-slowdown=X, 1..{MAX_SLOWDOWN:g} (the site's cap rises to X "
+                   "if lower)")
 @click.option("--gpus-per-node", "gpus_per_node", type=click.IntRange(min=1), default=None,
               help="what-if: GPUs per node, or per NVLink domain where it spans nodes (72 "
                    "on an NVL72 rack); a staggered pool must fit one (default: the "
@@ -162,7 +179,13 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
         click.echo(f"slurmrl simulate: {exc}", err=True)
         sys.exit(1)
     if as_json:
-        click.echo(_envelope(meta, warnings, payload))
+        try:
+            out = _envelope(meta, warnings, payload)
+        except ValueError as exc:  # a NaN or infinite metric: not JSON
+            click.echo(f"slurmrl simulate: the results hold a value JSON cannot carry "
+                       f"({exc}); no JSON printed", err=True)
+            sys.exit(1)
+        click.echo(out)
         return
     for w in warnings:
         click.echo(f"slurmrl simulate: warning: {w}", err=True)

@@ -31,14 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode, SiteLimits
-from slurmrl.model import GPU_PHASES, Layout, Phase, PhasePrior
+from slurmrl.model import GPU_PHASES, Layout, Mux, Phase, PhasePrior
 from slurmrl.sim import schema as sc
-from slurmrl.sim.workload import Segment, SimJob, WorkloadError
+from slurmrl.sim.workload import Segment, SimJob, WorkloadError, read_text
 
 TRACE_FORMAT = "slurmrl-trace/1"
 
 #: the header's line (workloads/README.md, "Trace format"); a job's `steps` is checked
-#: where it is read, with the --rl-steps range
+#: where it is read, with the --rl-steps range, and its `rollout_gpus` against its `gpus`
 HEADER = sc.table({
     "format": (True, sc.anything),
     "jobs": (True, sc.list_of(sc.table({
@@ -50,9 +50,10 @@ HEADER = sc.table({
         "pool": (False, sc.optional(sc.whole(0))),
         "user": (False, sc.text),
         "profile": (False, sc.optional(sc.text)),
-        "max_slowdown": (False, sc.optional(sc.number(0.0))),
+        "max_slowdown": (False, sc.optional(sc.number(1.0, strict=False,
+                                                      hi=sc.MAX_SLOWDOWN))),
         "steps": (False, sc.anything),
-        "mux": (False, sc.optional(sc.text)),
+        "mux": (False, sc.optional(sc.one_of(*(str(x) for x in Mux)))),
     }, strict=False))),
 }, strict=False)
 #: one phase observation line
@@ -93,7 +94,11 @@ class FixedGroups:
 
 
 def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
+    """A trace's header and observations, checked: a `WorkloadError` naming the file (and
+    the line, or the header's job) for a file that cannot be read, a malformed header or
+    line, a job listed twice, an observation of a job the header does not list, or no
+    observation at all."""
+    lines = [ln for ln in read_text(path, "trace").splitlines() if ln.strip()]
     if not lines:
         raise WorkloadError(f"{path}: empty trace")
     try:
@@ -105,16 +110,31 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         raise WorkloadError(f"{path}: first line must be a header with format "
                             f"{TRACE_FORMAT!r}")
     sc.check(HEADER, header, f"{path}: header")
+    first: dict[int, int] = {}
+    for k, spec in enumerate(header["jobs"]):
+        jid = spec["job_id"]
+        if jid in first:
+            raise WorkloadError(f"{path}: header: jobs[{k}].job_id {jid} is listed twice "
+                                f"(also jobs[{first[jid]}]); a job has one entry")
+        first[jid] = k
     for i, o in enumerate(obs, 2):
         sc.check(OBSERVATION, o, f"{path}:{i}")
         if not o["requested_at"] <= o["granted_at"] <= o["released_at"]:
             raise WorkloadError(f"{path}:{i}: times must satisfy requested <= granted <= "
                                 "released")
+        if o["job_id"] not in first:
+            raise WorkloadError(f"{path}:{i}: job {o['job_id']} is not in the header's "
+                                "jobs; every observed job must be listed there")
+    if not obs:
+        raise WorkloadError(f"{path}: a trace with no leases (a header only)")
     return header, obs
 
 
-def jobs_from_trace(header: dict[str, Any], obs: list[dict[str, Any]]
-                    ) -> tuple[list[SimJob], dict[int, int]]:
+def jobs_from_trace(header: dict[str, Any], obs: list[dict[str, Any]],
+                    where: str = "trace") -> tuple[list[SimJob], dict[int, int]]:
+    """The jobs of a checked trace (`read_trace`) and their recorded groups; a
+    `WorkloadError` naming `where` (the file) and the job for a job the simulator could
+    not run."""
     by_job: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for o in obs:
         by_job[int(o["job_id"])].append(o)
@@ -124,7 +144,7 @@ def jobs_from_trace(header: dict[str, Any], obs: list[dict[str, Any]]
         jid = int(spec["job_id"])
         mine = sorted(by_job.get(jid, []), key=lambda o: o["requested_at"])
         if not mine:
-            raise WorkloadError(f"trace: job {jid} has no observations")
+            raise WorkloadError(f"{where}: job {jid} has no observations")
         steps: list[list[Segment]] = [[]]
         for prev, o in zip([None, *mine[:-1]], mine, strict=True):
             phase = Phase(o["phase"])
@@ -137,7 +157,19 @@ def jobs_from_trace(header: dict[str, Any], obs: list[dict[str, Any]]
             steps[-1].append(Segment(phase, o["released_at"] - o["granted_at"]))
         gpus = int(spec["gpus"])
         layout = Layout(spec.get("layout", "colocated"))
-        rg = int(spec.get("rollout_gpus") or (gpus if layout is Layout.COLOCATED else gpus // 2))
+        given = spec.get("rollout_gpus")
+        if layout is Layout.DISAGGREGATED and gpus < 2:
+            raise WorkloadError(f"{where}: header: job {jid}: a disaggregated job needs at "
+                                f"least 2 GPUs (a rollout set and a trainer set), got "
+                                f"gpus {gpus}")
+        if layout is Layout.DISAGGREGATED and given is not None and not 1 <= given < gpus:
+            raise WorkloadError(f"{where}: header: job {jid}: rollout_gpus must be at "
+                                f"least 1 and fewer than its gpus ({gpus}), got {given}")
+        if layout is Layout.COLOCATED and given not in (None, gpus):
+            raise WorkloadError(f"{where}: header: job {jid}: rollout_gpus {given} differs "
+                                f"from its gpus ({gpus}); a colocated job rolls out on all "
+                                "of its GPUs (leave rollout_gpus out)")
+        rg = int(given or (gpus if layout is Layout.COLOCATED else gpus // 2))
         prior = None
         if spec.get("profile"):
             from slurmrl.directives import DirectiveError, parse_profile
@@ -145,7 +177,7 @@ def jobs_from_trace(header: dict[str, Any], obs: list[dict[str, Any]]
             try:
                 prior = parse_profile(str(spec["profile"]))
             except DirectiveError as exc:
-                raise WorkloadError(f"trace: job {jid}: {exc}") from None
+                raise WorkloadError(f"{where}: header: job {jid}: {exc}") from None
         ms = spec.get("max_slowdown")
         declared = spec.get("steps")
         if declared is not None:
@@ -153,7 +185,7 @@ def jobs_from_trace(header: dict[str, Any], obs: list[dict[str, Any]]
 
             if isinstance(declared, bool) or not isinstance(declared, int) \
                     or not 1 <= declared <= STEPS_MAX:
-                raise WorkloadError(f"trace: job {jid}: steps must be a whole number "
+                raise WorkloadError(f"{where}: header: job {jid}: steps must be a whole number "
                                     f"1..{STEPS_MAX} (its --rl-steps), got {declared!r}")
         jobs.append(SimJob(jid, "trace", str(spec.get("user", "trace")),
                            mine[0]["requested_at"] - t0, str(spec.get("model", "tiny")),
@@ -175,25 +207,23 @@ def trace_jobs(path: str | Path, assume_profiles: bool = False) -> list[SimJob]:
     recorded run (phase shares and mean step over the whole run): what the policy
     would do had every user given an accurate profile."""
     header, obs = read_trace(path)
-    if not obs:
-        raise WorkloadError(f"{path}: a trace with no leases")
-    jobs = jobs_from_trace(header, obs)[0]
+    jobs = jobs_from_trace(header, obs, str(path))[0]
     if assume_profiles:
-        jobs = [j if j.prior is not None else replace(j, prior=recorded_profile(j))
+        jobs = [j if j.prior is not None else replace(j, prior=recorded_profile(j, str(path)))
                 for j in jobs]
     return jobs
 
 
-def recorded_profile(job: SimJob) -> PhasePrior:
+def recorded_profile(job: SimJob, where: str = "trace") -> PhasePrior:
     """The `--rl-profile` that describes `job`'s run: each phase's share of its time and
-    its mean step."""
+    its mean step (`where`: the trace, for the error of a job with no recorded time)."""
     total: dict[Phase, float] = defaultdict(float)
     for step in job.steps:
         for seg in step:
             total[seg.phase] += seg.seconds
     wall = sum(total.values())
     if wall <= 0:
-        raise WorkloadError(f"trace: job {job.job_id} has no recorded time")
+        raise WorkloadError(f"{where}: job {job.job_id} has no recorded time")
     shares = tuple((ph, t / wall) for ph, t in sorted(total.items()) if t > 0)
     return PhasePrior(shares, wall / len(job.steps))
 
@@ -215,7 +245,7 @@ def replay(path: str | Path, slice_name: str = "round-robin") -> dict[str, float
     from slurmrl.sim.metrics import compute
 
     header, obs = read_trace(path)
-    jobs, groups = jobs_from_trace(header, obs)
+    jobs, groups = jobs_from_trace(header, obs, str(path))
     sizes: dict[int, set[int]] = defaultdict(set)
     for j in jobs:
         sizes[groups[j.job_id]].add(j.gpus)

@@ -16,6 +16,11 @@ from typing import Any
 
 from slurmrl.model import Phase
 
+#: a job's slowdown limit at most: `--rl-max-slowdown`'s range is 1.0..100
+#: (`slurmrl.directives.parse_max_slowdown`); a workload class's, a trace job's and
+#: `simulate --max-slowdown` keep to it
+MAX_SLOWDOWN = 100.0
+
 
 class Bad(Exception):
     """`key` (a path such as `classes[0].gpus`) is wrong: `text` says how."""
@@ -44,18 +49,26 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def whole(lo: int = 1) -> Check:
-    """A whole number >= `lo`."""
+def _show(x: float) -> str:
+    """A bound as a message shows it: 100, 1,000,000, 0.5."""
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+def whole(lo: int = 1, hi: int | None = None) -> Check:
+    """A whole number >= `lo`, and <= `hi` where given."""
+    what = f"a whole number >= {lo}" + ("" if hi is None else f" and <= {_show(hi)}")
+
     def check(v: Any, key: str) -> None:
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise must(key, f"a whole number >= {lo}", v)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None
+                                                                        and v > hi):
+            raise must(key, what, v)
     return check
 
 
 def number(lo: float = 0.0, *, strict: bool = True, hi: float | None = None) -> Check:
     """A finite number > `lo` (>= with `strict=False`), and <= `hi` where given."""
     what = f"a number {'>' if strict else '>='} {lo:g}" + ("" if hi is None else
-                                                          f" and <= {hi:g}")
+                                                          f" and <= {_show(hi)}")
 
     def check(v: Any, key: str) -> None:
         if not (_is_number(v) and (v > lo if strict else v >= lo)

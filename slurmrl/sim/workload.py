@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import SiteLimits
+from slurmrl.directives import STEP_MAX_S, STEPS_MAX
 from slurmrl.model import Layout, Phase, PhasePrior
 from slurmrl.sim import schema as sc
 
@@ -59,6 +60,19 @@ HEAVY_SIGMA = 0.75
 
 class WorkloadError(ValueError):
     """A workload file is malformed; the message names the file and the key."""
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The text of a workload or trace file, or a `WorkloadError` naming it (missing, a
+    directory, unreadable, not UTF-8)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"{path}: not a {what} (not UTF-8 text: byte "
+                            f"{exc.object[exc.start]:#04x} at offset {exc.start})") from None
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read the {what}: "
+                            f"{exc.strerror or exc}") from None
 
 
 @dataclass(frozen=True)
@@ -159,7 +173,10 @@ class Workload:
         return int(self.data["jobs"])
 
 
-#: one job class (workloads/README.md, "Per class")
+#: one job class (workloads/README.md, "Per class"). Steps at most `--rl-steps`'s
+#: bound, durations at most `--rl-profile`'s step bound, `max_slowdown` in
+#: `--rl-max-slowdown`'s range: a larger value would make the run hang or its metrics
+#: infinite
 CLASS: sc.Table = {
     "name": (True, sc.text),
     "weight": (True, sc.number(0.0)),
@@ -167,17 +184,18 @@ CLASS: sc.Table = {
     "gpus": (True, sc.drawn(sc.whole(1))),
     "layout": (True, sc.one_of(*(str(x) for x in Layout))),
     "rollout_fraction": (False, sc.number(0.0, hi=1.0)),
-    "steps": (True, sc.drawn(sc.whole(1))),
-    "step_s": (True, sc.drawn(sc.number(0.0))),
+    "steps": (True, sc.drawn(sc.whole(1, hi=STEPS_MAX))),
+    "step_s": (True, sc.drawn(sc.number(0.0, hi=STEP_MAX_S))),
     "shares": (True, sc.shares),
-    "sync_s": (False, sc.number(0.0, strict=False)),
+    "sync_s": (False, sc.number(0.0, strict=False, hi=STEP_MAX_S)),
     "turns": (False, sc.drawn(sc.whole(1))),
-    "tool_gap_s": (False, sc.drawn(sc.number(0.0, strict=False))),
+    "tool_gap_s": (False, sc.drawn(sc.number(0.0, strict=False, hi=STEP_MAX_S))),
     "tail": (False, sc.one_of("math", "heavy", "none")),
     "drift": (False, sc.number(-1.0)),
     "noise_cv": (False, sc.number(0.0, strict=False)),
     "profile_hint": (False, sc.number(0.0, strict=False, hi=1.0)),
-    "max_slowdown": (False, sc.optional(sc.drawn(sc.number(0.0)))),
+    "max_slowdown": (False, sc.optional(sc.drawn(sc.number(1.0, strict=False,
+                                                           hi=sc.MAX_SLOWDOWN)))),
     "mux_off": (False, sc.number(0.0, strict=False, hi=1.0)),
 }
 
@@ -222,7 +240,7 @@ def load(name_or_path: str) -> Workload:
         names = sorted(x.stem for x in WORKLOAD_DIR.glob("*.json"))
         raise WorkloadError(f"no workload {name_or_path!r}; suite: {', '.join(names)}")
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(read_text(p, "workload file"))
     except json.JSONDecodeError as exc:
         raise WorkloadError(f"{p}: not JSON: {exc}") from exc
     return validate(data, str(p), p)
@@ -427,8 +445,8 @@ def generate(w: Workload, seed: int, arrivals: str = "steady", n_jobs: int | Non
     Poisson at `rate_per_h / burst_mean`, so the mean rate is the steady one's."""
     if arrivals not in ("steady", "bursty"):
         raise WorkloadError(f"arrivals must be 'steady' or 'bursty', got {arrivals!r}")
-    if load_scale <= 0:
-        raise WorkloadError(f"load_scale must be > 0, got {load_scale}")
+    if not (math.isfinite(load_scale) and load_scale > 0):
+        raise WorkloadError(f"load_scale must be a finite number > 0, got {load_scale}")
     rng = random.Random(seed)
     a = w.data["arrivals"][arrivals]
     rate = float(a["rate_per_h"]) * load_scale / 3600.0

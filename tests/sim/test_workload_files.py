@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurmrl.sim.cli import simulate
-from slurmrl.sim.workload import generate, validate
+from slurmrl.sim.workload import WorkloadError, generate, validate
 
 BASE: dict[str, Any] = {
     "format": "slurmrl-workload/1", "name": "files", "jobs": 4,
@@ -79,6 +80,19 @@ MALFORMED = [
     (_set("cluster.gpus", 0), "cluster.gpus must be a whole number >= 1, got 0"),
     (_set("cluster.gpus", "many"), "cluster.gpus must be a whole number >= 1, got 'many'"),
     (_set("arrivals.bursty.burst_mean", 0.5), "arrivals.bursty.burst_mean must be"),
+    # durations beyond --rl-profile's step bound made every metric inf or NaN
+    (_set("classes.0.step_s", 1e308), "classes[0].step_s must be a number > 0 and <= "
+                                      "1,000,000, got 1e+308"),
+    (_set("classes.0.step_s", [20.0, 1e308]), "classes[0].step_s[1] must be a number > 0 "
+                                              "and <= 1,000,000"),
+    (_set("classes.0.sync_s", 1e308), "classes[0].sync_s must be a number >= 0 and <= "
+                                      "1,000,000"),
+    (_set("classes.0.tool_gap_s", [0.0, 1e308]), "classes[0].tool_gap_s[1] must be"),
+    # a limit under 1 (every job dropped unseen) or above --rl-max-slowdown's 100
+    (_set("classes.0.max_slowdown", 0.5), "classes[0].max_slowdown must be a number >= 1 "
+                                          "and <= 100, got 0.5"),
+    (_set("classes.0.max_slowdown", {"choices": [1.5, 1000]}),
+     "classes[0].max_slowdown.choices[1] must be a number >= 1 and <= 100, got 1000"),
 ]
 
 
@@ -110,6 +124,51 @@ def test_a_workload_that_is_not_an_object_fails_in_one_line(tmp_path: Path) -> N
     one_line_error(run("-w", str(path)), str(path), "must be a JSON object")
 
 
+def test_a_class_with_more_steps_than_rl_steps_allows_is_refused_when_read() -> None:
+    # 10**12 steps drew for ever (checked without drawing: the old code hung in generate)
+    data = copy.deepcopy(BASE)
+    for steps in (10**12, [2, 10_000_001]):
+        data["classes"][0]["steps"] = steps
+        with pytest.raises(WorkloadError, match=r"site\.json: classes\[0\]\.steps(\[1\])? "
+                           r"must be a whole number >= 1 and <= 10,000,000"):
+            validate(data, "site.json")
+    data["classes"][0]["steps"] = 10_000_000
+    validate(data, "site.json")
+
+
+def test_a_workload_file_that_is_not_utf8_fails_in_one_line_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "site.json"
+    path.write_bytes(b"\xff\xfe{}")
+    one_line_error(run("-w", str(path)), str(path), "not UTF-8")
+
+
+@pytest.mark.parametrize("args", [["--load", "nan"], ["--load", "inf"],
+                                  ["--max-slowdown", "inf"], ["--max-slowdown", "1000"]])
+def test_a_non_finite_load_or_a_slowdown_limit_over_100_is_a_usage_error(
+        tmp_path: Path, args: list[str]) -> None:
+    # they ran, and --json printed NaN (not JSON) or a limit no user can ask
+    path = tmp_path / "site.json"
+    path.write_text(json.dumps(BASE))
+    res = run("-w", str(path), "--jobs", "2", "--no-check", "--json", *args)
+    assert res.exit_code == 2, res.output
+    assert f"Invalid value for '{args[0]}'" in res.stderr, res.stderr
+    assert res.stdout == ""
+
+
+def test_json_output_refuses_a_value_json_cannot_carry(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    # a NaN metric printed as `NaN`, which no JSON parser reads
+    import slurmrl.sim.cli as cli
+
+    def nan_run(*args: Any) -> Any:
+        return {"metrics": {"savings": math.nan}}, {"command": "simulate"}, []
+
+    monkeypatch.setattr(cli, "_run", nan_run)
+    res = run("--json")
+    one_line_error(res, "a value JSON cannot carry")
+    assert "NaN" not in res.stdout
+
+
 def test_jobs_larger_than_the_cluster_are_refused_by_admission_where_the_site_limits_them(
         tmp_path: Path) -> None:
     data = copy.deepcopy(BASE)
@@ -135,6 +194,28 @@ TRACES = [
     ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2}]},
       {"job_id": 1, "phase": "train", "requested_at": "0", "granted_at": 0,
        "released_at": 1}], ":2: requested_at must be a number"),
+    # these ran into the simulator's internal errors, naming neither file nor job
+    ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 1,
+                                              "layout": "disaggregated"}]}],
+     "header: job 1: a disaggregated job needs at least 2 GPUs"),
+    ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2, "rollout_gpus": 5,
+                                              "layout": "disaggregated"}]}],
+     "header: job 1: rollout_gpus must be at least 1 and fewer than its gpus (2), got 5"),
+    ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2, "rollout_gpus": 1}]}],
+     "header: job 1: rollout_gpus 1 differs from its gpus (2)"),
+    ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2},
+                                             {"job_id": 1, "gpus": 2}]}],
+     "header: jobs[1].job_id 1 is listed twice"),
+    # these were silently ignored, or dropped the job unseen
+    ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2}]},
+      {"job_id": 7, "phase": "train", "requested_at": 0, "granted_at": 0,
+       "released_at": 1}], ":2: job 7 is not in the header's jobs"),
+    ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2, "mux": "sometimes"}]}],
+     "header: jobs[0].mux must be 'auto' or 'on' or 'off', got 'sometimes'"),
+    ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2, "max_slowdown": 0.5}]}],
+     "header: jobs[0].max_slowdown must be a number >= 1 and <= 100, got 0.5"),
+    ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2, "max_slowdown": 1e3}]}],
+     "header: jobs[0].max_slowdown must be a number >= 1 and <= 100, got 1000.0"),
 ]
 
 
@@ -146,6 +227,59 @@ def test_a_malformed_trace_fails_in_one_line_naming_the_file_and_the_key(
                      "released_at": 1}]
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    one_line_error(run(how, str(path)), str(path), says)
+
+
+def test_a_trace_jobs_request_is_held_to_the_directives_ranges_at_their_edges(
+        tmp_path: Path) -> None:
+    # every value `slurmrl report --trace` can write runs; one just beyond is refused
+    # (the old code took max_slowdown 0.99, dropping the job from --replay unseen)
+    def trace(**edit: Any) -> Path:
+        spec = [{"job_id": 1, "gpus": 2, "mux": "off", "max_slowdown": 1.0, "pool": 1},
+                {"job_id": 2, "gpus": 2, "mux": "on", "max_slowdown": 100, "pool": 2},
+                {"job_id": 3, "gpus": 4, "mux": "auto", "layout": "disaggregated",
+                 "rollout_gpus": 3, "pool": 3},
+                {"job_id": 4, "gpus": 4, "layout": "disaggregated", "rollout_gpus": 1,
+                 "pool": 4}]
+        spec[-1].update(edit)
+        rows = [{"format": "slurmrl-trace/1", "jobs": spec},
+                *({"job_id": j, "phase": "rollout", "requested_at": 0, "granted_at": 0,
+                   "released_at": 10} for j in (1, 2, 3, 4))]
+        path = tmp_path / "t.jsonl"
+        path.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+        return path
+
+    for how in ("--replay", "-w"):
+        res = run(how, str(trace()), "--json")
+        assert res.exit_code == 0, res.output
+        for edit, says in (({"max_slowdown": 0.99}, "jobs[3].max_slowdown must be"),
+                           ({"max_slowdown": 100.5}, "jobs[3].max_slowdown must be"),
+                           ({"rollout_gpus": 4}, "job 4: rollout_gpus must be"),
+                           ({"mux": "Off"}, "jobs[3].mux must be")):
+            path = trace(**edit)
+            one_line_error(run(how, str(path)), str(path), says)
+
+
+def test_a_trace_with_a_header_only_fails_in_one_line_naming_it(tmp_path: Path) -> None:
+    # --replay failed with "min() arg is an empty sequence" (-w said it already)
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"format": "slurmrl-trace/1",
+                                "jobs": [{"job_id": 1, "gpus": 2}]}) + "\n")
+    for how in ("--replay", "-w"):
+        one_line_error(run(how, str(path)), str(path), "a trace with no leases")
+
+
+@pytest.mark.parametrize(("how", "make", "says"), [
+    ("-w", lambda p: None, "cannot read the trace: No such file or directory"),
+    ("-w", lambda p: p.mkdir(), "cannot read the trace: Is a directory"),
+    ("-w", lambda p: p.write_bytes(b"\xff\n"), "not a trace (not UTF-8 text: byte 0xff"),
+    ("--replay", lambda p: p.write_bytes(b"\xff\n"), "not UTF-8 text"),
+])
+def test_a_trace_that_cannot_be_read_fails_in_one_line_naming_it(
+        tmp_path: Path, how: str, make: Callable[[Path], None], says: str) -> None:
+    # a traceback (FileNotFoundError, IsADirectoryError) or a bare codec error before
+    path = tmp_path / "t.jsonl"
+    make(path)
     one_line_error(run(how, str(path)), str(path), says)
 
 
