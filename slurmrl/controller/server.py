@@ -222,8 +222,10 @@ class Api:
         mine = [j.job_id for j in jobs if admin or j.uid == who.uid]
         gpu_s = self.c.gpu_seconds_now(mine)
         now = self.c.clock()
+        waits = self.c.store.lease_waits(mine, now)
         return [job_view(j, private=admin or j.uid == who.uid, hide_user=hide,
-                         gpu_s=gpu_s.get(j.job_id, 0.0), now=now) for j in jobs]
+                         gpu_s=gpu_s.get(j.job_id, 0.0), now=now,
+                         waits=waits.get(j.job_id)) for j in jobs]
 
     async def get_job(self, request: web.Request) -> web.Response:
         _query(request, set())
@@ -235,8 +237,10 @@ class Api:
         private = job.uid == who.uid or self.c.is_admin(who)
         gpu_s = self.c.gpu_seconds_now([job_id]).get(job_id, 0.0) if private else None
         services = self.c.store.services(job_id=job_id, live_only=True) if private else []
-        return _json({"job": job_view(job, private=private, gpu_s=gpu_s, now=self.c.clock(),
-                                      services=services,
+        now = self.c.clock()
+        waits = self.c.store.lease_waits([job_id], now).get(job_id) if private else None
+        return _json({"job": job_view(job, private=private, gpu_s=gpu_s, now=now,
+                                      services=services, waits=waits,
                                       hide_user=self.c.config.controller.hide_other_users)})
 
     async def end(self, request: web.Request) -> web.Response:

@@ -16,12 +16,26 @@ from slurmrl.leases.types import Lease
 from slurmrl.model import LeaseState
 
 
+def wait_slowdown(waits: tuple[float, float] | None, end: float) -> float | None:
+    """The slowdown its waits for GPUs have cost a job so far: the time since its first
+    phase request over that time less the time its requests waited (`Store.lease_waits`).
+    A lower bound on its slowdown against a dedicated run: handoffs (parking a partner,
+    activating its own services) and a rollout started on part of its set are not
+    waits. None before any request, or while all its time so far was waiting."""
+    if waits is None:
+        return None
+    first, waited = waits
+    span = end - first
+    return span / (span - waited) if span > 0 and span - waited > 0 else None
+
+
 def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
              secret: bool = False, services: Sequence[ServiceRecord] = (),
-             hide_user: bool = False) -> dict[str, Any]:
+             hide_user: bool = False, waits: tuple[float, float] | None = None,
+             ) -> dict[str, Any]:
     """A job as the caller may see it: `private` (its owner or an admin) or public;
     a public view's `user` is null when the site hides other users
-    (`controller.hide_other_users`)."""
+    (`controller.hide_other_users`). `waits`: its `Store.lease_waits` entry."""
     end = job.ended_at if job.ended_at is not None else now
     out: dict[str, Any] = {
         "job_id": job.job_id,
@@ -56,6 +70,8 @@ def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
             "gpu_sets": {k: list(v) for k, v in r.gpu_sets().items()},
             "gpu_seconds": gpu_s,
             "dedicated_gpu_seconds": dedicated,
+            "lease_wait_seconds": None if waits is None else waits[1],
+            "slowdown": wait_slowdown(waits, end),
             "services": [{"service_id": s.service_id, "role": s.role, "backend": s.backend,
                           "address": s.address, "state": s.state, "residency": s.residency,
                           "gpus": list(s.gpus)} for s in services],

@@ -497,6 +497,19 @@ class Store:
         self._x("INSERT INTO ledger (job_id, lease_id, pool_id, gpu_seconds, at)"
                 " VALUES (?,?,?,?,?)", (job_id, lease_id, pool_id, gpu_seconds, at))
 
+    def lease_waits(self, job_ids: Sequence[int], now: float) -> dict[int, tuple[float, float]]:
+        """Per job with a phase request: (when it made its first, seconds its requests
+        waited for GPUs up to `now`: a granted one until its grant, one never granted
+        until it was cancelled or revoked, or until `now` while it waits)."""
+        if not job_ids:
+            return {}
+        rows = self._q(
+            "SELECT job_id, MIN(requested_at) AS first,"
+            " SUM(MAX(0.0, COALESCE(granted_at, released_at, ?) - requested_at)) AS w"
+            f" FROM leases WHERE job_id IN ({','.join('?' * len(job_ids))})"
+            " GROUP BY job_id", (now, *job_ids))
+        return {int(r["job_id"]): (float(r["first"]), float(r["w"] or 0.0)) for r in rows}
+
     def gpu_seconds(self, job_ids: Sequence[int] | None = None) -> dict[int, float]:
         """GPU-seconds granted per job (ended leases only)."""
         sql, params = "SELECT job_id, SUM(gpu_seconds) AS s FROM ledger", list[Any]()

@@ -14,6 +14,7 @@ from _loop import Clock, run
 
 from slurmrl.config import Config
 from slurmrl.controller.core import Controller
+from slurmrl.controller.views import job_view
 from slurmrl.db import JobRecord, Store
 from slurmrl.model import Identity, JobState, Phase, RlRequest
 from slurmrl.slurm import JobInfo, SlurmJobState
@@ -86,3 +87,45 @@ async def test_status_gpu_seconds_of_a_held_lease_that_shrank_or_grew_match_the_
     assert c.gpu_seconds_now([1, 2])[2] == pytest.approx(30.0)
     s.release(job(2), d.request_id, {})
     assert store.gpu_seconds([2]) == {2: pytest.approx(30.0)}
+
+
+@run
+async def test_status_slowdown_is_the_time_a_job_waited_for_gpus_its_partner_held() -> None:
+    store = Store(":memory:")
+    pool = store.add_pool(gpus=2, opened_at=0.0)
+    for job_id in (1, 2):
+        store.add_job(JobRecord(job_id, "u", 1000 + job_id, RlRequest(gpus=2),
+                                JobState.RUNNING, 0.0, pool_id=pool, pool_gpus=(0, 1)))
+    store.add_job(JobRecord(3, "u", 1003, RlRequest(gpus=2), JobState.PENDING, 0.0))
+    clock = Clock()
+    c = Controller(Config(), store, None, clock=clock)  # type: ignore[arg-type]
+    c.scheduler.restore()
+    s = c.scheduler
+
+    def job(job_id: int) -> JobRecord:
+        rec = store.job(job_id)
+        assert rec is not None
+        return rec
+
+    def slowdowns(now: float) -> dict[int, float | None]:
+        waits = store.lease_waits([1, 2, 3], now)
+        return {j: job_view(job(j), private=True, gpu_s=0.0, now=now,
+                            waits=waits.get(j))["slowdown"] for j in (1, 2, 3)}
+
+    clock.now = 100.0
+    a = s.request(job(1), Phase.TRAIN)  # job 1 trains on both GPUs from t=100
+    clock.now = 110.0
+    b = s.request(job(2), Phase.TRAIN)  # job 2 asks at t=110: waits for job 1
+    assert b.lease is None
+    clock.now = 120.0
+    # job 2 has only waited so far (no slowdown to show yet); job 3 has not been placed
+    assert slowdowns(clock.now) == {1: pytest.approx(1.0), 2: None, 3: None}
+    clock.now = 130.0
+    s.release(job(1), a.request_id, {})  # job 2 is granted at t=130, after 20 s
+    clock.now = 150.0
+    got = slowdowns(clock.now)
+    assert got[1] == pytest.approx(1.0)
+    assert got[2] == pytest.approx(40.0 / 20.0)  # 40 s since its request, 20 s of it waiting
+    s.release(job(2), b.request_id, {})
+    clock.now = 190.0  # no more waits: its slowdown so far falls as it runs on
+    assert slowdowns(clock.now)[2] == pytest.approx(80.0 / 60.0)
