@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import SiteLimits
-from slurmrl.directives import STEP_MAX_S, STEPS_MAX
+from slurmrl.directives import GPUS_MAX, STEP_MAX_S, STEPS_MAX
 from slurmrl.model import Layout, Phase, PhasePrior
 from slurmrl.sim import schema as sc
 
@@ -177,18 +177,21 @@ class Workload:
 #: bound, durations at most `--rl-profile`'s step bound, `max_slowdown` in
 #: `--rl-max-slowdown`'s range: a larger value would make the run hang or its metrics
 #: infinite
+#: rollout turns per step a class may draw (each turn is simulated: a bound, not a hang)
+TURNS_MAX = 1000
+
 CLASS: sc.Table = {
     "name": (True, sc.text),
     "weight": (True, sc.number(0.0)),
     "model": (True, sc.drawn(sc.model, ranged=False)),
-    "gpus": (True, sc.drawn(sc.whole(1))),
+    "gpus": (True, sc.drawn(sc.whole(1, hi=GPUS_MAX))),
     "layout": (True, sc.one_of(*(str(x) for x in Layout))),
     "rollout_fraction": (False, sc.number(0.0, hi=1.0)),
     "steps": (True, sc.drawn(sc.whole(1, hi=STEPS_MAX))),
     "step_s": (True, sc.drawn(sc.number(0.0, hi=STEP_MAX_S))),
     "shares": (True, sc.shares),
     "sync_s": (False, sc.number(0.0, strict=False, hi=STEP_MAX_S)),
-    "turns": (False, sc.drawn(sc.whole(1))),
+    "turns": (False, sc.drawn(sc.whole(1, hi=TURNS_MAX))),
     "tool_gap_s": (False, sc.drawn(sc.number(0.0, strict=False, hi=STEP_MAX_S))),
     "tail": (False, sc.one_of("math", "heavy", "none")),
     "drift": (False, sc.number(-1.0)),

@@ -88,6 +88,11 @@ MALFORMED = [
     (_set("classes.0.sync_s", 1e308), "classes[0].sync_s must be a number >= 0 and <= "
                                       "1,000,000"),
     (_set("classes.0.tool_gap_s", [0.0, 1e308]), "classes[0].tool_gap_s[1] must be"),
+    # a class larger than --rl-gpus allows, or turns by the million (each one simulated)
+    (_set("classes.0.gpus", 1025), "classes[0].gpus must be a whole number >= 1 and <= "
+                                   "1,024"),
+    (_set("classes.0.turns", [1, 10**6]), "classes[0].turns[1] must be a whole number >= 1 "
+                                          "and <= 1,000"),
     # a limit under 1 (every job dropped unseen) or above --rl-max-slowdown's 100
     (_set("classes.0.max_slowdown", 0.5), "classes[0].max_slowdown must be a number >= 1 "
                                           "and <= 100, got 0.5"),
