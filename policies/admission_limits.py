@@ -17,6 +17,8 @@ class SiteLimitsAdmission:
 
     def __init__(self, gpu_mem_bytes: int | None = None,
                  partitions: tuple[str, ...] | list[str] | None = None) -> None:
+        if gpu_mem_bytes is not None and gpu_mem_bytes < 1:
+            raise ValueError(f"gpu_mem_bytes must be >= 1, got {gpu_mem_bytes}")
         self.gpu_mem_bytes = gpu_mem_bytes
         self.partitions = tuple(partitions) if partitions is not None else None
 

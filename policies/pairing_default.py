@@ -101,6 +101,8 @@ class ComplementaryPairing:
             raise ValueError(f"max_group must be >= 1, got {max_group}")
         if stagger < 0:
             raise ValueError(f"stagger must be >= 0 GPUs, got {stagger}")
+        if neighbours < 1:
+            raise ValueError(f"neighbours must be >= 1, got {neighbours}")
         self.margin, self.min_gain, self.max_group = margin, min_gain, max_group
         self.single, self.neighbours, self.stagger = single, neighbours, stagger
         self.open_staggered = open_staggered

@@ -23,6 +23,8 @@ class GreedyPairing:
     mode = PoolMode.LEASE
 
     def __init__(self, max_duty: float = 1.0, max_group: int = 2) -> None:
+        if max_group < 1:
+            raise ValueError(f"max_group must be >= 1, got {max_group}")
         self.max_duty, self.max_group = max_duty, max_group
 
     def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:

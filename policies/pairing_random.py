@@ -23,6 +23,8 @@ class RandomPairing:
     mode = PoolMode.LEASE
 
     def __init__(self, seed: int = 0, max_group: int = 2) -> None:
+        if max_group < 1:
+            raise ValueError(f"max_group must be >= 1, got {max_group}")
         self.seed, self.max_group = seed, max_group
 
     def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:

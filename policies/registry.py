@@ -2,15 +2,31 @@
 
 An unknown name fails with the list of valid ones. Site-specific policies are added with
 `module:Class` in the site config (see docs/site-policies.md).
+
+`load` is the one gate every caller goes through (the site config's check, the
+controller, `slurmrl doctor`, `slurmrl simulate --param`): before it builds a policy it
+checks each parameter against the constructor's signature and annotations (an unknown
+key names the ones it takes; a value of the wrong type names the type expected: an int
+passes for a float, a bool for neither, a float must be finite), then the constructor
+checks ranges; after, that the object built has the extension point's protocol
+(`policies/base.py`). Known limit: only annotations of plain types (bool, int, float,
+str, None, `Literal`, unions, tuples, lists and dicts of them) are checked; a parameter
+annotated otherwise, or not at all, goes to the constructor as given.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import inspect
+import math
+import types
+import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from policies.admission_limits import SiteLimitsAdmission
+from policies.base import AdmissionPolicy, PairingPolicy, SlicePolicy
 from policies.pairing_dedicated import DedicatedPairing
 from policies.pairing_default import ComplementaryPairing
 from policies.pairing_fifo_lock import FifoLockPairing
@@ -41,9 +57,16 @@ REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {
     },
 }
 
+#: extension point -> (its protocol, the members a policy of it must have; "()" a method)
+PROTOCOLS: dict[str, tuple[type, tuple[str, ...]]] = {
+    "slice": (SlicePolicy, ("name", "order()")),
+    "pairing": (PairingPolicy, ("name", "mode", "place()")),
+    "admission": (AdmissionPolicy, ("name", "admit()")),
+}
+
 
 class UnknownPolicy(ValueError):
-    """The site config names a policy that does not exist."""
+    """The site config names a policy that does not exist, or that cannot be built."""
 
 
 def names(kind: str) -> list[str]:
@@ -55,7 +78,12 @@ def known() -> Mapping[str, list[str]]:
 
 
 def load(kind: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
-    """Build the `kind` policy called `name` (or `package.module:Class`) with `params`."""
+    """Build the `kind` policy called `name` (or `package.module:Class`) with `params`.
+
+    Raises `UnknownPolicy` for an unknown name, a parameter the policy does not take or
+    of the wrong type, a value its constructor refuses, or an object that is not a
+    `kind` policy.
+    """
     if kind not in REGISTRY:
         raise UnknownPolicy(f"unknown policy kind {kind!r}; valid: {', '.join(REGISTRY)}")
     factory = REGISTRY[kind].get(name)
@@ -65,11 +93,138 @@ def load(kind: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
             factory = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
             raise UnknownPolicy(f"{kind} policy {name!r} cannot be imported: {exc}") from exc
+        if not callable(factory):
+            raise UnknownPolicy(f"{kind} policy {name!r} is not a class or factory: "
+                                f"{type(factory).__name__}")
     if factory is None:
         raise UnknownPolicy(
             f"unknown {kind} policy {name!r}; valid: {', '.join(names(kind)) or '(none)'}"
         )
+    given = dict(params or {})
+    _check_params(f"{kind} policy {name!r}: bad parameters", factory, given)
     try:
-        return factory(**dict(params or {}))
-    except (TypeError, ValueError) as exc:  # an unknown parameter, or a bad value
+        policy = factory(**given)
+    except (TypeError, ValueError) as exc:  # a value its constructor refuses
         raise UnknownPolicy(f"{kind} policy {name!r}: bad parameters: {exc}") from exc
+    _check_protocol(kind, name, policy)
+    return policy
+
+
+# -- parameters ---------------------------------------------------------------------------
+
+
+def _check_params(what: str, factory: Callable[..., Any], params: Mapping[str, Any]) -> None:
+    """Each of `params` against `factory`'s signature and annotations (module doc)."""
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: the call will tell
+        return
+    # an annotation that does not resolve leaves them all unchecked, the names still are
+    with contextlib.suppress(Exception):
+        sig = inspect.signature(factory, eval_str=True)
+    takes = {p.name: p for p in sig.parameters.values()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    for key, value in params.items():
+        p = takes.get(key)
+        if p is None:
+            if open_ended:
+                continue
+            listed = ", ".join(takes) or "none"
+            raise UnknownPolicy(f"{what}: no parameter {key!r} (it takes: {listed})")
+        hint = p.annotation
+        if hint is p.empty or isinstance(hint, str) or _conforms(value, hint):
+            continue
+        if isinstance(value, float) and not math.isfinite(value) and _conforms(1.0, hint):
+            raise UnknownPolicy(f"{what}: parameter {key!r} must be a finite number, "
+                                f"got {value!r}")
+        shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as TOML
+        raise UnknownPolicy(f"{what}: parameter {key!r} must be {_describe(hint)}, "
+                            f"got {shown}")
+    missing = [k for k, p in takes.items() if p.default is p.empty and k not in params]
+    if missing:
+        raise UnknownPolicy(f"{what}: missing required {', '.join(map(repr, missing))}")
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Whether `value` (from TOML or a flag) is of the annotated type; True for a type
+    this check does not know (the constructor judges it)."""
+    if hint is Any or hint is object:
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        if isinstance(value, bool):
+            return False
+        return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+    if hint is str:
+        return isinstance(value, str)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_conforms(value, a) for a in args)
+    if origin is typing.Literal:
+        return any(value == a and type(value) is type(a) for a in args)
+    if origin in (tuple, list) or hint in (tuple, list):
+        if not isinstance(value, list | tuple):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(map(_conforms, value, args))
+        return not args or all(_conforms(v, args[0]) for v in value)
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            return False
+        return not args or all(_conforms(k, args[0]) and _conforms(v, args[1])
+                               for k, v in value.items())
+    return True
+
+
+def _describe(hint: Any) -> str:
+    """The annotated type in words, for an error message."""
+    if hint is bool:
+        return "true or false"
+    if hint is int:
+        return "an integer"
+    if hint is float:
+        return "a float"
+    if hint is str:
+        return "a string"
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        # None is the "not set" default: the site config has no way to write it
+        words = [_describe(a) for a in args if a is not type(None)]
+        return " or ".join(dict.fromkeys(words)) or "none"
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (tuple, list) or hint in (tuple, list):
+        return f"a list of {_plural(args[0])}" if args else "a list"
+    if origin is dict or hint is dict:
+        return "a table"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _plural(hint: Any) -> str:
+    return {bool: "booleans", int: "integers", float: "floats", str: "strings"}.get(
+        hint, _describe(hint))
+
+
+# -- the object built ---------------------------------------------------------------------
+
+
+def _check_protocol(kind: str, name: str, policy: object) -> None:
+    """`policy` has the members of `kind`'s protocol (methods callable)."""
+    protocol, members = PROTOCOLS[kind]
+    missing = []
+    for member in members:
+        attr = member.removesuffix("()")
+        value = getattr(policy, attr, None)
+        if value is None or (member.endswith("()") and not callable(value)):
+            missing.append(member)
+    if missing or not isinstance(policy, protocol):
+        raise UnknownPolicy(
+            f"{kind} policy {name!r} is not a {kind} policy: the {type(policy).__name__} it "
+            f"builds has no {', '.join(missing or members)} (policies/base.py "
+            f"{protocol.__name__})")

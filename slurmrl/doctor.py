@@ -60,15 +60,21 @@ class Settings:
 
 def load_settings(config_path: str | None, controller_url: str | None,
                   timeout_s: float = 10.0) -> Settings:
-    from slurmrl.config import DEFAULT_PATH, ENV_PATH, load
+    from policies import registry
+    from slurmrl.config import DEFAULT_PATH, load
 
-    path = config_path or os.environ.get(ENV_PATH) or None
     try:
-        cfg = load(path)
+        # the names and the file's source as the controller reads them ($SLURMRL_CONFIG
+        # when no --config: the loader says which named a missing file)
+        cfg = load(config_path or None, known=registry.known())
+    except ConfigError as exc:
+        cfg, res = Config(), CheckResult("config", Level.FAIL, str(exc), "fix the key "
+                                         "named above (every key: site-configs/slurmrl.toml)")
+    else:
         src = cfg.source or ""
         bad = _policy_problem(cfg)
         if bad:
-            res = CheckResult("config", Level.FAIL, f"{src or 'defaults'}: {bad}",
+            res = CheckResult("config", Level.FAIL, bad,
                               "name a listed policy, or fix its [policies.params] table "
                               "(docs/site-policies.md)")
         elif src:
@@ -78,10 +84,6 @@ def load_settings(config_path: str | None, controller_url: str | None,
         else:
             res = CheckResult("config", Level.WARN, "no site config: built-in defaults",
                               f"write {DEFAULT_PATH} (example: site-configs/slurmrl.toml)")
-    except ConfigError as exc:
-        cfg = Config()
-        res = CheckResult("config", Level.FAIL, str(exc),
-                          "fix the key named above (every key: site-configs/slurmrl.toml)")
     env = dict(os.environ)
     if cfg.slurm.slurm_conf:
         env["SLURM_CONF"] = cfg.slurm.slurm_conf
@@ -95,16 +97,14 @@ def load_settings(config_path: str | None, controller_url: str | None,
 
 
 def _policy_problem(cfg: Config) -> str:
-    """Why the configured policies cannot be built (as the controller builds them)."""
-    from policies.registry import UnknownPolicy
-    from policies.registry import load as load_policy
+    """Why the controller would refuse the configured policies at start: its own check,
+    `placement.check_policies` (names, parameters, a pairing whose pools it runs)."""
+    from slurmrl.controller.placement import check_policies
 
-    for kind in ("pairing", "slice", "admission"):
-        name = getattr(cfg.policies, kind)
-        try:
-            load_policy(kind, name, cfg.policies.params_for(name))
-        except UnknownPolicy as exc:
-            return str(exc)
+    try:
+        check_policies(cfg)
+    except ConfigError as exc:
+        return str(exc)
     return ""
 
 

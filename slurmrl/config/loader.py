@@ -74,13 +74,14 @@ def load(
     environ = os.environ if env is None else env
     values: dict[str, dict[str, tuple[object, str, bool]]] = {s: {} for s in SECTIONS}
     params: dict[str, dict[str, object]] = {}
+    param_sources: dict[str, str] = {}  #: policy name -> where its table came from
 
     file = _resolve_path(path, environ)
     if file is not None:
-        _read_file(file, values, params)
+        _read_file(file, values, params, param_sources)
     _read_env(environ, values)
     for dotted, value in (overrides or {}).items():
-        _put(f"override {dotted}", dotted, value, values, params)
+        _put(f"override {dotted}", dotted, value, values, params, param_sources)
 
     sections: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -104,6 +105,7 @@ def load(
     _check_cross_fields(config, sources)
     if known:
         _check_known(config, known, sources)
+        _check_param_tables(config, known, param_sources)
     return config
 
 
@@ -119,8 +121,13 @@ def _resolve_path(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -
         return DEFAULT_PATH
     else:
         return None
-    if not chosen.is_file():
+    if chosen.is_dir():
+        raise ConfigError(str(chosen), "", f"site config named by {how} is a directory, "
+                          "not a file")
+    if not chosen.exists():
         raise ConfigError(str(chosen), "", f"site config named by {how} does not exist")
+    if not chosen.is_file():
+        raise ConfigError(str(chosen), "", f"site config named by {how} is not a regular file")
     return chosen
 
 
@@ -128,6 +135,7 @@ def _read_file(
     file: Path,
     values: dict[str, dict[str, tuple[object, str, bool]]],
     params: dict[str, dict[str, object]],
+    param_sources: dict[str, str],
 ) -> None:
     source = str(file)
     try:
@@ -136,6 +144,9 @@ def _read_file(
     except tomllib.TOMLDecodeError as exc:
         # tomllib's message ends with "(at line N, column M)".
         raise ConfigError(source, "", f"invalid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:  # tomllib decodes the whole file first
+        raise ConfigError(source, "", f"not UTF-8 text (byte {exc.start} is "
+                          f"{exc.object[exc.start]:#04x}): a TOML file must be UTF-8") from exc
     except OSError as exc:
         raise ConfigError(source, "", f"cannot read: {exc.strerror or exc}") from exc
     for section, table in data.items():
@@ -144,7 +155,8 @@ def _read_file(
         if not isinstance(table, dict):
             raise ConfigError(source, section, f"expected a [{section}] table")
         for key, value in table.items():
-            _put(source, f"{section}.{key}", value, values, params, textual=False)
+            _put(source, f"{section}.{key}", value, values, params, param_sources,
+                 textual=False)
 
 
 def _read_env(
@@ -160,7 +172,7 @@ def _read_env(
             raise ConfigError(
                 source, "policies.params", "cannot be set from the environment; use the site file"
             )
-        _put(source, f"{section}.{key}", env[name], values, {}, textual=True)
+        _put(source, f"{section}.{key}", env[name], values, {}, {}, textual=True)
 
 
 def _put(
@@ -169,6 +181,7 @@ def _put(
     value: object,
     values: dict[str, dict[str, tuple[object, str, bool]]],
     params: dict[str, dict[str, object]],
+    param_sources: dict[str, str],
     *,
     textual: bool | None = None,
 ) -> None:
@@ -177,7 +190,7 @@ def _put(
     if section not in SECTIONS:
         raise ConfigError(source, dotted, _unknown("section", section, list(SECTIONS)))
     if section == "policies" and (rest == "params" or rest.startswith("params.")):
-        _put_params(source, rest[len("params") :].lstrip("."), value, params)
+        _put_params(source, rest[len("params") :].lstrip("."), value, params, param_sources)
         return
     names = [f.name for f in fields(SECTIONS[section]) if f.name != "params"]
     if rest not in names:
@@ -191,14 +204,16 @@ def _put_params(
     rest: str,
     value: object,
     params: dict[str, dict[str, object]],
+    param_sources: dict[str, str],
 ) -> None:
     if rest == "":  # the whole [policies.params] table from a file
         if not isinstance(value, dict):
             raise ConfigError(source, "policies.params", "expected a table of policy tables")
         for policy, table in value.items():
-            _put_params(source, policy, table, params)
+            _put_params(source, policy, table, params, param_sources)
         return
     policy, _, key = rest.partition(".")
+    param_sources.setdefault(policy, source)
     if key == "":
         if not isinstance(value, dict):
             raise ConfigError(source, f"policies.params.{policy}", "expected a table of parameters")
@@ -272,12 +287,18 @@ def _as_int(raw: object, textual: bool) -> int:
 
 def _as_float(raw: object, textual: bool) -> float:
     value: float | None = None
-    if isinstance(raw, int | float) and not isinstance(raw, bool):
-        value = float(raw)
-    elif textual and isinstance(raw, str) and _FLOAT.fullmatch(raw.strip()):
-        value = float(raw.strip())
-    if value is None or not math.isfinite(value):
+    try:
+        if isinstance(raw, int | float) and not isinstance(raw, bool):
+            value = float(raw)
+        elif textual and isinstance(raw, str) and _FLOAT.fullmatch(raw.strip()):
+            value = float(raw.strip())
+    except OverflowError:  # an integer past the largest float
+        value = math.inf
+    if value is None:
         raise ValueError(f"expected a number, got {_describe(raw)}")
+    if not math.isfinite(value):
+        shown = "an integer past the largest float" if isinstance(raw, int) else repr(raw)
+        raise ValueError(f"expected a finite number, got {shown}")
     return value
 
 
@@ -315,6 +336,9 @@ def _check_limits(value: Any, meta: Mapping[str, Any]) -> None:
         raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
     if meta.get("absolute_path") and not str(value).startswith("/"):
         raise ValueError(f"expected an absolute path, got {value!r}")
+    pattern = meta.get("pattern")
+    if pattern and not re.fullmatch(pattern[0], str(value)):
+        raise ValueError(f"expected {pattern[1]}, got {value!r}")
     if meta.get("slurm_time"):
         check_slurm_time(value)
 
@@ -379,4 +403,26 @@ def _check_known(
                 sources.get(key, "defaults"),
                 key,
                 f"unknown {what} {value!r}; valid: {', '.join(valid) or '(none)'}",
+            )
+
+
+def _check_param_tables(
+    config: Config, known: Mapping[str, Iterable[str]], param_sources: Mapping[str, str]
+) -> None:
+    """A `[policies.params.<name>]` table must name a configured policy or one `known`
+    lists: a misspelt name would otherwise be ignored, its parameters never applied."""
+    registered: set[str] = set()
+    for name, valid_names in known.items():
+        if (name if "." in name else f"policies.{name}") in POLICY_KEYS:
+            registered.update(valid_names)
+    if not registered:
+        return  # `known` names no policies: nothing to judge the tables by
+    configured = [getattr(config.policies, k.partition(".")[2]) for k in POLICY_KEYS]
+    valid = sorted(registered | set(configured))
+    for policy in config.policies.params:
+        if policy not in valid:
+            raise ConfigError(
+                param_sources.get(policy, "defaults"),
+                f"policies.params.{policy}",
+                "parameters for an " + _unknown("policy", policy, valid),
             )

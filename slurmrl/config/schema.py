@@ -19,6 +19,13 @@ from slurmrl.config.units import parse_size
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 SLURM_BACKENDS = ("auto", "command", "pyslurm")
+#: the service backends each role runs (`slurmrl.worker.backends.make_backend`)
+ROLLOUT_BACKENDS = ("tiny", "vllm")
+TRAINER_BACKENDS = ("tiny", "torch")
+#: a host name (letters, digits, `-`, `_`, `.`), an IPv4 or IPv6 address (`:`, a `%zone`)
+HOST_PATTERN = (r"[A-Za-z0-9._:%-]+", "a host name or an IP address")
+#: the largest slowdown limit a job may ask (`--rl-max-slowdown`, slurmrl/directives.py)
+MAX_SLOWDOWN_CAP = 100.0
 
 
 def opt(
@@ -32,11 +39,13 @@ def opt(
     size: bool = False,
     slurm_time: bool = False,
     absolute_path: bool = False,
+    pattern: tuple[str, str] | None = None,
 ) -> Any:
     """A config field with its documentation and limits.
 
     `lo`/`hi` are inclusive bounds, `above` an exclusive lower bound; `size` accepts
-    "512G"-style strings; `choices` a closed set of strings.
+    "512G"-style strings; `choices` a closed set of strings; `pattern` (a regular
+    expression the whole string must match, what it is in words) an open set.
     """
     meta = {
         "doc": doc,
@@ -47,6 +56,7 @@ def opt(
         "size": size,
         "slurm_time": slurm_time,
         "absolute_path": absolute_path,
+        "pattern": pattern,
     }
     if isinstance(default, tuple | list):
         value = tuple(default)
@@ -58,7 +68,7 @@ def opt(
 class ControllerConfig:
     """`[controller]`: the daemon drivers and `slurmrl status` talk to."""
 
-    host: str = opt("127.0.0.1", "address the RPC server listens on")
+    host: str = opt("127.0.0.1", "address the RPC server listens on", pattern=HOST_PATTERN)
     port: int = opt(6829, "TCP port of the RPC server", lo=1, hi=65535)
     db_path: str = opt(
         "/var/lib/slurmrl/slurmrl.db", "colocation database (SQLite, WAL)", absolute_path=True
@@ -141,9 +151,12 @@ class PoliciesConfig:
 class LimitsConfig:
     """`[limits]`: what the site allows sharing to cost its users."""
 
-    max_slowdown: float = opt(1.5, "site cap on a job's predicted slowdown from sharing", lo=1.0)
+    max_slowdown: float = opt(
+        1.5, "site cap on a job's predicted slowdown from sharing", lo=1.0, hi=MAX_SLOWDOWN_CAP
+    )
     default_max_slowdown: float = opt(
-        1.3, "slowdown limit of a job that does not set --rl-max-slowdown", lo=1.0
+        1.3, "slowdown limit of a job that does not set --rl-max-slowdown", lo=1.0,
+        hi=MAX_SLOWDOWN_CAP,
     )
     max_gpus_per_job: int = opt(8, "largest --rl-gpus accepted", lo=1)
     parked_host_mem_per_node: int = opt(
@@ -167,8 +180,12 @@ class ServicesConfig:
     launch_timeout_s: float = opt(
         120.0, "how long a service may take to load its model and report ready", above=0
     )
-    rollout_backend: str = opt("tiny", "rollout backend when the job names none")
-    trainer_backend: str = opt("tiny", "trainer backend when the job names none")
+    rollout_backend: str = opt(
+        "tiny", "rollout backend when the job names none", choices=ROLLOUT_BACKENDS
+    )
+    trainer_backend: str = opt(
+        "tiny", "trainer backend when the job names none", choices=TRAINER_BACKENDS
+    )
     rollout_replica_gpus: int = opt(
         0, "GPUs per rollout replica: a job's rollout runs as data-parallel replicas of this "
         "many GPUs (its tensor-parallel size), each a service of its own whose GPUs a "

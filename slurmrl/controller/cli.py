@@ -67,23 +67,11 @@ def controller(config_path: str | None, host: str | None, port: int | None,
 
 
 def check_policies(cfg: Config) -> None:
-    """Build the configured policies as the Controller will, so that an unknown name or
-    a bad `[policies.params.<name>]` table fails before anything is written."""
-    from slurmrl.controller.placement import load_policies
+    """Build the configured policies as the Controller will (`placement.check_policies`,
+    which `slurmrl doctor` runs too); ConfigError naming the key."""
+    from slurmrl.controller.placement import check_policies as check
 
-    p, source = cfg.policies, cfg.source or "defaults"
-    for kind in ("slice", "pairing", "admission"):
-        name = getattr(p, kind)
-        params = p.params_for(name)
-        try:
-            registry.load(kind, name, params)
-        except registry.UnknownPolicy as exc:
-            key = f"policies.params.{name}" if params else f"policies.{kind}"
-            raise ConfigError(source, key, str(exc)) from None
-    try:
-        load_policies(cfg)  # the checks the controller adds (e.g. a lease-mode pairing)
-    except registry.UnknownPolicy as exc:
-        raise ConfigError(source, "policies.pairing", str(exc)) from None
+    check(cfg)
 
 
 def slurm_backend(cfg: Config) -> SlurmBackend:

@@ -43,7 +43,7 @@ from policies.base import (
     fixed_group,
 )
 from policies.complementarity import host_bytes
-from slurmrl.config import Config
+from slurmrl.config import Config, ConfigError
 from slurmrl.db import JobRecord, ObservationRecord, PoolRecord
 from slurmrl.profiles import Profile, ProfileBuilder, prior_for_model, profile_from_prior
 from slurmrl.slurm import JobInfo, NodeInfo, SlurmError, SlurmJobState
@@ -74,19 +74,36 @@ def site_limits(cfg: Config) -> SiteLimits:
         parked_host_mem_bytes=lim.parked_host_mem_per_node or None)
 
 
+def check_policies(cfg: Config) -> None:
+    """Build the configured policies as the Controller will, so that an unknown name or
+    a bad `[policies.params.<name>]` table fails before anything is written. The one
+    check of the site's policies: `slurmrl controller` runs it at start, `slurmrl
+    doctor` for its config check. Raises `ConfigError` naming the key."""
+    p, source = cfg.policies, cfg.source or "defaults"
+    for kind in ("slice", "pairing", "admission"):
+        name = getattr(p, kind)
+        params = p.params_for(name)
+        try:
+            registry.load(kind, name, params)
+        except registry.UnknownPolicy as exc:
+            key = f"policies.params.{name}" if params else f"policies.{kind}"
+            raise ConfigError(source, key, str(exc)) from None
+    try:
+        load_policies(cfg)  # the checks the controller adds (e.g. a lease-mode pairing)
+    except registry.UnknownPolicy as exc:
+        raise ConfigError(source, "policies.pairing", str(exc)) from None
+
+
 def load_policies(cfg: Config) -> SitePolicies:
     """Build the configured pairing and admission policies; a bad name fails here.
 
-    Raises `registry.UnknownPolicy` naming the valid policies, or for a pairing policy
-    whose pools the controller cannot slice (it enacts phase leases only).
+    Raises `registry.UnknownPolicy` naming the valid policies (`registry.load` also
+    checks that each has its protocol), or for a pairing policy whose pools the
+    controller cannot slice (it enacts phase leases only).
     """
     p = cfg.policies
     pairing: Any = registry.load("pairing", p.pairing, p.params_for(p.pairing))
     admission: Any = registry.load("admission", p.admission, p.params_for(p.admission))
-    if not isinstance(pairing, PairingPolicy):
-        raise registry.UnknownPolicy(f"pairing policy {p.pairing!r} has no place()/mode")
-    if not isinstance(admission, AdmissionPolicy):
-        raise registry.UnknownPolicy(f"admission policy {p.admission!r} has no admit()")
     if pairing.mode is not PoolMode.LEASE:
         usable = [n for n in registry.names("pairing")
                   if getattr(registry.REGISTRY["pairing"][n], "mode", None) is PoolMode.LEASE]

@@ -110,6 +110,25 @@ def test_system_file_is_read_when_present(no_system_config: Path) -> None:
     assert load(env={"SLURMRL_CONFIG": str(other)}).controller.port == 7400
 
 
+def test_a_file_that_is_not_utf8_is_an_error_naming_it(tmp_path: Path) -> None:
+    site = tmp_path / "binary.toml"
+    site.write_bytes(b"[controller]\nport = 7000\n\xff\xfe\n")
+    for how in ({"path": site, "env": {}}, {"env": {"SLURMRL_CONFIG": str(site)}}):
+        with pytest.raises(ConfigError) as info:
+            load(**how)  # type: ignore[arg-type]
+        assert str(info.value) == (f"{site}: not UTF-8 text (byte 25 is 0xff): a TOML file "
+                                   "must be UTF-8")
+
+
+def test_a_directory_is_not_said_to_be_missing(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, env={})
+    assert str(info.value) == f"{tmp_path}: site config named by --config is a directory, " \
+        "not a file"
+    with pytest.raises(ConfigError, match=r"\$SLURMRL_CONFIG is a directory"):
+        load(env={"SLURMRL_CONFIG": str(tmp_path)})
+
+
 def test_named_file_must_exist(tmp_path: Path) -> None:
     missing = tmp_path / "nope.toml"
     with pytest.raises(ConfigError, match=r"nope\.toml.*does not exist"):
@@ -241,12 +260,53 @@ def test_wrong_types(tmp_path: Path, text: str, key: str, expected: str) -> None
         ("[slurm]\nstep_launch_retries = -1\n", "slurm.step_launch_retries", "at least 0"),
         ("[auth]\ncredential_ttl_s = 0\n", "auth.credential_ttl_s", "at least 1"),
         ('[services]\npython = "python3"\n', "services.python", "absolute path"),
+        # the service backends each role runs
+        ('[services]\nrollout_backend = "nosuch"\n', "services.rollout_backend",
+         "expected one of tiny, vllm, got 'nosuch'"),
+        ('[services]\ntrainer_backend = "vllm"\n', "services.trainer_backend",
+         "expected one of tiny, torch, got 'vllm'"),
+        # --rl-max-slowdown's own cap
+        ("[limits]\nmax_slowdown = 1000.0\n", "limits.max_slowdown", "at most 100.0, got 1000.0"),
+        ("[limits]\nmax_slowdown = 1000.0\ndefault_max_slowdown = 1000.0\n",
+         "limits.max_slowdown", "at most 100.0"),
+        ('[controller]\nhost = ""\n', "controller.host",
+         "expected a host name or an IP address, got ''"),
+        ('[controller]\nhost = "bad;host"\n', "controller.host",
+         "expected a host name or an IP address, got 'bad;host'"),
+        ('[controller]\nhost = "not a host"\n', "controller.host", "host name or an IP"),
     ],
 )
 def test_out_of_range(tmp_path: Path, text: str, key: str, expected: str) -> None:
     err = error(tmp_path, text)
     assert err.key == key
     assert expected in str(err)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "shown"),
+    [
+        ("[controller]\nheartbeat_s = nan\n", "controller.heartbeat_s", "nan"),
+        ("[limits]\nmax_slowdown = inf\n", "limits.max_slowdown", "inf"),
+        ("[controller]\nheartbeat_s = -inf\n", "controller.heartbeat_s", "-inf"),
+        ("[controller]\nheartbeat_s = 1" + "0" * 400 + "\n", "controller.heartbeat_s",
+         "an integer past the largest float"),
+    ],
+)
+def test_non_finite_numbers_are_named_as_such(
+    tmp_path: Path, text: str, key: str, shown: str,
+) -> None:
+    err = error(tmp_path, text)
+    assert err.key == key
+    assert str(err).endswith(f"{key}: expected a finite number, got {shown}")
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "ctl-01.cluster.example",
+                                  "fe80::1%eth0", "node_7"])
+def test_hosts_and_addresses_are_accepted(tmp_path: Path, host: str) -> None:
+    site = write(tmp_path, f'[controller]\nhost = "{host}"\n')
+    assert load(site, env={}).controller.host == host
+    with pytest.raises(ConfigError, match=r"SLURMRL_CONTROLLER__HOST.*host name or an IP"):
+        load(site, env={"SLURMRL_CONTROLLER__HOST": f"{host};reboot"})
 
 
 def test_lease_timeout_must_exceed_heartbeat(tmp_path: Path) -> None:
@@ -363,15 +423,31 @@ def test_unknown_default_policy_is_reported_against_defaults() -> None:
     assert "valid: dedicated" in str(info.value)
 
 
+def test_params_of_a_policy_neither_configured_nor_known_are_refused(tmp_path: Path) -> None:
+    err = error(tmp_path, "[policies.params.complementry]\nmax_group = 2\n", known=KNOWN)
+    assert err.key == "policies.params.complementry"
+    assert "parameters for an unknown policy 'complementry' (did you mean 'complementary'?)" \
+        in str(err)
+    with pytest.raises(ConfigError) as info:
+        load(env={}, known=KNOWN, overrides={"policies.params.nosuch.x": "1"})
+    assert info.value.source == "override policies.params.nosuch.x"
+    assert "unknown policy 'nosuch'" in str(info.value)
+    # a known policy not configured (yet), and a configured site class, may have tables
+    site = write(tmp_path, '[policies]\npairing = "site_policies:Mine"\n'
+                 '[policies.params.fifo]\n[policies.params."site_policies:Mine"]\nk = 1\n')
+    cfg = load(site, env={}, known=KNOWN)
+    assert dict(cfg.policies.params_for("site_policies:Mine")) == {"k": 1}
+
+
 def test_import_path_policies_are_left_to_the_registry(tmp_path: Path) -> None:
     site = write(tmp_path, '[policies]\npairing = "site_policies.pairing:Mine"\n')
     assert load(site, env={}, known=KNOWN).policies.pairing == "site_policies.pairing:Mine"
 
 
 def test_known_checks_any_dotted_key(tmp_path: Path) -> None:
-    site = write(tmp_path, '[services]\nrollout_backend = "sglang"\n')
-    with pytest.raises(ConfigError, match="unknown rollout backend 'sglang'; valid: tiny, vllm"):
-        load(site, env={}, known={"services.rollout_backend": ["tiny", "vllm"]})
+    site = write(tmp_path, '[slurm]\npool_partition = "gpu"\n')
+    with pytest.raises(ConfigError, match="unknown pool partition 'gpu'; valid: a100, pools"):
+        load(site, env={}, known={"slurm.pool_partition": ["pools", "a100"]})
 
 
 # -- sizes ------------------------------------------------------------------------------

@@ -89,6 +89,58 @@ def test_config_check_fails_naming_the_key(tmp_path: Path) -> None:
     assert s.config_result.level is Level.OK and s.controller_url.endswith(":7001")
 
 
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        # pools only the simulator runs: the controller refuses them at start
+        ('[policies]\npairing = "gang"\n', "policies.pairing: pairing policy 'gang' forms "
+         "gang pools, which only the simulator runs"),
+        ('[policies]\npairing = "fifo-lock"\n', "pairing policy 'fifo-lock' forms lock pools"),
+        ('[policies]\npairing = "collections:OrderedDict"\n',
+         "policies.pairing: pairing policy 'collections:OrderedDict' is not a pairing policy"),
+        ("[policies.params.complementary]\nmin_gain = \"abc\"\n",
+         "policies.params.complementary: pairing policy 'complementary': bad parameters: "
+         "parameter 'min_gain' must be a float, got 'abc'"),
+        ("[policies.params.nosuchpolicy]\nx = 1\n",
+         "policies.params.nosuchpolicy: parameters for an unknown policy 'nosuchpolicy'"),
+    ],
+)
+def test_config_check_fails_where_the_controller_would_not_start(
+    tmp_path: Path, text: str, says: str,
+) -> None:
+    from policies import registry
+    from slurmrl.config import ConfigError, load
+    from slurmrl.controller.cli import check_policies
+
+    site = tmp_path / "s.toml"
+    site.write_text(text)
+    r = load_settings(str(site), None).config_result
+    assert r.level is Level.FAIL and says in r.detail and r.detail.startswith(str(site))
+    with pytest.raises(ConfigError) as info:  # the controller's start-up, word for word
+        check_policies(load(site, env={}, known=registry.known()))
+    assert str(info.value) == r.detail
+
+
+def test_config_check_reports_a_file_it_cannot_read_without_a_traceback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe")
+    r = load_settings(str(binary), None).config_result
+    assert r.level is Level.FAIL and r.detail == f"{binary}: not UTF-8 text (byte 0 is " \
+        "0xff): a TOML file must be UTF-8"
+    monkeypatch.setenv("SLURMRL_CONFIG", str(binary))
+    res = CliRunner().invoke(doctor, ["--check", "config"])
+    assert res.exit_code == 1 and res.stdout.startswith(f"FAIL config  {binary}: not UTF-8")
+    # the variable that named it, not a flag nobody gave
+    monkeypatch.setenv("SLURMRL_CONFIG", str(tmp_path / "missing.toml"))
+    r = load_settings(None, None).config_result
+    assert "named by $SLURMRL_CONFIG does not exist" in r.detail
+    monkeypatch.setenv("SLURMRL_CONFIG", str(tmp_path))
+    r = load_settings(None, None).config_result
+    assert r.detail == f"{tmp_path}: site config named by $SLURMRL_CONFIG is a directory, " \
+        "not a file"
+
+
 def test_python_check_fails_for_a_missing_interpreter(tmp_path: Path) -> None:
     cfg = tmp_path / "s.toml"
     cfg.write_text(f'[services]\npython = "{tmp_path}/no/python"\n')
