@@ -141,8 +141,12 @@ def test_failed_step_launch_reports_srun_stderr_and_leaves_no_file(
     bin_dir.mkdir()
     tmp.mkdir()
     srun = bin_dir / "srun"
-    srun.write_text("#!/bin/sh\necho 'srun: error: Invalid job id specified' >&2\nexit 1\n")
-    srun.chmod(0o755)
+    srun.write_text("#!/bin/sh\nsleep 0.2\n"
+                    "echo 'srun: error: Invalid job id specified' >&2\nexit 1\n")
+    scontrol = bin_dir / "scontrol"  # lists no step while the launch waits for srun
+    scontrol.write_text("#!/bin/sh\nexit 0\n")
+    for tool in (srun, scontrol):
+        tool.chmod(0o755)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     with pytest.raises(SlurmError, match="Invalid job id specified"):
         CommandBackend(bin_dir=str(bin_dir)).launch_step(42, ["true"], retries=0)
