@@ -152,8 +152,11 @@ class Controller:
         if info.state is not SlurmJobState.RUNNING:
             raise RpcError(409, "job-not-running",
                            f"Slurm job {job_id} is {info.state}, not RUNNING")
+        # the account name of the MUNGE-verified uid, not the name Slurm printed: the
+        # services run as this user (`ServiceLauncher` checks the name against the uid)
+        user = who.user if info.uid == who.uid and who.user else info.user
         job = JobRecord(
-            job_id=job_id, user=info.user, uid=info.uid, request=request,
+            job_id=job_id, user=user, uid=info.uid, request=request,
             state=JobState.PENDING, registered_at=self.clock(), name=info.name,
             partition=info.partition, reason="PoolPending", secret=mint_secret(),
         )

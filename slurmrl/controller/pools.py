@@ -461,7 +461,7 @@ class SlurmPools:
                             for g in sorted(fp.gpus))
             spec = ServiceSpec(job.job_id, fp.role, job.user, devices,
                                backend=backend[fp.role], model=job.request.model,
-                               replica=fp.replica)
+                               replica=fp.replica, uid=job.uid)
             rid = self.c.store.add_service(job_id=job.job_id, role=fp.role,
                                            started_at=self.c.clock(), pool_id=pool.pool_id,
                                            backend=spec.backend, gpus=sorted(fp.gpus))
@@ -567,7 +567,12 @@ class SlurmPools:
         except ServiceError as exc:
             log.error("service %s of job %d: %s failed: %s", key[1], key[0], residency, exc)
             return
-        now = Residency(str(ans.get("residency", residency)))
+        try:  # the service's answer is the job user's process's: not trusted
+            now = Residency(str(ans.get("residency", residency)))
+        except (ValueError, AttributeError):
+            log.error("service %s of job %d answered %s with no known residency",
+                      key[1], key[0], residency)
+            return
         live.footprint = replace(live.footprint, residency=now)
         self.c.store.update_service(live.record_id, residency=str(now))
 

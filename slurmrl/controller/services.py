@@ -30,7 +30,9 @@ import contextlib
 import logging
 import os
 import pwd
+import re
 import shutil
+import stat
 import subprocess
 import time
 from collections.abc import Sequence
@@ -66,6 +68,8 @@ class ServiceSpec:
     seed: int = 0
     lr: float | None = None
     replica: int | None = None  #: a rollout replica's index (None: the role's one service)
+    #: the RL job's uid: the account is looked up by it and must be named `user`
+    uid: int | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -168,7 +172,11 @@ class ServiceLauncher:
     def launch(self, pool_job_id: int, node: str, spec: ServiceSpec,
                secret: str) -> RunningService:
         """Start one service and wait until it answers; retried `launch_attempts` times."""
-        ids = UserIds.lookup(spec.user)
+        ids = UserIds.lookup(spec.user if spec.uid is None else spec.uid)
+        if ids.name != spec.user:
+            raise ServiceLaunchError(
+                f"{spec.name}: the job's user is {spec.user!r} but uid {spec.uid} is "
+                f"{ids.name!r} here: refusing to guess whom to run it as")
         if os.geteuid() != 0 and os.geteuid() != ids.uid:
             raise ServiceLaunchError(
                 f"cannot run {spec.name} as {ids.name}: dropping to the job's user needs a "
@@ -211,7 +219,7 @@ class ServiceLauncher:
             timeout_s=self.step_timeout_s, retries=self.step_retries,
             stdout_path=str(log_path), stderr_path=str(log_path))
         try:
-            address = self._await_address(step, workdir / "address", log_path)
+            address = self._await_address(step, workdir / "address", log_path, ids.uid)
             handle = ServiceHandle(address, secret, str(spec.job_id), spec.role)
             status = self._await_status(step, handle, log_path)
         except BaseException:
@@ -223,13 +231,13 @@ class ServiceLauncher:
         return RunningService(spec, pool_job_id, step, None if step_id is None else str(step_id),
                               address, int(status["pid"]), handle, workdir, log_path)
 
-    def _await_address(self, step: StepHandle, path: Path, log_path: Path) -> str:
+    def _await_address(self, step: StepHandle, path: Path, log_path: Path,
+                       uid: int | None = None) -> str:
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
-            if path.exists():
-                text = path.read_text().strip()
-                if text:
-                    return text
+            text = read_address_file(path, uid)
+            if text:
+                return text
             rc = step.poll()
             if rc is not None:
                 raise ServiceLaunchError(f"service step exited ({rc}) before listening: "
@@ -284,6 +292,42 @@ def specs_for_job(job_id: int, user: str, *, rollout_gpus: Sequence[int],
         ServiceSpec(job_id, "rollout", user, tuple(rollout_gpus), backend, model),
         ServiceSpec(job_id, "trainer", user, tuple(trainer_gpus), backend, model),
     ]
+
+
+#: `host:port` as the worker writes it (`write_address_file`): a DNS name or IPv4, or an
+#: IPv6 address in brackets
+_ADDRESS = re.compile(r"(?:[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}")
+_ADDRESS_MAX = 300
+
+
+def read_address_file(path: Path, uid: int | None) -> str | None:
+    """The service's `host:port` from the file its worker wrote, None until written.
+
+    The file lies in a directory the job's user owns, and the controller reads it as
+    root: it is opened without following a symlink and without blocking (a FIFO), must
+    be a regular file owned by `uid` (None: any owner) and is read up to 300 bytes;
+    anything else is a `ServiceLaunchError` that does not quote the file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symlink
+        raise ServiceLaunchError(f"{path} cannot be read safely ({exc.strerror}): not the "
+                                 "address file a worker writes") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid != uid):
+            raise ServiceLaunchError(f"{path} is not a regular file of the job's user: not "
+                                     "the address file a worker writes")
+        raw = os.read(fd, _ADDRESS_MAX + 1)
+    finally:
+        os.close(fd)
+    text = raw.decode("ascii", errors="replace").strip()
+    if not text:
+        return None
+    if len(raw) > _ADDRESS_MAX or not _ADDRESS.fullmatch(text):
+        raise ServiceLaunchError(f"{path} does not hold a host:port address")
+    return text
 
 
 def _tail(path: Path, limit: int = 1500) -> str:

@@ -41,7 +41,9 @@ def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
         "job_id": job.job_id,
         "user": None if hide_user and not private else job.user,
         "state": str(job.state),
-        "reason": job.reason,
+        # others see the reason's kind only ("PoolPending", "admission refused"): its
+        # detail may quote the job's service log (model paths, tracebacks)
+        "reason": job.reason if private else job.reason.split(":", 1)[0],
         "pool_id": job.pool_id,
         "group_id": job.group_id,
         "gpus": job.request.gpus,

@@ -13,7 +13,9 @@ thread-safe: use it from one thread.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -49,6 +51,16 @@ _TABLES = frozenset({"pools", "groups", "jobs", "services", "leases", "lease_gpu
                      "observations", "ledger"})
 
 
+def _private(path: str) -> None:
+    """Make the DB file (created if missing) and SQLite's side files owner-only: it holds
+    every job's secret, which signs calls to that job's services. SQLite gives the `-wal`
+    and `-shm` files it creates the DB file's mode."""
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for side in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(path + side, 0o600)
+
+
 def _gpus(g: Iterable[int]) -> str:
     return json.dumps(sorted(g))
 
@@ -70,6 +82,7 @@ class Store:
         else:
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+                _private(self.path)
             # isolation_level=None: we issue BEGIN/COMMIT ourselves (explicit transactions).
             self.conn = sqlite3.connect(self.path, isolation_level=None,
                                         check_same_thread=False)

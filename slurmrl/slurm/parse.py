@@ -359,12 +359,24 @@ def _name_and_id(value: str) -> tuple[str, int]:
     return (value, int(value)) if value.isdigit() else (value, -1)
 
 
+#: keys a job record prints once: a second one can only come from a free-text field (a
+#: job name with spaces, a comment) that holds "Key=value", e.g. `sbatch -J 'x
+#: UserId=root(1001)'`, which would otherwise be read as the job's owner
+_JOB_KEYS_ONCE = ("JobId", "UserId", "GroupId", "JobState", "Partition", "NodeList")
+
+
 def job_from_scontrol(line: str) -> JobInfo:
-    """One `scontrol -o -d show job` record."""
+    """One `scontrol -o -d show job` record. A record where a free-text field repeats
+    one of the keys slurmrl reads (`_JOB_KEYS_ONCE`) is refused, not guessed at."""
     pairs = parse_kv_line(line)
     kv = {k: v for k, v in reversed(pairs)}  # first occurrence wins
     if "JobId" not in kv:
         raise SlurmParseError(f"scontrol show job: no JobId in {line[:120]!r}")
+    for key in _JOB_KEYS_ONCE:
+        if sum(1 for k, _ in pairs if k == key) > 1:
+            raise SlurmParseError(
+                f"scontrol show job: job {kv['JobId'].split()[0]} prints {key}= twice (a job "
+                f"name or comment holding '{key}=...'?); its record cannot be read safely")
     user, uid = _name_and_id(kv.get("UserId", ""))
     by_node: list[tuple[str, tuple[int, ...]]] = []
     current: tuple[str, ...] = ()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import replace
 
 import pytest
 from _loop import Clock, run
@@ -129,3 +130,16 @@ async def test_status_slowdown_is_the_time_a_job_waited_for_gpus_its_partner_hel
     s.release(job(2), b.request_id, {})
     clock.now = 190.0  # no more waits: its slowdown so far falls as it runs on
     assert slowdowns(clock.now)[2] == pytest.approx(80.0 / 60.0)
+
+
+def test_others_see_only_the_kind_of_a_jobs_reason_not_its_service_log() -> None:
+    why = ("refused: service rollout did not start: Traceback ... "
+           "OSError: /home/bob/secret-model/config.json not found")
+    job = JobRecord(5, "bob", 1005, RlRequest(gpus=2), JobState.FAILED, 0.0, reason=why,
+                    ended_at=10.0)
+    assert job_view(job, private=True, gpu_s=0.0, now=10.0)["reason"] == why
+    public = job_view(job, private=False, gpu_s=None, now=10.0)
+    assert public["reason"] == "refused"
+    assert "/home/bob" not in str(public)
+    pending = replace(job, state=JobState.PENDING, reason="PoolPending: no free GPUs")
+    assert job_view(pending, private=False, gpu_s=None, now=1.0)["reason"] == "PoolPending"

@@ -33,6 +33,24 @@ def test_new_db_is_at_the_latest_version_in_wal_mode(tmp_path: Path) -> None:
             "ledger"} <= set(store.db.table_names())
 
 
+@pytest.mark.parametrize("existing_mode", [None, 0o644])
+def test_the_db_and_its_side_files_are_readable_by_their_owner_only(
+        tmp_path: Path, existing_mode: int | None) -> None:
+    # it holds every job's secret, which signs calls to that job's services
+    path = tmp_path / "c.db"
+    if existing_mode is not None:  # a DB an earlier version left world-readable
+        Store(path).close()
+        for f in tmp_path.iterdir():
+            f.chmod(existing_mode)
+    store = Store(path)
+    store.add_job(_job(1))  # writes: the WAL and its index exist now
+    files = sorted(tmp_path.iterdir())
+    assert [f.name for f in files] == ["c.db", "c.db-shm", "c.db-wal"]
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in files} == {
+        f.name: "0o600" for f in files}
+    store.close()
+
+
 def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "c.db"
     Store(path).close()

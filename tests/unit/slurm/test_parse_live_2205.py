@@ -87,3 +87,22 @@ def test_steps_carry_the_srun_pids_that_launched_them() -> None:
     assert [s.srun_pid for s in steps] == [None, *SCEN["step_srun_pids"]]
     assert steps[0].number is None and steps[2].number == 1
     assert steps[1].name == "sleep" and steps[1].nodes == ("localhost",)
+
+
+@pytest.mark.parametrize(("field", "forged"), [
+    ("JobName=pool", "JobName=x UserId=root(0)"),  # a job name with spaces (sbatch -J)
+    ("JobName=pool", "JobName=x JobState=RUNNING Partition=pools"),
+    ("Comment=", "Comment=rl UserId=root(0) "),  # a free-text field after the real one
+])
+def test_a_record_whose_free_text_repeats_a_key_is_refused_not_guessed(
+        field: str, forged: str) -> None:
+    # a user's job named 'x UserId=root(0)' must not be read as root's job
+    record = (D / "scontrol_show_job.txt").read_text().splitlines()[0]
+    if field == "Comment=":
+        record = record.replace(" Priority=", f" {forged}Priority=", 1)
+    else:
+        assert field in record
+        record = record.replace(field, forged, 1)
+    with pytest.raises(p.SlurmParseError, match="twice"):
+        p.job_from_scontrol(record)
+    assert p.job_from_scontrol((D / "scontrol_show_job.txt").read_text().splitlines()[0])

@@ -1,0 +1,83 @@
+"""The service launcher's guards that run before or without Slurm.
+
+The controller runs as root and reads a file from a directory the job's user owns (the
+worker's address), and runs each service as the job's user: both checked here on real
+files and the real account database, without a pool (no Slurm needed).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import threading
+from pathlib import Path
+
+import pytest
+
+from slurmrl.controller.services import (
+    ServiceLauncher,
+    ServiceLaunchError,
+    ServiceSpec,
+    read_address_file,
+)
+
+ME = os.getuid()
+
+
+def test_the_address_a_worker_writes_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "address"
+    assert read_address_file(path, ME) is None  # not written yet
+    path.write_text("")
+    assert read_address_file(path, ME) is None  # being written
+    for address in ("gpu-node-3:40123", "10.0.0.7:8000", "[fe80::1]:9000"):
+        path.write_text(address + "\n")
+        assert read_address_file(path, ME) == address
+
+
+def test_a_symlink_planted_as_the_address_file_is_not_followed(tmp_path: Path) -> None:
+    secret = tmp_path / "root-only"
+    secret.write_text("root:$6$hash:19000:0:99999:7:::\n")
+    (tmp_path / "address").symlink_to(secret)
+    with pytest.raises(ServiceLaunchError) as err:
+        read_address_file(tmp_path / "address", ME)
+    assert "$6$hash" not in str(err.value)  # nothing of the target is quoted
+
+
+def test_a_fifo_as_the_address_file_does_not_block_the_controller(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "address")
+    got: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            read_address_file(tmp_path / "address", ME)
+        except BaseException as exc:
+            got.append(exc)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert not t.is_alive(), "reading a FIFO blocked"
+    assert len(got) == 1 and isinstance(got[0], ServiceLaunchError)
+
+
+def test_an_address_file_of_another_owner_or_content_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "address"
+    path.write_text("node:1234\n")
+    with pytest.raises(ServiceLaunchError, match="not a regular file of the job's user"):
+        read_address_file(path, ME + 1)
+    for junk in ("not an address", "node:1234 extra", "x" * 400 + ":1"):
+        path.write_text(junk)
+        with pytest.raises(ServiceLaunchError, match="does not hold a host:port") as err:
+            read_address_file(path, ME)
+        assert junk not in str(err.value)
+
+
+def test_a_service_runs_as_the_account_of_the_jobs_uid_or_not_at_all(tmp_path: Path) -> None:
+    # a job whose Slurm record names another user than its uid's account is refused
+    # before anything is launched (no Slurm here: the check comes first)
+    me = pwd.getpwuid(ME).pw_name
+    launcher = ServiceLauncher(None, tmp_path)  # type: ignore[arg-type]
+    spec = ServiceSpec(7, "rollout", "someone-else", (0,), uid=ME)
+    with pytest.raises(ServiceLaunchError, match=f"uid {ME} is '{me}'"):
+        launcher.launch(1, "node", spec, "s" * 32)
+    assert list(tmp_path.iterdir()) == []  # no service directory was made
