@@ -32,7 +32,10 @@ def test_each_members_predicted_slowdown_matches_the_simulated_one() -> None:
                      lambda: registry.load("slice", "round-robin"),
                      registry.load("admission", "site-limits")).run()
     runs = [sim.runs[1], sim.runs[2]]
-    assert runs[0].pool is runs[1].pool or all(r.placed_at == 0.0 for r in runs)
+    # they really shared: the run's only pool (closed once both were done) had both as
+    # members, from the start
+    assert [sorted(m.job.job_id for m in p.history) for p in sim.closed] == [[1, 2]]
+    assert not sim.pools and all(r.placed_at == 0.0 for r in runs)
     measured = [((r.finished_at or 0.0) - (r.placed_at or 0.0)) / r.solo_s for r in runs]
     assert measured[1] > measured[0] > 1.0  # the short-step job pays more
     complementarity.clear_caches()

@@ -119,8 +119,8 @@ def test_gang_saves_nothing_and_doubles_paired_jobs_time() -> None:
     w = load("math-sync")
     m = run_workload(w, 1, n_jobs=10, pairing="gang").metrics
     assert abs(m.savings) < 0.02
-    if m.shared_pools:
-        assert m.slowdown_max > 1.5
+    assert m.shared_pools > 0  # jobs were paired: the slowdown below is theirs
+    assert m.slowdown_max > 1.5
 
 
 def test_every_suite_workload_loads_with_both_arrival_processes() -> None:

@@ -1,6 +1,11 @@
 """Workload and trace files as `slurmrl simulate` reads them: arrivals as documented,
 malformed files refused in one line naming the file and the key, the slice policy
-that ran."""
+that ran.
+
+One fake: test_json_output_refuses_a_value_json_cannot_carry replaces
+`slurmrl.sim.cli._run` with one that returns a NaN metric. No valid input makes the
+simulator produce a non-finite metric any more, so the `--json` guard against values
+JSON cannot carry can only be reached by forcing one."""
 
 from __future__ import annotations
 

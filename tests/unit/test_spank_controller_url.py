@@ -2,7 +2,8 @@
 client (`slurmrl.client.rpc.split_url`) takes, so that no job gets a URL its driver refuses.
 
 The plugin's `slurm_spank_init` is compiled with gcc against spank.h into a small program
-whose stubs print what Slurm would log; skipped where gcc or spank.h is missing.
+whose stubs print what Slurm would log; gcc and spank.h are part of the setup (`make
+deps` installs gcc and libslurm-dev), so a missing one fails the tests.
 tests/integration/test_spank.py loads the real plugin through sbatch.
 """
 
@@ -71,7 +72,10 @@ REFUSED = [
 def plugin_init(tmp_path_factory: pytest.TempPathFactory) -> Path:
     gcc = shutil.which("gcc")
     if gcc is None or not SPANK_H.exists():
-        pytest.skip("needs gcc and spank.h (libslurm-dev)")
+        missing = " and ".join(x for x, gone in (("gcc", gcc is None),
+                                                  (str(SPANK_H), not SPANK_H.exists())) if gone)
+        pytest.fail(f"{missing} missing: this test compiles the SPANK plugin; `make deps` "
+                    "installs gcc and libslurm-dev (spank.h)")
     d = tmp_path_factory.mktemp("spank")
     (d / "harness.c").write_text(HARNESS.replace("PLUGIN", str(PLUGIN)))
     subprocess.run([gcc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", str(d / "init"),

@@ -10,6 +10,7 @@ tests/unit/controller/test_scheduler.py and tests/integration/test_pools.py)."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any, cast
 
 import pytest
@@ -290,37 +291,34 @@ def test_any_grown_rollout_gives_one_engines_outputs_on_the_replicas_it_holds(
 
 
 class Gated(Replica):
-    """Replica 0 decodes its first micro-batch, then waits (up to 10 s) until the lease
-    has grown before each further one, so the queue still holds work when GPUs free."""
+    """Replica 0 decodes its first micro-batch alone; its next call and the first call of
+    every other replica then meet at a barrier (10 s at most, a hang guard: a rollout that
+    never grows, or whose grown replicas never pull work, breaks it and the test fails).
+    So the queue still holds work when GPUs free, and each grown replica holds a
+    micro-batch before any replica takes another, whatever the thread scheduling."""
 
-    grown = None  # set per test: a threading.Event
+    gate: threading.Barrier | None = None  # set per test
+
+    def __init__(self, i: int, calls: list[tuple[int, int, tuple[int, ...]]]) -> None:
+        super().__init__(i, calls)
+        self.entered = 0
 
     def generate(self, prompts: list[str], **kw: Any) -> GenerateResult:
-        assert self.grown is not None
-        if self.i == 0 and self.calls:
-            self.grown.wait(10)
+        assert self.gate is not None
+        self.entered += 1
+        if self.entered == (2 if self.i == 0 else 1):
+            self.gate.wait(10)
         return super().generate(prompts, **kw)
 
 
 def gated_rollout(n: int) -> tuple[ReplicatedRollout, RecordingLease, list[Any], list[int]]:
-    import threading
-
     calls: list[tuple[int, int, tuple[int, ...]]] = []
     unfinished = [len(PROMPTS)]
     lease = RecordingLease((0,), unfinished)
-    grown = threading.Event()
-    real_grow = lease.grow
-
-    def grow(gpus: Any) -> tuple[int, ...]:
-        got = real_grow(gpus)
-        if got:
-            grown.set()
-        return got
-
-    lease.grow = grow  # type: ignore[method-assign]
+    gate = threading.Barrier(n)
     replicas = [Gated(i, calls) for i in range(n)]
     for r in replicas:
-        r.lease, r.grown = lease, grown
+        r.lease, r.gate = lease, gate
     ro = ReplicatedRollout(cast(Any, Job(lease)), [cast(Any, r) for r in replicas],
                            [(i,) for i in range(n)])
     return ro, lease, calls, unfinished
@@ -338,7 +336,8 @@ def test_without_rounds_a_rollout_grows_onto_freed_replicas_while_micro_batches_
     assert [(s.completion_ids, s.finish_reason) for s in out.samples] == one_engine(
         PROMPTS, 24, 5)
     assert calls[0][0] == 0 and len(calls) == 8  # eight micro-batches of two
-    # it asked for the replicas it lacked, got the freed ones, and they pulled work
+    # it asked for the replicas it lacked, got the freed ones, and each of them took a
+    # micro-batch that was waiting (none ran before the grow: Replica checks the lease)
     assert lease.grows and lease.grows[-1][0] == (1, 2, 3)
     assert {i for i, _, _ in calls[1:]} >= {1, 2, 3}
     assert sorted(k for _, _, idx in calls for k in idx) == list(range(len(PROMPTS)))

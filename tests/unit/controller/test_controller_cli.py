@@ -1,5 +1,12 @@
 """`slurmrl controller` start-up: a bad config stops it before anything is written, and
-the `[slurm]` keys reach the backend it runs Slurm through."""
+the `[slurm]` keys reach the backend it runs Slurm through.
+
+One fake, autouse: `slurmrl.slurm.factory.pyslurm_status` answers "pyslurm not
+importable" (a test that must not ask pyslurm at all replaces it with one that fails).
+Whether pyslurm is usable depends on the machine (installed or not, matching the
+installed Slurm or not, a Slurm to ask for its version), so these tests fix the answer
+and run no Slurm command; the real check runs on the dev cluster in
+tests/integration/test_slurm_backend.py."""
 
 from __future__ import annotations
 

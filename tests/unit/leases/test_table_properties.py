@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -56,10 +57,19 @@ class LeaseMachine(RuleBasedStateMachine):
         elastic=st.booleans(),
     )
     def request(self, job: int, phase: Phase, gpus: set[int], elastic: bool) -> None:
-        try:
-            _, events = self.table.request(job, phase, gpus, self.now, 1 if elastic else None)
-        except LeaseError:
-            return  # refused (the job already holds some of these GPUs): nothing changed
+        # the GPUs are the pool's, min_gpus is in range and ids are fresh, so the one
+        # refusal possible is a job asking for GPUs it already holds (under a lease)
+        refused = any(x.job_id == job and x.gpus & gpus for x in self.table.leases)
+        before = (self.table.leases, self.table.waiting)
+        if refused:
+            with pytest.raises(LeaseError, match=f"job {job} already holds GPUs"):
+                self.table.request(job, phase, gpus, self.now, 1 if elastic else None)
+            assert (self.table.leases, self.table.waiting) == before  # nothing changed
+            return
+        req, events = self.table.request(job, phase, gpus, self.now,
+                                         1 if elastic else None)
+        granted = [e.lease.lease_id for e in events if isinstance(e, Grant)]
+        assert req.request_id in granted or req in self.table.waiting
         self._record(events)
 
     @precondition(lambda self: bool(self.table.leases))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -132,25 +131,6 @@ def test_missing_slurm_binary_is_a_slurm_error(tmp_path: object) -> None:
     with pytest.raises(SlurmError, match="not found"):
         b.version()
     assert b.ping() is False
-
-
-def test_failed_step_launch_reports_srun_stderr_and_leaves_no_file(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # a stand-in srun (no Slurm here) failing as the real one does for a missing job
-    bin_dir, tmp = tmp_path / "bin", tmp_path / "tmp"
-    bin_dir.mkdir()
-    tmp.mkdir()
-    srun = bin_dir / "srun"
-    srun.write_text("#!/bin/sh\nsleep 0.2\n"
-                    "echo 'srun: error: Invalid job id specified' >&2\nexit 1\n")
-    scontrol = bin_dir / "scontrol"  # lists no step while the launch waits for srun
-    scontrol.write_text("#!/bin/sh\nexit 0\n")
-    for tool in (srun, scontrol):
-        tool.chmod(0o755)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
-    with pytest.raises(SlurmError, match="Invalid job id specified"):
-        CommandBackend(bin_dir=str(bin_dir)).launch_step(42, ["true"], retries=0)
-    assert list(tmp.iterdir()) == []  # the temporary stderr file was removed
 
 
 def test_step_handle_keeps_srun_stderr_after_removing_its_temporary_file(

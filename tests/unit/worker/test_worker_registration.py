@@ -1,4 +1,9 @@
-"""Registration: a signed POST the controller can verify; clear errors otherwise."""
+"""Registration: a signed POST the controller can verify; clear errors otherwise.
+
+One fake: the receiving end (`controller` fixture) is a stand-in HTTP endpoint on
+loopback that checks signatures with the real `Verifier` and records what it got. The
+controller (slurmrl/controller/server.py) serves no route that receives a service
+registration, so nothing real here can take the POST."""
 
 from __future__ import annotations
 

@@ -1,10 +1,16 @@
-"""The service's HTTP surface, served for real on loopback and called like a driver."""
+"""The service's HTTP surface, served for real on loopback and called like a driver.
+
+One test holds the real tiny model's decode step at a gate (it still decodes) until the
+status poller has reported a shrunk active count, so what it sees does not depend on
+thread scheduling."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import re
+import threading
+from typing import Any, cast
 
 import pytest
 from _worker_service import Running, start
@@ -146,12 +152,34 @@ def test_body_over_the_limit_gets_413() -> None:
         stop()
 
 
-def test_on_tail_sees_the_active_count_shrink(rollout_service: Running) -> None:
-    seen: list[int] = []
+def test_on_tail_sees_the_active_count_shrink(rollout_service: Running,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     prompts = ["1+1="] * 64
+    seen: list[int] = []
+    shrunk = threading.Event()  # on_tail reported a count between 0 and len(prompts)
+
+    def tail(n: int) -> None:
+        seen.append(n)
+        if 0 < n < len(prompts):
+            shrunk.set()
+
+    # a gate around the real model's decode step: once the service's count has shrunk
+    # (a sequence finished) it holds the decoding until the poller has reported that
+    # count, so the test does not hang on thread scheduling (10 s: a hang guard only)
+    backend = rollout_service.server.backend
+    model = cast(Any, backend)._model
+    real_step = model.step
+
+    def gated_step(*args: Any, **kw: Any) -> Any:
+        if 0 < backend.active_sequences() < len(prompts) and not shrunk.is_set():
+            shrunk.wait(10)
+        return real_step(*args, **kw)
+
+    monkeypatch.setattr(model, "step", gated_step)
     _handle(rollout_service).generate(prompts, max_tokens=48, micro_batch=1, temperature=0.0,
-                                      on_tail=seen.append, poll_s=0.005)
-    assert seen, "the status poller never reported"
+                                      on_tail=tail, poll_s=0.005)
+    # the poller saw the count part way down, not just the whole batch or its end
+    assert any(0 < n < len(prompts) for n in seen), seen
     assert all(0 <= n <= len(prompts) for n in seen)
     assert seen == sorted(seen, reverse=True)
 
