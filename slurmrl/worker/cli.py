@@ -51,11 +51,10 @@ def read_secret(secret_file: Path | None) -> str:
 @click.option("--job-id", required=True, help="The RL job this service belongs to.")
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to bind.")
 @click.option("--port", default=0, show_default=True, help="Port to bind; 0 lets the OS pick.")
-@click.option("--advertise-host", default=None, help="Host to register [default: bind host, "
+@click.option("--advertise-host", default=None, help="Host to announce in the address file [default: bind host, "
               "or this machine's hostname when binding 0.0.0.0].")
 @click.option("--address-file", type=click.Path(path_type=Path), default=None,
               help="Write host:port here once listening.")
-@click.option("--register-url", default=None, help="Controller URL to POST the registration to.")
 @click.option("--secret-file", type=click.Path(path_type=Path), default=None,
               help=f"File holding the job secret (mode 600); default ${SECRET_ENV}.")
 @click.option("--model", default=None, help="torch: module:callable; vllm: model name/path.")
@@ -74,7 +73,6 @@ def worker(
     port: int,
     advertise_host: str | None,
     address_file: Path | None,
-    register_url: str | None,
     secret_file: Path | None,
     model: str | None,
     device: str,
@@ -86,12 +84,7 @@ def worker(
 ) -> None:
     """Host one resident model (a service) of an RL job and serve its calls."""
     # imported here: aiohttp and the auth module are not needed for `--help`
-    from slurmrl.worker.registration import (
-        Registration,
-        RegistrationError,
-        register,
-        write_address_file,
-    )
+    from slurmrl.worker.registration import write_address_file
     from slurmrl.worker.server import ServiceInfo, ServiceServer, serve
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
@@ -115,18 +108,12 @@ def worker(
         address = f"{shown_host}:{bound_port}"
         if address_file is not None:
             write_address_file(address_file, address)
-        if register_url:
-            register(register_url, secret,
-                     Registration(job_id, role, address, os.getpid(), step_id))
         click.echo(f"slurmrl worker: job {job_id} {role} ({backend_name}) listening on "
                    f"{address} pid {os.getpid()}", err=False)
 
     try:
         asyncio.run(serve(server, host, port, on_ready))
     except BackendError as exc:
-        click.echo(f"slurmrl worker: error: {exc}", err=True)
-        sys.exit(1)
-    except RegistrationError as exc:
         click.echo(f"slurmrl worker: error: {exc}", err=True)
         sys.exit(1)
     except OSError as exc:
