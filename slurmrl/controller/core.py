@@ -34,7 +34,7 @@ from slurmrl.db import JobRecord, PoolRecord, Store
 from slurmrl.directives import DirectiveError, parse_env
 from slurmrl.leases.types import Lease
 from slurmrl.model import Identity, JobState, Mux
-from slurmrl.slurm import SlurmBackend, SlurmError, SlurmJobState
+from slurmrl.slurm import SlurmBackend, SlurmError, SlurmJobState, SlurmParseError
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,9 @@ class Controller:
             raise RpcError(400, "bad-directives", str(exc)) from None
         try:
             info = await asyncio.to_thread(self.slurm.job, job_id)
+        except SlurmParseError as exc:  # e.g. a job name that forges "UserId=..."
+            raise RpcError(409, "unreadable-slurm-job", f"Slurm's record of job {job_id} "
+                           f"cannot be read safely: {exc}") from None
         except SlurmError as exc:
             raise RpcError(503, "slurm-unavailable", f"cannot ask Slurm about job "
                            f"{job_id}: {exc}") from None

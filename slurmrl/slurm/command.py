@@ -197,7 +197,12 @@ class CommandBackend:
             if cp.returncode != 0:
                 raise SlurmError("command failed", argv=["scontrol", "show", "job"],
                                  returncode=cp.returncode, stderr=cp.stderr)
-            found = [parse.job_from_scontrol(r) for r in parse.records(cp.stdout)]
+            found = []
+            for rec in parse.records(cp.stdout):
+                try:
+                    found.append(parse.job_from_scontrol(rec))
+                except SlurmParseError as exc:  # one job's forged name must not hide all
+                    log.warning("skipping a job Slurm listed: %s", exc)
         # 22.05's squeue --json ignores -j/--states (and we don't trust -u either).
         if job_ids is not None:
             wanted = set(job_ids)

@@ -21,6 +21,7 @@ from tests.integration.controller_harness import (
     holder_pool,
     read_out,
     wait_output,
+    wait_running,
 )
 
 RPC_AS = """
@@ -115,3 +116,28 @@ def test_bad_credentials_are_refused(controller: ControllerProc) -> None:
     assert status == 200
     status, ans = _raw(url, "GET", path, b"", {"Authorization": good})
     assert status == 401 and ans["error"]["code"] == "auth-replayed"
+
+
+def test_a_job_name_forging_its_owner_is_refused_at_registration(  # type: ignore[no-untyped-def]
+        controller: ControllerProc, jobs) -> None:
+    # scontrol -o prints the job name (spaces allowed) before the real UserId=: a name
+    # holding "UserId=root(<alice's uid>)" would pass the uid check and name root as the
+    # user her services run as
+    import pwd
+
+    uid = pwd.getpwnam("rlalice").pw_uid
+    sub = jobs.sbatch(["-J", f"x UserId=root({uid})", "--rl-gpus=1", "--time=5",
+                       "--wrap=sleep 300"], user="rlalice")
+    assert sub.job_id, sub.stderr
+    wait_running(jobs, sub.job_id)
+    proc = jobs.run([VENV_PY, "-c", RPC_AS, controller.url, "POST", "/v1/jobs",
+                     json.dumps({"job_id": sub.job_id,
+                                 "env": {"SLURMRL_GPUS": "1", "SLURMRL_MODEL": "tiny"}})],
+                    user="rlalice")
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["status"] == 409, got
+    assert got["answer"]["error"]["code"] == "unreadable-slurm-job"
+    assert "UserId= twice" in got["answer"]["error"]["message"]
+    _, ans = controller.admin().call("GET", "/v1/jobs?all=1")
+    assert sub.job_id not in [j["job_id"] for j in ans["jobs"]]  # nothing registered

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shutil
 import socket
 import sys
@@ -205,6 +206,20 @@ def test_json_and_scontrol_query_paths_agree(slurm_env: dict[str, str],
     b = CommandBackend(slurm_env, use_json=False).jobs([job_id])
     assert a == b and len(a) == 1 and a[0].comment == "two words"
     assert CommandBackend(slurm_env, use_json=False).nodes() == via_json.nodes()
+
+
+def test_a_job_name_forging_an_owner_is_refused_and_hides_no_other_job(
+        slurm_env: dict[str, str], submit: Callable[..., int]) -> None:
+    # scontrol -o prints the name (spaces allowed) before the real UserId=
+    uid = pwd.getpwnam("rlalice").pw_uid
+    forged = submit(sleeper(name=f"x UserId=root({uid})", uid="rlalice"))
+    plain = submit(sleeper(name="it-plain"))
+    scontrol = CommandBackend(slurm_env, use_json=False)
+    wait_for(scontrol, plain, {SlurmJobState.RUNNING})
+    with pytest.raises(SlurmError, match="UserId= twice"):
+        scontrol.job(forged)
+    listed = {j.job_id for j in scontrol.jobs()}
+    assert plain in listed and forged not in listed
 
 
 def test_default_backend_is_pyslurm_only_when_it_matches(slurm_env: dict[str, str]) -> None:
