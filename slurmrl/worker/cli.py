@@ -51,8 +51,9 @@ def read_secret(secret_file: Path | None) -> str:
 @click.option("--job-id", required=True, help="The RL job this service belongs to.")
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to bind.")
 @click.option("--port", default=0, show_default=True, help="Port to bind; 0 lets the OS pick.")
-@click.option("--advertise-host", default=None, help="Host to announce in the address file [default: bind host, "
-              "or this machine's hostname when binding 0.0.0.0].")
+@click.option("--advertise-host", default=None,
+              help="Host to announce in the address file [default: bind host, or this "
+                   "machine's hostname when binding 0.0.0.0].")
 @click.option("--address-file", type=click.Path(path_type=Path), default=None,
               help="Write host:port here once listening.")
 @click.option("--secret-file", type=click.Path(path_type=Path), default=None,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -157,16 +158,16 @@ class ServiceHandle:
     # --- control plane -------------------------------------------------------------
 
     def status(self, timeout_s: float | None = None) -> dict[str, Any]:
-        return self._json("status", "GET", "/v1/status", None, timeout_s)
+        return self._json("status", "GET", "/v1/status", None, timeout_s, whole=True)
 
     def park(self, level: int = 1, timeout_s: float | None = None) -> dict[str, Any]:
-        return self._json("park", "POST", "/v1/park", {"level": level}, timeout_s)
+        return self._json("park", "POST", "/v1/park", {"level": level}, timeout_s, whole=True)
 
     def activate(self, timeout_s: float | None = None) -> dict[str, Any]:
-        return self._json("activate", "POST", "/v1/activate", {}, timeout_s)
+        return self._json("activate", "POST", "/v1/activate", {}, timeout_s, whole=True)
 
     def stop(self, timeout_s: float | None = None) -> None:
-        self._json("stop", "POST", "/v1/stop", {}, timeout_s)
+        self._json("stop", "POST", "/v1/stop", {}, timeout_s, whole=True)
         self.close()
 
     # --- plumbing ------------------------------------------------------------------
@@ -187,10 +188,10 @@ class ServiceHandle:
             probe.close()
 
     def _json(self, call: str, method: str, path: str, obj: Any,
-              timeout_s: float | None) -> dict[str, Any]:
+              timeout_s: float | None, whole: bool = False) -> dict[str, Any]:
         body = b"" if obj is None else json.dumps(obj).encode()
         ctype = None if obj is None else "application/json"
-        raw = self._call(call, method, path, body, ctype, timeout_s)
+        raw = self._call(call, method, path, body, ctype, timeout_s, whole)
         try:
             out = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -200,8 +201,45 @@ class ServiceHandle:
         return out
 
     def _call(self, call: str, method: str, path: str, body: bytes,
-              content_type: str | None, timeout_s: float | None) -> bytes:
+              content_type: str | None, timeout_s: float | None,
+              whole: bool = False) -> bytes:
+        """One signed call. The timeout bounds each socket operation; with `whole`, the
+        control plane's, it bounds the whole call: the controller makes these while
+        other jobs wait on the pool, and a service (the job user's process) answering a
+        byte at a time must not hold them for longer."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        expired = threading.Event()
+        timer = threading.Timer(timeout, self._abort, (expired,)) if whole else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        late = ServiceUnreachable(call, None, f"{self.address}: no whole answer within "
+                                  f"{timeout:g} s")
+        try:
+            data = self._call_once(call, method, path, body, content_type, timeout)
+        except ServiceError as exc:
+            if expired.is_set():
+                raise late from exc
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if expired.is_set():  # what was read when the socket was shut is cut short
+            self.close()
+            raise late
+        return data
+
+    def _abort(self, expired: threading.Event) -> None:
+        """The whole call's deadline passed: shut its socket, which ends the read."""
+        expired.set()
+        conn = self._conn
+        sock = None if conn is None else conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def _call_once(self, call: str, method: str, path: str, body: bytes,
+                   content_type: str | None, timeout: float) -> bytes:
         with self._lock:
             for attempt in (0, 1):
                 reused = self._conn is not None

@@ -6,6 +6,7 @@ thread scheduling."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
@@ -190,3 +191,36 @@ def test_unreachable_service_and_bad_address() -> None:
     h = ServiceHandle("127.0.0.1:1", mint_secret(), "1", "rollout", timeout_s=2)
     with pytest.raises(ServiceUnreachable):
         h.status()
+
+
+def test_a_service_trickling_its_answer_cannot_hold_a_control_call() -> None:
+    # a service is its job user's process: one answering a byte at a time, each within
+    # the socket timeout, must not hold the controller's park/activate/status call (and
+    # its partners waiting on the pool) past the call's timeout
+    import socket
+    import time
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(65536)
+            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 100000:
+                if stop.is_set():
+                    return
+                with contextlib.suppress(OSError):
+                    conn.sendall(bytes([byte]))
+                time.sleep(0.05)
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    h = ServiceHandle(f"127.0.0.1:{srv.getsockname()[1]}", mint_secret(), "1", "rollout")
+    try:
+        with pytest.raises(ServiceUnreachable, match="no whole answer within 1 s"):
+            h.status(timeout_s=1.0)
+    finally:
+        stop.set()
+        h.close()
+        srv.close()
