@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -49,9 +50,8 @@ async def test_two_ranks_registering_the_same_job_at_once_both_get_it() -> None:
     await c.stop()
 
 
-@run
-async def test_status_gpu_seconds_of_a_held_lease_that_shrank_or_grew_match_the_ledger(
-) -> None:
+def _two_jobs_in_a_pool() -> tuple[Store, Controller, Clock]:
+    """Jobs 1 and 2 running in one pool of 2 GPUs; a controller on a settable clock."""
     store = Store(":memory:")
     pool = store.add_pool(gpus=2, opened_at=0.0)
     for job_id in (1, 2):
@@ -60,12 +60,23 @@ async def test_status_gpu_seconds_of_a_held_lease_that_shrank_or_grew_match_the_
     clock = Clock()
     c = Controller(Config(), store, None, clock=clock)  # type: ignore[arg-type]
     c.scheduler.restore()
-    s = c.scheduler
+    return store, c, clock
 
+
+def _job_of(store: Store) -> Callable[[int], JobRecord]:
     def job(job_id: int) -> JobRecord:
         rec = store.job(job_id)
         assert rec is not None
         return rec
+    return job
+
+
+@run
+async def test_status_gpu_seconds_of_a_held_lease_that_shrank_or_grew_match_the_ledger(
+) -> None:
+    store, c, clock = _two_jobs_in_a_pool()
+    s = c.scheduler
+    job = _job_of(store)
 
     # job 1's rollout: both GPUs for 10 s, then one for 10 s
     a = s.request(job(1), Phase.ROLLOUT)
@@ -92,21 +103,10 @@ async def test_status_gpu_seconds_of_a_held_lease_that_shrank_or_grew_match_the_
 
 @run
 async def test_status_slowdown_is_the_time_a_job_waited_for_gpus_its_partner_held() -> None:
-    store = Store(":memory:")
-    pool = store.add_pool(gpus=2, opened_at=0.0)
-    for job_id in (1, 2):
-        store.add_job(JobRecord(job_id, "u", 1000 + job_id, RlRequest(gpus=2),
-                                JobState.RUNNING, 0.0, pool_id=pool, pool_gpus=(0, 1)))
+    store, c, clock = _two_jobs_in_a_pool()
     store.add_job(JobRecord(3, "u", 1003, RlRequest(gpus=2), JobState.PENDING, 0.0))
-    clock = Clock()
-    c = Controller(Config(), store, None, clock=clock)  # type: ignore[arg-type]
-    c.scheduler.restore()
     s = c.scheduler
-
-    def job(job_id: int) -> JobRecord:
-        rec = store.job(job_id)
-        assert rec is not None
-        return rec
+    job = _job_of(store)
 
     def slowdowns(now: float) -> dict[int, float | None]:
         waits = store.lease_waits([1, 2, 3], now)
