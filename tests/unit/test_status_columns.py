@@ -13,7 +13,8 @@ def _saved(view: dict[str, object]) -> str:
 
 
 def test_saved_is_the_share_of_dedicated_gpu_time_not_leased() -> None:
-    view = {"gpu_seconds": 100.0, "dedicated_gpu_seconds": 400.0, "request": {"mux": "auto"}}
+    view = {"gpu_seconds": 100.0, "dedicated_gpu_seconds": 400.0, "request": {"mux": "auto"},
+            "pool_id": 3}
     assert _saved(view) == "75.0%"
 
 
@@ -24,6 +25,13 @@ def test_a_mux_off_job_shows_no_saving_however_little_it_leased() -> None:
 
 def test_saved_is_a_dash_without_the_private_figures() -> None:
     assert _saved({"gpu_seconds": None, "dedicated_gpu_seconds": None}) == "-"
+
+
+def test_a_job_waiting_for_a_pool_has_saved_nothing_yet() -> None:
+    # it has leased nothing because it has not run: not a 100% saving
+    view = {"gpu_seconds": 0.0, "dedicated_gpu_seconds": 40.0, "request": {"mux": "auto"},
+            "pool_id": None}
+    assert _saved(view) == "-"
 
 
 @pytest.mark.parametrize("width", ["\u00b2", "99999999999", "-1"])
