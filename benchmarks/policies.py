@@ -549,13 +549,21 @@ arrivals of {jobs} jobs drawn from the workload (suite: {suite}; parameters and 
 - **savings** = 1 - used / dedicated.
 - **lower bound**: per job, its GPU phases at the GPU count of their set with the
   rollout's tail consolidated (G/2, G/4, ... 1 GPU as active sequences thin), plus per
-  step the cheapest handoff (park + activate) it could have, capped by that step's gap
-  time. **ideal savings** = 1 - lower bound / dedicated; **captured** = savings / ideal.
-  **gap to lower bound** = ideal - savings, in percentage points. **shared %**: the
-  share of used GPU-h during which a pool held two or more jobs (the rest, pools with
-  one member, only a partner's arrival could have shared: a job never migrates).
+  step the cheapest handoff it could have, capped by that step's gap time: a 0.1 s
+  context switch where the smallest partner fits beside it in GPU memory, else parking
+  and activating its own state (`costs.min_switch_s`). **ideal savings** = 1 - lower
+  bound / dedicated; **captured** = savings / ideal (0 where the ideal is 0: jobs with
+  neither gaps nor a tail). **gap to lower bound** = ideal - savings, in percentage
+  points. **shared %**: the share of used GPU-h during which a pool held two or more
+  jobs (the rest, pools with one member, only a partner's arrival could have shared: a
+  job never migrates). **utilisation** (`--json`): lease GPU-seconds / used GPU-h, the
+  share of pool time some member held a lease (a lock or gang pool's leases span its
+  members' gaps); the U of the status section below counts lower-bound work instead.
 - **slowdown** = (finished - placed) / solo time (queueing excluded; it is reported
-  separately as queue h = mean placed - submitted).
+  separately as queue h = mean placed - submitted), over every admitted job (dedicated
+  and `--rl-mux=off` ones at 1.0; refused ones not at all); p50 and p95 interpolate
+  linearly between ranks. A `gang` pool switches members by suspending them with their
+  memory held: its switches are counted as handoffs and cost nothing.
 
 ### Status against the issue's targets (measured, not tuned)
 

@@ -23,6 +23,11 @@ FIXED_SWITCH_S = 1.0
 RESIDENT_SWITCH_S = 0.1
 
 
+#: the least GPU memory per GPU any job takes (`device_bytes` of a model of no size: its
+#: KV floor and CUDA context)
+MIN_DEVICE_BYTES = 3 * GIB
+
+
 def device_bytes(job: SimJob) -> float:
     """GPU memory per GPU with all the job's services active."""
     weights = job.params * 2 / job.gpus
@@ -51,8 +56,9 @@ def switch_s(incoming: SimJob, outgoing: SimJob, resident: bool) -> float:
 
 
 def min_switch_s(job: SimJob, gpu_mem_bytes: int) -> float:
-    """The cheapest handoff the job can have: with a partner that fits beside it, or one
-    of its own size."""
-    if 2 * device_bytes(job) <= gpu_mem_bytes:
+    """The cheapest handoff the job can have: a context switch where the smallest
+    partner fits beside it (the pool is then resident, as the engine charges it), else
+    parking and activating its own state."""
+    if device_bytes(job) + MIN_DEVICE_BYTES <= gpu_mem_bytes:
         return RESIDENT_SWITCH_S
     return switch_s(job, job, resident=False)

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from policies import registry
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode
-from slurmrl.model import Phase
+from slurmrl.model import Layout, Phase
 from slurmrl.sim.cli import simulate
-from slurmrl.sim.engine import SimError, Simulation
+from slurmrl.sim.engine import SimConfig, SimError, Simulation
 from slurmrl.sim.metrics import ledger, shared_gpu_s
 from slurmrl.sim.replay import trace_jobs
 from slurmrl.sim.runner import (
@@ -27,7 +27,7 @@ from slurmrl.sim.runner import (
     trace_config,
     with_max_slowdown,
 )
-from slurmrl.sim.workload import WorkloadError, generate, load, validate
+from slurmrl.sim.workload import Segment, SimJob, WorkloadError, generate, load, validate
 
 POLICIES = ["complementary", "dedicated", "random", "greedy", "fifo-lock", "gang"]
 
@@ -506,3 +506,20 @@ def test_cli_param_passes_a_policy_parameter_and_names_a_bad_one() -> None:
     assert res.exit_code == 1 and "max_load must be > 0, got -1" in res.output
     res = CliRunner().invoke(simulate, ["--jobs", "2", "--param", "complementary.nope=1"])
     assert res.exit_code == 1 and "bad parameters" in res.output and "nope" in res.output
+
+
+def test_the_lower_bound_stays_below_what_a_big_and_a_small_job_sharing_used() -> None:
+    # a 12B-parameter job does not fit beside a copy of itself on an 80 GiB GPU but does
+    # beside a small one: their handoffs then cost a context switch, and the lower bound
+    # must price its handoffs no higher (it charged a full park and activate, and the
+    # run came in under its "lower bound": captured 114%)
+    steps = tuple((Segment(Phase.ROLLOUT, 10.0), Segment(Phase.REWARD, 10.0))
+                  for _ in range(20))
+    big = SimJob(1, "c", "u1", 0.0, "Qwen2.5-14B", 12e9, 4, Layout.COLOCATED, 4, steps, (),
+                 None, None, False)
+    small = SimJob(2, "c", "u2", 10.0, "Qwen2.5-0.5B", 1e9, 4, Layout.COLOCATED, 4, steps,
+                   (), None, None, False)
+    m = run_jobs([big, small], SimConfig(4), "fifo-lock").metrics
+    assert m.shared_pools == 1  # they did share, resident
+    assert m.used_gpu_h >= m.lower_bound_gpu_h
+    assert 0.0 < m.captured <= 1.0
