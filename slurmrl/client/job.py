@@ -9,7 +9,9 @@
 A background thread heartbeats every `heartbeat_s` while the job holds or waits for a
 lease. If the controller revokes the lease (missed heartbeats, job ended, pool lost),
 the next call through the lease or a service handle raises `LeaseRevoked`, and so does
-leaving the `with` block. While the controller restarts every call retries with backoff.
+leaving the `with` block; once the job has ended the heartbeats stop. While the
+controller restarts every call retries with backoff. A phase request given up
+(`timeout_s`) is withdrawn, so the GPUs never go to a driver that stopped waiting.
 
 Known limits: one phase at a time per Job object (the usual RL loop); calls are blocking.
 """
@@ -24,7 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from slurmrl.client.rpc import ControllerError, RpcClient
+from slurmrl.client.rpc import BAD_ANSWER, ControllerError, RpcClient, need
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +50,8 @@ class Lease:
 
     def __init__(self, job: Job, data: Mapping[str, Any]) -> None:
         self._job = job
-        self.lease_id: int = int(data["lease_id"])
-        self.phase: str = str(data["phase"])
+        self.lease_id: int = int(need(data, "lease_id", int))
+        self.phase: str = str(need(data, "phase", str))
         self._update(data)
         self.revoked_reason: str | None = None
         self.released = False
@@ -58,8 +60,8 @@ class Lease:
         self.gpus: tuple[int, ...] = tuple(data.get("local_gpus", ()))  #: job-local indices
         self.pool_gpus: tuple[int, ...] = tuple(data.get("gpus", ()))
         self.physical_gpus: tuple[int, ...] = tuple(data.get("physical_gpus", ()))
-        self.pool_id: int = int(data["pool_id"])
-        self.deadline_at: float = float(data["deadline_at"])
+        self.pool_id: int = int(need(data, "pool_id", int))
+        self.deadline_at: float = float(need(data, "deadline_at", (int, float)))
         self.granted_at: float = float(data.get("granted_at") or time.time())
 
     @property
@@ -89,9 +91,8 @@ class Lease:
             return
         else:
             body = {"keep": int(keep)}
-        _, ans = self._job._rpc.call(
-            "POST", f"/v1/jobs/{self._job.job_id}/leases/{self.lease_id}/shrink", body)
-        self._update(ans["lease"])
+        ans = self._post("shrink", body)
+        self._update(need(ans, "lease", dict))
 
     def grow(self, gpus: Iterable[int]) -> tuple[int, ...]:
         """Ask for more of this phase's job-local `gpus`: the lease takes those free
@@ -101,31 +102,40 @@ class Lease:
         wanted = sorted(set(gpus) - set(self.gpus))
         if not wanted:
             return ()
-        _, ans = self._job._rpc.call(
-            "POST", f"/v1/jobs/{self._job.job_id}/leases/{self.lease_id}/grow",
-            {"gpus": wanted})
-        self._update(ans["lease"])
-        return tuple(ans["added"])
+        ans = self._post("grow", {"gpus": wanted})
+        lease, added = need(ans, "lease", dict), need(ans, "added", list)
+        self._update(lease)
+        return tuple(added)
 
     def release(self, timing: Mapping[str, float] | None = None) -> None:
         if self.released or self.revoked_reason is not None:
             return
-        path = f"/v1/jobs/{self._job.job_id}/leases/{self.lease_id}/release"
+        self._post("release", {"timing": dict(timing or {})}, idempotent=True)
+        self.released = True
+
+    def _post(self, op: str, body: dict[str, Any], idempotent: bool = False) -> dict[str, Any]:
+        """POST to this lease's `op`; a 409 because the controller took the lease back
+        (its job ended, it lapsed) raises `LeaseRevoked` with the reason."""
+        path = f"/v1/jobs/{self._job.job_id}/leases/{self.lease_id}/{op}"
         try:
-            self._job._rpc.call("POST", path, {"timing": dict(timing or {})})
+            return self._job._rpc.call("POST", path, body, idempotent=idempotent)[1]
         except ControllerError as exc:
             if exc.status != 409:
                 raise
-            # a retry after a restart: the first attempt may have landed
-            _, ans = self._job._rpc.call(
-                "GET", f"/v1/jobs/{self._job.job_id}/leases/{self.lease_id}")
-            state = ans["lease"]["state"]
-            if state == "revoked":
-                self.revoked_reason = ans["lease"]["reason"] or "revoked"
-                raise LeaseRevoked(self.lease_id, self.phase, self.revoked_reason) from None
-            if state != "released":
+            reason: str | None = None
+            if exc.code == "job-ended":
+                self._job._ended(exc.message)
+                reason = exc.message
+            else:  # e.g. "lease N is not held": read what became of it
+                rec = self._job._read_lease(self.lease_id)
+                if op == "release" and rec["state"] == "released":
+                    return rec  # a retry after a restart: the first attempt landed
+                if rec["state"] == "revoked":
+                    reason = str(rec.get("reason") or "revoked")
+            if reason is None or self.released:
                 raise
-        self.released = True
+            self.revoked_reason = reason
+            raise LeaseRevoked(self.lease_id, self.phase, reason) from None
 
     def __repr__(self) -> str:
         return f"Lease({self.lease_id}, {self.phase}, gpus={list(self.gpus)})"
@@ -139,13 +149,16 @@ class Job:
         self.job_id = job_id
         self._rpc = RpcClient(url, retry_for_s=retry_for_s)
         self._hb_rpc = RpcClient(url, retry_for_s=0.0)
-        _, ans = self._rpc.call("POST", "/v1/jobs", {"job_id": job_id, "env": dict(env)})
-        self.info: dict[str, Any] = ans["job"]
+        _, ans = self._rpc.call("POST", "/v1/jobs", {"job_id": job_id, "env": dict(env)},
+                                idempotent=True)
+        self.info: dict[str, Any] = need(ans, "job", dict)
         self.secret: str = str(self.info.pop("secret", ""))
         for rpc in (self._rpc, self._hb_rpc):  # registered: HMAC sessions from now on
             rpc.session_job_id, rpc.use_sessions = job_id, True
         self.heartbeat_s = 2.0
         self.current: Lease | None = None
+        #: why the controller ended the job under the driver (None: it has not)
+        self.ended_reason: str | None = None
         self._stop = threading.Event()
         self._hb = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                     name=f"slurmrl-heartbeat-{job_id}")
@@ -165,18 +178,60 @@ class Job:
             if deadline is not None:
                 left = max(0.0, min(poll_s, deadline - time.monotonic()))
             body["wait_s"] = left
+            # idempotent: the controller joins a retry to the request queued for this
+            # (job, phase), or answers the lease already granted to it
             status, ans = self._rpc.call("POST", f"/v1/jobs/{self.job_id}/leases", body,
-                                         wait_s=left)
+                                         wait_s=left, idempotent=True)
             if status == 200:
-                lease = Lease(self, ans["lease"])
-                self.heartbeat_s = float(ans["lease"].get("heartbeat_s", self.heartbeat_s))
+                data = need(ans, "lease", dict)
+                lease = Lease(self, data)
+                self.heartbeat_s = float(data.get("heartbeat_s") or self.heartbeat_s)
                 self.current = lease
                 return lease
-            if ans.get("state") == "ended":
-                raise ControllerError(409, "job-ended", f"RL job {self.job_id} has ended")
+            state, reason = need(ans, "state", str, status), ans.get("reason") or ""
+            if state not in ("waiting", "unplaced", "ended"):
+                raise ControllerError(status, BAD_ANSWER,
+                                      f"unknown state {state[:40]!r} in an acquire answer")
+            if state == "ended":
+                raise ControllerError(409, "job-ended", f"RL job {self.job_id} has ended"
+                                      + (f": {reason}" if reason else ""))
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"no {phase} lease within {timeout_s:g} s "
-                                   f"({ans.get('state')}, {ans.get('reason', '')})")
+                rid = ans.get("request_id")
+                what = (self._withdraw(rid) if isinstance(rid, int)
+                        else "no request was queued")
+                raise TimeoutError(f"no {phase} lease within {timeout_s:g} s ({state}"
+                                   + (f": {reason}" if reason else "") + f"); {what}")
+
+    def _withdraw(self, request_id: int) -> str:
+        """Take back a queued request this driver no longer waits for (else heartbeats
+        keep it queued and it is granted, and charged, to nobody); says what became of
+        it. A request granted meanwhile is released by the same call."""
+        try:
+            try:
+                _, ans = self._rpc.call(
+                    "POST", f"/v1/jobs/{self.job_id}/leases/{request_id}/release",
+                    {"timing": {}}, idempotent=True)
+                state = need(need(ans, "lease", dict), "state", str)
+            except ControllerError as exc:
+                if exc.status != 409:
+                    raise
+                state = self._read_lease(request_id)["state"]  # a retry that had landed
+        except ControllerError as exc:
+            log.warning("could not withdraw lease request %d: %s", request_id, exc)
+            return f"request {request_id} may still be queued (withdrawing it failed: {exc})"
+        if state in ("cancelled", "revoked"):
+            return f"request {request_id} was withdrawn"
+        if state == "released":
+            return f"request {request_id} was withdrawn (granted meanwhile, now released)"
+        log.warning("lease request %d is %s after withdrawing it", request_id, state)
+        return f"request {request_id} could not be withdrawn (it is {state})"
+
+    def _read_lease(self, lease_id: int) -> dict[str, Any]:
+        """The controller's record of one of this job's leases (or requests)."""
+        _, ans = self._rpc.call("GET", f"/v1/jobs/{self.job_id}/leases/{lease_id}")
+        rec: dict[str, Any] = need(ans, "lease", dict)
+        need(rec, "state", str)
+        return rec
 
     @contextmanager
     def phase(self, phase: str, *, min_gpus: int | None = None,
@@ -223,15 +278,33 @@ class Job:
 
     def status(self) -> dict[str, Any]:
         _, ans = self._rpc.call("GET", f"/v1/jobs/{self.job_id}")
-        return dict(ans["job"])
+        return dict(need(ans, "job", dict))
 
     def close(self, state: str = "CD", reason: str = "driver finished") -> None:
-        """Deregister: the job's leases end and its pool slot is freed."""
+        """Deregister: the job's leases end and its pool slot is freed. A job the
+        controller already ended is left as it is."""
         self._stop.set()
-        if self.current is not None and self.current.held:
-            self.current.release()
-        self._rpc.call("POST", f"/v1/jobs/{self.job_id}/end", {"state": state, "reason": reason})
-        self._rpc.close()
+        try:
+            lease = self.current
+            if lease is not None and lease.held:
+                try:  # best effort: ending the job below ends its leases anyway
+                    lease.release()
+                except (ControllerError, LeaseRevoked) as exc:
+                    log.warning("lease %d not released before deregistering: %s",
+                                lease.lease_id, exc)
+            try:
+                self._rpc.call("POST", f"/v1/jobs/{self.job_id}/end",
+                               {"state": state, "reason": reason})
+            except ControllerError as exc:
+                if exc.status != 409 or exc.code != "job-ended":
+                    raise
+                log.info("RL job %d was already ended: %s", self.job_id, exc.message)
+        finally:
+            if self._hb is not threading.current_thread():
+                self._hb.join(timeout=5.0)
+            self._rpc.close()
+            if not self._hb.is_alive():
+                self._hb_rpc.close()  # else the thread closes it on its way out
 
     def __enter__(self) -> Job:
         return self
@@ -242,23 +315,54 @@ class Job:
 
     # -- heartbeat --------------------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.heartbeat_s):
-            try:
-                self.heartbeat()
-            except ControllerError as exc:
-                log.info("heartbeat failed: %s", exc)
-            except Exception:  # never let the thread die silently
-                log.exception("heartbeat failed")
+        failing_since: float | None = None
+        try:
+            while not self._stop.wait(self.heartbeat_s):
+                try:
+                    self.heartbeat()
+                except ControllerError as exc:
+                    if exc.status == 409 and exc.code == "job-ended":
+                        if not self._stop.is_set():  # not our own close() ending it
+                            self._ended(exc.message)
+                        return
+                    if failing_since is None:
+                        failing_since = time.monotonic()
+                        log.warning("heartbeats to the controller fail (%s); retrying every "
+                                    "%g s: a lease lapses if none gets through for the "
+                                    "controller's lease timeout", exc, self.heartbeat_s)
+                    else:
+                        log.debug("heartbeat failed: %s", exc)
+                    continue
+                except Exception:  # never let the thread die silently
+                    log.exception("heartbeat failed")
+                    continue
+                if failing_since is not None:
+                    log.warning("heartbeats get through again after %.1f s",
+                                time.monotonic() - failing_since)
+                    failing_since = None
+        finally:
+            self._hb_rpc.close()
+
+    def _ended(self, reason: str) -> None:
+        """The controller ended the job under the driver: its lease is revoked."""
+        if self.ended_reason is None:
+            log.warning("%s; its leases are revoked", reason)
+        self.ended_reason = reason
+        lease = self.current
+        if lease is not None and lease.held:
+            lease.revoked_reason = reason
+        self._stop.set()
 
     def heartbeat(self) -> None:
         lease = self.current
-        _, ans = self._hb_rpc.call("POST", f"/v1/jobs/{self.job_id}/heartbeat", {})
-        held = {x["lease_id"] for x in ans.get("held", [])}
+        _, ans = self._hb_rpc.call("POST", f"/v1/jobs/{self.job_id}/heartbeat", {},
+                                   idempotent=True)
+        held = {need(x, "lease_id", int) for x in need(ans, "held", list)}
         if lease is not None and lease.held and lease.lease_id not in held:
             _, got = self._hb_rpc.call("GET", f"/v1/jobs/{self.job_id}/leases/{lease.lease_id}")
-            rec = got["lease"]
-            if rec["state"] == "revoked" and not lease.released:
-                lease.revoked_reason = rec["reason"] or "revoked"
+            rec = need(got, "lease", dict)
+            if need(rec, "state", str) == "revoked" and not lease.released:
+                lease.revoked_reason = str(rec.get("reason") or "revoked")
                 log.warning("lease %d revoked: %s", lease.lease_id, lease.revoked_reason)
 
 

@@ -7,8 +7,13 @@ call. When the controller no longer knows the session (restart, expiry, its job 
 it answers 401 `auth-no-session` before doing anything, and the client opens a new
 session and sends the call again, once. Connection failures
 and 503 answers are retried with exponential backoff for up to `retry_for_s`, so a
-driver pauses while the controller restarts and then carries on. Other 4xx answers are
-not retried: they raise `ControllerError` with the controller's code and message.
+driver pauses while the controller restarts and then carries on; 500, 502 and 504 (a
+crash, a proxy in between) are retried the same way for calls that are safe to repeat
+(`idempotent`: GETs by default). An outage is logged as a WARNING once when it starts
+and once when the controller answers again. Other 4xx answers are not retried: they
+raise `ControllerError` with the controller's code and message; an answer that is not
+a JSON object, or an error without its `{"code", "message"}` object, raises
+`ControllerError` with code `bad-answer` (so does `need` for a missing field).
 One connection per `RpcClient`; guarded by a lock, so one call at a time.
 """
 
@@ -20,6 +25,8 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
@@ -36,6 +43,58 @@ class ControllerError(Exception):
         where = f"HTTP {status}, {code}" if status else code
         super().__init__(f"{message} ({where})")
         self.status, self.code, self.message = status, code, message
+
+
+BAD_ANSWER = "bad-answer"
+
+
+def need(answer: Mapping[str, Any], key: str, kind: type | tuple[type, ...] = object,
+         status: int = 200) -> Any:
+    """`answer[key]`, or `ControllerError` "bad-answer" naming the field the controller's
+    answer lacks (or has of another type than `kind`)."""
+    value = answer.get(key) if isinstance(answer, Mapping) else None
+    if value is None or not isinstance(value, kind):
+        got = "no" if value is None else f"a {type(value).__name__} as"
+        raise ControllerError(status, BAD_ANSWER,
+                              f"the controller's answer has {got} field {key!r}: "
+                              f"{_shown(answer)}")
+    return value
+
+
+@dataclass(frozen=True)
+class _NotJson:
+    """A body that is not JSON (a proxy's page, a crashed handler's text)."""
+
+    text: str
+
+
+Answer = dict[str, Any] | _NotJson | list[Any] | str | int | float | bool | None
+
+
+def _shown(answer: object) -> str:
+    text = answer.text if isinstance(answer, _NotJson) else json.dumps(answer, default=str)
+    return text[:200]
+
+
+def _error_code(answer: Answer) -> str | None:
+    err = answer.get("error") if isinstance(answer, dict) else None
+    return str(err.get("code")) if isinstance(err, dict) else None
+
+
+def _checked(status: int, answer: Answer, prefix: str = "") -> dict[str, Any]:
+    """The answer of a call, or the `ControllerError` it means."""
+    if not isinstance(answer, dict):
+        what = "is not JSON" if isinstance(answer, _NotJson) else "is not a JSON object"
+        raise ControllerError(status, BAD_ANSWER,
+                              f"{prefix}the controller's answer {what}: {_shown(answer)!r}")
+    if status >= 400:
+        err = answer.get("error")
+        if not isinstance(err, dict):
+            raise ControllerError(status, BAD_ANSWER, f"{prefix}the controller's error answer "
+                                  f"has no {{code, message}} object: {_shown(answer)}")
+        raise ControllerError(status, str(err.get("code") or "error"),
+                              prefix + str(err.get("message") or err))
+    return answer
 
 
 _NET_ERRORS = (ConnectionError, TimeoutError, OSError, http.client.HTTPException)
@@ -59,6 +118,12 @@ def split_url(url: str) -> tuple[str, int]:
     return m.group(1).strip("[]"), port
 
 
+#: answers retried while `retry_for_s` lasts: 503 always (nothing was done), the others
+#: (the call may have run) only for idempotent calls
+_RETRY_ALWAYS = frozenset({503})
+_RETRY_IDEMPOTENT = frozenset({500, 502, 503, 504})
+
+
 class RpcClient:
     def __init__(self, url: str, *, retry_for_s: float = 300.0, timeout_s: float = 30.0,
                  munge_socket: str | None = None, use_sessions: bool = False,
@@ -74,6 +139,8 @@ class RpcClient:
         #: tie the session to this RL job: it dies with the job
         self.session_job_id = session_job_id
         self._session: tuple[str, str] | None = None  # (id, key)
+        self._outage_lock = threading.Lock()
+        self._outage_since: float | None = None  # when the outage being retried began
 
     def close(self) -> None:
         with self._lock:
@@ -83,36 +150,56 @@ class RpcClient:
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None, *,
              query: dict[str, Any] | None = None, wait_s: float = 0.0,
-             retry: bool = True) -> tuple[int, dict[str, Any]]:
-        """(status, JSON answer) of one call; retries while the controller is away."""
+             retry: bool = True, idempotent: bool | None = None) -> tuple[int, dict[str, Any]]:
+        """(status, JSON answer) of one call; retries while the controller is away.
+
+        `idempotent` (default: GETs only) says the call may run twice: 500, 502 and 504
+        answers are then retried like 503s."""
         target = path + ("?" + urlencode(query) if query else "")
         raw = b"" if body is None else json.dumps(body).encode()
         deadline = time.monotonic() + (self.retry_for_s if retry else 0.0)
+        again = _RETRY_IDEMPOTENT if (method == "GET" if idempotent is None else idempotent) \
+            else _RETRY_ALWAYS
+        what = f"{method} {path}"
         delay = 0.05
         while True:
             try:
                 status, answer = self._once(method, target, raw, wait_s)
-                if status != 503 or time.monotonic() >= deadline:
+                if status not in again or time.monotonic() >= deadline:
                     break
-                log.info("controller busy (%s); retrying", answer.get("error"))
+                why = f"answered HTTP {status} ({_error_code(answer) or _shown(answer)[:80]})"
             except AuthError as exc:  # munged unreachable on this node
                 raise ControllerError(None, f"auth-{exc.code}", exc.message) from None
             except _NET_ERRORS as exc:
                 if time.monotonic() >= deadline:
                     raise ControllerError(None, "unreachable",
                                           f"controller {self.url} unreachable: {exc}") from exc
-                log.info("controller %s unreachable (%s); retrying in %.2fs", self.url, exc,
-                         delay)
+                why = f"unreachable ({exc})"
+            self._outage(what, why, deadline)
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
-        if status >= 400:
-            err = answer.get("error") or {}
-            raise ControllerError(status, str(err.get("code", "error")),
-                                  str(err.get("message", answer)))
-        return status, answer
+        if status not in again:
+            self._recovered(what)
+        return status, _checked(status, answer)
 
-    def _once(self, method: str, target: str, raw: bytes,
-              wait_s: float) -> tuple[int, dict[str, Any]]:
+    def _outage(self, what: str, why: str, deadline: float) -> None:
+        with self._outage_lock:
+            now = time.monotonic()
+            if self._outage_since is None:
+                self._outage_since = now
+                log.warning("controller %s %s; retrying %s for up to %.0f s", self.url, why,
+                            what, max(0.0, deadline - now))
+            else:
+                log.debug("controller %s %s; retrying %s", self.url, why, what)
+
+    def _recovered(self, what: str) -> None:
+        with self._outage_lock:
+            if self._outage_since is not None:
+                log.warning("controller %s answers again (%s) after %.1f s", self.url, what,
+                            time.monotonic() - self._outage_since)
+                self._outage_since = None
+
+    def _once(self, method: str, target: str, raw: bytes, wait_s: float) -> tuple[int, Answer]:
         if not self.use_sessions:
             return self._send(method, target, raw, wait_s, session=None)
         for attempt in range(2):
@@ -123,11 +210,13 @@ class RpcClient:
                     if exc.status is None or exc.status >= 500:  # retried by call()
                         return exc.status or 503, {"error": {"code": exc.code,
                                                              "message": exc.message}}
+                    if exc.code == BAD_ANSWER:
+                        raise
                     # e.g. the session's job has ended: MUNGE-sign this call, so the
                     # controller answers it as such (409 job-ended, ...)
                     return self._send(method, target, raw, wait_s, session=None)
             status, answer = self._send(method, target, raw, wait_s, session=self._session)
-            code = (answer.get("error") or {}).get("code")
+            code = _error_code(answer)
             if status != 401 or code != f"auth-{AuthCode.NO_SESSION}" or attempt:
                 return status, answer
             log.info("controller forgot our session; opening a new one")
@@ -138,15 +227,12 @@ class RpcClient:
         body = {"job_id": self.session_job_id}
         status, answer = self._send("POST", "/v1/sessions", json.dumps(body).encode(), 0.0,
                                     session=None)
-        if status >= 400:
-            err = answer.get("error") or {}
-            raise ControllerError(status, str(err.get("code", "error")),
-                                  "cannot open a session: " + str(err.get("message", answer)))
-        s = answer["session"]
-        return str(s["session_id"]), str(s["key"])
+        got = _checked(status, answer, prefix="cannot open a session: ")
+        s = need(got, "session", dict, status)
+        return str(need(s, "session_id", str, status)), str(need(s, "key", str, status))
 
     def _send(self, method: str, target: str, raw: bytes, wait_s: float,
-              session: tuple[str, str] | None) -> tuple[int, dict[str, Any]]:
+              session: tuple[str, str] | None) -> tuple[int, Answer]:
         with self._lock:
             if session is None:
                 headers = {"Authorization": sign_request(method, target, raw,
@@ -169,8 +255,7 @@ class RpcClient:
                 self._conn = None
                 raise
         try:
-            answer = json.loads(data) if data else {}
-        except ValueError:
-            text = data[:200].decode(errors="replace")
-            answer = {"error": {"code": "bad-answer", "message": text}}
-        return resp.status, answer if isinstance(answer, dict) else {"value": answer}
+            answer: Answer = json.loads(data) if data else {}
+        except (ValueError, RecursionError):
+            answer = _NotJson(data[:200].decode(errors="replace"))
+        return resp.status, answer

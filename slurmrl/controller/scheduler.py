@@ -197,6 +197,17 @@ class LeaseScheduler:
             events = self.tables[pool_id].cancel(request_id, now)
             self._apply(pool_id, events, now, cancel_reason=reason)
 
+    def withdraw(self, job: JobRecord, request_id: int) -> bool:
+        """Cancel the job's request if it is still waiting (its driver gave up on it);
+        False if it is not a waiting request of the job."""
+        pool_id = self._pool_of_request.get(request_id)
+        table = self.tables.get(pool_id) if pool_id is not None else None
+        req = table.request_of(request_id) if table is not None else None
+        if req is None or req.job_id != job.job_id:
+            return False
+        self.cancel(request_id, "withdrawn by the driver")
+        return True
+
     def release(self, job: JobRecord, lease_id: int, timing: dict[str, Any],
                 now: float | None = None) -> Lease:
         """End a held lease (at `now`, default the clock); its GPUs go to the next

@@ -12,7 +12,8 @@ JSON: `{"error": {"code", "message"}}` with 400 (malformed), 401 (credential),
 
 A driver waiting for a lease holds its HTTP request open (long poll, `wait_s`); if it
 disconnects, the server cancels the handler (`handler_cancellation=True`) and the waiting
-request is withdrawn, unless another poll of the same request is still waiting.
+request is withdrawn, unless another poll of the same request is still waiting. A driver
+that stops waiting between polls (`timeout_s`) withdraws it by releasing its request id.
 `/v1/ping` and `/metrics` need no credential (they reveal nothing private). `/metrics` is
 served only with `controller.metrics_enabled`, on this port when `controller.metrics_port`
 is 0, else on a listener of its own on that port (same host), which serves nothing else.
@@ -343,8 +344,13 @@ class Api:
 
     def release_op(self, who: Identity, job_id: int, lease_id: int,
                    b: dict[str, Any]) -> dict[str, Any]:
-        """Release (HTTP and stream); the next waiter's grant is committed with it."""
+        """Release (HTTP and stream); the next waiter's grant is committed with it. A
+        request still waiting is withdrawn instead (a driver that gave up waiting)."""
         job = self.c.active_job(who, job_id)
+        if self.c.scheduler.withdraw(job, lease_id):
+            rec = self.c.store.lease(lease_id)
+            assert rec is not None
+            return {"lease": self._lease(rec, rec.pool_id, job=job)}
         now = self.c.clock()
         with self.c.store.transaction():  # one commit for the release, grant and phase
             held = self.c.scheduler.release(job, lease_id, b["timing"] or {}, now)

@@ -1,4 +1,5 @@
-"""Controller operations users see directly: registration and GPU-seconds in status.
+"""Controller operations users see directly: registration, GPU-seconds in status, a
+release that withdraws a request its driver gave up on.
 
 A real Controller on a real Store with the default (attached) pool manager; Slurm is a
 fake, time a settable clock.
@@ -16,8 +17,10 @@ from _loop import Clock, run
 
 from slurmrl.config import Config
 from slurmrl.controller.core import Controller
+from slurmrl.controller.server import Api
 from slurmrl.controller.views import job_view
 from slurmrl.db import JobRecord, Store
+from slurmrl.leases import LeaseError
 from slurmrl.model import Identity, JobState, Phase, RlRequest
 from slurmrl.slurm import JobInfo, SlurmJobState
 
@@ -130,6 +133,26 @@ async def test_status_slowdown_is_the_time_a_job_waited_for_gpus_its_partner_hel
     s.release(job(2), b.request_id, {})
     clock.now = 190.0  # no more waits: its slowdown so far falls as it runs on
     assert slowdowns(clock.now)[2] == pytest.approx(80.0 / 60.0)
+
+
+@run
+async def test_releasing_a_waiting_request_withdraws_it_and_a_granted_one_is_released(
+) -> None:
+    store, c, _ = _two_jobs_in_a_pool()
+    job, api = _job_of(store), Api(c)
+    bob = Identity(1002, 1002, "u")  # job 2's owner
+    a = c.scheduler.request(job(1), Phase.TRAIN)
+    b = c.scheduler.request(job(2), Phase.ROLLOUT)  # waits: its driver then gives up
+    got = api.release_op(bob, 2, b.request_id, {"timing": None})["lease"]
+    assert (got["lease_id"], got["state"]) == (b.request_id, "cancelled")
+    assert got["reason"] == "withdrawn by the driver"
+    with pytest.raises(LeaseError):  # a second try: nothing left to withdraw (409)
+        api.release_op(bob, 2, b.request_id, {"timing": None})
+    api.release_op(Identity(1001, 1001, "u"), 1, a.request_id, {"timing": None})
+    d = c.scheduler.request(job(2), Phase.ROLLOUT)  # granted at once: nothing queued
+    assert d.lease is not None
+    got = api.release_op(bob, 2, d.request_id, {"timing": {"busy_s": 0.0}})["lease"]
+    assert got["state"] == "released"
 
 
 def test_others_see_only_the_kind_of_a_jobs_reason_not_its_service_log() -> None:

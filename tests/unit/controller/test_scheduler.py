@@ -140,6 +140,26 @@ async def test_a_disconnected_waiter_is_withdrawn_unless_shutting_down() -> None
 
 
 @run
+async def test_a_request_its_driver_gave_up_is_withdrawn_and_granted_to_nobody() -> None:
+    store, _, clock = _setup()
+    s = _sched(store, clock)
+    a = s.request(_job(store, 1), Phase.TRAIN)  # job 1 holds the pool
+    b = s.request(_job(store, 2), Phase.ROLLOUT)  # job 2 waits, then gives up
+    assert not s.withdraw(_job(store, 1), b.request_id)  # not job 1's request
+    assert not s.withdraw(_job(store, 1), a.request_id)  # held, not waiting
+    assert s.withdraw(_job(store, 2), b.request_id)
+    rec = store.lease(b.request_id)
+    assert rec is not None and rec.state is LeaseState.CANCELLED
+    assert rec.reason == "withdrawn by the driver"
+    clock.now += TIMEOUT_S / 2
+    s.heartbeat(_job(store, 2))  # its heartbeats no longer keep anything queued
+    s.release(_job(store, 1), a.request_id, {})
+    assert s.heartbeat(_job(store, 2)) == []  # granted to nobody
+    c = s.request(_job(store, 2), Phase.TRAIN)  # and its next phase is no conflict
+    assert c.lease is not None
+
+
+@run
 async def test_a_revoked_request_wakes_its_waiter_with_the_reason() -> None:
     store, _, clock = _setup()
     s = _sched(store, clock)

@@ -1,0 +1,140 @@
+"""What a driver sees when its phase request is given up or its job ends under it.
+
+The controller is a stand-in on loopback (tests/unit/client/_controller_standin.py) that
+answers as docs/rpc.md says the real one does; the controller's own side (a release of a
+waiting request withdraws it) is tested in tests/unit/controller/test_scheduler.py and
+test_controller_core.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from _controller_standin import Answer, Call, StandIn, error, lease, until
+
+from slurmrl.client.job import Job, LeaseRevoked
+from slurmrl.client.rpc import ControllerError
+
+ENDED = "RL job 42 has ended (F): pool 1 was lost (node failure)"
+RELEASE = ("POST", "/v1/jobs/N/leases/N/release")
+
+
+def _still_waiting(call: Call) -> Answer:
+    time.sleep(min(call.body["wait_s"], 0.1))
+    return 202, {"request_id": 9, "state": "waiting"}
+
+
+def _read_back(state: str) -> Callable[[Call], Answer]:
+    return lambda call: (200, {"lease": lease(9, state=state)})
+
+
+@pytest.mark.parametrize(("release", "get", "said"), [
+    (_read_back("cancelled"), None, "request 9 was withdrawn"),
+    # granted between the last poll and the withdrawal: the same call released it
+    (_read_back("released"), None, "withdrawn (granted meanwhile, now released)"),
+    # a retry after a restart whose first attempt had landed
+    (lambda call: error(409, "lease-conflict", "lease 9 is not held"),
+     _read_back("cancelled"), "request 9 was withdrawn"),
+], ids=["withdrawn", "granted-meanwhile", "retried"])
+def test_a_phase_given_up_withdraws_its_queued_request(
+        standin: StandIn, job: Job, release: Callable[[Call], Answer],
+        get: Callable[[Call], Answer] | None, said: str) -> None:
+    standin.routes["POST", "/v1/jobs/N/leases"] = _still_waiting
+    standin.routes[RELEASE] = release
+    if get is not None:
+        standin.routes["GET", "/v1/jobs/N/leases/N"] = get
+    with pytest.raises(TimeoutError, match=r"no rollout lease within 0\.3 s") as got, \
+            job.phase("rollout", timeout_s=0.3):
+        pass
+    assert said in str(got.value)
+    assert [c.path for c in standin.seen(*RELEASE)] == ["/v1/jobs/42/leases/9/release"]
+    assert job.current is None
+
+
+def test_acquire_on_a_job_that_ended_says_why(standin: StandIn, job: Job) -> None:
+    standin.routes["POST", "/v1/jobs/N/leases"] = lambda call: (202, {
+        "request_id": None, "state": "ended", "reason": "pool 3 lost: node failure"})
+    with pytest.raises(ControllerError, match="pool 3 lost: node failure") as got:
+        job.acquire("rollout")
+    assert (got.value.status, got.value.code) == (409, "job-ended")
+
+
+def _job_ends(standin: StandIn) -> None:
+    """From now on the controller answers every call on job 42 as for an ended job."""
+    for route in (("POST", "/v1/jobs/N/heartbeat"), ("POST", "/v1/jobs/N/leases/N/shrink"),
+                  RELEASE, ("POST", "/v1/jobs/N/end"), ("POST", "/v1/jobs/N/leases")):
+        standin.routes[route] = lambda call: error(409, "job-ended", ENDED)
+    standin.routes["GET", "/v1/jobs/N/leases/N"] = lambda call: (
+        200, {"lease": lease(state="revoked", reason="job-ended")})
+
+
+def test_the_heartbeat_revokes_the_lease_of_an_ended_job_and_stops(
+        standin: StandIn, job: Job) -> None:
+    lease = job.acquire("rollout")
+    _job_ends(standin)
+    until(lambda: lease.revoked_reason is not None)
+    assert lease.revoked_reason == ENDED and not lease.held and job.ended_reason == ENDED
+    until(lambda: not job._hb.is_alive())  # no more heartbeats: the job is over
+    beats = len(standin.seen("POST", "/v1/jobs/N/heartbeat"))
+    time.sleep(0.3)
+    assert len(standin.seen("POST", "/v1/jobs/N/heartbeat")) == beats
+    with pytest.raises(LeaseRevoked, match="pool 1 was lost"):
+        lease.shrink(1)
+
+
+def test_a_shrink_after_the_job_ended_raises_lease_revoked(
+        standin: StandIn, job: Job) -> None:
+    lease = job.acquire("rollout")
+    _job_ends(standin)  # before the heartbeat noticed: the shrink hears it first
+    with pytest.raises(LeaseRevoked, match="pool 1 was lost") as got:
+        lease.shrink(1)
+    assert got.value.reason == ENDED and lease.revoked_reason == ENDED
+
+
+def test_leaving_the_blocks_of_an_ended_job_raises_lease_revoked_and_closes(
+        standin: StandIn, job: Job) -> None:
+    with pytest.raises(LeaseRevoked, match="pool 1 was lost"), job, job.phase("rollout"):
+        _job_ends(standin)
+    assert standin.seen("POST", "/v1/jobs/N/end")  # tried, and found it already ended
+    assert job._rpc._conn is None and job._hb_rpc._conn is None
+    assert not job._hb.is_alive()
+
+
+def test_close_releases_at_best_effort_and_closes_both_clients(
+        standin: StandIn, job: Job) -> None:
+    job.acquire("rollout")
+    standin.routes[RELEASE] = lambda call: error(409, "lease-conflict", "lease 5 is not held")
+    standin.routes["GET", "/v1/jobs/N/leases/N"] = lambda call: (200, {"lease": lease()})
+    job.close()  # the release failed; ending the job ends the lease anyway
+    assert standin.seen("POST", "/v1/jobs/N/end")
+    assert job._rpc._conn is None and job._hb_rpc._conn is None
+    assert not job._hb.is_alive()
+
+
+@pytest.mark.parametrize(("route", "answer", "key", "act"), [
+    (("POST", "/v1/jobs/N/leases"), {"lease_granted": {}}, "lease",
+     lambda job: job.acquire("rollout")),
+    (("POST", "/v1/jobs/N/leases"), {"lease": {"phase": "rollout"}}, "lease_id",
+     lambda job: job.acquire("rollout")),
+    (("POST", "/v1/jobs/N/heartbeat"), {"held": [{"id": 5}]}, "lease_id",
+     lambda job: job.heartbeat()),
+    (("GET", "/v1/jobs/N"), {"jobs": []}, "job", lambda job: job.status()),
+    (("POST", "/v1/jobs/N/leases/N/grow"), {"lease": lease()}, "added",
+     lambda job: job.acquire("rollout").grow([2])),
+], ids=["acquire", "acquire-lease", "heartbeat", "status", "grow"])
+def test_an_answer_missing_a_field_is_a_bad_answer_naming_it(
+        standin: StandIn, job: Job, route: tuple[str, str], answer: object, key: str,
+        act: Callable[[Job], object]) -> None:
+    standin.routes[route] = lambda call: (200, answer)
+    with pytest.raises(ControllerError, match=f"field '{key}'") as got:
+        act(job)
+    assert got.value.code == "bad-answer"
+
+
+def test_registration_answered_without_the_job_is_a_bad_answer(standin: StandIn) -> None:
+    standin.routes["POST", "/v1/jobs"] = lambda call: (200, {"jobs": {}})
+    with pytest.raises(ControllerError, match="field 'job'") as got:
+        Job(42, standin.url, {}, retry_for_s=1.0)
+    assert got.value.code == "bad-answer"
