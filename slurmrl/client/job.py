@@ -309,9 +309,19 @@ class Job:
     def __enter__(self) -> Job:
         return self
 
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        self.close("CD" if exc_type is None else "F",
-                   "driver finished" if exc_type is None else f"driver raised {exc_type}")
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        # sys.exit() / sys.exit(0) is a driver finishing, not failing
+        done = exc_type is None or (isinstance(exc, SystemExit) and exc.code in (None, 0))
+        try:
+            self.close("CD" if done else "F",
+                       "driver finished" if done else f"driver raised {exc_type}")
+        except ControllerError as err:
+            if exc is None:
+                raise
+            # the driver's own exception says what went wrong: keep it, log this
+            log.warning("RL job %d not deregistered (%s) while the driver raised %r",
+                        self.job_id, err, exc)
 
     # -- heartbeat --------------------------------------------------------------------------
     def _heartbeat_loop(self) -> None:

@@ -138,3 +138,22 @@ def test_registration_answered_without_the_job_is_a_bad_answer(standin: StandIn)
     with pytest.raises(ControllerError, match="field 'job'") as got:
         Job(42, standin.url, {}, retry_for_s=1.0)
     assert got.value.code == "bad-answer"
+
+
+def test_a_driver_exiting_with_status_0_finishes_its_job(standin: StandIn, job: Job) -> None:
+    with pytest.raises(SystemExit), job:
+        raise SystemExit(0)
+    (end,) = standin.seen("POST", "/v1/jobs/N/end")
+    assert end.body == {"state": "CD", "reason": "driver finished"}
+
+
+def test_a_failed_deregistration_does_not_hide_the_drivers_own_error(
+        standin: StandIn, job: Job) -> None:
+    standin.routes["POST", "/v1/jobs/N/end"] = lambda call: error(
+        403, "not-your-job", "refused")
+    with pytest.raises(ZeroDivisionError), job:
+        1 / 0  # noqa: B018 - the driver's own bug
+    (end,) = standin.seen("POST", "/v1/jobs/N/end")
+    assert end.body["state"] == "F"
+    with pytest.raises(ControllerError, match="refused"), job:
+        pass  # without an error of its own, the failure to deregister is the error
