@@ -42,6 +42,7 @@ PROFILE_MAX = 256
 MEM_MAX_BYTES = 1024 << 40  #: 1024T
 STEP_MAX_S = 1_000_000.0
 STEPS_MAX = 10_000_000
+MAX_SLOWDOWN = 100.0  #: --rl-max-slowdown's upper bound (a site's cap keeps to it too)
 
 #: option name (without --) -> environment variable, in the plugin's cross-check order
 OPTION_ENV: dict[str, str] = {
@@ -158,7 +159,7 @@ def parse_group(value: str) -> str:
 
 def parse_max_slowdown(value: str) -> float:
     x = _decimal(value)
-    if x is None or not 1.0 <= x <= 100.0:
+    if x is None or not 1.0 <= x <= MAX_SLOWDOWN:
         raise DirectiveError(
             f"--rl-max-slowdown={shown(value)}: expected a decimal number 1.0..100"
         )

@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from slurmrl.config.units import parse_size
+from slurmrl.directives import MAX_SLOWDOWN
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 SLURM_BACKENDS = ("auto", "command", "pyslurm")
@@ -24,8 +25,6 @@ ROLLOUT_BACKENDS = ("tiny", "vllm")
 TRAINER_BACKENDS = ("tiny", "torch")
 #: a host name (letters, digits, `-`, `_`, `.`), an IPv4 or IPv6 address (`:`, a `%zone`)
 HOST_PATTERN = (r"[A-Za-z0-9._:%-]+", "a host name or an IP address")
-#: the largest slowdown limit a job may ask (`--rl-max-slowdown`, slurmrl/directives.py)
-MAX_SLOWDOWN_CAP = 100.0
 
 
 def opt(
@@ -152,11 +151,11 @@ class LimitsConfig:
     """`[limits]`: what the site allows sharing to cost its users."""
 
     max_slowdown: float = opt(
-        1.5, "site cap on a job's predicted slowdown from sharing", lo=1.0, hi=MAX_SLOWDOWN_CAP
+        1.5, "site cap on a job's predicted slowdown from sharing", lo=1.0, hi=MAX_SLOWDOWN
     )
     default_max_slowdown: float = opt(
         1.3, "slowdown limit of a job that does not set --rl-max-slowdown", lo=1.0,
-        hi=MAX_SLOWDOWN_CAP,
+        hi=MAX_SLOWDOWN,
     )
     max_gpus_per_job: int = opt(8, "largest --rl-gpus accepted", lo=1)
     parked_host_mem_per_node: int = opt(

@@ -29,7 +29,7 @@ import click
 from click.core import ParameterSource
 
 from policies import registry
-from slurmrl.sim.schema import MAX_SLOWDOWN
+from slurmrl.directives import MAX_SLOWDOWN
 
 
 def _param(value: str) -> tuple[str, str, Any]:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode, SiteLimits
+from slurmrl.directives import MAX_SLOWDOWN
 from slurmrl.model import GPU_PHASES, Layout, Mux, Phase, PhasePrior
 from slurmrl.sim import schema as sc
 from slurmrl.sim.workload import Segment, SimJob, WorkloadError, read_text
@@ -51,7 +52,7 @@ HEADER = sc.table({
         "user": (False, sc.text),
         "profile": (False, sc.optional(sc.text)),
         "max_slowdown": (False, sc.optional(sc.number(1.0, strict=False,
-                                                      hi=sc.MAX_SLOWDOWN))),
+                                                      hi=MAX_SLOWDOWN))),
         "steps": (False, sc.anything),
         "mux": (False, sc.optional(sc.one_of(*(str(x) for x in Mux)))),
     }, strict=False))),

@@ -16,11 +16,6 @@ from typing import Any
 
 from slurmrl.model import Phase
 
-#: a job's slowdown limit at most: `--rl-max-slowdown`'s range is 1.0..100
-#: (`slurmrl.directives.parse_max_slowdown`); a workload class's, a trace job's and
-#: `simulate --max-slowdown` keep to it
-MAX_SLOWDOWN = 100.0
-
 
 class Bad(Exception):
     """`key` (a path such as `classes[0].gpus`) is wrong: `text` says how."""

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import SiteLimits
-from slurmrl.directives import GPUS_MAX, STEP_MAX_S, STEPS_MAX
+from slurmrl.directives import GPUS_MAX, MAX_SLOWDOWN, STEP_MAX_S, STEPS_MAX
 from slurmrl.model import Layout, Phase, PhasePrior
 from slurmrl.sim import schema as sc
 
@@ -198,7 +198,7 @@ CLASS: sc.Table = {
     "noise_cv": (False, sc.number(0.0, strict=False)),
     "profile_hint": (False, sc.number(0.0, strict=False, hi=1.0)),
     "max_slowdown": (False, sc.optional(sc.drawn(sc.number(1.0, strict=False,
-                                                           hi=sc.MAX_SLOWDOWN)))),
+                                                           hi=MAX_SLOWDOWN)))),
     "mux_off": (False, sc.number(0.0, strict=False, hi=1.0)),
 }
 
