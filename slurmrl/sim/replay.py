@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode, SiteLimits
-from slurmrl.directives import MAX_SLOWDOWN
+from slurmrl.directives import MAX_SLOWDOWN, STEPS_MAX, DirectiveError, parse_profile
 from slurmrl.model import GPU_PHASES, Layout, Mux, Phase, PhasePrior
 from slurmrl.sim import schema as sc
 from slurmrl.sim.workload import Segment, SimJob, WorkloadError, read_text
@@ -173,21 +173,17 @@ def jobs_from_trace(header: dict[str, Any], obs: list[dict[str, Any]],
         rg = int(given or (gpus if layout is Layout.COLOCATED else gpus // 2))
         prior = None
         if spec.get("profile"):
-            from slurmrl.directives import DirectiveError, parse_profile
-
             try:
                 prior = parse_profile(str(spec["profile"]))
             except DirectiveError as exc:
                 raise WorkloadError(f"{where}: header: job {jid}: {exc}") from None
         ms = spec.get("max_slowdown")
         declared = spec.get("steps")
-        if declared is not None:
-            from slurmrl.directives import STEPS_MAX
-
-            if isinstance(declared, bool) or not isinstance(declared, int) \
-                    or not 1 <= declared <= STEPS_MAX:
-                raise WorkloadError(f"{where}: header: job {jid}: steps must be a whole number "
-                                    f"1..{STEPS_MAX} (its --rl-steps), got {declared!r}")
+        if declared is not None and (isinstance(declared, bool)
+                                     or not isinstance(declared, int)
+                                     or not 1 <= declared <= STEPS_MAX):
+            raise WorkloadError(f"{where}: header: job {jid}: steps must be a whole number "
+                                f"1..{STEPS_MAX} (its --rl-steps), got {declared!r}")
         jobs.append(SimJob(jid, "trace", str(spec.get("user", "trace")),
                            mine[0]["requested_at"] - t0, str(spec.get("model", "tiny")),
                            _params(str(spec.get("model", "tiny"))), gpus, layout, rg,
