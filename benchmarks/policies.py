@@ -898,7 +898,10 @@ polytrace-mix (at L = 1.75) and `random` on both, and fall 0.7 points short of `
 on agentic-tools at its p95 (1.6 without), within the noise measured above. It turns
 no savings target: 2-16% of the ideal is captured at 1.15 where the jobs stay within it.
 Not landed, for three reasons: disaggregated jobs ran over their limit with it (p95
-1.244 at L = 1.15: the predictor became optimistic there, not yet understood); six
+1.244 at L = 1.15; in the feasibility runs above, with the switch, disaggregated pairs'
+worst member went from 1.156 to 1.236 (median), 13 of 40 pairs within 1.15 where 19
+were, and the predictor's error from +0.016 (sd 0.075) to -0.044 (sd 0.147): not yet
+understood); six
 simulator and policy tests assert the schedule without it (one-window pairs and
 staggered pools) and need new hand-built cases; and the controller and client have no
 switch yet (the plan: `acquire` naming the held lease to switch from, answered once the
