@@ -900,8 +900,15 @@ no savings target: 2-16% of the ideal is captured at 1.15 where the jobs stay wi
 Not landed, for three reasons: disaggregated jobs ran over their limit with it (p95
 1.244 at L = 1.15; in the feasibility runs above, with the switch, disaggregated pairs'
 worst member went from 1.156 to 1.236 (median), 13 of 40 pairs within 1.15 where 19
-were, and the predictor's error from +0.016 (sd 0.075) to -0.044 (sd 0.147): not yet
-understood); six
+were, and the predictor's error from +0.016 (sd 0.075) to -0.044 (sd 0.147). The pairs
+became lopsided: one member near 1.0, the other up to 1.45. Traced on one (steps of 325 s
+and 526 s, 16 GPUs): each step the shorter job asks for the trainer set just after the
+longer one was granted it and waits its whole training (about 120 s a step: 1.40, against
+1.09 without the switch, while the longer job went from 1.12 to 1.00). Without the switch
+the longer job's sync waited behind the shorter one's training, which shifted its next
+step and shared the waiting. The switch itself delays nobody there (the sync is 1 s); it
+removes the delay that kept the cycle fair, and a slice policy would have to keep the
+set for the member under more pressure, idle for a while, to restore it); six
 simulator and policy tests assert the schedule without it (one-window pairs and
 staggered pools) and need new hand-built cases; and the controller and client have no
 switch yet (the plan: `acquire` naming the held lease to switch from, answered once the
