@@ -897,8 +897,8 @@ at 1.223 and 16.5% at 1.721. The default's curve (L = 1.25, 1.5, 1.75, 2.0: agen
 polytrace-mix (at L = 1.75) and `random` on both, and fall 0.7 points short of `greedy`
 on agentic-tools at its p95 (1.6 without), within the noise measured above. It turns
 no savings target: 2-16% of the ideal is captured at 1.15 where the jobs stay within it.
-Not landed, for three reasons: disaggregated jobs ran over their limit with it (p95
-1.244 at L = 1.15; in the feasibility runs above, with the switch, disaggregated pairs'
+Not landed, for three reasons. First, disaggregated jobs ran over their limit with it:
+p95 1.244 at L = 1.15. In the feasibility runs above, with the switch, disaggregated pairs'
 worst member went from 1.156 to 1.236 (median), 13 of 40 pairs within 1.15 where 19
 were, and the predictor's error from +0.016 (sd 0.075) to -0.044 (sd 0.147). The pairs
 became lopsided: one member near 1.0, the other up to 1.45. Traced on one (steps of 325 s
@@ -908,9 +908,9 @@ longer one was granted it and waits its whole training (about 120 s a step: 1.40
 the longer job's sync waited behind the shorter one's training, which shifted its next
 step and shared the waiting. The switch itself delays nobody there (the sync is 1 s); it
 removes the delay that kept the cycle fair, and a slice policy would have to keep the
-set for the member under more pressure, idle for a while, to restore it); six
+set for the member under more pressure, idle for a while, to restore it. Second, six
 simulator and policy tests assert the schedule without it (one-window pairs and
-staggered pools) and need new hand-built cases; and the controller and client have no
+staggered pools) and need new hand-built cases. Third, the controller and client have no
 switch yet (the plan: `acquire` naming the held lease to switch from, answered once the
 next phase's services are active, so a colocated sync wakes the rollout engine; a retry
 finds the switched lease by phase; the example driver's `train` then switches to `sync`).
@@ -921,8 +921,8 @@ training; sync) cannot overlap B's whole-set phases (training, sync), so over an
 horizon the pool's time is at least A's GPU-phase time plus B's whole-set time: the
 worst member's slowdown is at least max(a_A + x_B, a_B + x_A), with a the share of a
 job's solo time in GPU phases and x in whole-set phases. Over the feasibility table's
-one-window pairs (seed 0, 40 each) it is 1.38-1.40 on math-sync and 1.32-1.33 on mixed-
-sizes (no slice policy keeps those pairs within 1.15 while they share), but 1.14-1.15 on
+one-window pairs (seed 0, 40 each) it is 1.38-1.40 on math-sync and 1.32-1.33 on
+mixed-sizes (no slice policy keeps those pairs within 1.15 while they share), but 1.14-1.15 on
 long-cot, 0.78-0.85 on agentic-tools and 0.79-1.40 on polytrace-mix (6 of 40 at most
 1.15), where round-robin ran every pair above 1.18 (the table's best pair's worst
 member): the bound ignores that two rollouts' heads both want the whole set and that a
