@@ -878,7 +878,10 @@ partner; it gives a job nothing it could not take by holding the lease longer). 
 simulator's driver switches wherever its next segment is a GPU phase on GPUs it holds,
 and the predictor's group simulation (both implementations) does the same. The copy pair
 then ran at 1.26-1.29. Over the suite (60 jobs, seeds 0-1, steady and bursty, every
-job's limit L; the baselines switch too, as it is the driver's doing):
+job's limit L; the baselines switch too, as it is the driver's doing; each cell `slurmrl
+simulate -w W --jobs 60 --seed S --arrivals A --max-slowdown L --json`, or `--pairing
+greedy` / `random`, run on that branch; the traces and feasibility runs with this
+script's `_alone` and `feasibility` there):
 
 | workload | L | default without the switch: savings % (p95) | with it | captured at 1.15, with it |
 | --- | ---: | ---: | ---: | ---: |
@@ -920,7 +923,8 @@ pair. Job A's GPU phases (its rollout, tail included, while it holds at least on
 training; sync) cannot overlap B's whole-set phases (training, sync), so over any
 horizon the pool's time is at least A's GPU-phase time plus B's whole-set time: the
 worst member's slowdown is at least max(a_A + x_B, a_B + x_A), with a the share of a
-job's solo time in GPU phases and x in whole-set phases. Over the feasibility table's
+job's solo time in GPU phases and x in whole-set phases (summed over each job's drawn
+steps, `workload.generate`). Over the feasibility table's
 one-window pairs (seed 0, 40 each) it is 1.38-1.40 on math-sync and 1.32-1.33 on
 mixed-sizes (no slice policy keeps those pairs within 1.15 while they share), but 1.14-1.15 on
 long-cot, 0.78-0.85 on agentic-tools and 0.79-1.40 on polytrace-mix (6 of 40 at most
