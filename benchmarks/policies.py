@@ -923,15 +923,16 @@ pair. Job A's GPU phases (its rollout, tail included, while it holds at least on
 training; sync) cannot overlap B's whole-set phases (training, sync), so over any
 horizon the pool's time is at least A's GPU-phase time plus B's whole-set time: the
 worst member's slowdown is at least max(a_A + x_B, a_B + x_A), with a the share of a
-job's solo time in GPU phases and x in whole-set phases (summed over each job's drawn
-steps, `workload.generate`). Over the feasibility table's
-one-window pairs (seed 0, 40 each) it is 1.38-1.40 on math-sync and 1.32-1.33 on
-mixed-sizes (no slice policy keeps those pairs within 1.15 while they share), but 1.14-1.15 on
-long-cot, 0.78-0.85 on agentic-tools and 0.79-1.40 on polytrace-mix (6 of 40 at most
-1.15), where round-robin ran every pair above 1.18 (the table's best pair's worst
-member): the bound ignores that two rollouts' heads both want the whole set and that a
-training waits for the other's tail to end, so on those workloads it does not decide
-whether a better schedule could reach 1.15.
+job's solo time in GPU phases and x in whole-set phases (summed over each job's whole
+run of drawn steps, `workload.generate`: an approximation of the shares over the part of
+the runs the pair shares, which drift moves). Over the feasibility table's one-window
+pairs (seed 0, 40 each) it is 1.38-1.40 on math-sync and 1.32-1.33 on mixed-sizes (no
+slice policy keeps those pairs within 1.15 while they share), but 1.14-1.15 on long-cot,
+0.78-0.85 on agentic-tools and 0.79-1.40 on polytrace-mix (6 of 40 at most 1.15), where
+round-robin ran every pair above 1.18 (the table's best pair's worst member): the bound
+ignores that two rollouts' heads both want the whole set and that a training waits for
+the other's tail to end, so on those workloads it does not decide whether a better
+schedule could reach 1.15.
 
 ### Results
 
