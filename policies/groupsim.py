@@ -23,7 +23,9 @@ Two implementations with the same semantics:
 As in the simulator: a rollout starts on at least half its set (`ELASTIC_MIN`) and runs
 slower by set/granted; a `tail` segment after it keeps only the lowest GPU of its lease
 (the lease shrinks; the rest go to whoever waits); a disaggregated member's sync holds
-its trainer set only (its rollout engine loads the new weights when next activated).
+its trainer set only (its rollout engine loads the new weights when next activated); a
+GPU phase followed at once by one on GPUs it holds (train -> sync) switches its lease to
+it (`LeaseTable.switch`, once per lease) instead of queueing again.
 
 A staggered pool (`offsets`, `pool_gpus`): each member's masks are shifted to its
 window, and a shrinking tail keeps the GPU the other windows cover least, as
@@ -142,6 +144,7 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
     pos = [0] * n
     held = [0] * n  # GPU mask each member holds now
     last_grant = [-1.0] * n
+    switched = [False] * n  # its lease came from a switch (not switched again)
     waiting: dict[int, tuple[float, float, int, int, int]] = {}  # j -> order key, mask, min
     timers: list[tuple[float, int, int]] = []
     running: list[tuple[float, float] | None] = [None] * n  # (start, length) of a timer
@@ -162,7 +165,7 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
             avail = mask & free & ~reserved
             if avail.bit_count() >= need:
                 del waiting[j]
-                held[j] = avail
+                held[j], switched[j] = avail, False
                 free &= ~avail
                 last_grant[j] = now
                 seq += 1
@@ -204,7 +207,17 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
         running[j] = None
         if pos[j] >= total[j]:
             return _horizon(segs, pos, running, now)
-        nxt = segs[j][pos[j] % len(segs[j])][0]
+        nxt, nmask, _, nd = segs[j][pos[j] % len(segs[j])]
+        if held[j] and nxt == REQUEST and nmask & held[j] == nmask and not switched[j]:
+            # the next phase runs on GPUs it holds: switch the lease (LeaseTable.switch)
+            freed, held[j] = held[j] & ~nmask, nmask
+            last_grant[j], switched[j] = now, True
+            seq += 1
+            running[j] = (now, nd)
+            heapq.heappush(timers, (now + nd, seq, j))
+            if freed:
+                schedule(now)
+            continue
         if held[j] and nxt != SHRINK:
             held[j] = 0
             schedule(now)
@@ -270,7 +283,13 @@ def simulate_group_table(members: Sequence[SimKey], steps: int = 6,
         running[j] = None
         if pos[j] >= total[j]:
             return _horizon(segs, pos, running, now)
-        nxt = segs[j][pos[j] % len(segs[j])][0]
+        nxt, nmask, _, _ = segs[j][pos[j] % len(segs[j])]
+        if j in lease_of and nxt == REQUEST:
+            wanted = [g for g in range(gpus) if nmask >> g & 1]
+            if table.can_switch(lease_of[j], wanted):
+                _, events = table.switch(lease_of.pop(j), Phase.ROLLOUT, wanted, now)
+                on_events(events, now)
+                continue
         if j in lease_of and nxt != SHRINK:
             on_events(table.release(lease_of.pop(j), now), now)
         start(j, now)

@@ -146,6 +146,47 @@ class LeaseTable:
         events: list[Event] = [Released(lease, now)]
         return events + self._schedule(now)
 
+    def can_switch(self, lease_id: int, gpus: Iterable[int]) -> bool:
+        """Whether `switch` would take the lease to `gpus`: held, not itself switched
+        to (so a job with no gap between its phases cannot chain them forever and
+        starve its partner), and `gpus` a non-empty subset of its GPUs."""
+        lease = self._leases.get(lease_id)
+        keep = frozenset(gpus)
+        return (lease is not None and not lease.switched and bool(keep)
+                and keep <= lease.gpus)
+
+    def switch(self, lease_id: int, phase: Phase, gpus: Iterable[int] | None,
+               now: float) -> tuple[Lease, list[Event]]:
+        """End a held lease and grant its job's next phase on `gpus` (all or part of the
+        lease's; default all) at once, without queueing: a train that ends in a weight
+        sync keeps its GPUs instead of waiting behind a partner's phase for them. It
+        gives the job nothing it could not take by holding the lease longer (leases are
+        cooperative); the GPUs the next phase does not need go to the waiters, and the
+        switch counts as a grant for the slice policy (round-robin then serves the
+        partner first next time). The new lease's id is a new request id. Once per
+        lease: a lease granted by a switch is released, not switched again."""
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise LeaseError(f"lease {lease_id} is not held")
+        keep = lease.gpus if gpus is None else frozenset(gpus)
+        if not self.can_switch(lease_id, keep):
+            raise LeaseError(
+                f"lease {lease_id} cannot switch to GPUs {sorted(keep)}: a switch keeps a "
+                f"non-empty subset of the lease's {sorted(lease.gpus)}, once per lease"
+                if not lease.switched else f"lease {lease_id} was switched to already: "
+                "release it and queue for the next phase")
+        del self._leases[lease_id]
+        self._account(lease, now)
+        rid = self._new_id()
+        if rid in self._waiting or rid in self._leases:
+            raise LeaseError(f"request id {rid} is already in use")
+        new = Lease(rid, lease.job_id, phase, keep, now, now, now + self.lease_timeout_s,
+                    switched=True)
+        self._leases[rid] = new
+        s = self._stats.get(lease.job_id, JobSliceStats(lease.job_id))
+        self._stats[lease.job_id] = replace(s, grants=s.grants + 1, last_grant_at=now)
+        return new, [Released(lease, now), Grant(new), *self._schedule(now)]
+
     def cancel(self, request_id: int, now: float) -> list[Event]:
         """Withdraw a waiting request (the driver gave up or disconnected)."""
         req = self._waiting.pop(request_id, None)

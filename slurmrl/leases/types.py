@@ -36,6 +36,9 @@ class Lease:
     requested_at: float
     granted_at: float
     deadline_at: float
+    #: granted by `LeaseTable.switch` from the job's previous lease: it cannot be
+    #: switched again (one phase at most is chained onto a lease without queueing)
+    switched: bool = False
 
     @property
     def wait_s(self) -> float:

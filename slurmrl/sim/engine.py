@@ -107,6 +107,9 @@ class JobRun:
     seg: int = 0
     token: int = 0
     lease_id: int | None = None
+    #: a lease its next phase takes over at once (`LeaseTable.switch`, as a driver's
+    #: `lease.switch(phase)`): its GPU phase ended and the next one runs on those GPUs
+    switch_from: int | None = None
     seg_start: float = 0.0
     seg_due: float = 0.0  #: when the segment in progress ends (gaps, non-elastic phases)
     held_n: int = 0
@@ -439,12 +442,30 @@ class Simulation:
         s = run.job.steps[run.step][run.seg]
         return s.phase, s.seconds
 
+    def _switches(self, pool: Pool, run: JobRun, lease_id: int) -> bool:
+        """Whether the job's next segment is a GPU phase on GPUs the ending lease holds
+        (and the lease was not itself switched to): the driver then switches the lease
+        to it (train -> sync) instead of releasing it and queueing behind a partner's
+        phase for GPUs it had."""
+        step, seg = run.step, run.seg + 1
+        if seg == len(run.job.steps[step]):
+            step, seg = step + 1, 0
+        if step == len(run.job.steps) or pool.mode is not PoolMode.LEASE:
+            return False
+        nxt = run.job.steps[step][seg].phase
+        return nxt.needs_gpu and pool.table.can_switch(lease_id, self._gpus_for(run, nxt))
+
     def _start_segment(self, run: JobRun) -> None:
         pool = run.pool
         assert pool is not None
         phase, seconds = self._segment(run)
         run.token += 1
         run.seg_start = self.now
+        if run.switch_from is not None:
+            lid, run.switch_from = run.switch_from, None
+            _, events = pool.table.switch(lid, phase, self._gpus_for(run, phase), self.now)
+            self._handle(pool, events)
+            return
         if not phase.needs_gpu:
             run.seg_due = self.now + seconds
             self._push(run.seg_due, "seg_end", (run.job.job_id, run.token))
@@ -558,7 +579,10 @@ class Simulation:
                 raise SimError(f"job {jid} ended {phase} without a lease")
             elastic.stop_growing(self, pool, run)
             lid, run.lease_id = run.lease_id, None
-            self._handle(pool, pool.table.release(lid, self.now))
+            if self._switches(pool, run, lid):
+                run.switch_from = lid
+            else:
+                self._handle(pool, pool.table.release(lid, self.now))
             set_gpu_s = max(1e-12, (self.now - run.seg_start) * len(self._gpus_for(run, phase)))
             share = min(1.0, max(1e-6, run.seg_gpu_s / set_gpu_s))
             run.builder.observe(phase, run.seg_start, self.now, share)
