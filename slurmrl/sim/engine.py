@@ -446,11 +446,14 @@ class Simulation:
         """Whether the job's next segment is a GPU phase on GPUs the ending lease holds
         (and the lease was not itself switched to): the driver then switches the lease
         to it (train -> sync) instead of releasing it and queueing behind a partner's
-        phase for GPUs it had."""
+        phase for GPUs it had. Colocated jobs only: a disaggregated pair that switched
+        phase-locked, one member never waiting and the other taking all the contention
+        on the rollout set (docs/benchmarks.md, "Policies and simulator")."""
         step, seg = run.step, run.seg + 1
         if seg == len(run.job.steps[step]):
             step, seg = step + 1, 0
-        if step == len(run.job.steps) or pool.mode is not PoolMode.LEASE:
+        if (step == len(run.job.steps) or pool.mode is not PoolMode.LEASE
+                or run.job.trainer_gpus != run.job.gpus):
             return False
         nxt = run.job.steps[step][seg].phase
         return nxt.needs_gpu and pool.table.can_switch(lease_id, self._gpus_for(run, nxt))
