@@ -156,15 +156,16 @@ class LeaseTable:
                 and keep <= lease.gpus)
 
     def switch(self, lease_id: int, phase: Phase, gpus: Iterable[int] | None,
-               now: float) -> tuple[Lease, list[Event]]:
+               now: float, request_id: int | None = None) -> tuple[Lease, list[Event]]:
         """End a held lease and grant its job's next phase on `gpus` (all or part of the
         lease's; default all) at once, without queueing: a train that ends in a weight
         sync keeps its GPUs instead of waiting behind a partner's phase for them. It
         gives the job nothing it could not take by holding the lease longer (leases are
         cooperative); the GPUs the next phase does not need go to the waiters, and the
         switch counts as a grant for the slice policy (round-robin then serves the
-        partner first next time). The new lease's id is a new request id. Once per
-        lease: a lease granted by a switch is released, not switched again."""
+        partner first next time). The new lease's id is `request_id` (default a new
+        one). Once per lease: a lease granted by a switch is released, not switched
+        again."""
         lease = self._leases.get(lease_id)
         if lease is None:
             raise LeaseError(f"lease {lease_id} is not held")
@@ -175,11 +176,11 @@ class LeaseTable:
                 f"non-empty subset of the lease's {sorted(lease.gpus)}, once per lease"
                 if not lease.switched else f"lease {lease_id} was switched to already: "
                 "release it and queue for the next phase")
-        del self._leases[lease_id]
-        self._account(lease, now)
-        rid = self._new_id()
+        rid = self._new_id() if request_id is None else request_id
         if rid in self._waiting or rid in self._leases:
             raise LeaseError(f"request id {rid} is already in use")
+        del self._leases[lease_id]
+        self._account(lease, now)
         new = Lease(rid, lease.job_id, phase, keep, now, now, now + self.lease_timeout_s,
                     switched=True)
         self._leases[rid] = new
