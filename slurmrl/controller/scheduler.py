@@ -9,7 +9,8 @@ every event (`slurmrl.leases.invariants.check_table`).
 Restart: `restore()` loads held leases and waiting requests of every open pool from the
 DB. Held leases keep their deadline (drivers heartbeat to the new process, or they lapse
 and are revoked); waiting requests keep their arrival order. `LeaseTable.restore` refuses
-a state that double-grants.
+a state that double-grants. A held lease granted by a switch stays one (it is not
+switched again): the lease the switch ended names it in its reason (`SWITCHED_TO`).
 
 Known limits: a lease lives in one pool (a job never migrates); one process owns the DB.
 """
@@ -19,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from policies.base import SlicePolicy
@@ -52,6 +54,10 @@ class Ticket:
 
 
 GrantHook = Callable[[int, Lease], None]
+#: the reason recorded with a lease ended by a switch, naming the lease it became; a
+#: restart reads it back to know which held leases came from a switch (`restore`)
+SWITCHED_TO = "switched to lease {}"
+_SWITCHED_TO = re.compile(r"switched to lease (\d+)")
 
 
 class LeaseScheduler:
@@ -118,6 +124,8 @@ class LeaseScheduler:
                 continue
             self.open_pool(pool.pool_id, pool.gpus)
             held, waiting = self.store.open_state(pool.pool_id)
+            switched = self._switched_to(pool.pool_id) if held else set()
+            held = [replace(x, switched=x.lease_id in switched) for x in held]
             table = self.tables[pool.pool_id]
             table.restore(held, waiting)
             for job in self.store.jobs(active=True, pool_id=pool.pool_id):
@@ -129,6 +137,12 @@ class LeaseScheduler:
             n += len(held) + len(waiting)
         self._wake.set()
         return n
+
+    def _switched_to(self, pool_id: int) -> set[int]:
+        """Ids of the pool's leases granted by a switch (their `Lease.switched` is not a
+        column: the lease a switch ended names them in its reason)."""
+        return {int(m.group(1)) for x in self.store.leases(pool_id=pool_id)
+                if x.state is LeaseState.RELEASED and (m := _SWITCHED_TO.fullmatch(x.reason))}
 
     # -- driver operations ----------------------------------------------------------------
     def request(self, job: JobRecord, phase: Phase, min_gpus: int | None = None) -> Ticket:
@@ -221,6 +235,47 @@ class LeaseScheduler:
             self._apply(table.pool_id, table.release(lease_id, now), now, timing=timing)
         return lease
 
+    def switch(self, job: JobRecord, lease_id: int, phase: Phase, timing: dict[str, Any],
+               now: float | None = None) -> Lease:
+        """End the job's held lease (at `now`, default the clock) and grant its next
+        `phase` at once on the GPUs that phase runs on, which the lease must hold
+        (`LeaseTable.switch`): a colocated train that ends in a weight sync keeps its
+        GPUs instead of queueing behind its partner for them. Once per lease: a lease
+        granted by a switch is released, not switched. Any other case is a `LeaseError`
+        saying why, and nothing changes. Returns the new lease."""
+        table = self._table_of(job, lease_id)
+        lease = table.lease(lease_id)
+        assert lease is not None
+        if not phase.needs_gpu:
+            raise LeaseError(f"phase {phase} needs no GPU; release lease {lease_id} and "
+                             "report it as an observation")
+        if phase is lease.phase:
+            raise LeaseError(f"lease {lease_id} is a {phase} lease already")
+        wanted = job.pool_gpus_for(phase)
+        if not wanted <= lease.gpus:
+            raise LeaseError(
+                f"job {job.job_id}'s {phase} phase runs on pool GPUs {sorted(wanted)}, and "
+                f"lease {lease_id} ({lease.phase}) holds {sorted(lease.gpus)}: a switch "
+                f"keeps GPUs the lease holds; release it and acquire {phase}")
+        if not table.can_switch(lease_id, wanted):
+            raise LeaseError(f"lease {lease_id} was granted by a switch: a lease switches "
+                             f"once; release it and acquire {phase}")
+        for req in table.waiting:
+            if req.job_id == job.job_id and req.phase is phase:
+                raise LeaseError(f"job {job.job_id} has a {phase} request waiting "
+                                 f"({req.request_id}); release that first")
+        now = self.clock() if now is None else now
+        with self.store.transaction():
+            rid = self.store.add_request(
+                pool_id=table.pool_id, job_id=job.job_id, phase=phase, wanted=wanted,
+                min_gpus=len(wanted), requested_at=now, deadline_at=now + self.lease_timeout_s)
+            new, events = table.switch(lease_id, phase, wanted, now, request_id=rid)
+            self._pool_of_request[rid] = table.pool_id
+            self._apply(table.pool_id, events, now, timing=timing,
+                        release_reason=SWITCHED_TO.format(rid))
+        self._wake.set()
+        return new
+
     def shrink(self, job: JobRecord, lease_id: int, keep: int | None = None,
                local_gpus: Sequence[int] | None = None) -> Lease:
         """Keep `keep` GPUs of the lease (the table picks which), or exactly the job-local
@@ -309,6 +364,7 @@ class LeaseScheduler:
     def _apply(
         self, pool_id: int, events: Iterable[Event], now: float,
         timing: dict[str, Any] | None = None, cancel_reason: str = "",
+        release_reason: str = "",
     ) -> None:
         """Persist events (caller holds the transaction) and wake waiting drivers."""
         pool = str(pool_id)
@@ -331,7 +387,8 @@ class LeaseScheduler:
                 self.store.lease_grown(pool_id, ev.lease, ev.added, now)
                 self._whole.discard(ev.lease.lease_id)
             elif isinstance(ev, Released):
-                self._ended(pool_id, ev.lease, LeaseState.RELEASED, "", ev.at, timing)
+                self._ended(pool_id, ev.lease, LeaseState.RELEASED, release_reason, ev.at,
+                            timing)
             elif isinstance(ev, Revoke):
                 if ev.lease is not None:
                     self._ended(pool_id, ev.lease, LeaseState.REVOKED, ev.reason, now, None)

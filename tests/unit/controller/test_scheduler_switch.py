@@ -1,0 +1,147 @@
+"""The scheduler's lease switch: a job's held lease becomes its next phase's at once.
+
+A colocated job that ends its training with a weight sync keeps its GPUs for the sync
+instead of queueing behind its partner's whole phase; its partner gets them when the
+sync is released. The switched lease is recorded as released (observation, ledger), a
+lease switches once, and every refused switch changes nothing, even after a restart.
+Real in-memory Store, the real FIFO slice policy, a settable clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from _loop import Clock, run
+
+from policies.registry import load
+from slurmrl.controller.scheduler import LeaseScheduler
+from slurmrl.db import JobRecord, Store
+from slurmrl.leases import LeaseError
+from slurmrl.leases.invariants import check_history
+from slurmrl.model import JobState, Layout, LeaseState, Phase, RlRequest
+
+TIMEOUT_S = 10.0
+
+
+def _setup(layout: Layout = Layout.COLOCATED) -> tuple[Store, int, Clock]:
+    store = Store(":memory:")
+    pool = store.add_pool(gpus=2, opened_at=0.0)
+    for job_id in (1, 2):
+        req = RlRequest(gpus=2, layout=layout, rollout_gpus=1 if layout is
+                        Layout.DISAGGREGATED else None)
+        store.add_job(JobRecord(job_id, "u", 1000 + job_id, req, JobState.RUNNING, 0.0,
+                                pool_id=pool, pool_gpus=(0, 1)))
+    return store, pool, Clock()
+
+
+def _sched(store: Store, clock: Clock) -> LeaseScheduler:
+    s = LeaseScheduler(store, lambda: load("slice", "fifo"), TIMEOUT_S, clock=clock,
+                       check_invariants=True)
+    s.restore()
+    return s
+
+
+def _job(store: Store, job_id: int) -> JobRecord:
+    job = store.job(job_id)
+    assert job is not None
+    return job
+
+
+def _state(store: Store, s: LeaseScheduler, pool: int) -> tuple[Any, ...]:
+    """Everything a refused switch must leave as it was."""
+    table = s.tables[pool]
+    return (store.leases(), store.observations(), store.gpu_seconds(), table.leases,
+            table.waiting, [store.job(j) for j in (1, 2)])
+
+
+@run
+async def test_a_switch_keeps_the_gpus_and_the_partner_gets_them_after_the_sync() -> None:
+    store, pool, clock = _setup()
+    s = _sched(store, clock)
+    train = s.request(_job(store, 1), Phase.TRAIN)
+    partner = s.request(_job(store, 2), Phase.ROLLOUT)  # waits for both GPUs
+    assert train.lease is not None and partner.lease is None
+    waiter = asyncio.create_task(s.wait(partner.request_id, 5.0))
+    await asyncio.sleep(0)
+    clock.now += 3
+    sync = s.switch(_job(store, 1), train.request_id, Phase.SYNC, {"busy_s": 2.5})
+    # granted at once on the train lease's GPUs, although the partner queued first
+    assert sync.phase is Phase.SYNC and sync.gpus == {0, 1} and sync.switched
+    assert sync.granted_at == sync.requested_at == clock.now
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    rec = store.lease(sync.lease_id)
+    assert rec is not None and rec.state is LeaseState.HELD and rec.phase is Phase.SYNC
+    # the train lease ended as released, with its timing and its GPU-seconds
+    old = store.lease(train.request_id)
+    assert old is not None and old.state is LeaseState.RELEASED
+    assert old.released_at == clock.now and old.reason == f"switched to lease {sync.lease_id}"
+    (obs,) = store.observations(1)
+    assert obs.phase is Phase.TRAIN and obs.busy_s == 2.5 and obs.released_at == clock.now
+    assert store.gpu_seconds([1]) == {1: pytest.approx(2 * 3.0)}
+    # the sync released, the partner has the GPUs
+    clock.now += 1
+    s.release(_job(store, 1), sync.lease_id, {"busy_s": 0.9})
+    granted = await waiter
+    assert granted is not None and granted.gpus == {0, 1} and granted.granted_at == clock.now
+    assert store.gpu_seconds([1]) == {1: pytest.approx(2 * 3.0 + 2 * 1.0)}
+    assert [o.phase for o in store.observations(1)] == [Phase.TRAIN, Phase.SYNC]
+    check_history(store.intervals(pool))
+
+
+@run
+async def test_a_switched_lease_cannot_switch_again_and_nothing_changes() -> None:
+    store, pool, clock = _setup()
+    s = _sched(store, clock)
+    train = s.request(_job(store, 1), Phase.TRAIN)
+    s.request(_job(store, 2), Phase.ROLLOUT)
+    sync = s.switch(_job(store, 1), train.request_id, Phase.SYNC, {})
+    before = _state(store, s, pool)
+    clock.now += 1
+    with pytest.raises(LeaseError, match=f"lease {sync.lease_id} was granted by a switch: "
+                       "a lease switches once; release it and acquire rollout"):
+        s.switch(_job(store, 1), sync.lease_id, Phase.ROLLOUT, {})
+    assert _state(store, s, pool) == before
+    # the old lease is gone: switching it again is refused as not held
+    with pytest.raises(LeaseError, match=f"lease {train.request_id} is not held by job 1"):
+        s.switch(_job(store, 1), train.request_id, Phase.SYNC, {})
+    # a restart keeps the lease a switched one (the DB row of the old lease names it)
+    s2 = _sched(store, clock)
+    with pytest.raises(LeaseError, match="a lease switches once"):
+        s2.switch(_job(store, 1), sync.lease_id, Phase.ROLLOUT, {})
+    assert _state(store, s2, pool) == before
+    check_history(store.intervals(pool))
+
+
+@run
+async def test_a_switch_to_gpus_outside_the_lease_is_refused_and_changes_nothing() -> None:
+    store, pool, clock = _setup(Layout.DISAGGREGATED)  # rollout on GPU 0, trainer on 1
+    s = _sched(store, clock)
+    rollout = s.request(_job(store, 1), Phase.ROLLOUT)
+    s.request(_job(store, 2), Phase.ROLLOUT)  # waits for GPU 0
+    before = _state(store, s, pool)
+    with pytest.raises(LeaseError, match=r"job 1's sync phase runs on pool GPUs \[1\], and "
+                       rf"lease {rollout.request_id} \(rollout\) holds \[0\]"):
+        s.switch(_job(store, 1), rollout.request_id, Phase.SYNC, {})
+    with pytest.raises(LeaseError, match="reward needs no GPU"):
+        s.switch(_job(store, 1), rollout.request_id, Phase.REWARD, {})
+    with pytest.raises(LeaseError, match="is a rollout lease already"):
+        s.switch(_job(store, 1), rollout.request_id, Phase.ROLLOUT, {})
+    with pytest.raises(LeaseError, match="not held by job 2"):  # someone else's lease
+        s.switch(_job(store, 2), rollout.request_id, Phase.ROLLOUT, {})
+    assert _state(store, s, pool) == before
+    check_history(store.intervals(pool))
+
+
+@run
+async def test_a_disaggregated_train_switches_to_its_sync_on_the_trainer_set() -> None:
+    store, pool, clock = _setup(Layout.DISAGGREGATED)
+    s = _sched(store, clock)
+    train = s.request(_job(store, 1), Phase.TRAIN)  # GPU 1
+    rollout = s.request(_job(store, 2), Phase.ROLLOUT)  # GPU 0, beside it
+    assert train.lease is not None and rollout.lease is not None
+    sync = s.switch(_job(store, 1), train.request_id, Phase.SYNC, {})
+    assert sync.gpus == {1}
+    check_history(store.intervals(pool))
