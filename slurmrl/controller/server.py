@@ -40,6 +40,7 @@ from slurmrl.controller.validate import (
     GROW,
     RELEASE,
     SHRINK,
+    SWITCH,
     F,
     RpcError,
     bad,
@@ -302,7 +303,8 @@ class Api:
         return 200, {"lease": self._lease(lease, job.pool_id or 0, job=job)}
 
     def _open_request(self, job_id: int, phase: Phase) -> int | None:
-        """An open request of this job for this phase (a retried acquire joins it)."""
+        """An open request of this job for this phase (a retried acquire joins it), or
+        its held lease of it (granted to it, or by a switch whose answer was lost)."""
         for table in self.c.scheduler.tables.values():
             for x in table.leases:
                 if x.job_id == job_id and x.phase is phase:
@@ -359,6 +361,26 @@ class Api:
         view = self._lease(held, job.pool_id or 0, job=job)
         view.update(state=str(LeaseState.RELEASED), released_at=now)
         return {"lease": view}
+
+    async def switch(self, request: web.Request) -> web.Response:
+        b = _body(request, SWITCH)
+        return _json(await self.switch_op(
+            _who(request), parse_id(request.match_info["job_id"], "job id"),
+            parse_id(request.match_info["lease_id"], "lease id"), b))
+
+    async def switch_op(self, who: Identity, job_id: int, lease_id: int,
+                        b: dict[str, Any]) -> dict[str, Any]:
+        """Switch (HTTP and stream): end the held lease and grant the job's next phase
+        on its GPUs at once; answers the new lease once that phase's services are active,
+        as acquire does. A lease that cannot switch is 409 `cannot-switch`, unchanged."""
+        job = self.c.active_job(who, job_id)
+        try:
+            lease = self.c.scheduler.switch(job, lease_id, Phase(b["phase"]),
+                                            b["timing"] or {})
+        except LeaseError as exc:
+            raise RpcError(409, "cannot-switch", str(exc)) from None
+        await self.c.pools.before_answer(job, lease)
+        return {"lease": self._lease(lease, job.pool_id or 0, job=job)}
 
     async def shrink(self, request: web.Request) -> web.Response:
         b = _body(request, SHRINK)
@@ -482,6 +504,7 @@ def make_app(c: Controller) -> web.Application:
     r.add_post("/v1/jobs/{job_id}/leases/{lease_id}/release", a.release)
     r.add_post("/v1/jobs/{job_id}/leases/{lease_id}/shrink", a.shrink)
     r.add_post("/v1/jobs/{job_id}/leases/{lease_id}/grow", a.grow)
+    r.add_post("/v1/jobs/{job_id}/leases/{lease_id}/switch", a.switch)
     r.add_post("/v1/jobs/{job_id}/observations", a.observe)
     r.add_get("/v1/jobs/{job_id}/observations", a.observations)
     r.add_get("/v1/pools", a.list_pools)

@@ -2,31 +2,34 @@
 
 Why: per-request HTTP handling (parsing, routing, the middleware, aiohttp's response
 machinery) was most of a lease operation's cost (docs/benchmarks.md, "Lease latency").
-A driver opens the stream once; acquire, release and heartbeat then travel as small JSON
-text frames and the server answers each with one frame (a grant is pushed the moment it
-is committed). Everything else stays on the HTTP API, which is also the fallback.
+A driver opens the stream once; acquire, release, switch and heartbeat then travel as
+small JSON text frames and the server answers each with one frame (a grant is pushed the
+moment it is committed). Everything else stays on the HTTP API, which is also the
+fallback.
 
 Security is that of HTTP, not less: the upgrade request goes through the same middleware
 (MUNGE credential or session HMAC over `GET /v1/stream` with an empty body, replay
 protected), and the stream is bound to the uid so authenticated. Every frame names its
 job and is checked against that identity by the very code the HTTP handlers run
-(`Api.acquire_op`, `release_op`, `heartbeat_op`: a user acts only on their own jobs and
-leases); its fields are checked with the same `validate` specs. A malformed frame gets
-an error frame naming what is wrong and changes nothing. A stream is used at most the
-session TTL (`SessionTable.ttl_s`): the first frame after it closes the stream (4401); the
-client opens a new one, authenticating afresh.
+(`Api.acquire_op`, `release_op`, `switch_op`, `heartbeat_op`: a user acts only on their
+own jobs and leases); its fields are checked with the same `validate` specs. A malformed
+frame gets an error frame naming what is wrong and changes nothing. A stream is used at
+most the session TTL (`SessionTable.ttl_s`): the first frame after it closes the stream
+(4401); the client opens a new one, authenticating afresh.
 
 Frames (client -> server), one JSON object each:
 
     {"id": 7, "op": "acquire", "job_id": 12, "phase": "rollout", "min_gpus": null, "wait_s": 30}
     {"id": 8, "op": "release", "job_id": 12, "lease_id": 40, "timing": {"busy_s": 1.5}}
-    {"id": 9, "op": "heartbeat", "job_id": 12}
+    {"id": 9, "op": "switch", "job_id": 12, "lease_id": 41, "phase": "sync", "timing": {}}
+    {"id": 10, "op": "heartbeat", "job_id": 12}
 
 Answers (server -> client) carry the frame's `id`, the HTTP `status` the same call would
 have had, and the HTTP answer's fields, or `{"id", "status", "error": {"code",
-"message"}}` (`id` is null when the frame had no usable id). Acquires run concurrently
-(a heartbeat is answered while an acquire waits); at most `MAX_PENDING` per stream. When
-the stream closes, its waiting acquires are withdrawn, as for a dropped long poll.
+"message"}}` (`id` is null when the frame had no usable id). Acquires and switches run
+concurrently (a heartbeat is answered while an acquire waits, or a switch waits for its
+phase's services); at most `MAX_PENDING` per stream. When the stream closes, its waiting
+acquires are withdrawn, as for a dropped long poll.
 
 Known limits: JSON text frames only (binary frames are refused); no per-frame signature
 (the stream's TCP connection is what is authenticated, like an HTTP keep-alive session
@@ -48,6 +51,7 @@ from slurmrl.controller.validate import (
     ACQUIRE,
     MAX_ID,
     RELEASE,
+    SWITCH,
     F,
     RpcError,
     bad,
@@ -63,7 +67,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PATH = "/v1/stream"
-MAX_PENDING = 16  #: acquires in flight per stream
+MAX_PENDING = 16  #: acquires and switches in flight per stream
+CONCURRENT = frozenset({"acquire", "switch"})  #: ops that may wait: run beside the others
 CLOSE_EXPIRED = 4401  #: the stream outlived its session TTL: open a new one
 
 _COMMON = {"id": F("int", True, 0, MAX_ID), "op": F("str", True),
@@ -71,6 +76,7 @@ _COMMON = {"id": F("int", True, 0, MAX_ID), "op": F("str", True),
 OPS: dict[str, dict[str, F]] = {
     "acquire": {**_COMMON, **ACQUIRE},
     "release": {**_COMMON, "lease_id": F("int", True, 1, MAX_ID), **RELEASE},
+    "switch": {**_COMMON, "lease_id": F("int", True, 1, MAX_ID), **SWITCH},
     "heartbeat": dict(_COMMON),
 }
 
@@ -123,16 +129,16 @@ class Stream:
                                             "controller's log"))
             return
         fid = b["id"]
-        if op != "acquire":
+        if op not in CONCURRENT:
             await self._answer(fid, op, b)
         elif fid in self.pending:
             await self.error(fid, bad(f"frame id {fid} is still in use by a waiting "
-                                      "acquire", "bad-value"))
+                                      "acquire or switch", "bad-value"))
         elif len(self.pending) >= MAX_PENDING:
             await self.error(fid, RpcError(429, "too-many-pending",
-                                           f"at most {MAX_PENDING} acquires may wait "
-                                           "on one stream"))
-        else:  # acquires wait concurrently: the stream keeps reading frames meanwhile
+                                           f"at most {MAX_PENDING} acquires and switches "
+                                           "may wait on one stream"))
+        else:  # these wait concurrently: the stream keeps reading frames meanwhile
             task = asyncio.create_task(self._answer(fid, op, b))
             self.pending[fid] = task
             task.add_done_callback(self._done)
@@ -150,6 +156,9 @@ class Stream:
             elif op == "release":
                 status, answer = 200, self.api.release_op(self.who, b["job_id"],
                                                           b["lease_id"], b)
+            elif op == "switch":
+                status, answer = 200, await self.api.switch_op(self.who, b["job_id"],
+                                                               b["lease_id"], b)
             else:
                 status, answer = 200, self.api.heartbeat_op(self.who, b["job_id"])
         except RpcError as exc:

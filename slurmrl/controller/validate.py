@@ -55,6 +55,9 @@ RELEASE: dict[str, F] = {"timing": F("nummap")}
 SHRINK: dict[str, F] = {"keep": F("int", lo=1, hi=1024), "gpus": F("intlist", lo=0, hi=1023)}
 #: a grow asks for the job-local `gpus` (it gets those free that no waiter asks for)
 GROW: dict[str, F] = {"gpus": F("intlist", True, lo=0, hi=1023)}
+#: a switch ends a held lease (with its `timing`) and grants the job's next GPU `phase`
+#: on the GPUs it holds
+SWITCH: dict[str, F] = {"phase": ACQUIRE["phase"], **RELEASE}
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:

@@ -1,0 +1,202 @@
+"""`POST /v1/jobs/{job}/leases/{lease}/switch` and the stream's `switch`, as callers see
+them: the RPC app in process on a real Store and Controller (Slurm is a fake that knows
+two running jobs; the sessions are real HMAC sessions opened for two users).
+
+Alice's colocated job trains on both GPUs of a pool while Bob's rollout waits for them;
+her switch to sync is granted at once, Bob gets the GPUs when her sync is released. A
+lost switch answer does not matter: acquiring the phase again answers the same lease. A
+lease switches once (409 `cannot-switch`), Bob cannot switch Alice's lease (403), and a
+malformed body is a 400 naming its field; none of them changes anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import WSMsgType
+from aiohttp.test_utils import TestClient, TestServer
+
+from slurmrl.auth import sessions
+from slurmrl.config import Config
+from slurmrl.controller.core import Controller
+from slurmrl.controller.server import SESSIONS, make_app
+from slurmrl.db import Store
+from slurmrl.model import Identity
+from slurmrl.slurm import JobInfo, SlurmJobState
+
+ALICE = Identity(1001, 1001, "alice")
+BOB = Identity(1002, 1002, "bob")
+A, B = 100, 101  #: alice's job, bob's job
+
+
+class FakeSlurm:
+    """Slurm as registration sees it: alice's job 100 and bob's job 101 run."""
+
+    def __init__(self) -> None:
+        self.known = {job: JobInfo(job_id=job, name=f"j{job}", user=who.user, uid=who.uid,
+                                   state=SlurmJobState.RUNNING, partition="cpu",
+                                   nodes=("n1",)) for job, who in ((A, ALICE), (B, BOB))}
+
+    def job(self, job_id: int) -> JobInfo | None:
+        return self.known.get(job_id)
+
+    def jobs(self, job_ids: Sequence[int] | None = None,
+             user: str | None = None) -> list[JobInfo]:
+        return [j for j in self.known.values() if job_ids is None or j.job_id in job_ids]
+
+
+@dataclass
+class Rig:
+    c: Controller
+    client: TestClient[Any, Any]
+    grants: dict[int, sessions.SessionGrant]  #: uid -> its session
+
+    async def call(self, who: Identity, method: str, path: str,
+                   body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        raw = b"" if body is None else json.dumps(body).encode()
+        g = self.grants[who.uid]
+        r = await self.client.request(method, path, data=raw, headers=sessions.sign(
+            g.session_id, g.key, method, path, raw))
+        return r.status, await r.json()
+
+    async def leases(self) -> list[Any]:
+        """Every lease row and the tables' state: what a refused call must not change."""
+        table = self.c.scheduler.tables
+        return [self.c.store.leases(), self.c.store.observations(),
+                {p: (t.leases, t.waiting) for p, t in table.items()}]
+
+
+@asynccontextmanager
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    store = Store(tmp_path / "c.db")
+    c = Controller(Config(), store, FakeSlurm())  # type: ignore[arg-type]
+    await c.pools.start(c)
+    app = make_app(c)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    try:
+        r = Rig(c, client, {w.uid: app[SESSIONS].open(w) for w in (ALICE, BOB)})
+        for who, job in ((ALICE, A), (BOB, B)):
+            status, ans = await r.call(who, "POST", "/v1/jobs",
+                                       {"job_id": job, "env": {"SLURMRL_GPUS": "2"}})
+            assert status == 200, ans
+        pool = c.open_pool(gpus=2, slurm_job_id=None)
+        for job in (A, B):
+            c.place_job(job, pool.pool_id, (0, 1))
+        yield r
+    finally:
+        await client.close()
+        store.close()
+
+
+def _acquire(phase: str) -> dict[str, Any]:
+    return {"phase": phase, "wait_s": 0}
+
+
+def test_a_switch_is_granted_at_once_and_the_waiter_gets_the_gpus_after_it(
+        tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            status, ans = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases", _acquire("train"))
+            assert status == 200, ans
+            train = ans["lease"]
+            status, ans = await r.call(BOB, "POST", f"/v1/jobs/{B}/leases", _acquire("rollout"))
+            assert (status, ans["state"]) == (202, "waiting")
+            waiting = ans["request_id"]
+
+            status, ans = await r.call(ALICE, "POST",
+                                       f"/v1/jobs/{A}/leases/{train['lease_id']}/switch",
+                                       {"phase": "sync", "timing": {"busy_s": 1.5}})
+            assert status == 200, ans
+            sync = ans["lease"]
+            assert (sync["phase"], sync["state"], sync["local_gpus"]) == ("sync", "held", [0, 1])
+            assert sync["lease_id"] != train["lease_id"]
+            _, ans = await r.call(ALICE, "GET", f"/v1/jobs/{A}/leases/{train['lease_id']}")
+            assert ans["lease"]["state"] == "released"
+            _, ans = await r.call(BOB, "GET", f"/v1/jobs/{B}/leases/{waiting}")
+            assert ans["lease"]["state"] == "waiting"  # the partner still waits
+            _, ans = await r.call(ALICE, "GET", f"/v1/jobs/{A}")
+            assert ans["job"]["phase"] == "sync"
+            (obs,) = r.c.store.observations(A)
+            assert (str(obs.phase), obs.busy_s) == ("train", 1.5)
+
+            # the switch's answer lost: acquiring sync again answers the same lease
+            status, ans = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases", _acquire("sync"))
+            assert (status, ans["lease"]["lease_id"]) == (200, sync["lease_id"])
+
+            status, ans = await r.call(ALICE, "POST",
+                                       f"/v1/jobs/{A}/leases/{sync['lease_id']}/release",
+                                       {"timing": {}})
+            assert status == 200, ans
+            _, ans = await r.call(BOB, "GET", f"/v1/jobs/{B}/leases/{waiting}")
+            assert (ans["lease"]["state"], ans["lease"]["local_gpus"]) == ("held", [0, 1])
+
+    asyncio.run(main())
+
+
+def test_refused_switches_say_why_and_change_nothing(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            _, ans = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases", _acquire("train"))
+            train = ans["lease"]["lease_id"]
+            await r.call(BOB, "POST", f"/v1/jobs/{B}/leases", _acquire("rollout"))
+            _, ans = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases/{train}/switch",
+                                  {"phase": "sync"})
+            sync = ans["lease"]["lease_id"]
+            before = await r.leases()
+            refused = [
+                (ALICE, f"/v1/jobs/{A}/leases/{sync}/switch", {"phase": "rollout"},
+                 409, "cannot-switch", "a lease switches once"),
+                (ALICE, f"/v1/jobs/{A}/leases/{train}/switch", {"phase": "sync"},
+                 409, "cannot-switch", f"lease {train} is not held by job {A}"),
+                (BOB, f"/v1/jobs/{A}/leases/{sync}/switch", {"phase": "rollout"},
+                 403, "not-your-job", f"RL job {A} belongs to another user"),
+                (BOB, f"/v1/jobs/{B}/leases/{sync}/switch", {"phase": "rollout"},
+                 409, "cannot-switch", f"lease {sync} is not held by job {B}"),
+                (ALICE, f"/v1/jobs/{A}/leases/{sync}/switch", {"phase": "reward"},
+                 400, "bad-value", "field 'phase' must be one of"),
+                (ALICE, f"/v1/jobs/{A}/leases/{sync}/switch", {},
+                 400, "missing-field", "field 'phase' is required"),
+                (ALICE, f"/v1/jobs/{A}/leases/{sync}/switch",
+                 {"phase": "rollout", "timing": {"busy_s": "long"}},
+                 400, "bad-type", "field 'timing': 'busy_s' must be a finite number"),
+                (ALICE, f"/v1/jobs/{A}/leases/{sync}/switch", {"phase": "rollout", "gpus": [0]},
+                 400, "unknown-field", "unknown field(s) 'gpus'"),
+            ]
+            for who, path, body, status, code, says in refused:
+                got, ans = await r.call(who, "POST", path, body)
+                assert (got, ans["error"]["code"]) == (status, code), (path, body, ans)
+                assert says in ans["error"]["message"], ans
+            assert await r.leases() == before
+
+    asyncio.run(main())
+
+
+def test_the_stream_switches_too(tmp_path: Path) -> None:
+    async def main() -> list[dict[str, Any]]:
+        async with rig(tmp_path) as r:
+            _, ans = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases", _acquire("train"))
+            train = ans["lease"]["lease_id"]
+            g = r.grants[ALICE.uid]
+            ws = await r.client.ws_connect(
+                "/v1/stream", headers=sessions.sign(g.session_id, g.key, "GET", "/v1/stream"))
+            frames = []
+            for fid, lease_id in ((1, train), (2, train)):
+                await ws.send_str(json.dumps({"id": fid, "op": "switch", "job_id": A,
+                                              "lease_id": lease_id, "phase": "sync",
+                                              "timing": {"busy_s": 0.5}}))
+                msg = await ws.receive(timeout=10)
+                assert msg.type is WSMsgType.TEXT, (msg.type, msg.data)
+                frames.append(json.loads(msg.data))
+            await ws.close()
+            return frames
+
+    switched, again = asyncio.run(main())
+    assert (switched["id"], switched["status"], switched["lease"]["phase"]) == (1, 200, "sync")
+    assert (again["id"], again["status"], again["error"]["code"]) == (2, 409, "cannot-switch")
