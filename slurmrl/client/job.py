@@ -5,6 +5,11 @@
         ...
         lease.shrink(2)                       # give all but 2 GPUs back (long tail)
         lease.grow([2, 3])                    # take back those of them now free
+    with job.phase("train") as lease:
+        ...
+        lease.switch("sync")                  # the sync holds these GPUs now, no queueing
+    with job.phase("sync"):                   # adopts the lease the switch granted
+        ...
 
 A background thread heartbeats every `heartbeat_s` while the job holds or waits for a
 lease. If the controller revokes the lease (missed heartbeats, job ended, pool lost),
@@ -48,13 +53,19 @@ class NoLease(RuntimeError):
 class Lease:
     """GPUs of the pool this job's phase holds now."""
 
-    def __init__(self, job: Job, data: Mapping[str, Any]) -> None:
+    def __init__(self, job: Job, data: Mapping[str, Any], *,
+                 asked_at: float | None = None) -> None:
         self._job = job
         self.lease_id: int = int(need(data, "lease_id", int))
         self.phase: str = str(need(data, "phase", str))
         self._update(data)
         self.revoked_reason: str | None = None
         self.released = False
+        #: when this driver asked for the lease and when it got it (its own clock)
+        self._held_from = time.time()
+        self._asked_at = self._held_from if asked_at is None else asked_at
+        #: granted by `switch` and not yet taken up by `Job.acquire` of its phase
+        self._adoptable = False
 
     def _update(self, data: Mapping[str, Any]) -> None:
         self.gpus: tuple[int, ...] = tuple(data.get("local_gpus", ()))  #: job-local indices
@@ -67,6 +78,11 @@ class Lease:
     @property
     def held(self) -> bool:
         return not self.released and self.revoked_reason is None
+
+    def timing(self) -> dict[str, float]:
+        """What a release reports: `wait_s` (asking to getting it), `busy_s` (since)."""
+        return {"wait_s": self._held_from - self._asked_at,
+                "busy_s": time.time() - self._held_from}
 
     def check(self) -> None:
         """Raise `LeaseRevoked` if the controller took this lease back."""
@@ -112,6 +128,40 @@ class Lease:
             return
         self._post("release", {"timing": dict(timing or {})}, idempotent=True)
         self.released = True
+
+    def switch(self, phase: str, timing: Mapping[str, float] | None = None) -> Lease:
+        """End this lease (reporting `timing`, default `timing()`) and hold the job's
+        `phase` on the GPUs that phase runs on, which this lease holds, at once: a
+        colocated train keeps its GPUs for its weight sync instead of queueing behind
+        its partner. Returns the new lease, now `job.current`; the next `job.phase` (or
+        `acquire`) of `phase` takes it up instead of asking again.
+
+        A lease switches once: a lease granted by a switch, one whose phase's GPUs it
+        does not hold, or a controller without switches falls back to `release(timing)`
+        and `job.acquire(phase)`, which queues; so a driver may always call it.
+        """
+        self.check()
+        report = dict(self.timing() if timing is None else timing)
+        asked = time.time()
+        try:
+            # safe to repeat: a retry after a lost answer finds this lease switched
+            # (409), and the fallback's acquire then answers the lease it became
+            ans = self._post("switch", {"phase": phase, "timing": report}, idempotent=True)
+        except ControllerError as exc:
+            route_unknown = exc.status == 404 and exc.code == "http"
+            if not (exc.status == 409 and exc.code == "cannot-switch") and not route_unknown:
+                raise
+            log.debug("lease %d not switched to %s (%s): release and acquire",
+                      self.lease_id, phase, exc.message)
+            self.release(report)
+            lease = self._job.acquire(phase)
+        else:
+            self.released = True
+            data = need(ans, "lease", dict)
+            lease = Lease(self._job, data, asked_at=asked)
+            self._job.current = lease
+        lease._adoptable = True
+        return lease
 
     def _post(self, op: str, body: dict[str, Any], idempotent: bool = False) -> dict[str, Any]:
         """POST to this lease's `op`; a 409 because the controller took the lease back
@@ -167,10 +217,16 @@ class Job:
     # -- phases ---------------------------------------------------------------------------
     def acquire(self, phase: str, *, min_gpus: int | None = None,
                 timeout_s: float | None = None, poll_s: float = 30.0) -> Lease:
-        """Wait for the phase's GPUs (at most `timeout_s`, forever if None)."""
-        if self.current is not None and self.current.held:
-            raise RuntimeError(f"already holding lease {self.current.lease_id} "
-                               f"({self.current.phase}); release it first")
+        """Wait for the phase's GPUs (at most `timeout_s`, forever if None). The lease
+        of `phase` a `Lease.switch` granted is taken up as it is."""
+        current = self.current
+        if current is not None and current.held:
+            if current._adoptable and current.phase == phase:
+                current._adoptable = False
+                return current
+            raise RuntimeError(f"already holding lease {current.lease_id} "
+                               f"({current.phase}); release it first")
+        asked = time.time()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         body: dict[str, Any] = {"phase": phase, "min_gpus": min_gpus}
         while True:
@@ -184,7 +240,7 @@ class Job:
                                          wait_s=left, idempotent=True)
             if status == 200:
                 data = need(ans, "lease", dict)
-                lease = Lease(self, data)
+                lease = Lease(self, data, asked_at=asked)
                 self.heartbeat_s = float(data.get("heartbeat_s") or self.heartbeat_s)
                 self.current = lease
                 return lease
@@ -236,10 +292,9 @@ class Job:
     @contextmanager
     def phase(self, phase: str, *, min_gpus: int | None = None,
               timeout_s: float | None = None) -> Iterator[Lease]:
-        """Hold the GPUs of `phase` for the block; release them (with its timing) after."""
-        t0 = time.time()
+        """Hold the GPUs of `phase` for the block; release them (with its timing) after,
+        unless the block switched the lease to the next phase (`Lease.switch`)."""
         lease = self.acquire(phase, min_gpus=min_gpus, timeout_s=timeout_s)
-        t1 = time.time()
         failed = False
         try:
             yield lease
@@ -247,12 +302,12 @@ class Job:
             failed = True
             raise
         finally:
-            timing = {"wait_s": t1 - t0, "busy_s": time.time() - t1}
             try:
                 if lease.revoked_reason is None:
-                    lease.release(timing)
+                    lease.release(lease.timing())
             finally:
-                self.current = None
+                if self.current is lease:  # not the lease a switch made current
+                    self.current = None
             if not failed and lease.revoked_reason is not None:
                 raise LeaseRevoked(lease.lease_id, lease.phase, lease.revoked_reason)
 
