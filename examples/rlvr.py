@@ -11,7 +11,12 @@ takes a rollout and a trainer (anything with `ServiceHandle`'s `generate`,
         with phase("sync"):     trainer.sync_weights_to(rollout)
 
 `examples/grpo_arith.py` passes `job.phase` (slurmrl leases); tests pass a no-op phase
-and real worker processes.
+and real worker processes. With `switch_sync` (a colocated job: its sync runs on the
+GPUs it trains on) the train block ends by switching its lease to the sync
+(`slurmrl.client.Lease.switch`), which the sync block then holds: the sync does not
+queue behind a partner's phase for GPUs the job held a moment before. A disaggregated
+job does not switch: in the simulator a disaggregated pair that did fell into lockstep,
+one member never waiting while the other took all the contention on the rollout set.
 
 The task: prompts "a+b=" with operands 0..max_operand; the reward is 1.0 when the
 first integer in the completion equals a+b (exact match), else 0.0. Rewards are
@@ -169,9 +174,11 @@ class History:
 
 def run_step(
     cfg: GrpoConfig, step: int, rollout: Any, trainer: Any, phase: PhaseFn,
-    observe: Observe | None = None,
+    observe: Observe | None = None, *, switch_sync: bool = False,
 ) -> StepLog:
-    """One GRPO step: rollout lease, reward gap on CPU, train lease, sync lease."""
+    """One GRPO step: rollout lease, reward gap on CPU, train lease, sync lease (with
+    `switch_sync`, the train lease switched to the sync where `phase` yields a lease
+    that can: `switch("sync")`)."""
     batch = problems(cfg, step)
     prompts = [p for p, _ in batch for _ in range(cfg.group_size)]
     t0 = time.monotonic()
@@ -202,8 +209,11 @@ def run_step(
     t2 = time.monotonic()
     loss = 0.0
     if train_samples:  # a batch where every group agreed carries no gradient
-        with phase("train"):
+        with phase("train") as lease:
             loss = trainer.train_step(train_samples)["loss"]
+            switch = getattr(lease, "switch", None) if switch_sync else None
+            if switch is not None:
+                switch("sync")  # the sync block below takes up the lease this grants
     t3 = time.monotonic()
     with phase("sync"):
         trainer.sync_weights_to(rollout)
@@ -217,11 +227,13 @@ def train(
     cfg: GrpoConfig, rollout: Any, trainer: Any, phase: PhaseFn = no_lease, *,
     observe: Observe | None = None,
     on_step: Callable[[StepLog], None] | None = None,
+    switch_sync: bool = False,
 ) -> History:
-    """Run `cfg.steps` GRPO steps; returns the per-step log (reward curve included)."""
+    """Run `cfg.steps` GRPO steps; returns the per-step log (reward curve included).
+    `switch_sync`: see `run_step` (colocated jobs)."""
     hist = History()
     for step in range(cfg.steps):
-        log = run_step(cfg, step, rollout, trainer, phase, observe)
+        log = run_step(cfg, step, rollout, trainer, phase, observe, switch_sync=switch_sync)
         hist.steps.append(log)
         if on_step is not None:
             on_step(log)

@@ -2,13 +2,16 @@
 rollout run as replicas, never sent to a one-engine rollout (whose `generate` does not
 take it), and refused with a reason when the job's rollout is one engine.
 
-The rollouts here are in-process stand-ins that record their calls; the replicas
-themselves are tested in tests/unit/client/test_replicas_rounds.py, and the driver on
-the real dev cluster in tests/integration/test_e2e.py."""
+A colocated step's train lease switches to the sync (`switch_sync`), a disaggregated
+one's does not. The rollouts here are in-process stand-ins that record their calls; the
+replicas themselves are tested in tests/unit/client/test_replicas_rounds.py, and the
+driver on the real dev cluster in tests/integration/test_e2e.py."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +92,36 @@ def test_round_tokens_on_a_one_engine_rollout_is_refused_with_the_site_setting(
     with pytest.raises(SystemExit, match="rollout_replica_gpus"):
         grpo_arith.main(["--round-tokens", "4", "--steps", "1"])
     assert job.exited[0] is SystemExit  # the job ends as failed, with the reason
+
+
+class Phases:
+    """A `phase` factory that records what the step did with each phase's lease."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[Any]:
+        self.events.append(f"enter {name}")
+        phases = self
+
+        class Held:
+            def switch(self, to: str) -> None:
+                phases.events.append(f"switch {name} -> {to}")
+
+        yield Held()
+        self.events.append(f"exit {name}")
+
+
+@pytest.mark.parametrize(("switch_sync", "train_end"), [
+    (True, ["switch train -> sync", "exit train"]),
+    (False, ["exit train"]),
+])
+def test_a_colocated_step_switches_its_train_lease_to_the_sync(
+        switch_sync: bool, train_end: list[str]) -> None:
+    job, phases = Recording(), Phases()
+    cfg = GrpoConfig(prompts_per_step=4, group_size=4, seed=2)
+    run_step(cfg, 0, job, job, phases, switch_sync=switch_sync)
+    assert phases.events == ["enter rollout", "exit rollout", "enter train", *train_end,
+                             "enter sync", "exit sync"]
+    run_step(cfg, 0, job, job, no_lease, switch_sync=True)  # no lease: nothing to switch
