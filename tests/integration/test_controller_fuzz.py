@@ -73,6 +73,7 @@ templates = st.sampled_from([
     "/v1/jobs", "/v1/jobs/{a}", "/v1/jobs/{a}/end", "/v1/jobs/{a}/heartbeat",
     "/v1/jobs/{a}/leases", "/v1/jobs/{a}/leases/{b}", "/v1/jobs/{a}/leases/{b}/release",
     "/v1/jobs/{a}/leases/{b}/shrink", "/v1/jobs/{a}/leases/{b}/grow",
+    "/v1/jobs/{a}/leases/{b}/switch",
     "/v1/jobs/{a}/observations", "/v1/pools",
     "/v1/pools/{a}/close", "/v1/status", "/v1/nope", "/v2/jobs",
 ])

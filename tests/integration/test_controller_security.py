@@ -1,9 +1,10 @@
 """Who may do what, with real MUNGE credentials from real users.
 
 rlbob's driver holds a lease. rlalice (another uid) cannot heartbeat, release, shrink,
-grow, end, or read the private details of bob's job; she sees only its public fields. A request
-without a credential, with a forged one, with one made for another request, or with a
-replayed one is refused with 401 and a code saying why. Root (an admin) sees all.
+grow, switch, end, or read the private details of bob's job; she sees only its public
+fields. A request without a credential, with a forged one, with one made for another
+request, or with a replayed one is refused with 401 and a code saying why. Root (an
+admin) sees all.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def test_users_act_only_on_their_own_jobs(controller: ControllerProc, jobs,  # t
         ("POST", f"/v1/jobs/{bob}/leases/{lease_id}/release", {"timing": {}}),
         ("POST", f"/v1/jobs/{bob}/leases/{lease_id}/shrink", {"keep": 1}),
         ("POST", f"/v1/jobs/{bob}/leases/{lease_id}/grow", {"gpus": [0]}),
+        ("POST", f"/v1/jobs/{bob}/leases/{lease_id}/switch", {"phase": "train"}),
         ("POST", f"/v1/jobs/{bob}/leases", {"phase": "train", "wait_s": 0}),
         ("POST", f"/v1/jobs/{bob}/end", {}),
         ("GET", f"/v1/jobs/{bob}/leases", None),
