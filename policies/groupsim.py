@@ -24,8 +24,9 @@ As in the simulator: a rollout starts on at least half its set (`ELASTIC_MIN`) a
 slower by set/granted; a `tail` segment after it keeps only the lowest GPU of its lease
 (the lease shrinks; the rest go to whoever waits); a disaggregated member's sync holds
 its trainer set only (its rollout engine loads the new weights when next activated); a
-colocated member's GPU phase followed at once by one on GPUs it holds (train -> sync)
-switches its lease to it (`LeaseTable.switch`, once per lease) instead of queueing again.
+member holding the whole pool whose next phase runs on the whole pool (a colocated
+train -> sync in one window) switches its lease to it (`LeaseTable.switch`, once per
+lease) instead of queueing again.
 
 A staggered pool (`offsets`, `pool_gpus`): each member's masks are shifted to its
 window, and a shrinking tail keeps the GPU the other windows cover least, as
@@ -208,16 +209,12 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
         if pos[j] >= total[j]:
             return _horizon(segs, pos, running, now)
         nxt, nmask, _, nd = segs[j][pos[j] % len(segs[j])]
-        if (held[j] and nxt == REQUEST and nmask & held[j] == nmask and not switched[j]
-                and not members[j][0]):
-            # the next phase runs on GPUs it holds: switch the lease (LeaseTable.switch)
-            freed, held[j] = held[j] & ~nmask, nmask
+        if nxt == REQUEST and held[j] == nmask == full and not switched[j]:
+            # it holds the whole pool and its next phase runs there: LeaseTable.switch
             last_grant[j], switched[j] = now, True
             seq += 1
             running[j] = (now, nd)
             heapq.heappush(timers, (now + nd, seq, j))
-            if freed:
-                schedule(now)
             continue
         if held[j] and nxt != SHRINK:
             held[j] = 0
@@ -285,7 +282,7 @@ def simulate_group_table(members: Sequence[SimKey], steps: int = 6,
         if pos[j] >= total[j]:
             return _horizon(segs, pos, running, now)
         nxt, nmask, _, _ = segs[j][pos[j] % len(segs[j])]
-        if j in lease_of and nxt == REQUEST and not members[j][0]:
+        if j in lease_of and nxt == REQUEST:
             wanted = [g for g in range(gpus) if nmask >> g & 1]
             if table.can_switch(lease_of[j], wanted):
                 _, events = table.switch(lease_of.pop(j), Phase.ROLLOUT, wanted, now)

@@ -147,35 +147,38 @@ class LeaseTable:
         return events + self._schedule(now)
 
     def can_switch(self, lease_id: int, gpus: Iterable[int]) -> bool:
-        """Whether `switch` would take the lease to `gpus`: held, not itself switched
-        to (so a job with no gap between its phases cannot chain them forever and
-        starve its partner), and `gpus` a non-empty subset of its GPUs."""
+        """Whether `switch` would take the lease to `gpus`: a held lease on the whole
+        pool, not itself switched to (so a job with no gap between its phases cannot
+        chain them and starve its partner), and `gpus` the whole pool too. Only there:
+        where members hold parts of the pool (a disaggregated job's trainer set, a
+        staggered pool's windows), switching pairs phase-locked, one member never
+        waiting while the other took all the contention (docs/benchmarks.md)."""
         lease = self._leases.get(lease_id)
-        keep = frozenset(gpus)
-        return (lease is not None and not lease.switched and bool(keep)
-                and keep <= lease.gpus)
+        return (lease is not None and not lease.switched
+                and lease.gpus == self.gpus == frozenset(gpus))
 
     def switch(self, lease_id: int, phase: Phase, gpus: Iterable[int] | None,
                now: float, request_id: int | None = None) -> tuple[Lease, list[Event]]:
-        """End a held lease and grant its job's next phase on `gpus` (all or part of the
-        lease's; default all) at once, without queueing: a train that ends in a weight
-        sync keeps its GPUs instead of waiting behind a partner's phase for them. It
-        gives the job nothing it could not take by holding the lease longer (leases are
-        cooperative); the GPUs the next phase does not need go to the waiters, and the
-        switch counts as a grant for the slice policy (round-robin then serves the
-        partner first next time). The new lease's id is `request_id` (default a new
-        one). Once per lease: a lease granted by a switch is released, not switched
-        again."""
+        """End a held lease on the whole pool and grant its job's next phase on it
+        (`gpus`, default the lease's: the whole pool too) at once, without queueing: a
+        train that ends in a weight sync keeps its GPUs instead of waiting behind a
+        partner's whole phase for them. It gives the job nothing it could not take by
+        holding the lease longer (leases are cooperative), and the switch counts as a
+        grant for the slice policy (round-robin then serves the partner first next
+        time). The new lease's id is `request_id` (default a new one). Once per lease:
+        a lease granted by a switch is released, not switched again."""
         lease = self._leases.get(lease_id)
         if lease is None:
             raise LeaseError(f"lease {lease_id} is not held")
         keep = lease.gpus if gpus is None else frozenset(gpus)
+        if lease.switched:
+            raise LeaseError(f"lease {lease_id} was switched to already: release it and "
+                             "queue for the next phase")
         if not self.can_switch(lease_id, keep):
             raise LeaseError(
-                f"lease {lease_id} cannot switch to GPUs {sorted(keep)}: a switch keeps a "
-                f"non-empty subset of the lease's {sorted(lease.gpus)}, once per lease"
-                if not lease.switched else f"lease {lease_id} was switched to already: "
-                "release it and queue for the next phase")
+                f"lease {lease_id} cannot switch to GPUs {sorted(keep)}: a switch keeps "
+                f"the whole pool ({sorted(self.gpus)}), and the lease holds "
+                f"{sorted(lease.gpus)}; release it and queue for the next phase")
         rid = self._new_id() if request_id is None else request_id
         if rid in self._waiting or rid in self._leases:
             raise LeaseError(f"request id {rid} is already in use")

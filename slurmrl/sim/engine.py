@@ -443,17 +443,14 @@ class Simulation:
         return s.phase, s.seconds
 
     def _switches(self, pool: Pool, run: JobRun, lease_id: int) -> bool:
-        """Whether the job's next segment is a GPU phase on GPUs the ending lease holds
-        (and the lease was not itself switched to): the driver then switches the lease
-        to it (train -> sync) instead of releasing it and queueing behind a partner's
-        phase for GPUs it had. Colocated jobs only: a disaggregated pair that switched
-        phase-locked, one member never waiting and the other taking all the contention
-        on the rollout set (docs/benchmarks.md, "Policies and simulator")."""
+        """Whether the driver switches the ending lease to the job's next segment
+        (`LeaseTable.switch`: train -> sync on the whole pool it holds) instead of
+        releasing it and queueing behind a partner's phase for GPUs it had: the next
+        segment is a GPU phase and the table allows the switch."""
         step, seg = run.step, run.seg + 1
         if seg == len(run.job.steps[step]):
             step, seg = step + 1, 0
-        if (step == len(run.job.steps) or pool.mode is not PoolMode.LEASE
-                or run.job.trainer_gpus != run.job.gpus):
+        if step == len(run.job.steps) or pool.mode is not PoolMode.LEASE:
             return False
         nxt = run.job.steps[step][seg].phase
         return nxt.needs_gpu and pool.table.can_switch(lease_id, self._gpus_for(run, nxt))
@@ -583,6 +580,7 @@ class Simulation:
             elastic.stop_growing(self, pool, run)
             lid, run.lease_id = run.lease_id, None
             if self._switches(pool, run, lid):
+                self._account(run)  # the lease ends at the switch: count its GPU-s now
                 run.switch_from = lid
             else:
                 self._handle(pool, pool.table.release(lid, self.now))

@@ -405,9 +405,11 @@ def test_staggered_pools_let_long_tail_jobs_share_where_one_window_cannot() -> N
     # long-cot: rollouts ~70% of a step with a heavy tail. Staggered pools (G + 1 GPUs,
     # the members on shifted windows, each tail kept outside the other's window) against
     # the same policy with staggering off; invariants checked after every event. The
-    # pools must fit one NVLink domain: an NVL72 rack (72 GPUs), not 8-GPU nodes
+    # pools must fit one NVLink domain: an NVL72 rack (72 GPUs), not 8-GPU nodes. At the
+    # users' 1.15, where one window of G fits no pair of these jobs (at 1.5 it fits
+    # most, one job going from train to sync without queueing: a lease switch)
     w = load("long-cot")
-    jobs, cfg = with_max_slowdown(generate(w, 0, "steady", 16), config_for(w), 1.5)
+    jobs, cfg = with_max_slowdown(generate(w, 0, "steady", 16), config_for(w), 1.15)
     assert not run_jobs(jobs, cfg).metrics.staggered_pools  # 8-GPU nodes: none
     cfg = replace(cfg, gpus_per_node=72)
     on = run_jobs(jobs, cfg)
@@ -417,7 +419,7 @@ def test_staggered_pools_let_long_tail_jobs_share_where_one_window_cannot() -> N
     assert on.metrics.staggered_pools == len(staggered) and off.metrics.staggered_pools == 0
     assert not [p for p in off.sim.closed if p.gpus != p.history[0].job.gpus]
     assert on.metrics.savings > off.metrics.savings + 0.05
-    assert on.metrics.slowdown_max <= 1.5
+    assert on.metrics.slowdown_max <= 1.15
 
 
 def test_a_rollout_share_learned_from_peers_lets_long_tails_pair_within_their_limit(

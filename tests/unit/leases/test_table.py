@@ -277,3 +277,60 @@ def test_round_robin_reorders_after_a_grant_and_serves_the_waiter_it_unblocks() 
     _, ev = t.request(3, Phase.ROLLOUT, {0, 2}, 0.0, 1)
     assert {lease.job_id: set(lease.gpus) for lease in grants(ev)} == {
         3: {2}, 1: {0}}
+
+
+def test_a_training_job_switches_to_its_sync_ahead_of_its_waiting_partner() -> None:
+    # round-robin would hand the pool to B's waiting train once A releases its own; a
+    # switch lets A sync its weights first (seconds), then B trains
+    t = table(RoundRobinSlice())
+    a_train, _ = t.request(1, Phase.TRAIN, ALL, now=0.0)
+    _, ev = t.request(2, Phase.TRAIN, ALL, now=1.0)
+    assert grants(ev) == []
+    assert t.can_switch(a_train.request_id, ALL)
+    sync, ev = t.switch(a_train.request_id, Phase.SYNC, ALL, now=10.0)
+    assert isinstance(ev[0], Released) and ev[0].lease.phase is Phase.TRAIN
+    assert grants(ev) == [sync]  # B still waits
+    assert (sync.job_id, sync.phase, sync.gpus, sync.wait_s) == (1, Phase.SYNC,
+                                                                 frozenset(ALL), 0.0)
+    assert [r.job_id for r in t.waiting] == [2]
+    stats = t.view(10.0).stats[1]
+    assert stats.held_s == 10.0 and stats.last_grant_at == 10.0 and stats.grants == 2
+    check_table(t)
+    (b,) = grants(t.release(sync.lease_id, now=12.0))
+    assert (b.job_id, b.granted_at) == (2, 12.0)
+
+
+def test_a_switched_lease_cannot_switch_again() -> None:
+    # so a job with no gap between its phases cannot chain them and starve its partner
+    t = table(RoundRobinSlice())
+    a, _ = t.request(1, Phase.TRAIN, ALL, now=0.0)
+    t.request(2, Phase.ROLLOUT, ALL, now=1.0)
+    sync, _ = t.switch(a.request_id, Phase.SYNC, None, now=5.0)
+    assert sync.switched and not t.can_switch(sync.lease_id, ALL)
+    with pytest.raises(LeaseError, match="switched to already"):
+        t.switch(sync.lease_id, Phase.ROLLOUT, ALL, now=6.0)
+    assert t.leases == (sync,) and [r.job_id for r in t.waiting] == [2]  # unchanged
+    (b,) = grants(t.release(sync.lease_id, now=7.0))
+    assert b.job_id == 2
+
+
+def test_a_switch_needs_the_whole_pool() -> None:
+    # a disaggregated job's trainer set, or a staggered pool's window, is part of the
+    # pool: there the lease is released and the next phase queues
+    t = table()
+    train, _ = t.request(1, Phase.TRAIN, (2, 3), now=0.0)
+    t.request(2, Phase.TRAIN, (2, 3), now=1.0)
+    assert not t.can_switch(train.request_id, (2, 3))
+    with pytest.raises(LeaseError, match=r"whole pool \(\[0, 1, 2, 3\]\)"):
+        t.switch(train.request_id, Phase.SYNC, (2, 3), now=5.0)
+    whole, _ = t.request(3, Phase.TRAIN, (0, 1), now=2.0)
+    assert [x.lease_id for x in t.leases] == [train.request_id, whole.request_id]
+    with pytest.raises(LeaseError, match="not held"):
+        t.switch(999, Phase.SYNC, ALL, now=5.0)
+    # switching to a set other than the lease's own: refused too
+    t2 = table()
+    held, _ = t2.request(1, Phase.TRAIN, ALL, now=0.0)
+    assert not t2.can_switch(held.request_id, (0, 1))
+    with pytest.raises(LeaseError, match="cannot switch"):
+        t2.switch(held.request_id, Phase.SYNC, (0, 1), now=1.0)
+    assert [(x.lease_id, x.phase) for x in t2.leases] == [(held.request_id, Phase.TRAIN)]
