@@ -7,7 +7,8 @@
 2. `test_two_users_jobs_learn_while_sharing_a_pool`: the controller (pool manager on
    Slurm) and two `examples/jobs` sbatch scripts of two users: both drivers finish, both
    rewards rise, the two jobs were placed in one pool, and their leases interleaved
-   on its GPU without ever overlapping.
+   on its GPU without ever overlapping; each train lease (the jobs are colocated)
+   switched to the job's sync lease at once.
 """
 
 from __future__ import annotations
@@ -141,8 +142,27 @@ def test_two_users_jobs_learn_while_sharing_a_pool(jobs, shared_tmp: Path) -> No
             last = sum(rewards[-10:]) / 10
             assert last >= first + 0.15, (user, rewards)
         _check_shared_and_disjoint(ctl.db, set(subs.values()))
+        _check_trains_switched_to_sync(ctl.db, set(subs.values()))
     finally:
         ctl.stop()
+
+
+def _check_trains_switched_to_sync(db: Path, job_ids: set[int]) -> None:
+    """Both jobs are colocated: each train lease became the job's sync lease at once."""
+    from slurmrl.db import Store
+
+    store = Store(str(db))
+    try:
+        for job_id in job_ids:
+            leases = {x.lease_id: x for x in store.leases(job_id=job_id)}
+            trains = [x for x in leases.values() if str(x.phase) == "train"]
+            assert trains, job_id
+            for t in trains:
+                sync = leases.get(int(t.reason.removeprefix("switched to lease ") or 0))
+                assert sync is not None and str(sync.phase) == "sync", (t, sync)
+                assert sync.granted_at == t.released_at
+    finally:
+        store.close()
 
 
 def _check_shared_and_disjoint(db: Path, job_ids: set[int]) -> None:
