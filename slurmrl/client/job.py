@@ -131,13 +131,13 @@ class Lease:
 
     def switch(self, phase: str, timing: Mapping[str, float] | None = None) -> Lease:
         """End this lease (reporting `timing`, default `timing()`) and hold the job's
-        `phase` on the GPUs that phase runs on, which this lease holds, at once: a
-        colocated train keeps its GPUs for its weight sync instead of queueing behind
-        its partner. Returns the new lease, now `job.current`; the next `job.phase` (or
-        `acquire`) of `phase` takes it up instead of asking again.
+        `phase` at once: a colocated train keeps its GPUs for its weight sync instead of
+        queueing behind its partner. Returns the new lease, now `job.current`; the next
+        `job.phase` (or `acquire`) of `phase` takes it up instead of asking again.
 
-        A lease switches once: a lease granted by a switch, one whose phase's GPUs it
-        does not hold, or a controller without switches falls back to `release(timing)`
+        The controller switches a lease on the whole pool to a phase on the whole pool,
+        once. Where it refuses (a lease a switch granted, a disaggregated job's or a
+        staggered pool's lease) or has no switch, this falls back to `release(timing)`
         and `job.acquire(phase)`, which queues; so a driver may always call it.
         """
         self.check()

@@ -238,11 +238,12 @@ class LeaseScheduler:
     def switch(self, job: JobRecord, lease_id: int, phase: Phase, timing: dict[str, Any],
                now: float | None = None) -> Lease:
         """End the job's held lease (at `now`, default the clock) and grant its next
-        `phase` at once on the GPUs that phase runs on, which the lease must hold
-        (`LeaseTable.switch`): a colocated train that ends in a weight sync keeps its
-        GPUs instead of queueing behind its partner for them. Once per lease: a lease
-        granted by a switch is released, not switched. Any other case is a `LeaseError`
-        saying why, and nothing changes. Returns the new lease."""
+        `phase` at once on the GPUs that phase runs on (`LeaseTable.switch`): a
+        colocated train that ends in a weight sync keeps its GPUs instead of queueing
+        behind its partner for them. Only a lease on the whole pool switches, to a phase
+        on the whole pool (the table decides: see `LeaseTable.can_switch`), and once: a
+        lease granted by a switch is released, not switched. Any other case is a
+        `LeaseError` saying why, and nothing changes. Returns the new lease."""
         table = self._table_of(job, lease_id)
         lease = table.lease(lease_id)
         assert lease is not None
@@ -257,9 +258,15 @@ class LeaseScheduler:
                 f"job {job.job_id}'s {phase} phase runs on pool GPUs {sorted(wanted)}, and "
                 f"lease {lease_id} ({lease.phase}) holds {sorted(lease.gpus)}: a switch "
                 f"keeps GPUs the lease holds; release it and acquire {phase}")
-        if not table.can_switch(lease_id, wanted):
+        if lease.switched:
             raise LeaseError(f"lease {lease_id} was granted by a switch: a lease switches "
                              f"once; release it and acquire {phase}")
+        if not table.can_switch(lease_id, wanted):
+            raise LeaseError(
+                f"lease {lease_id} holds pool GPUs {sorted(lease.gpus)} and job "
+                f"{job.job_id}'s {phase} phase runs on {sorted(wanted)}: a switch is only "
+                f"from and to the whole pool ({sorted(table.gpus)}); release it and "
+                f"acquire {phase}")
         for req in table.waiting:
             if req.job_id == job.job_id and req.phase is phase:
                 raise LeaseError(f"job {job.job_id} has a {phase} request waiting "

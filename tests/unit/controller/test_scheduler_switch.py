@@ -3,7 +3,8 @@
 A colocated job that ends its training with a weight sync keeps its GPUs for the sync
 instead of queueing behind its partner's whole phase; its partner gets them when the
 sync is released. The switched lease is recorded as released (observation, ledger), a
-lease switches once, and every refused switch changes nothing, even after a restart.
+lease switches once and only on the whole pool, and every refused switch changes
+nothing, even after a restart.
 Real in-memory Store, the real FIFO slice policy, a settable clock.
 """
 
@@ -136,12 +137,16 @@ async def test_a_switch_to_gpus_outside_the_lease_is_refused_and_changes_nothing
 
 
 @run
-async def test_a_disaggregated_train_switches_to_its_sync_on_the_trainer_set() -> None:
+async def test_a_switch_off_the_whole_pool_is_refused_and_changes_nothing() -> None:
+    # a disaggregated job's train and sync share its trainer set, but a switch there
+    # would lock the pair's phases together: only a lease on the whole pool switches
     store, pool, clock = _setup(Layout.DISAGGREGATED)
     s = _sched(store, clock)
     train = s.request(_job(store, 1), Phase.TRAIN)  # GPU 1
-    rollout = s.request(_job(store, 2), Phase.ROLLOUT)  # GPU 0, beside it
-    assert train.lease is not None and rollout.lease is not None
-    sync = s.switch(_job(store, 1), train.request_id, Phase.SYNC, {})
-    assert sync.gpus == {1}
-    check_history(store.intervals(pool))
+    s.request(_job(store, 2), Phase.ROLLOUT)  # GPU 0, beside it
+    before = _state(store, s, pool)
+    with pytest.raises(LeaseError, match=rf"lease {train.request_id} holds pool GPUs \[1\] "
+                       r"and job 1's sync phase runs on \[1\]: a switch is only from and "
+                       r"to the whole pool \(\[0, 1\]\); release it and acquire sync"):
+        s.switch(_job(store, 1), train.request_id, Phase.SYNC, {})
+    assert _state(store, s, pool) == before
