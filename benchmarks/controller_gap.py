@@ -178,31 +178,31 @@ designed row does. Means over {seeds} seeds x (steady, bursty), max over runs.
 
 {table}
 
-Reading (at 1.15 mostly disaggregated pairs, the other workloads saving 0.6-6.1% as
+Reading (at 1.15 mostly disaggregated pairs, the other workloads saving 0.8-11.1% as
 designed; every job declares its steps, `--rl-steps`):
 - **Replicas consolidating their tail recover most of the designed system's
-  savings**: agentic-tools 25.7% (designed 25.9%) and polytrace-mix 14.4% (15.9%) at
-  1.5, disaggregated 16.3% (16.6%) at 1.15 and 32.2% (33.3%) at 1.5, long-cot 13.5%
-  (16.1%) at 1.5, where one engine saves 14.5%, 4.9%, 10.8%, 29.0% and 0.5%; at about
+  savings**: agentic-tools 28.8% (designed 29.2%) and polytrace-mix 16.9% (18.6%) at
+  1.5, disaggregated 16.3% (16.6%) at 1.15 and 32.2% (33.3%) at 1.5, long-cot 15.3%
+  (18.2%) at 1.5, where one engine saves 17.2%, 6.6%, 10.8%, 29.0% and 1.1%; at about
   the designed p95 except on disaggregated (1.173 against 1.141 at 1.15, 1.497 against
   1.380 at 1.5). What is left is mostly the rounding of the tail to whole replicas; the
   rounds' prefills are not priced here. The controller does this with `round_tokens`
   and `job.phase("rollout", min_gpus=G/2)` (docs/pools.md); the simulator measures it,
   no real rollout has shown it (the `tiny` model's rounds take milliseconds).
-- **Growing back as the controller does adds 0.1-1.4 points**: disaggregated 16.4% at
-  1.15 (p95 1.173 -> 1.150) and 32.4% at 1.5 (p95 1.497 -> 1.451), long-cot 14.8% at
-  1.5 (p95 1.556 -> 1.491), polytrace-mix 15.4% (p95 1.438 -> 1.440), math-sync 4.5% at
-  1.5 (3.1% without), agentic-tools 26.4%.
+- **Growing back as the controller does adds up to 1.8 points**: disaggregated 16.4% at
+  1.15 (p95 1.173 -> 1.150) and 32.4% at 1.5 (p95 1.497 -> 1.451), long-cot 17.1% at
+  1.5 (p95 1.451 -> 1.414), polytrace-mix 17.7% (p95 1.420 -> 1.375), math-sync 5.8% at
+  1.5 (4.1% without), agentic-tools 28.7% (28.8% without).
 - **Without moving sequences, replicas free GPUs late**: with 1-GPU replicas of a
   `heavy` tail the first GPU frees after ~41% of the rollout and the last-but-one after
   ~82% (`replica_tail_points("heavy", 8, 1)`), where a consolidated tail is down to half
   the set after 11% and to one GPU after 26% (`tail_points("heavy", 8)`); on math tails
   the replicas end within ~20% of each other. Growing without rounds (`replicas +
-  grow`) recovers about two thirds of the gap between one engine and the designed system
-  on agentic-tools at 1.5, about 30% on polytrace-mix, a fifth on long-cot; on
+  grow`) recovers about three quarters of the gap between one engine and the designed
+  system on agentic-tools at 1.5, under half on polytrace-mix, a fifth on long-cot; on
   disaggregated at 1.15 it saves about what one engine saves (10.7% against 10.8%).
-- **Growing adds up to 2.2 points** over replicas alone (long-cot at 1.5; 1.9-2.0 on
-  agentic-tools and polytrace-mix). Started on half the set without growing or moving
+- **Growing adds up to 3.0 points** over replicas alone (polytrace-mix at 1.5; 2.5-2.7
+  on agentic-tools and long-cot). Started on half the set without growing or moving
   sequences, a rollout runs at half speed to its end (measured in an earlier revision
   with the `replicas` row so: disaggregated at 1.15, 3.8% at p95 1.41, max 1.83), hence
   the whole set for replicas without rounds (the controller grows those only while

@@ -337,17 +337,18 @@ limit, its p95 is above 1.00, so such rows read "not beaten":
 
 How much of this is noise, over seeds 0-2 (steady and bursty, 6 runs a point, standard
 errors in brackets; `python benchmarks/noise.py -w agentic-tools -w polytrace-mix -w
-mixed-sizes --seeds 3`, the same simulations as this run's and one more seed; at
-commit aa935d7): on agentic-tools the default saves 26.2% (1.1) at p95 1.319 (0.011) at
-L = 1.5, against `greedy`'s 27.5% (1.3) at 1.320 (0.006); run by run its curve at that
-p95 falls 3.6 points short (standard error 2.7): a tie within the noise. Against
-`random`'s 22.4% (1.3) at 1.315 (0.007) it saves nearly four points more at a p95 0.004
-higher: over three seeds that "not beaten" lies in the p95's third decimal, over the two
-above it is beaten. On polytrace-mix its curve gives 12.5% at `greedy`'s p95 1.396
-(6.5% (0.5) at 1.239 at L = 1.25, 15.6% (0.9) at 1.477 at 1.5), against 15.4% (1.0);
-run by run 2.7 points short (standard error 0.7): a loss beyond the noise. On
-mixed-sizes it saves 8.8% (0.6) at p95 1.993 at L = 2.0, against `random`'s 7.5% (0.4)
-at 2.329: a win.
+long-cot --seeds 3`, the same simulations as this run's and one more seed; at this
+revision, with the lease switch): on agentic-tools the default saves 30.1% (1.4) at p95
+1.219 (0.007) at L = 1.5, against `greedy`'s 30.4% (1.2) at 1.228 (0.005), and its
+curve gives 30.4% at that p95: a tie (over the two seeds above, run by run, it fell 3.9
+points short, standard error 1.9). On polytrace-mix its curve gives 16.1% at `greedy`'s
+p95 1.353 (9.6% (0.8) at 1.212 at L = 1.25, 18.0% (1.1) at 1.395 at 1.5), against 16.0%
+(1.0): a tie, where before the switch it fell 2.7 points short (standard error 0.7, at
+commit aa935d7), a loss beyond the noise. On long-cot it saves 21.9% (0.9) at p95 1.700
+at L = 1.75, against `greedy`'s 22.2% (1.0) at 1.718: 0.1 points short, run by run 0.0
+(standard error 1.3). So `greedy` ties the default on all three, where it beat it on
+polytrace-mix before the switch; `random`, `fifo-lock` and `gang` are beaten, and
+`dedicated` at p95 1.00 could be only by not sharing.
 
 Two of the policy's own settings do not turn these verdicts (`python
 benchmarks/what_if.py --what-if-param max_group=2 -w polytrace-mix -w agentic-tools -L
@@ -375,13 +376,15 @@ of duty cycle 0.65-0.92, pair nothing under it). Its verdicts, read as above:
 
 {capped_verdicts}
 
-Over seeds 0-2 (`benchmarks/noise.py` as above) the cap beats `greedy` on agentic-tools
-at L = 1.75 (28.6% (0.9) at p95 1.318 (0.009), against 27.5% (1.3) at 1.320 (0.006)) and
-on polytrace-mix at L = 1.75 (15.4% (0.9) at p95 1.386 (0.013), against 15.4% (1.0) at
-1.396 (0.025)); over the two seeds above it beats `greedy` on polytrace-mix and falls
-0.3 points short on agentic-tools. Each margin is less than the two points' standard
-errors combined (1.6 and 1.3 points): wins and a miss within the noise. It beats `random`
-on agentic-tools at L = 1.5 (26.3% (1.1) at 1.313, against 22.4% (1.3) at 1.315). On
+Over seeds 0-2 (`benchmarks/noise.py` as above) the cap beats `greedy` on polytrace-mix
+at L = 1.75 (16.5% (1.1) at p95 1.334 (0.028), against 16.0% (1.0) at 1.353 (0.037))
+and on long-cot at 1.75 (22.2% (1.0) at 1.538, against 22.2% (1.0) at 1.718), and on
+agentic-tools its curve gives 31.1% at `greedy`'s p95 (29.4% (1.4) at 1.216 at L = 1.5,
+31.7% (1.0) at 1.232 at 1.75, against 30.4% (1.2) at 1.228): no measured limit lands
+at or below that p95, by 0.004. Each margin is less than the two points' standard
+errors combined: wins and a tie within the noise. It beats `random` on agentic-tools at
+L = 1.5 (29.4% (1.4) at 1.216, against 25.0% (1.4) at 1.221).
+On
 math-sync and
 mixed-sizes the cap "beats" `dedicated` and `greedy` only by pairing nothing, as they
 do, and loses the `random` and `fifo-lock` verdicts the default wins there at 1.5-2.0.

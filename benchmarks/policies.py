@@ -611,8 +611,9 @@ shorter one's solo time and took each job's slowdown at its own end. That is not
 same: the member slowed more then runs its last steps alone and is diluted, and the
 column read 0.04-0.11 more pessimistic on one window.) Measured so, the predictor is
 within 0.03 of the simulator on average in every row of more than one pair but
-agentic-tools' (0.06 pessimistic on one window, 0.08 staggered) and polytrace-mix's on
-one window (0.05; per pair, sd 0.04-0.12). Agentic rollouts run as several turns: the
+agentic-tools' (0.10 pessimistic on one window, 0.06 before the lease switch below; 0.08
+staggered) and polytrace-mix's on one window (0.10, was 0.05; per pair, sd 0.04-0.14).
+Agentic rollouts run as several turns: the
 predictor repeats one step of median turns and stalls, the simulated steps vary, and
 the predicted slowdowns come out more uneven between the two members than the
 simulator's.
@@ -865,58 +866,57 @@ member placed on the pool's highest GPUs (`pools.py` `_enact` and `manager.py`
 larger member's tail stays; `LeaseTable` already takes any subset of the pool's GPUs),
 and a pool that shrinks when its largest member leaves.
 
-**A job's weight sync waits behind its partner's training** (found this round; measured
-with a patch on branch `switch-proto`, **not landed**). A driver ends `train` and asks
-for `sync` on the same GPUs a moment later; by then the slice policy has granted them
-to the partner's waiting `train`, so a sync of seconds waits a whole training. Traced on
-a long-cot job sharing one window with a copy of itself (seed 0, round-robin): its sync
-waited 165-211 s a step behind the copy's training (steps 3-6), and it ran at 1.30 (1.28-1.32 over 8
-such jobs, the same under `fifo` and `bounded-slowdown`). The patch lets a job switch a
-held lease to its next phase on GPUs it holds, without queueing (`LeaseTable.switch`;
-once per lease, so a job with no gap between its phases cannot chain them and starve its
+**A job's weight sync no longer waits behind its partner's training** (landed at this
+revision; before, measured on branch `switch-proto`). A driver ends `train` and asks for
+`sync` on the same GPUs a moment later; by then the slice policy had granted them to the
+partner's waiting `train`, so a sync of seconds waited a whole training. Traced on a
+long-cot job sharing one window with a copy of itself (seed 0, round-robin): its sync
+waited 165-211 s a step behind the copy's training (steps 3-6), and such pairs ran at
+1.28-1.32 (8 jobs, each beside its copy, `benchmarks/policies.py`'s `_alone`; the same
+under `fifo` and `bounded-slowdown`). Now a job holding the whole pool may switch its
+lease to its next phase on the whole pool, without queueing (`LeaseTable.switch`: once
+per lease, so a job with no gap between its phases cannot chain them and starve its
 partner; it gives a job nothing it could not take by holding the lease longer). The
-simulator's driver switches wherever its next segment is a GPU phase on GPUs it holds,
-and the predictor's group simulation (both implementations) does the same. The copy pair
-then ran at 1.26-1.29. Over the suite (60 jobs, seeds 0-1, steady and bursty, every
-job's limit L; the baselines switch too, as it is the driver's doing; each cell `slurmrl
-simulate -w W --jobs 60 --seed S --arrivals A --max-slowdown L --json`, or `--pairing
-greedy` / `random`, run on that branch; the traces and feasibility runs with this
-script's `_alone` and `feasibility` there):
+controller serves it (`POST /v1/jobs/J/leases/L/switch`, answered once the next phase's
+services are active), the client's `Lease.switch` falls back to release and acquire where
+the table refuses, the example drivers switch `train` to `sync`, and the simulator's
+driver and both implementations of the predictor's group simulation do the same. The
+copy pairs then ran at 1.26-1.29. The table refuses the switch where a lease holds part
+of the pool, as measured on the branch, where it switched wherever the next phase ran on
+GPUs the job held. A disaggregated job's trainer set: disaggregated pairs became
+lopsided, one member near 1.0 and the other up to 1.45 (p95 1.244 at L = 1.15, 13 of
+the feasibility table's 40 pairs within 1.15 where 19 were). Traced on one (steps of 325
+s and 526 s, 16 GPUs): each step the shorter job asked for the trainer set just after
+the longer one was granted it and waited its whole training (1.40, against 1.09 without
+the switch, while the longer job went from 1.12 to 1.00); the longer job's sync waiting
+behind the shorter one's training had shifted its next step and shared the waiting.
+A staggered pool's windows: with the predictor switching there too, long-cot on NVL72
+racks saved 14.1% at p95 1.157 (17.4% at 1.155 without the switch), as the predictor,
+from its synchronized start, settled into worse cycles than the simulator ran and turned
+away pairs that fit; with only the simulator switching there it saved 18.4%, but the
+learned-prior run of `tests/sim/test_simulator.py` put a job at 1.177 over its 1.15.
+Over the suite (60 jobs, seeds 0-1, steady and bursty, every job's limit L; the
+baselines switch too, as it is the driver's doing; each cell `slurmrl simulate -w W
+--jobs 60 --seed S --arrivals A --max-slowdown L --json`, with `--gpus-per-node 72` for
+the rows @72, NVL72 racks; "without" is the revision before, 4277cfa):
 
 | workload | L | default without the switch: savings % (p95) | with it | captured at 1.15, with it |
 | --- | ---: | ---: | ---: | ---: |
-| math-sync | 1.15 / 1.5 | 0.8 (1.121) / 4.5 (1.454) | 1.0 (1.117) / 5.8 (1.498) | 3% |
+| math-sync | 1.15 / 1.5 | 0.8 (1.121) / 4.5 (1.454) | 1.0 (1.117) / 5.8 (1.499) | 3% |
 | long-cot | 1.15 / 1.5 | 3.0 (1.118) / 16.1 (1.549) | 4.1 (1.120) / 18.2 (1.428) | 7% |
-| agentic-tools | 1.15 / 1.5 | 6.1 (1.109) / 25.9 (1.318) | 11.1 (1.119) / 29.2 (1.220) | 16% |
-| disaggregated | 1.15 / 1.5 | 16.6 (1.141) / 33.3 (1.380) | 26.3 (**1.244**) / 42.4 (1.430) | 38% |
+| long-cot @72 | 1.15 / 1.5 | 17.4 (1.155) / 26.9 (1.208) | 18.0 (1.154) / 27.2 (1.195) | 29% |
+| agentic-tools | 1.15 / 1.5 | 6.1 (1.110) / 25.9 (1.319) | 11.1 (1.119) / 29.2 (1.220) | 16% |
+| agentic-tools @72 | 1.15 / 1.5 | 5.9 (1.159) / 25.8 (1.284) | 9.0 (1.148) / 27.7 (1.250) | 13% |
+| disaggregated | 1.15 / 1.5 | 16.6 (1.141) / 33.3 (1.380) | unchanged (no switch) | 24% |
 | mixed-sizes | 1.15 / 1.5 | 0.6 (1.116) / 3.1 (1.467) | 0.8 (1.112) / 4.2 (1.425) | 2% |
-| polytrace-mix | 1.15 / 1.5 | 2.6 (1.133) / 15.9 (1.474) | 4.3 (1.118) / 18.6 (1.388) | 8% |
+| polytrace-mix | 1.15 / 1.5 | 2.6 (1.132) / 15.9 (1.474) | 4.3 (1.118) / 18.6 (1.388) | 8% |
+| polytrace-mix @72 | 1.15 / 1.5 | 6.7 (1.179) / 17.8 (1.460) | 6.6 (1.149) / 19.4 (1.404) | 12% |
 
-With the switch on both sides, `greedy` saves 30.2% at p95 1.232 on agentic-tools (27.6%
-at 1.322 without) and 19.7% at 1.922 on polytrace-mix (15.0% at 1.388); `random` 24.1%
-at 1.223 and 16.5% at 1.721. The default's curve (L = 1.25, 1.5, 1.75, 2.0: agentic-tools
-20.2% at 1.199, 29.2% at 1.220, 34.2% at 1.415, 38.3% at 1.463; polytrace-mix 10.3% at
-1.211, 18.6% at 1.388, 21.7% at 1.523, 24.0% at 1.887) would then beat `greedy` on
-polytrace-mix (at L = 1.75) and `random` on both, and fall 0.7 points short of `greedy`
-on agentic-tools at its p95 (1.6 without), within the noise measured above. It turns
-no savings target: 2-16% of the ideal is captured at 1.15 where the jobs stay within it.
-Not landed, for three reasons. First, disaggregated jobs ran over their limit with it:
-p95 1.244 at L = 1.15. In the feasibility runs above, with the switch, disaggregated pairs'
-worst member went from 1.156 to 1.236 (median), 13 of 40 pairs within 1.15 where 19
-were, and the predictor's error from +0.016 (sd 0.075) to -0.044 (sd 0.147). The pairs
-became lopsided: one member near 1.0, the other up to 1.45. Traced on one (steps of 325 s
-and 526 s, 16 GPUs): each step the shorter job asks for the trainer set just after the
-longer one was granted it and waits its whole training (about 120 s a step: 1.40, against
-1.09 without the switch, while the longer job went from 1.12 to 1.00). Without the switch
-the longer job's sync waited behind the shorter one's training, which shifted its next
-step and shared the waiting. The switch itself delays nobody there (the sync is 1 s); it
-removes the delay that kept the cycle fair, and a slice policy would have to keep the
-set for the member under more pressure, idle for a while, to restore it. Second, six
-simulator and policy tests assert the schedule without it (one-window pairs and
-staggered pools) and need new hand-built cases. Third, the controller and client have no
-switch yet (the plan: `acquire` naming the held lease to switch from, answered once the
-next phase's services are active, so a colocated sync wakes the rollout engine; a retry
-finds the switched lease by phase; the example driver's `train` then switches to `sync`).
+Savings rise on every row but polytrace-mix @72 at 1.15 (0.1 point less, at a p95 0.030
+lower), and the p95 stays within L wherever it was (long-cot @72 at 1.15: 1.154, was
+1.155). The baselines gain too (the results table below; `greedy` on agentic-tools 27.6%
+at p95 1.322 -> 29.7% at 1.227, on polytrace-mix 15.0% at 1.388 -> 15.7% at 1.356). No
+savings target turns: 2-29% of the ideal is captured at 1.15.
 
 Whatever the slice policy, a share argument bounds what one window can give a colocated
 pair. Job A's GPU phases (its rollout, tail included, while it holds at least one GPU;
