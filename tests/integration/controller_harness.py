@@ -26,6 +26,20 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_PY = sys.executable  # the venv make test runs in (under /opt: every user can run it)
 
 
+#: run as a job's user (`jobs.run([VENV_PY, "-c", RPC_AS, url, method, path, body])`):
+#: one RPC call, its status and answer printed as JSON
+RPC_AS = """
+import json, sys
+from slurmrl.client.rpc import ControllerError, RpcClient
+url, method, path, body = sys.argv[1:5]
+try:
+    status, ans = RpcClient(url, retry_for_s=0).call(method, path, json.loads(body))
+except ControllerError as exc:
+    status, ans = exc.status, {"error": {"code": exc.code, "message": exc.message}}
+print(json.dumps({"status": status, "answer": ans}))
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

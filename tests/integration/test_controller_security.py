@@ -16,6 +16,7 @@ from typing import Any
 
 from slurmrl.auth.requests import sign_request
 from tests.integration.controller_harness import (
+    RPC_AS,
     VENV_PY,
     ControllerProc,
     driver_script,
@@ -24,17 +25,6 @@ from tests.integration.controller_harness import (
     wait_output,
     wait_running,
 )
-
-RPC_AS = """
-import json, sys
-from slurmrl.client.rpc import ControllerError, RpcClient
-url, method, path, body = sys.argv[1:5]
-try:
-    status, ans = RpcClient(url, retry_for_s=0).call(method, path, json.loads(body))
-except ControllerError as exc:
-    status, ans = exc.status, {"error": {"code": exc.code, "message": exc.message}}
-print(json.dumps({"status": status, "answer": ans}))
-"""
 
 
 def _raw(url: str, method: str, path: str, body: bytes, headers: dict[str, str],

@@ -24,6 +24,7 @@ from slurmrl.client.rpc import ControllerError
 from slurmrl.db import Store
 from slurmrl.leases.invariants import check_history
 from tests.integration.controller_harness import (
+    RPC_AS,
     VENV_PY,
     ControllerProc,
     holder_pool,
@@ -32,16 +33,6 @@ from tests.integration.controller_harness import (
 
 #: a mostly idle step: the default pairing policy puts the two jobs in one pool at once
 PROFILE = "rollout=0.2,train=0.1,reward=0.7,step=1"
-RPC_AS = """
-import json, sys
-from slurmrl.client.rpc import ControllerError, RpcClient
-url, method, path, body = sys.argv[1:5]
-try:
-    status, ans = RpcClient(url, retry_for_s=0).call(method, path, json.loads(body))
-except ControllerError as exc:
-    status, ans = exc.status, {"error": {"code": exc.code, "message": exc.message}}
-print(json.dumps({"status": status, "answer": ans}))
-"""
 
 
 def _rl_job(jobs: Any, ctl: ControllerProc) -> Job:

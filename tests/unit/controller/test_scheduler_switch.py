@@ -14,40 +14,14 @@ import asyncio
 from typing import Any
 
 import pytest
-from _loop import Clock, run
+from _loop import run
+from test_scheduler import _job, _sched, _setup
 
-from policies.registry import load
 from slurmrl.controller.scheduler import LeaseScheduler
-from slurmrl.db import JobRecord, Store
+from slurmrl.db import Store
 from slurmrl.leases import LeaseError
 from slurmrl.leases.invariants import check_history
-from slurmrl.model import JobState, Layout, LeaseState, Phase, RlRequest
-
-TIMEOUT_S = 10.0
-
-
-def _setup(layout: Layout = Layout.COLOCATED) -> tuple[Store, int, Clock]:
-    store = Store(":memory:")
-    pool = store.add_pool(gpus=2, opened_at=0.0)
-    for job_id in (1, 2):
-        req = RlRequest(gpus=2, layout=layout, rollout_gpus=1 if layout is
-                        Layout.DISAGGREGATED else None)
-        store.add_job(JobRecord(job_id, "u", 1000 + job_id, req, JobState.RUNNING, 0.0,
-                                pool_id=pool, pool_gpus=(0, 1)))
-    return store, pool, Clock()
-
-
-def _sched(store: Store, clock: Clock) -> LeaseScheduler:
-    s = LeaseScheduler(store, lambda: load("slice", "fifo"), TIMEOUT_S, clock=clock,
-                       check_invariants=True)
-    s.restore()
-    return s
-
-
-def _job(store: Store, job_id: int) -> JobRecord:
-    job = store.job(job_id)
-    assert job is not None
-    return job
+from slurmrl.model import Layout, LeaseState, Phase
 
 
 def _state(store: Store, s: LeaseScheduler, pool: int) -> tuple[Any, ...]:
