@@ -8,7 +8,7 @@ examples/jobs/*.sbatch); it runs on a CPU node of the drivers partition and does
     rollout, trainer = job.service("rollout"), job.service("trainer")
     each step: rollout lease -> generate;  reward gap on this CPU (+ tool latency);
                train lease -> train_step;  sync lease -> trainer weights to rollout
-               (a colocated job switches its train lease to the sync: `Lease.switch`)
+               (the train lease switches to the sync where the controller allows: `Lease.switch`)
 
 The algorithm is in examples/rlvr.py. Each step prints one JSON line
 (`{"step", "reward", "loss", "rollout_s", ...}`) and reports the reward gap to the
@@ -113,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             return job.phase(name, min_gpus=args.rollout_min_gpus if name == "rollout"
                              else None)
 
-        # colocated: the sync runs on the train lease's GPUs, so the train switches to it
-        colocated = job.info.get("request", {}).get("layout") == "colocated"
+        # the sync runs on the train lease's GPUs: the train switches to it where the
+        # controller allows (else the client releases and queues, Lease.switch)
         hist = train(cfg, rollout, trainer, phase, observe=observe, on_step=on_step,
-                     switch_sync=colocated)
+                     switch_sync=True)
         print(json.dumps({"event": "done", "job_id": job.job_id, "wall_s": time.time() - t0,
                           "reward_first5": hist.window_mean(True),
                           "reward_last5": hist.window_mean(False)}), flush=True)

@@ -11,12 +11,13 @@ takes a rollout and a trainer (anything with `ServiceHandle`'s `generate`,
         with phase("sync"):     trainer.sync_weights_to(rollout)
 
 `examples/grpo_arith.py` passes `job.phase` (slurmrl leases); tests pass a no-op phase
-and real worker processes. With `switch_sync` (a colocated job: its sync runs on the
-GPUs it trains on) the train block ends by switching its lease to the sync
+and real worker processes. With `switch_sync` (the sync runs on the GPUs the job
+trains on) the train block ends by switching its lease to the sync
 (`slurmrl.client.Lease.switch`), which the sync block then holds: the sync does not
-queue behind a partner's phase for GPUs the job held a moment before. A disaggregated
-job does not switch: in the simulator a disaggregated pair that did fell into lockstep,
-one member never waiting while the other took all the contention on the rollout set.
+queue behind a partner's phase for GPUs the job held a moment before. The controller
+decides where a switch may happen (on part of a pool, a disaggregated trainer set, only
+for the member that has waited the larger share of its time); elsewhere the client
+releases and queues instead.
 
 The task: prompts "a+b=" with operands 0..max_operand; the reward is 1.0 when the
 first integer in the completion equals a+b (exact match), else 0.0. Rewards are

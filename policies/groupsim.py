@@ -26,7 +26,9 @@ slower by set/granted; a `tail` segment after it keeps only the lowest GPU of it
 its trainer set only (its rollout engine loads the new weights when next activated); a
 member holding the whole pool whose next phase runs on the whole pool (a colocated
 train -> sync in one window) switches its lease to it (`LeaseTable.switch`, once per
-lease) instead of queueing again.
+lease) instead of queueing again. The switches the table also allows on part of a pool,
+to the member that has waited the larger share of its time, are left out: they go to the
+member slowed most, so leaving them out errs on the pessimistic side.
 
 A staggered pool (`offsets`, `pool_gpus`): each member's masks are shifted to its
 window, and a shrinking tail keeps the GPU the other windows cover least, as
@@ -282,9 +284,9 @@ def simulate_group_table(members: Sequence[SimKey], steps: int = 6,
         if pos[j] >= total[j]:
             return _horizon(segs, pos, running, now)
         nxt, nmask, _, _ = segs[j][pos[j] % len(segs[j])]
-        if j in lease_of and nxt == REQUEST:
+        if j in lease_of and nxt == REQUEST and nmask == (1 << gpus) - 1:
             wanted = [g for g in range(gpus) if nmask >> g & 1]
-            if table.can_switch(lease_of[j], wanted):
+            if table.can_switch(lease_of[j], wanted, now):
                 _, events = table.switch(lease_of.pop(j), Phase.ROLLOUT, wanted, now)
                 on_events(events, now)
                 continue

@@ -135,10 +135,11 @@ class Lease:
         queueing behind its partner. Returns the new lease, now `job.current`; the next
         `job.phase` (or `acquire`) of `phase` takes it up instead of asking again.
 
-        The controller switches a lease on the whole pool to a phase on the whole pool,
-        once. Where it refuses (a lease a switch granted, a disaggregated job's or a
-        staggered pool's lease) or has no switch, this falls back to `release(timing)`
-        and `job.acquire(phase)`, which queues; so a driver may always call it.
+        The controller switches a lease to a phase on the same GPUs, once; on part of a
+        pool (a disaggregated trainer set, a staggered pool's window) only for the member
+        that has waited the larger share of its time. Where it refuses (or has no
+        switch), this falls back to `release(timing)` and `job.acquire(phase)`, which
+        queues; so a driver may always call it.
         """
         self.check()
         report = dict(self.timing() if timing is None else timing)

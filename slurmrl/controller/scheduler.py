@@ -239,10 +239,10 @@ class LeaseScheduler:
                now: float | None = None) -> Lease:
         """End the job's held lease (at `now`, default the clock) and grant its next
         `phase` at once on the GPUs that phase runs on (`LeaseTable.switch`): a
-        colocated train that ends in a weight sync keeps its GPUs instead of queueing
-        behind its partner for them. Only a lease on the whole pool switches, to a phase
-        on the whole pool (the table decides: see `LeaseTable.can_switch`), and once: a
-        lease granted by a switch is released, not switched. Any other case is a
+        train that ends in a weight sync keeps its GPUs instead of queueing behind its
+        partner for them. The next phase runs on exactly the lease's GPUs; on part of
+        the pool the job must be the member behind (`LeaseTable.can_switch`); and once:
+        a lease granted by a switch is released, not switched. Any other case is a
         `LeaseError` saying why, and nothing changes. Returns the new lease."""
         table = self._table_of(job, lease_id)
         lease = table.lease(lease_id)
@@ -253,25 +253,25 @@ class LeaseScheduler:
         if phase is lease.phase:
             raise LeaseError(f"lease {lease_id} is a {phase} lease already")
         wanted = job.pool_gpus_for(phase)
-        if not wanted <= lease.gpus:
+        if wanted != lease.gpus:
             raise LeaseError(
                 f"job {job.job_id}'s {phase} phase runs on pool GPUs {sorted(wanted)}, and "
                 f"lease {lease_id} ({lease.phase}) holds {sorted(lease.gpus)}: a switch "
-                f"keeps GPUs the lease holds; release it and acquire {phase}")
+                f"keeps the lease's GPUs; release it and acquire {phase}")
         if lease.switched:
             raise LeaseError(f"lease {lease_id} was granted by a switch: a lease switches "
                              f"once; release it and acquire {phase}")
-        if not table.can_switch(lease_id, wanted):
-            raise LeaseError(
-                f"lease {lease_id} holds pool GPUs {sorted(lease.gpus)} and job "
-                f"{job.job_id}'s {phase} phase runs on {sorted(wanted)}: a switch is only "
-                f"from and to the whole pool ({sorted(table.gpus)}); release it and "
-                f"acquire {phase}")
         for req in table.waiting:
             if req.job_id == job.job_id and req.phase is phase:
                 raise LeaseError(f"job {job.job_id} has a {phase} request waiting "
                                  f"({req.request_id}); release that first")
         now = self.clock() if now is None else now
+        if not table.can_switch(lease_id, wanted, now):
+            raise LeaseError(
+                f"lease {lease_id} holds part of the pool ({sorted(lease.gpus)} of "
+                f"{sorted(table.gpus)}), and a member waiting for those GPUs has waited a "
+                f"larger share of its time than job {job.job_id}: it goes first; release "
+                f"the lease and acquire {phase}")
         with self.store.transaction():
             rid = self.store.add_request(
                 pool_id=table.pool_id, job_id=job.job_id, phase=phase, wanted=wanted,

@@ -146,23 +146,43 @@ class LeaseTable:
         events: list[Event] = [Released(lease, now)]
         return events + self._schedule(now)
 
-    def can_switch(self, lease_id: int, gpus: Iterable[int]) -> bool:
-        """Whether `switch` would take the lease to `gpus`: a held lease on the whole
-        pool, not itself switched to (so a job with no gap between its phases cannot
-        chain them and starve its partner), and `gpus` the whole pool too. Only there:
-        where members hold parts of the pool (a disaggregated job's trainer set, a
-        staggered pool's windows), switching pairs phase-locked, one member never
-        waiting while the other took all the contention (docs/benchmarks.md)."""
+    def can_switch(self, lease_id: int, gpus: Iterable[int], now: float) -> bool:
+        """Whether `switch` would take the lease to `gpus` at `now`: a held lease, not
+        itself switched to (so a job with no gap between its phases cannot chain them
+        and starve its partner), and `gpus` its own GPUs. On the whole pool that is
+        all. On part of it (a disaggregated job's trainer set, a staggered pool's
+        window) the job must also be the one behind: no member waiting for any of those
+        GPUs has spent a larger share of its time in the pool waiting (`waited_share`,
+        current waits and holds included). Unconditioned there, switching pairs fell into
+        lockstep, one member never waiting while the other took all the contention
+        (docs/benchmarks.md)."""
         lease = self._leases.get(lease_id)
-        return (lease is not None and not lease.switched
-                and lease.gpus == self.gpus == frozenset(gpus))
+        keep = frozenset(gpus)
+        if lease is None or lease.switched or keep != lease.gpus:
+            return False
+        if keep == self.gpus:
+            return True
+        mine = self.waited_share(lease.job_id, now)
+        return all(self.waited_share(r.job_id, now) <= mine for r in self._waiting.values()
+                   if r.job_id != lease.job_id and r.gpus & keep)
+
+    def waited_share(self, job_id: int, now: float) -> float:
+        """The share of a member's time in the pool it spent waiting for leases, up to
+        `now`: wait / (wait + held), its waiting requests and held leases counted so far
+        (0 before it waited or held anything)."""
+        s = self._stats.get(job_id, JobSliceStats(job_id))
+        wait = s.wait_s + sum(max(0.0, now - r.requested_at)
+                              for r in self._waiting.values() if r.job_id == job_id)
+        held = s.held_s + sum(max(0.0, now - x.granted_at)
+                              for x in self._leases.values() if x.job_id == job_id)
+        return wait / (wait + held) if wait + held > 0 else 0.0
 
     def switch(self, lease_id: int, phase: Phase, gpus: Iterable[int] | None,
                now: float, request_id: int | None = None) -> tuple[Lease, list[Event]]:
-        """End a held lease on the whole pool and grant its job's next phase on it
-        (`gpus`, default the lease's: the whole pool too) at once, without queueing: a
-        train that ends in a weight sync keeps its GPUs instead of waiting behind a
-        partner's whole phase for them. It gives the job nothing it could not take by
+        """End a held lease and grant its job's next phase on its GPUs (`gpus`, default
+        the lease's; `can_switch` says where) at once, without queueing: a train that
+        ends in a weight sync keeps its GPUs instead of waiting behind a partner's whole
+        phase for them. It gives the job nothing it could not take by
         holding the lease longer (leases are cooperative), and the switch counts as a
         grant for the slice policy (round-robin then serves the partner first next
         time). The new lease's id is `request_id` (default a new one). Once per lease:
@@ -174,11 +194,17 @@ class LeaseTable:
         if lease.switched:
             raise LeaseError(f"lease {lease_id} was switched to already: release it and "
                              "queue for the next phase")
-        if not self.can_switch(lease_id, keep):
+        if keep != lease.gpus:
             raise LeaseError(
                 f"lease {lease_id} cannot switch to GPUs {sorted(keep)}: a switch keeps "
-                f"the whole pool ({sorted(self.gpus)}), and the lease holds "
-                f"{sorted(lease.gpus)}; release it and queue for the next phase")
+                f"the lease's GPUs ({sorted(lease.gpus)}); release it and queue for the "
+                "next phase")
+        if not self.can_switch(lease_id, keep, now):
+            raise LeaseError(
+                f"lease {lease_id} cannot switch: it holds part of the pool "
+                f"({sorted(lease.gpus)} of {sorted(self.gpus)}) and a member waiting for "
+                "those GPUs has waited a larger share of its time; release it and queue "
+                "for the next phase")
         rid = self._new_id() if request_id is None else request_id
         if rid in self._waiting or rid in self._leases:
             raise LeaseError(f"request id {rid} is already in use")

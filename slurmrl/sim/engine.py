@@ -444,16 +444,17 @@ class Simulation:
 
     def _switches(self, pool: Pool, run: JobRun, lease_id: int) -> bool:
         """Whether the driver switches the ending lease to the job's next segment
-        (`LeaseTable.switch`: train -> sync on the whole pool it holds) instead of
-        releasing it and queueing behind a partner's phase for GPUs it had: the next
-        segment is a GPU phase and the table allows the switch."""
+        (`LeaseTable.switch`: train -> sync on the GPUs it holds) instead of releasing
+        it and queueing behind a partner's phase for GPUs it had: the next segment is a
+        GPU phase and the table allows the switch (`LeaseTable.can_switch`)."""
         step, seg = run.step, run.seg + 1
         if seg == len(run.job.steps[step]):
             step, seg = step + 1, 0
         if step == len(run.job.steps) or pool.mode is not PoolMode.LEASE:
             return False
         nxt = run.job.steps[step][seg].phase
-        return nxt.needs_gpu and pool.table.can_switch(lease_id, self._gpus_for(run, nxt))
+        return nxt.needs_gpu and pool.table.can_switch(lease_id, self._gpus_for(run, nxt),
+                                                       self.now)
 
     def _start_segment(self, run: JobRun) -> None:
         pool = run.pool

@@ -1,6 +1,7 @@
 """A colocated job's weight sync follows its training on the GPUs it holds (a lease
 switch) instead of queueing behind the partner's whole training; where the job holds
-only part of the pool (a disaggregated trainer set) it queues as before."""
+only part of the pool (a disaggregated trainer set) it switches only if it is the member
+behind, and here, its partner having waited its whole training, it queues."""
 
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ def test_a_colocated_sync_follows_its_training_ahead_of_the_waiting_partner() ->
 
 
 def test_a_disaggregated_sync_queues_behind_the_partners_training() -> None:
-    # the trainer set (GPUs 4-7) is part of the pool: no switch, and round-robin serves
-    # B's training, waiting since t=10, before A's sync
+    # the trainer set (GPUs 4-7) is part of the pool, and B, waiting for it since t=10,
+    # has waited all its time, A none: no switch, and round-robin serves B's training
+    # before A's sync
     a = job(1, 0.0, [(Phase.TRAIN, 50.0), (Phase.SYNC, 2.0)], Layout.DISAGGREGATED)
     b = job(2, 10.0, [(Phase.TRAIN, 50.0)], Layout.DISAGGREGATED)
     sim = run([a, b])

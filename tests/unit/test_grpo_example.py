@@ -2,9 +2,9 @@
 rollout run as replicas, never sent to a one-engine rollout (whose `generate` does not
 take it), and refused with a reason when the job's rollout is one engine.
 
-A colocated step's train lease switches to the sync (`switch_sync`), a disaggregated
-one's does not. The rollouts here are in-process stand-ins that record their calls; the
-replicas themselves are tested in tests/unit/client/test_replicas_rounds.py, and the
+A step's train lease switches to the sync with `switch_sync`, not without it. The
+rollouts here are in-process stand-ins that record their calls; the replicas themselves
+are tested in tests/unit/client/test_replicas_rounds.py, and the
 driver on the real dev cluster in tests/integration/test_e2e.py."""
 
 from __future__ import annotations

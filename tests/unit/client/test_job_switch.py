@@ -86,10 +86,11 @@ def test_only_the_switched_lease_of_its_phase_is_taken_up(standin: StandIn, job:
 
 @pytest.mark.parametrize("refusal", [
     error(409, "cannot-switch", "lease 5 was granted by a switch: a lease switches once"),
-    error(409, "cannot-switch", "lease 5 holds pool GPUs [1] and job 42's sync phase runs "
-          "on [1]: a switch is only from and to the whole pool ([0, 1])"),
+    error(409, "cannot-switch", "lease 5 holds part of the pool ([1] of [0, 1]), and a "
+          "member waiting for those GPUs has waited a larger share of its time than job "
+          "42: it goes first; release the lease and acquire sync"),
     error(404, "http", "Not Found: POST /v1/jobs/42/leases/5/switch"),  # an older controller
-], ids=["switched-already", "not-whole-pool", "no-switch-route"])
+], ids=["switched-already", "member-behind-waiting", "no-switch-route"])
 def test_a_lease_that_cannot_switch_is_released_and_the_phase_acquired(
         standin: StandIn, job: Job, refusal: Answer) -> None:
     _grants(standin, train=5, sync=7)

@@ -3,8 +3,8 @@
 A colocated job that ends its training with a weight sync keeps its GPUs for the sync
 instead of queueing behind its partner's whole phase; its partner gets them when the
 sync is released. The switched lease is recorded as released (observation, ledger), a
-lease switches once and only on the whole pool, and every refused switch changes
-nothing, even after a restart.
+lease switches once, on part of the pool only for the member behind, and every refused
+switch changes nothing, even after a restart.
 Real in-memory Store, the real FIFO slice policy, a settable clock.
 """
 
@@ -111,16 +111,28 @@ async def test_a_switch_to_gpus_outside_the_lease_is_refused_and_changes_nothing
 
 
 @run
-async def test_a_switch_off_the_whole_pool_is_refused_and_changes_nothing() -> None:
-    # a disaggregated job's train and sync share its trainer set, but a switch there
-    # would lock the pair's phases together: only a lease on the whole pool switches
+async def test_on_part_of_the_pool_only_the_member_behind_switches() -> None:
+    # a disaggregated job's train and sync share its trainer set (GPU 1), part of the
+    # pool: job 1 may switch there only if no member waiting for that GPU has waited a
+    # larger share of its time; unconditioned, such switches locked pairs' phases
     store, pool, clock = _setup(Layout.DISAGGREGATED)
     s = _sched(store, clock)
     train = s.request(_job(store, 1), Phase.TRAIN)  # GPU 1
-    s.request(_job(store, 2), Phase.ROLLOUT)  # GPU 0, beside it
+    clock.now += 1.0
+    s.request(_job(store, 2), Phase.TRAIN)  # waits for GPU 1
+    clock.now += 4.0
     before = _state(store, s, pool)
-    with pytest.raises(LeaseError, match=rf"lease {train.request_id} holds pool GPUs \[1\] "
-                       r"and job 1's sync phase runs on \[1\]: a switch is only from and "
-                       r"to the whole pool \(\[0, 1\]\); release it and acquire sync"):
+    with pytest.raises(LeaseError, match=rf"lease {train.request_id} holds part of the pool "
+                       r"\(\[1\] of \[0, 1\]\), and a member waiting for those GPUs has "
+                       r"waited a larger share of its time than job 1: it goes first; "
+                       r"release the lease and acquire sync"):
         s.switch(_job(store, 1), train.request_id, Phase.SYNC, {})
     assert _state(store, s, pool) == before
+    # with nobody waiting for GPU 1 (job 2 rolls out on GPU 0), job 1 switches there
+    store2, _, clock2 = _setup(Layout.DISAGGREGATED)
+    s2 = _sched(store2, clock2)
+    train2 = s2.request(_job(store2, 1), Phase.TRAIN)
+    s2.request(_job(store2, 2), Phase.ROLLOUT)
+    clock2.now += 5.0
+    sync = s2.switch(_job(store2, 1), train2.request_id, Phase.SYNC, {})
+    assert (sync.phase, sync.gpus) == (Phase.SYNC, frozenset({1}))

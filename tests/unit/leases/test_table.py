@@ -286,7 +286,7 @@ def test_a_training_job_switches_to_its_sync_ahead_of_its_waiting_partner() -> N
     a_train, _ = t.request(1, Phase.TRAIN, ALL, now=0.0)
     _, ev = t.request(2, Phase.TRAIN, ALL, now=1.0)
     assert grants(ev) == []
-    assert t.can_switch(a_train.request_id, ALL)
+    assert t.can_switch(a_train.request_id, ALL, now=10.0)
     sync, ev = t.switch(a_train.request_id, Phase.SYNC, ALL, now=10.0)
     assert isinstance(ev[0], Released) and ev[0].lease.phase is Phase.TRAIN
     assert grants(ev) == [sync]  # B still waits
@@ -306,7 +306,7 @@ def test_a_switched_lease_cannot_switch_again() -> None:
     a, _ = t.request(1, Phase.TRAIN, ALL, now=0.0)
     t.request(2, Phase.ROLLOUT, ALL, now=1.0)
     sync, _ = t.switch(a.request_id, Phase.SYNC, None, now=5.0)
-    assert sync.switched and not t.can_switch(sync.lease_id, ALL)
+    assert sync.switched and not t.can_switch(sync.lease_id, ALL, now=5.0)
     with pytest.raises(LeaseError, match="switched to already"):
         t.switch(sync.lease_id, Phase.ROLLOUT, ALL, now=6.0)
     assert t.leases == (sync,) and [r.job_id for r in t.waiting] == [2]  # unchanged
@@ -314,23 +314,39 @@ def test_a_switched_lease_cannot_switch_again() -> None:
     assert b.job_id == 2
 
 
-def test_a_switch_needs_the_whole_pool() -> None:
-    # a disaggregated job's trainer set, or a staggered pool's window, is part of the
-    # pool: there the lease is released and the next phase queues
-    t = table()
-    train, _ = t.request(1, Phase.TRAIN, (2, 3), now=0.0)
+def test_on_part_of_the_pool_only_the_member_behind_switches() -> None:
+    # a disaggregated job's trainer set (GPUs 2-3) is part of the pool: A may switch its
+    # train to its sync there only if no member waiting for those GPUs has waited a
+    # larger share of its time in the pool
+    t = table(RoundRobinSlice())
+    a, _ = t.request(1, Phase.TRAIN, (2, 3), now=0.0)
     t.request(2, Phase.TRAIN, (2, 3), now=1.0)
-    assert not t.can_switch(train.request_id, (2, 3))
-    with pytest.raises(LeaseError, match=r"whole pool \(\[0, 1, 2, 3\]\)"):
-        t.switch(train.request_id, Phase.SYNC, (2, 3), now=5.0)
-    whole, _ = t.request(3, Phase.TRAIN, (0, 1), now=2.0)
-    assert [x.lease_id for x in t.leases] == [train.request_id, whole.request_id]
+    # at t=5 B has waited 4 s of its 4 s in the pool, A none of its 5 s
+    assert (t.waited_share(1, 5.0), t.waited_share(2, 5.0)) == (0.0, 1.0)
+    assert not t.can_switch(a.request_id, (2, 3), now=5.0)
+    with pytest.raises(LeaseError, match="waited a larger share"):
+        t.switch(a.request_id, Phase.SYNC, (2, 3), now=5.0)
+    assert [(x.job_id, x.phase) for x in t.leases] == [(1, Phase.TRAIN)]  # unchanged
+    assert [r.job_id for r in t.waiting] == [2]
+    (b,) = grants(t.release(a.request_id, now=5.0))  # so A releases; B trains
+    assert b.job_id == 2
+    # A queues its sync behind B's training: when B's train ends, A has waited longer
+    t.request(1, Phase.SYNC, (2, 3), now=5.0)
+    assert t.waited_share(2, 15.0) == 4 / 14 and t.waited_share(1, 15.0) == 10 / 15
+    # ... and with nobody waiting for the set, a switch there delays nobody
+    t2 = table()
+    c, _ = t2.request(1, Phase.TRAIN, (2, 3), now=0.0)
+    t2.request(2, Phase.ROLLOUT, (0, 1), now=1.0)
+    sync, ev = t2.switch(c.request_id, Phase.SYNC, None, now=5.0)
+    assert sync.gpus == frozenset((2, 3)) and grants(ev) == [sync]
+
+
+def test_a_switch_keeps_the_leases_own_gpus() -> None:
+    t = table()
+    held, _ = t.request(1, Phase.TRAIN, ALL, now=0.0)
+    assert not t.can_switch(held.request_id, (0, 1), now=1.0)
+    with pytest.raises(LeaseError, match="keeps the lease's GPUs"):
+        t.switch(held.request_id, Phase.SYNC, (0, 1), now=1.0)
+    assert [(x.lease_id, x.phase) for x in t.leases] == [(held.request_id, Phase.TRAIN)]
     with pytest.raises(LeaseError, match="not held"):
         t.switch(999, Phase.SYNC, ALL, now=5.0)
-    # switching to a set other than the lease's own: refused too
-    t2 = table()
-    held, _ = t2.request(1, Phase.TRAIN, ALL, now=0.0)
-    assert not t2.can_switch(held.request_id, (0, 1))
-    with pytest.raises(LeaseError, match="cannot switch"):
-        t2.switch(held.request_id, Phase.SYNC, (0, 1), now=1.0)
-    assert [(x.lease_id, x.phase) for x in t2.leases] == [(held.request_id, Phase.TRAIN)]
