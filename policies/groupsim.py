@@ -24,11 +24,10 @@ As in the simulator: a rollout starts on at least half its set (`ELASTIC_MIN`) a
 slower by set/granted; a `tail` segment after it keeps only the lowest GPU of its lease
 (the lease shrinks; the rest go to whoever waits); a disaggregated member's sync holds
 its trainer set only (its rollout engine loads the new weights when next activated); a
-member holding the whole pool whose next phase runs on the whole pool (a colocated
-train -> sync in one window) switches its lease to it (`LeaseTable.switch`, once per
-lease) instead of queueing again. The switches the table also allows on part of a pool,
-to the member that has waited the larger share of its time, are left out: they go to the
-member slowed most, so leaving them out errs on the pessimistic side.
+member whose next phase runs on exactly the GPUs it holds (train -> sync) switches its
+lease to it (`LeaseTable.switch`, once per lease) instead of queueing again: on the
+whole pool always, on part of it where no member waiting for those GPUs has waited a
+larger share of its time (`LeaseTable.can_switch`).
 
 A staggered pool (`offsets`, `pool_gpus`): each member's masks are shifted to its
 window, and a shrinking tail keeps the GPU the other windows cover least, as
@@ -148,6 +147,9 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
     held = [0] * n  # GPU mask each member holds now
     last_grant = [-1.0] * n
     switched = [False] * n  # its lease came from a switch (not switched again)
+    wait_s = [0.0] * n  # as the table's slice stats: waits of granted requests,
+    held_s = [0.0] * n  # ... holds of ended leases,
+    granted_at = [0.0] * n  # ... and when the lease held now was granted
     waiting: dict[int, tuple[float, float, int, int, int]] = {}  # j -> order key, mask, min
     timers: list[tuple[float, int, int]] = []
     running: list[tuple[float, float] | None] = [None] * n  # (start, length) of a timer
@@ -167,7 +169,8 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
             _, _, _, mask, need = waiting[j]
             avail = mask & free & ~reserved
             if avail.bit_count() >= need:
-                del waiting[j]
+                wait_s[j] += now - waiting.pop(j)[1]
+                granted_at[j] = now
                 held[j], switched[j] = avail, False
                 free &= ~avail
                 last_grant[j] = now
@@ -202,6 +205,17 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
             running[j] = (now, d)
             heapq.heappush(timers, (now + d, seq, j))
 
+    def waited(k: int, now: float) -> float:  # LeaseTable.waited_share
+        w = wait_s[k] + (now - waiting[k][1] if k in waiting else 0.0)
+        h = held_s[k] + (now - granted_at[k] if held[k] else 0.0)
+        return w / (w + h) if w + h > 0 else 0.0
+
+    def may_switch(j: int, mask: int, now: float) -> bool:  # LeaseTable.can_switch
+        if switched[j] or not held[j] or held[j] != mask:
+            return False
+        return mask == full or all(waited(k, now) <= waited(j, now) for k in waiting
+                                   if k != j and waiting[k][3] & mask)
+
     for j in range(n):
         start(j, 0.0)
     while timers:
@@ -211,14 +225,17 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
         if pos[j] >= total[j]:
             return _horizon(segs, pos, running, now)
         nxt, nmask, _, nd = segs[j][pos[j] % len(segs[j])]
-        if nxt == REQUEST and held[j] == nmask == full and not switched[j]:
-            # it holds the whole pool and its next phase runs there: LeaseTable.switch
-            last_grant[j], switched[j] = now, True
+        if nxt == REQUEST and may_switch(j, nmask, now):
+            # its next phase runs on the GPUs it holds: LeaseTable.switch
+            held_s[j] += now - granted_at[j]
+            granted_at[j] = last_grant[j] = now
+            switched[j] = True
             seq += 1
             running[j] = (now, nd)
             heapq.heappush(timers, (now + nd, seq, j))
             continue
         if held[j] and nxt != SHRINK:
+            held_s[j] += now - granted_at[j]
             held[j] = 0
             schedule(now)
         start(j, now)
@@ -284,7 +301,7 @@ def simulate_group_table(members: Sequence[SimKey], steps: int = 6,
         if pos[j] >= total[j]:
             return _horizon(segs, pos, running, now)
         nxt, nmask, _, _ = segs[j][pos[j] % len(segs[j])]
-        if j in lease_of and nxt == REQUEST and nmask == (1 << gpus) - 1:
+        if j in lease_of and nxt == REQUEST:
             wanted = [g for g in range(gpus) if nmask >> g & 1]
             if table.can_switch(lease_of[j], wanted, now):
                 _, events = table.switch(lease_of.pop(j), Phase.ROLLOUT, wanted, now)
