@@ -610,11 +610,10 @@ as observed by then. (This page's previous revision instead cut the longer job t
 shorter one's solo time and took each job's slowdown at its own end. That is not the
 same: the member slowed more then runs its last steps alone and is diluted, and the
 column read 0.04-0.11 more pessimistic on one window.) Measured so, the predictor is
-within 0.03 of the simulator on average in the long-cot and mixed-sizes rows, and
-pessimistic elsewhere: agentic-tools by 0.10 on one window and 0.13 staggered (0.06 and
-0.08 before the lease switch below), polytrace-mix by 0.10 and 0.06 (0.05 and 0.02),
-disaggregated by 0.08 (0.02: it leaves out the switches on part of a pool, below); per
-pair, sd 0.04-0.14.
+within 0.03 of the simulator on average in the long-cot, disaggregated and mixed-sizes
+rows and on staggered polytrace-mix, and pessimistic on agentic-tools, by 0.10 on one
+window and 0.10 staggered (0.06 and 0.08 before the lease switch below), and on
+polytrace-mix's one window, by 0.10 (0.05); per pair, sd 0.04-0.14.
 Agentic rollouts run as several turns: the
 predictor repeats one step of median turns and stalls, the simulated steps vary, and
 the predicted slowdowns come out more uneven between the two members than the
@@ -794,7 +793,7 @@ GPU while alone; with the designed tail prior instead of the learned one, that c
 outweighed the joins (long-cot, 30 jobs, steady: -6% against +8.5%; tests/sim).
 (3) The predictor starts both members at once, where the round-robin schedule can settle
 into a cycle in which their trainings queue behind each other; with the members'
-observed profiles it is about right on long-cot staggered pairs (+0.00, sd 0.07: the
+observed profiles it is about right on long-cot staggered pairs (-0.01, sd 0.06: the
 table above), but on arrival it works from priors.
 Earlier changes, each measured: (a) a rollout started on part of its set grows back (a
 second lease on the missing GPUs; RLix expands rollouts this way); (b) a disaggregated
@@ -892,17 +891,17 @@ against 1.09 without the switch, while the longer job went from 1.12 to 1.00). T
 controller serves the switch (`POST /v1/jobs/J/leases/L/switch`, answered once the next
 phase's services are active), the client's `Lease.switch` falls back to release and
 acquire where the table refuses, the example driver switches `train` to `sync`, and the
-simulator's driver does the same. The predictor's group simulation (both
-implementations) models the switches on the whole pool only: those on part of a pool go
-to the member slowed most, so leaving them out errs on the pessimistic side; with it
-switching in staggered pools too, long-cot on NVL72 racks saved 14.1% at p95 1.157, as
-the predictor, from its synchronized start, settled into worse cycles than the simulator
-ran and turned away pairs that fit.
+simulator's driver does the same, and so does the predictor's group simulation (both
+implementations, the rule included). With the switch unconditioned in staggered pools
+there too, long-cot on NVL72 racks saved 14.1% at p95 1.157, as the predictor, from its
+synchronized start, settled into worse cycles than the simulator ran and turned away
+pairs that fit; with the predictor modelling whole-pool switches only (commit f27b886),
+disaggregated saved 18.3% at p95 1.121 at L = 1.15 and 34.7% at 1.291 at 1.5.
 Over the suite (60 jobs, seeds 0-1, steady and bursty, every job's limit L; the
 baselines switch too, as it is the driver's doing; each cell `slurmrl simulate -w W
 --jobs 60 --seed S --arrivals A --max-slowdown L --json`, with `--gpus-per-node 72` for
-the rows @72, NVL72 racks; "without" is the revision before, 4277cfa; "whole pool only"
-is commit d095ada, which refused every switch on part of a pool):
+the rows @72, NVL72 racks; "without" is commit 4277cfa; "whole pool only" is commit
+d095ada, which refused every switch on part of a pool):
 
 | workload | L | without the switch: savings % (p95) | whole pool only | with it |
 | --- | ---: | ---: | ---: | ---: |
@@ -910,31 +909,29 @@ is commit d095ada, which refused every switch on part of a pool):
 | math-sync | 1.5 | 4.5 (1.454) | 5.8 (1.499) | 5.8 (1.499) |
 | long-cot | 1.15 | 3.0 (1.118) | 4.1 (1.120) | 4.1 (1.120) |
 | long-cot | 1.5 | 16.1 (1.549) | 18.2 (1.428) | 18.2 (1.428) |
-| long-cot @72 | 1.15 | 17.4 (1.155) | 18.0 (1.154) | 17.4 (1.130) |
-| long-cot @72 | 1.5 | 26.9 (1.208) | 27.2 (1.195) | 26.8 (1.182) |
+| long-cot @72 | 1.15 | 17.4 (1.155) | 18.0 (1.154) | 18.5 (1.127) |
+| long-cot @72 | 1.5 | 26.9 (1.208) | 27.2 (1.195) | 27.7 (1.182) |
 | agentic-tools | 1.15 | 6.1 (1.110) | 11.1 (1.119) | 11.1 (1.119) |
 | agentic-tools | 1.5 | 25.9 (1.319) | 29.2 (1.220) | 29.2 (1.220) |
-| agentic-tools @72 | 1.15 | 5.9 (1.159) | 9.0 (1.148) | 9.0 (1.140) |
-| agentic-tools @72 | 1.5 | 25.8 (1.284) | 27.7 (1.250) | 28.3 (1.217) |
-| disaggregated | 1.15 | 16.6 (1.141) | 16.6 (1.141) | 18.3 (1.121) |
-| disaggregated | 1.5 | 33.3 (1.380) | 33.3 (1.380) | 34.7 (1.291) |
+| agentic-tools @72 | 1.15 | 5.9 (1.159) | 9.0 (1.148) | 10.0 (1.148) |
+| agentic-tools @72 | 1.5 | 25.8 (1.284) | 27.7 (1.250) | 28.0 (1.216) |
+| disaggregated | 1.15 | 16.6 (1.141) | 16.6 (1.141) | 21.6 (1.147) |
+| disaggregated | 1.5 | 33.3 (1.380) | 33.3 (1.380) | 38.4 (1.357) |
 | mixed-sizes | 1.15 | 0.6 (1.116) | 0.8 (1.112) | 0.8 (1.112) |
 | mixed-sizes | 1.5 | 3.1 (1.467) | 4.2 (1.425) | 4.2 (1.425) |
 | polytrace-mix | 1.15 | 2.6 (1.132) | 4.3 (1.118) | 4.3 (1.118) |
 | polytrace-mix | 1.5 | 15.9 (1.474) | 18.6 (1.388) | 18.6 (1.388) |
-| polytrace-mix @72 | 1.15 | 6.7 (1.179) | 6.6 (1.149) | 6.3 (1.143) |
-| polytrace-mix @72 | 1.5 | 17.8 (1.460) | 19.4 (1.404) | 19.3 (1.410) |
+| polytrace-mix @72 | 1.15 | 6.7 (1.179) | 6.6 (1.149) | 6.9 (1.142) |
+| polytrace-mix @72 | 1.5 | 17.8 (1.460) | 19.4 (1.404) | 19.3 (1.411) |
 
-Against the revision before, savings rise on every row but three staggered ones (@72:
-long-cot keeps 17.4% at 1.15 and saves 26.8% at 1.5 against 26.9%, polytrace-mix 6.3%
-at 1.15 against 6.7%), each at a lower p95, and the p95 stays within L on every row
-(polytrace-mix @72 at 1.15 came within it). Switching on part of a pool for the member
-behind, against the whole pool only, gains on disaggregated (1.7 points at 1.15 and 1.4
-at 1.5, at p95 0.020 and 0.089 lower) and in staggered pools trades up to 0.6 points for
-a lower p95 (but polytrace-mix @72 at 1.5: 0.1 point less at a p95 0.006 higher). The
+Against commit 4277cfa, savings rise on every row, and the p95 stays within L on every
+row (polytrace-mix @72 at 1.15 came within it). Switching on part of a pool for the
+member behind, against the whole pool only, gains 5.0 points on disaggregated at 1.15
+(p95 0.006 higher) and 5.1 at 1.5 (p95 0.023 lower), and 0.3-1.0 points in staggered
+pools at 1.15 (p95 no higher), where at 1.5 polytrace-mix @72 gives up 0.1 point. The
 baselines gain too (the results table below; `greedy` on agentic-tools 27.6% at p95
 1.322 -> 29.7% at 1.227, on polytrace-mix 15.0% at 1.388 -> 15.7% at 1.356). No savings
-target turns: 2-27% of the ideal is captured at 1.15.
+target turns: 2-32% of the ideal is captured at 1.15.
 
 Whatever the slice policy, a share argument bounds what one window can give a colocated
 pair. Job A's GPU phases (its rollout, tail included, while it holds at least one GPU;
