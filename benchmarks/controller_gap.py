@@ -182,15 +182,15 @@ Reading (at 1.15 mostly disaggregated pairs, the other workloads saving 0.8-11.1
 designed; every job declares its steps, `--rl-steps`):
 - **Replicas consolidating their tail recover most of the designed system's
   savings**: agentic-tools 28.8% (designed 29.2%) and polytrace-mix 16.9% (18.6%) at
-  1.5, disaggregated 18.1% (18.3%) at 1.15 and 34.1% (34.7%) at 1.5, long-cot 15.3%
-  (18.2%) at 1.5, where one engine saves 17.2%, 6.6%, 11.2%, 29.0% and 1.1%; at about
-  the designed p95 except on disaggregated (1.162 against 1.121 at 1.15, 1.369 against
-  1.291 at 1.5). What is left is mostly the rounding of the tail to whole replicas; the
+  1.5, disaggregated 21.2% (21.6%) at 1.15 and 35.9% (38.4%) at 1.5, long-cot 15.3%
+  (18.2%) at 1.5, where one engine saves 17.2%, 6.6%, 11.2%, 29.1% and 1.1%; at about
+  the designed p95 except on disaggregated (1.203 against 1.147 at 1.15, 1.432 against
+  1.357 at 1.5). What is left is mostly the rounding of the tail to whole replicas; the
   rounds' prefills are not priced here. The controller does this with `round_tokens`
   and `job.phase("rollout", min_gpus=G/2)` (docs/pools.md); the simulator measures it,
   no real rollout has shown it (the `tiny` model's rounds take milliseconds).
-- **Growing back as the controller does adds up to 1.8 points**: disaggregated 18.2% at
-  1.15 (p95 1.162 -> 1.113) and 34.7% at 1.5 (p95 1.369 -> 1.335), long-cot 17.1% at
+- **Growing back as the controller does adds up to 1.8 points**: disaggregated 21.1% at
+  1.15 (p95 1.203 -> 1.132) and 37.7% at 1.5 (p95 1.432 -> 1.369), long-cot 17.1% at
   1.5 (p95 1.451 -> 1.414), polytrace-mix 17.7% (p95 1.420 -> 1.375), math-sync 5.8% at
   1.5 (4.1% without), agentic-tools 28.7% (28.8% without).
 - **Without moving sequences, replicas free GPUs late**: with 1-GPU replicas of a
@@ -208,7 +208,7 @@ designed; every job declares its steps, `--rl-steps`):
   the whole set for replicas without rounds (the controller grows those only while
   micro-batches wait unstarted, which the row's even split does not model).
 - On disaggregated the rows without rounds save less than "controller today" (1.15:
-  9.9-10.8% against 11.2%; 1.5: 27.7-28.0% against 29.0%): with replicas the profiles
+  9.9-10.8% against 11.2%; 1.5: 28.1% against 29.1%): with replicas the profiles
   learn a held share below the whole set and the policy forms other pairs; measured,
   not tuned.
 Staggered pools would widen the gap where a pool of G + 1 fits one node (none on the

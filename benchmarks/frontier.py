@@ -348,7 +348,12 @@ commit aa935d7), a loss beyond the noise. On long-cot it saves 21.9% (0.9) at p9
 at L = 1.75, against `greedy`'s 22.2% (1.0) at 1.718: 0.1 points short, run by run 0.0
 (standard error 1.3). So `greedy` ties the default on all three, where it beat it on
 polytrace-mix before the switch; `random`, `fifo-lock` and `gang` are beaten, and
-`dedicated` at p95 1.00 could be only by not sharing.
+`dedicated` at p95 1.00 could be only by not sharing. On disaggregated, `random` (22.2%
+at p95 1.195) now falls between two measured limits of the default, 21.6% at p95 1.147
+(L = 1.15) and 28.0% at 1.211 (L = 1.25), its curve giving 26.5% at that p95: "not
+beaten" under the reading above, where before the predictor modelled the switches on
+part of a pool it was beaten at L = 1.25 (24.6% at 1.169 then); not measured over more
+seeds.
 
 Two of the policy's own settings do not turn these verdicts (`python
 benchmarks/what_if.py --what-if-param max_group=2 -w polytrace-mix -w agentic-tools -L
