@@ -30,12 +30,14 @@ DEEP = b"[" * 50_000  # json's decoder recurses once per level: RecursionError, 
 
 
 class FakeSlurm:
-    """Slurm as registration sees it: alice's job 100 runs."""
+    """Slurm as registration sees it: the `running` jobs (job id -> owner) run; by
+    default alice's job 100."""
 
-    def __init__(self) -> None:
-        self.known = {100: JobInfo(job_id=100, name="j100", user=ALICE.user, uid=ALICE.uid,
+    def __init__(self, running: dict[int, Identity] | None = None) -> None:
+        self.known = {job: JobInfo(job_id=job, name=f"j{job}", user=who.user, uid=who.uid,
                                    state=SlurmJobState.RUNNING, partition="cpu",
-                                   nodes=("n1",))}
+                                   nodes=("n1",))
+                      for job, who in (running or {100: ALICE}).items()}
 
     def job(self, job_id: int) -> JobInfo | None:
         return self.known.get(job_id)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import WSMsgType
 from aiohttp.test_utils import TestClient, TestServer
+from test_server_inputs import FakeSlurm
 
 from slurmrl.auth import sessions
 from slurmrl.config import Config
@@ -28,27 +29,10 @@ from slurmrl.controller.core import Controller
 from slurmrl.controller.server import SESSIONS, make_app
 from slurmrl.db import Store
 from slurmrl.model import Identity
-from slurmrl.slurm import JobInfo, SlurmJobState
 
 ALICE = Identity(1001, 1001, "alice")
 BOB = Identity(1002, 1002, "bob")
 A, B = 100, 101  #: alice's job, bob's job
-
-
-class FakeSlurm:
-    """Slurm as registration sees it: alice's job 100 and bob's job 101 run."""
-
-    def __init__(self) -> None:
-        self.known = {job: JobInfo(job_id=job, name=f"j{job}", user=who.user, uid=who.uid,
-                                   state=SlurmJobState.RUNNING, partition="cpu",
-                                   nodes=("n1",)) for job, who in ((A, ALICE), (B, BOB))}
-
-    def job(self, job_id: int) -> JobInfo | None:
-        return self.known.get(job_id)
-
-    def jobs(self, job_ids: Sequence[int] | None = None,
-             user: str | None = None) -> list[JobInfo]:
-        return [j for j in self.known.values() if job_ids is None or j.job_id in job_ids]
 
 
 @dataclass
@@ -75,7 +59,7 @@ class Rig:
 @asynccontextmanager
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     store = Store(tmp_path / "c.db")
-    c = Controller(Config(), store, FakeSlurm())  # type: ignore[arg-type]
+    c = Controller(Config(), store, FakeSlurm({A: ALICE, B: BOB}))  # type: ignore[arg-type]
     await c.pools.start(c)
     app = make_app(c)
     client = TestClient(TestServer(app))
