@@ -106,10 +106,18 @@ def host_bytes(job: JobSnapshot) -> int:
     return (roll + train) * g
 
 
+def _group_name(job: JobSnapshot) -> str:
+    g = job.request.group
+    return "no group" if g is None else f"group {g!r}"
+
+
 def compatible(a: JobSnapshot, b: JobSnapshot) -> str | None:
-    """None if `a` and `b` can share a pool, else why not."""
+    """None if `a` and `b` can share a pool, else why not. `--rl-group` is a constraint:
+    jobs share only with jobs of the same group (both without one, or the same name)."""
     if not (shareable(a) and shareable(b)):
         return "--rl-mux=off"
+    if a.request.group != b.request.group:
+        return f"different groups ({_group_name(a)} and {_group_name(b)})"
     if a.partition != b.partition:
         return "different partitions"
     if a.gpu_type != b.gpu_type:

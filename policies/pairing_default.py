@@ -25,19 +25,20 @@ policy on the profiles where a formula does not hold) and places jobs:
 
 A group is accepted only if every member's slowdown stays under its limit (its
 --rl-max-slowdown, capped by the site's) divided by `margin`, the parked state fits host
-memory, and partition, GPU type, GPU count and GPU-set split agree; with `max_load`, also
-only if its members' GPU duty cycles on the busier set sum to at most that
-(`complementarity.group_load`): a site's cap on groups that share only by slowing their
-members (off by default; docs/benchmarks.md measures both). With `max_load_when =
-"light-present"` the cap binds only in a round whose snapshot holds a shareable job of at
-most half that load (one a job like itself could join within the cap); where every job
-is heavy, heavy groups form as without it. The slowdown judged
-is the member's whole run's (`complementarity.lifetime`) where its `--rl-steps` and
-observed steps say how much work it has left: a job that ran alone for most of its run
-may take a partner that slows it more than its limit for the rest, as long as its run
-as a whole stays within it, and a newcomer that declared its steps may join it beyond
-its own limit for the time they share. Elsewhere (no `--rl-steps`, a job started with no
-complete step seen, groups of three) it is the predicted slowdown while sharing.
+memory, and `--rl-group`, partition, GPU type, GPU count and GPU-set split agree
+(`complementarity.compatible`); with `max_load`, also only if its members' GPU duty
+cycles on the busier set sum to at most that (`complementarity.group_load`): a site's
+cap on groups that share only by slowing their members (off by default;
+docs/benchmarks.md measures both). With `max_load_when = "light-present"` the cap binds
+only in a round whose snapshot holds a shareable job of at most half that load (one a
+job like itself could join within the cap); where every job is heavy, heavy groups form
+as without it. The slowdown judged is the member's whole run's
+(`complementarity.lifetime`) where its `--rl-steps` and observed steps say how much work
+it has left: a job that ran alone for most of its run may take a partner that slows it
+more than its limit for the rest, as long as its run as a whole stays within it, and a
+newcomer that declared its steps may join it beyond its own limit for the time they
+share. Elsewhere (no `--rl-steps`, a job started with no complete step seen, groups of
+three) it is the predicted slowdown while sharing.
 
 Known limits: large batches are pruned to the `neighbours` nearest jobs by period
 before matching (matching is O(n^3)), the nearest half for staggered pools (always
@@ -292,7 +293,10 @@ class ComplementaryPairing:
         by_bucket: dict[tuple[object, ...], list[JobSnapshot]] = defaultdict(list)
         for j in jobs:
             r = j.request
-            by_bucket[(j.partition, j.gpu_type, r.gpus, r.layout, r.rollout_gpus)].append(j)
+            # jobs pair only within a bucket (`compatible`): a group of its own keeps a
+            # job's `neighbours` to jobs it may share with
+            by_bucket[(j.partition, j.gpu_type, r.gpus, r.layout, r.rollout_gpus,
+                       r.group)].append(j)
             for pool in pools:
                 w = self._join_weight(j, pool, limits)
                 if w is not None:
