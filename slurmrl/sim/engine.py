@@ -10,13 +10,13 @@ pairing policy from a `ClusterSnapshot`, admitted by the real admission policy, 
 A join (or a second `OPEN` of one provisional pool) is enacted only where the pool still
 takes the job, as the controller's guard does (`SlurmPools._joinable`): not dedicated,
 fewer members than the site's `max_jobs_per_pool`, the job's window inside the pool,
-the parked state of all its members within `SimConfig.host_mem_per_pool_bytes`; and
-here also members that may share (`complementarity.compatible`: GPU count, layout
-split, `--rl-mux=off`) and a pool not closed. A refused job opens a pool of its own
-(it never waits for a partner) and is listed in `Simulation.refused`, so a policy that
-ignores a constraint gains nothing from it. Pairing policies with fixed groups
-(`policies.base.fixed_group`) have a pool marked `PoolSnapshot.closed` once it has had
-that many members.
+members that may share (`complementarity.compatible`: `--rl-group`, GPU count, layout
+split, `--rl-mux=off`), the parked state of all its members within
+`SimConfig.host_mem_per_pool_bytes`; and here also a pool not closed. A refused job
+opens a pool of its own (it never waits for a partner) and is listed in
+`Simulation.refused`, so a policy that ignores a constraint gains nothing from it.
+Pairing policies with fixed groups (`policies.base.fixed_group`) have a pool marked
+`PoolSnapshot.closed` once it has had that many members.
 
 Pool modes (`PoolMode`):
 LEASE (phase leases; a rollout starts on >= half its set, asks for the rest with a second
@@ -286,7 +286,7 @@ class Simulation:
     def _snapshot(self, run: JobRun) -> JobSnapshot:
         j = run.job
         mux = Mux.OFF if (j.mux_off or run.dedicated) else Mux.AUTO
-        req = RlRequest(j.gpus, j.model, None, mux, None, j.max_slowdown, j.prior, j.layout,
+        req = RlRequest(j.gpus, j.model, None, mux, j.group, j.max_slowdown, j.prior, j.layout,
                         j.rollout_gpus if j.rollout_gpus != j.gpus else None,
                         (j.declared_steps or len(j.steps)) if self.cfg.declare_steps
                         else None)

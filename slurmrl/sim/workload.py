@@ -104,6 +104,8 @@ class SimJob:
     #: the `--rl-steps` it declared, where that differs from its steps or is known to
     #: (a recorded trace's); None: its step count, when the simulation has jobs declare
     declared_steps: int | None = None
+    #: its `--rl-group` (None: none): it shares only with jobs of the same group
+    group: str | None = None
 
     @property
     def trainer_gpus(self) -> int:

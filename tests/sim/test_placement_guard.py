@@ -80,6 +80,34 @@ def test_a_join_of_another_gpu_count_or_beyond_the_sites_most_is_refused() -> No
     assert len(sim.refused) == 1 and "max_jobs_per_pool" in sim.refused[0][2]
 
 
+def test_a_join_across_rl_groups_is_refused() -> None:
+    # jobs 1, 3 in group "a", 2, 4 in none: the buggy policy puts all four in one pool
+    jobs, cfg = jobs_of(4, model="Qwen2.5-0.5B")
+    jobs = [replace(j, group="a" if j.job_id % 2 else None) for j in jobs]
+    sim = simulate(jobs, cfg, _OnePoolForAll())
+    for p in sim.closed:
+        assert len({m.job.group for m in p.history}) == 1
+    assert any("different groups" in why for _, _, why in sim.refused)
+
+
+@pytest.mark.parametrize("pairing", ["complementary", "greedy", "random", "fifo-lock",
+                                     "gang"])
+def test_a_run_never_puts_jobs_of_different_groups_in_one_pool(pairing: str) -> None:
+    # six light jobs arriving together, two per group (two named, one unnamed): each
+    # policy pairs them, and only within a group
+    jobs, cfg = jobs_of(6, model="Qwen2.5-0.5B")
+    groups = ["a", "b", None]
+    jobs = [replace(j, group=groups[i % 3]) for i, j in enumerate(jobs)]
+    # (placed before any step is seen, `greedy` judges them by the model-size prior, a
+    # duty of 0.73 each: it packs two only with its cap raised)
+    sim = run_jobs(jobs, cfg, pairing, params={"greedy": {"max_duty": 1.5}}).sim
+    assert all(r.finished_at is not None for r in sim.runs.values())
+    for p in sim.closed:
+        assert len({m.job.group for m in p.history}) == 1, p.history
+    assert any(len(p.history) > 1 for p in sim.closed)
+    assert not sim.refused  # the policies themselves keep to the groups
+
+
 @pytest.mark.parametrize("pairing", ["fifo-lock", "gang"])
 def test_a_fixed_pair_takes_no_new_member_when_one_leaves(pairing: str) -> None:
     # job 2 joins job 1 a second after it; job 1 is short, job 2 long; job 3 arrives
