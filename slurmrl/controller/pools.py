@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from policies.base import Action, Placement
+from policies.base import Action, JobSnapshot, Placement
+from policies.complementarity import compatible
 from slurmrl.controller.placement import controller_snapshot
 from slurmrl.controller.residency import (
     Footprint,
@@ -219,9 +220,10 @@ class SlurmPools:
     Placement is the site's pairing policy (`controller.policies.pairing`, the object
     the simulator runs): it sees a `ClusterSnapshot` (placement.py) and says, per waiting
     job, join a pool, open one (OPENs with the same provisional id share it), run
-    dedicated, or wait. A join is enacted only if residency admits it (else the job
-    opens its own pool: it never waits for a partner); a job shares the pool's GPUs
-    0..n-1 with the other members, time-sliced by leases. `park_others=True`
+    dedicated, or wait. A join is enacted only if the job may share with every member
+    (`complementarity.compatible`: `--rl-group`, GPU count, split) and residency admits
+    it (else the job opens its own pool: it never waits for a partner); a job shares the
+    pool's GPUs 0..n-1 with the other members, time-sliced by leases. `park_others=True`
     parks every other job's service on a granted lease's GPUs (an RL phase wants nearly
     all of HBM); `False` parks only what the residency plan needs.
     """
@@ -440,12 +442,24 @@ class SlurmPools:
         if (pool.gpus <= max(gpus)
                 or len(members) >= (1 if alone else self.c.config.limits.max_jobs_per_pool)):
             return None
+        # the pairwise constraints every pairing policy checks (`--rl-group`, GPU count,
+        # split): a site's own policy that ignores one gains nothing, as in the simulator
+        me = self._bare(job)
+        why = next((w for m in members if (w := compatible(me, self._bare(m)))), None)
+        if why is not None:
+            log.info("job %d cannot join pool %d: %s", job.job_id, pool.pool_id, why)
+            return None
         reason = admit(mine, self._members_fp(pool.pool_id), self._capacity(pool),
                        self.c.config.limits.parked_host_mem_per_node)
         if reason is not None:
             log.info("job %d cannot join pool %d: %s", job.job_id, pool.pool_id, reason)
             return None
         return pool
+
+    def _bare(self, job: JobRecord) -> JobSnapshot:
+        """The job as `compatible` sees it (no profile: it compares requests only)."""
+        return JobSnapshot(job.job_id, job.user, job.request, None, job.registered_at,
+                           self.c.config.slurm.pool_partition)
 
     async def _launch_services(self, job: JobRecord, pool: PoolRecord,
                                fps: list[Footprint]) -> None:

@@ -338,3 +338,21 @@ async def test_parking_the_other_members_never_pins_host_memory_past_the_budget(
     assert residency[(1, "rollout")] == "parked" and residency[(1, "trainer")] == "active"
     assert residency[(2, "trainer")] == "active"
     await site.c.stop()
+
+
+@run
+async def test_a_join_across_rl_groups_opens_a_pool_of_its_own(tmp_path: Path) -> None:
+    # the test policy joins the first open pool whatever it holds: the controller's guard
+    # keeps `--rl-group` (`complementarity.compatible`), as every built-in policy does
+    site = await _site(Store(tmp_path / "c.db"), jobs={21: ALICE, 22: BOB, 23: BOB})
+    await site.c.register(ALICE, 21, {**ENV, "SLURMRL_GROUP": "a"})
+    await site.settle()
+    await site.c.register(BOB, 22, {**ENV, "SLURMRL_GROUP": "b"})
+    await site.settle()
+    first, other = site.job(21).pool_id, site.job(22).pool_id
+    assert first is not None and other is not None and other != first
+    assert site.job(22).state is JobState.RUNNING
+    await site.c.register(BOB, 23, {**ENV, "SLURMRL_GROUP": "a"})
+    await site.settle()
+    assert site.job(23).pool_id == first  # the same group joins as before
+    await site.c.stop()
