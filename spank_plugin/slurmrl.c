@@ -371,7 +371,7 @@ static struct spank_option options[] = {
 	  "(K|M|G|T, default M)", 1, OPT_MEM, opt_mem },
 	{ "rl-mux", "auto|on|off", "slurmrl: share GPUs with other RL jobs (default auto)",
 	  1, OPT_MUX, opt_mux },
-	{ "rl-group", "NAME", "slurmrl: multiplex with jobs of the same group name", 1,
+	{ "rl-group", "NAME", "slurmrl: share GPUs only with jobs of the same group name", 1,
 	  OPT_GROUP, opt_group },
 	{ "rl-max-slowdown", "X", "slurmrl: slowdown accepted for sharing (1.0..100)", 1,
 	  OPT_SLOWDOWN, opt_slowdown },
