@@ -57,8 +57,21 @@ def config_for(w: Workload, check_invariants: bool = True, **overrides: Any) -> 
 
 def trace_config(jobs: list[SimJob], check_invariants: bool = True) -> SimConfig:
     """A recorded trace's cluster: GPUs enough for every job at once (the runs were not
-    queued for one another), the controller's default site limits."""
-    return SimConfig(max(1, sum(j.gpus for j in jobs)), limits=SiteLimits(),
+    queued for one another), the controller's default site limits (`[limits]` of a
+    default `Config`, through the controller's own `placement.site_limits`), its host
+    memory for parked state also each pool's budget, as the controller's join guard
+    holds it. One exception: `max_gpus_per_job` is raised to the trace's largest job, so
+    that no recorded job (admitted by the controller that ran it) is rejected."""
+    from dataclasses import replace
+
+    from slurmrl.config import Config
+    from slurmrl.controller.placement import site_limits
+
+    lim = site_limits(Config())
+    largest = max((j.gpus for j in jobs), default=1)
+    lim = replace(lim, max_gpus_per_job=max(lim.max_gpus_per_job, largest))
+    return SimConfig(max(1, sum(j.gpus for j in jobs)),
+                     host_mem_per_pool_bytes=lim.parked_host_mem_bytes, limits=lim,
                      check_invariants=check_invariants)
 
 

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from policies import registry
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode
+from slurmrl.config import Config
+from slurmrl.controller.placement import site_limits
 from slurmrl.model import Layout, Phase
 from slurmrl.sim.cli import simulate
 from slurmrl.sim.engine import SimConfig, SimError, Simulation
@@ -354,6 +356,29 @@ def test_a_recorded_job_is_placed_with_the_steps_it_declared(tmp_path: Path) -> 
                      lambda: registry.load("slice", "round-robin"),
                      registry.load("admission", "site-limits"))
     assert [off._snapshot(off.runs[j]).request.steps for j in (1, 2)] == [None, None]
+
+
+def test_a_trace_runs_under_the_controllers_default_limits(tmp_path: Path) -> None:
+    want = site_limits(Config())  # the controller's own, from its default [limits]
+    assert (want.default_max_slowdown, want.max_slowdown, want.max_gpus_per_job,
+            want.max_jobs_per_pool, want.parked_host_mem_bytes) == (1.3, 1.5, 8, 2, 64 * 2**30)
+    jobs = trace_jobs(recorded_trace(tmp_path / "t.jsonl", None, steps=2))
+    cfg = trace_config(jobs)
+    assert cfg.limits == want
+    assert cfg.host_mem_per_pool_bytes == want.parked_host_mem_bytes  # the join guard's too
+    # a recorded job above the default cap of 8 GPUs: the cap is raised to it, so the
+    # run places it rather than rejecting it
+    trace = recorded_trace(tmp_path / "big.jsonl", None, steps=2)
+    header, *rows = trace.read_text().splitlines()
+    spec = json.loads(header)
+    spec["jobs"][0]["gpus"] = 16
+    trace.write_text("\n".join([json.dumps(spec), *rows]) + "\n")
+    jobs = trace_jobs(trace)
+    cfg = trace_config(jobs)
+    assert cfg.limits == replace(want, max_gpus_per_job=16)
+    res = run_jobs(jobs, cfg)
+    assert res.metrics.rejected == 0
+    assert all(r.finished_at is not None for r in res.sim.runs.values())
 
 
 PLACE = """
