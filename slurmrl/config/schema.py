@@ -180,10 +180,10 @@ class ServicesConfig:
         120.0, "how long a service may take to load its model and report ready", above=0
     )
     rollout_backend: str = opt(
-        "tiny", "rollout backend when the job names none", choices=ROLLOUT_BACKENDS
+        "tiny", "rollout backend every job's rollout services use", choices=ROLLOUT_BACKENDS
     )
     trainer_backend: str = opt(
-        "tiny", "trainer backend when the job names none", choices=TRAINER_BACKENDS
+        "tiny", "trainer backend every job's trainer services use", choices=TRAINER_BACKENDS
     )
     rollout_replica_gpus: int = opt(
         0, "GPUs per rollout replica: a job's rollout runs as data-parallel replicas of this "
