@@ -7,7 +7,11 @@ series per RL job, which a site with very many jobs may want to drop in its scra
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from slurmrl.model import JobState
 
 WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
 
@@ -33,6 +37,11 @@ class Metrics:
         self.jobs = Gauge("slurmrl_jobs", "RL jobs known, by state", ["state"], registry=r)
         self.waiting = Gauge("slurmrl_lease_requests_waiting", "Phase requests queued",
                              registry=r)
+
+    def set_jobs(self, by_state: Mapping[str, int]) -> None:
+        """`slurmrl_jobs{state}` from {state code: jobs}; every state, 0 where none."""
+        for s in JobState:
+            self.jobs.labels(s.value).set(by_state.get(s.value, 0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -181,6 +181,7 @@ class Api:
         return _json({"api": API_VERSION, "version": __version__})
 
     async def metrics(self, request: web.Request) -> web.Response:
+        self.c.metrics.set_jobs(self.c.store.count_jobs_by_state())  # read at each scrape
         return web.Response(body=self.c.metrics.render(),
                             content_type="text/plain", charset="utf-8")
 

@@ -244,6 +244,11 @@ class Store:
     def count_jobs(self) -> int:
         return int(self.db["jobs"].count)
 
+    def count_jobs_by_state(self) -> dict[str, int]:
+        """{state code (`JobState` value): jobs in it}; states with none are absent."""
+        rows = self._q("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state")
+        return {str(r["state"]): int(r["n"]) for r in rows}
+
     def update_job(self, job_id: int, **fields: Any) -> None:
         """Change columns of a job (`state`, `reason`, `pool_id`, `phase`, ...)."""
         allowed = {"state", "reason", "pool_id", "group_id", "pool_gpus", "phase",

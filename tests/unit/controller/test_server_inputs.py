@@ -142,6 +142,18 @@ def test_metrics_are_served_on_the_rpc_port_by_default(tmp_path: Path) -> None:
     assert _metrics_status(tmp_path, Config()) == 200
 
 
+def test_metrics_count_the_jobs_by_state(tmp_path: Path) -> None:
+    async def main() -> str:
+        async with rig(tmp_path) as r:  # alice's job 100 registered
+            resp = await r.client.get("/metrics")
+            return await resp.text()
+
+    text = asyncio.run(main())
+    got = {line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+           for line in text.splitlines() if line.startswith("slurmrl_jobs{")}
+    assert set(got) == {"PD", "R", "CD", "F", "CA"} and sum(got.values()) == 1
+
+
 def test_metrics_enabled_false_serves_no_metrics(tmp_path: Path) -> None:
     cfg = Config(controller=ControllerConfig(metrics_enabled=False))
     assert _metrics_status(tmp_path, cfg) == 404
