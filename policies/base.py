@@ -110,6 +110,9 @@ class ClusterSnapshot:
     #: partition -> GPUs of its largest node (absent: unknown). A pool larger than a
     #: node spans nodes, so a window shifted by less than a node would straddle two
     node_gpus: Mapping[str, int] = field(default_factory=dict)
+    #: partition -> GPU memory per GPU of its nodes, in bytes (absent: unknown): what a
+    #: group opened this round must fit, where it has no pool to read it from yet
+    gpu_mem_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
 class Action(StrEnum):

@@ -42,10 +42,16 @@ class GangPairing:
             raise ValueError(f"gpu_mem_bytes must be >= 1, got {gpu_mem_bytes}")
         self.quantum_s, self.gpu_mem_bytes = quantum_s, gpu_mem_bytes
 
-    def _fits(self, job: JobSnapshot, mate: JobSnapshot, pool: PoolSnapshot | None) -> bool:
-        """Both resident at once: their GPU memory within a GPU's."""
-        mem = (pool.gpu_mem_bytes if pool is not None else None) or self.gpu_mem_bytes
-        return device_bytes(job) + device_bytes(mate) <= mem
+    def _gpu_mem(self, snapshot: ClusterSnapshot, job: JobSnapshot,
+                 pool: PoolSnapshot | None) -> int:
+        """A GPU's memory where the pair would run: its pool's, else the partition's (a
+        pair opened this round), else `gpu_mem_bytes`."""
+        return ((pool.gpu_mem_bytes if pool is not None else None)
+                or snapshot.gpu_mem_bytes.get(job.partition) or self.gpu_mem_bytes)
 
     def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:
-        return pair_in_arrival_order(snapshot, self._fits, reason="gang pair")
+        def fits(job: JobSnapshot, mate: JobSnapshot, pool: PoolSnapshot | None) -> bool:
+            # both resident at once: their GPU memory within a GPU's
+            return device_bytes(job) + device_bytes(mate) <= self._gpu_mem(snapshot, job, pool)
+
+        return pair_in_arrival_order(snapshot, fits, reason="gang pair")

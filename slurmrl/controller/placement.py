@@ -206,10 +206,12 @@ def node_gpus(nodes: Sequence[NodeInfo], partition: str) -> dict[str, int]:
 def cluster_snapshot(now: float, pools: Sequence[PoolSnapshot],
                      waiting: Sequence[JobSnapshot], free: dict[str, int],
                      limits: SiteLimits, nodes: dict[str, int] | None = None,
-                     ) -> ClusterSnapshot:
-    """`waiting` oldest first, as the policies expect; `nodes`: GPUs per node."""
+                     gpu_mem: dict[str, int] | None = None) -> ClusterSnapshot:
+    """`waiting` oldest first, as the policies expect; `nodes`: GPUs per node;
+    `gpu_mem`: memory per GPU, in bytes (both by partition)."""
     order = sorted(waiting, key=lambda j: (j.submitted_at, j.job_id))
-    return ClusterSnapshot(now, tuple(pools), tuple(order), dict(free), limits, nodes or {})
+    return ClusterSnapshot(now, tuple(pools), tuple(order), dict(free), limits, nodes or {},
+                           gpu_mem or {})
 
 
 async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
@@ -242,5 +244,5 @@ async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
         log.warning("cannot read free GPUs from Slurm (%s); assuming enough", exc)
         free = {part: sum(j.request.gpus for j in waiting)}
         per_node = {}
-    return cluster_snapshot(now, pools, [snap(j) for j in waiting], free, limits,
-                            per_node)
+    return cluster_snapshot(now, pools, [snap(j) for j in waiting], free, limits, per_node,
+                            None if gpu_mem_bytes is None else {part: gpu_mem_bytes})

@@ -337,7 +337,8 @@ class Simulation:
         )
         snap = ClusterSnapshot(self.now, pools, tuple(self._snapshot(r) for r in self.waiting),
                                {PARTITION: self.free}, self.cfg.limits,
-                               {PARTITION: self.cfg.gpus_per_node})
+                               {PARTITION: self.cfg.gpus_per_node},
+                               {PARTITION: self.cfg.gpu_mem_bytes})
         jobs = {j.job_id: j for j in itertools.chain(snap.waiting, *(p.members for p in pools))}
         placements = self.pairing.place(snap)
         if sorted(p.job_id for p in placements) != sorted(r.job.job_id for r in self.waiting):

@@ -116,3 +116,22 @@ def test_one_at_a_time_baselines_share_a_pool_opened_in_the_same_round(name: str
 def test_greedy_packs_only_within_its_duty_cap() -> None:
     out = place("greedy", [job(1, busy=0.6), job(2, busy=0.6), job(3, busy=0.4)])
     assert not shared(out, 1, 2) and shared(out, 1, 3)
+
+
+def test_gang_pairs_waiting_jobs_only_where_both_fit_the_partitions_gpu_memory() -> None:
+    # gang holds both members' memory on the GPUs: two 4-GPU Qwen2.5-7B jobs need about
+    # 69 GiB a GPU together, so they pair on 80 GiB GPUs but not on 40 GiB ones, whether
+    # they arrive in the same round (no pool yet: the partition's GPU memory) or one
+    # finds the other's pool open
+    waiting = [job(1, gpus=4), job(2, gpus=4)]
+
+    def gang(mem: int, pools: Sequence[PoolSnapshot] = (),
+             jobs: Sequence[JobSnapshot] = waiting) -> dict[int, Placement]:
+        snap = ClusterSnapshot(0.0, tuple(pools), tuple(jobs), {"pools": 64}, SiteLimits(),
+                               gpu_mem_bytes={"pools": mem})
+        return {p.job_id: p for p in registry.load("pairing", "gang").place(snap)}
+
+    assert shared(gang(80 * GiB), 1, 2)
+    assert not shared(gang(40 * GiB), 1, 2)
+    pool = PoolSnapshot(7, 4, (job(1, gpus=4),), gpu_mem_bytes=40 * GiB)
+    assert gang(40 * GiB, [pool], [job(2, gpus=4)])[2].action is Action.OPEN
