@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -100,13 +101,10 @@ def _check(name: str, v: Any, f: F) -> Any:
     if f.kind == "int":
         if isinstance(v, bool) or not isinstance(v, int):
             raise bad(f"field {name!r} must be an integer, got {_kind(v)}", "bad-type")
-        _bounds(name, v, f)
+        _bounds(f"field {name!r}", v, f)
         return v
     if f.kind == "num":
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            raise bad(f"field {name!r} must be a finite number, got {_kind(v)}", "bad-type")
-        _bounds(name, v, f)
-        return float(v)
+        return _number(f"field {name!r}", v, f)
     if f.kind == "bool":
         if not isinstance(v, bool):
             raise bad(f"field {name!r} must be true or false, got {_kind(v)}", "bad-type")
@@ -130,7 +128,7 @@ def _check(name: str, v: Any, f: F) -> Any:
             if isinstance(x, bool) or not isinstance(x, int):
                 raise bad(f"field {name!r} must be a list of integers, got {_kind(x)} in it",
                           "bad-type")
-            _bounds(name, x, f)
+            _bounds(f"field {name!r}", x, f)
         if len(set(v)) != len(v):
             raise bad(f"field {name!r} lists an entry twice", "bad-value")
         return list(v)
@@ -144,18 +142,29 @@ def _check(name: str, v: Any, f: F) -> Any:
                 raise bad(f"field {name!r} has a key longer than 256 characters", "bad-value")
             if f.kind == "strmap" and not (isinstance(x, str) and len(x) <= MAX_STR):
                 raise bad(f"field {name!r}: {k[:40]!r} must be a string", "bad-type")
-            if f.kind == "nummap" and (
-                isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x)
-            ):
-                raise bad(f"field {name!r}: {k[:40]!r} must be a finite number", "bad-type")
+            if f.kind == "nummap":
+                _number(f"field {name!r}: {k[:40]!r}", x, f)
         return dict(v)
     raise AssertionError(f"unknown field kind {f.kind}")
 
 
-def _bounds(name: str, v: float, f: F) -> None:
+def _number(what: str, v: Any, f: F) -> float:
+    """A JSON number within `f`'s bounds as a float; `what` ("field 'wait_s'") names it in
+    a refusal. An integer too large for a float is refused, not an OverflowError."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise bad(f"{what} must be a finite number, got {_kind(v)}", "bad-type")
+    if isinstance(v, int) and abs(v) > sys.float_info.max:
+        raise bad(f"{what} must be a finite number, got an integer of {len(str(abs(v)))} "
+                  "digits, too large for one", "bad-value")
+    if not math.isfinite(v):
+        raise bad(f"{what} must be a finite number, got {v!r}", "bad-type")
+    _bounds(what, v, f)
+    return float(v)
+
+
+def _bounds(what: str, v: float, f: F) -> None:
     if (f.lo is not None and v < f.lo) or (f.hi is not None and v > f.hi):
-        raise bad(f"field {name!r} must be between {f.lo:g} and {f.hi:g}, got {v!r}",
-                  "bad-value")
+        raise bad(f"{what} must be between {f.lo:g} and {f.hi:g}, got {v!r}", "bad-value")
 
 
 def _kind(v: Any) -> str:

@@ -1,0 +1,33 @@
+"""Numbers in RPC bodies: a JSON integer too large for a float is refused with a 400
+naming the field, like any other bad number, never an OverflowError (a 500)."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurmrl.controller.validate import ACQUIRE, RELEASE, F, RpcError, fields, parse_json
+
+HUGE = "1" + "0" * 310  #: a valid JSON integer, beyond a float's range
+
+
+@pytest.mark.parametrize(("raw", "spec", "says"), [
+    ('{"phase": "rollout", "wait_s": %s}', ACQUIRE, "field 'wait_s' must be a finite number"),
+    ('{"timing": {"busy_s": %s}}', RELEASE, "field 'timing': 'busy_s' must be a finite number"),
+    ('{"started_at": %s}', {"started_at": F("num", True, 0, 2**40)},
+     "field 'started_at' must be a finite number"),
+    ('{"detail": {"reward": -%s}}', {"detail": F("nummap")},
+     "field 'detail': 'reward' must be a finite number"),
+])
+def test_an_integer_too_large_for_a_float_is_a_400_naming_the_field(
+        raw: str, spec: dict[str, F], says: str) -> None:
+    with pytest.raises(RpcError, match=says) as err:
+        fields(parse_json((raw % HUGE).encode()), spec)
+    assert err.value.status == 400 and err.value.code == "bad-value"
+    assert "311 digits" in err.value.message
+
+
+def test_large_integers_a_float_holds_still_parse() -> None:
+    assert fields({"detail": {"step": 10**300}}, {"detail": F("nummap")}) == {
+        "detail": {"step": 10**300}}
+    with pytest.raises(RpcError, match="'wait_s' must be between 0 and 300"):
+        fields({"phase": "rollout", "wait_s": 10**300}, ACQUIRE)
