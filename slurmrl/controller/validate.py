@@ -44,6 +44,7 @@ class F:
     hi: float | None = None
     nullable: bool = False
     choices: tuple[str, ...] | None = None
+    keys: tuple[str, ...] | None = None  #: a map's accepted keys (None: any)
 
 
 #: bodies of the lease operations, shared by HTTP (server.py) and the stream (stream.py)
@@ -51,7 +52,9 @@ ACQUIRE: dict[str, F] = {
     "phase": F("str", True, choices=tuple(map(str, GPU_PHASES))),
     "min_gpus": F("int", lo=1, hi=1024, nullable=True),
     "wait_s": F("num", lo=0, hi=300.0)}
-RELEASE: dict[str, F] = {"timing": F("nummap")}
+#: a release's `timing`: what the driver client reports (`LeaseHandle.timing`), in seconds;
+#: stored beside the lease's `state`, `reason` and `gpu_s` in its observation's detail
+RELEASE: dict[str, F] = {"timing": F("nummap", lo=0, hi=2**40, keys=("busy_s", "wait_s"))}
 #: a shrink keeps `keep` GPUs (the controller picks which) or exactly the job-local `gpus`
 SHRINK: dict[str, F] = {"keep": F("int", lo=1, hi=1024), "gpus": F("intlist", lo=0, hi=1023)}
 #: a grow asks for the job-local `gpus` (it gets those free that no waiter asks for)
@@ -140,6 +143,9 @@ def _check(name: str, v: Any, f: F) -> Any:
         for k, x in v.items():
             if len(k) > 256:
                 raise bad(f"field {name!r} has a key longer than 256 characters", "bad-value")
+            if f.keys is not None and k not in f.keys:
+                raise bad(f"field {name!r}: unknown key {k[:40]!r}; accepted: "
+                          f"{', '.join(f.keys)}", "unknown-field")
             if f.kind == "strmap" and not (isinstance(x, str) and len(x) <= MAX_STR):
                 raise bad(f"field {name!r}: {k[:40]!r} must be a string", "bad-type")
             if f.kind == "nummap":

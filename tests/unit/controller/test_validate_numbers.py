@@ -31,3 +31,21 @@ def test_large_integers_a_float_holds_still_parse() -> None:
         "detail": {"step": 10**300}}
     with pytest.raises(RpcError, match="'wait_s' must be between 0 and 300"):
         fields({"phase": "rollout", "wait_s": 10**300}, ACQUIRE)
+
+
+@pytest.mark.parametrize(("timing", "code", "says"), [
+    ({"state": "held"}, "unknown-field", "field 'timing': unknown key 'state'; accepted: busy_s"),
+    ({"busy_s": 1.0, "reason": "x"}, "unknown-field", "unknown key 'reason'"),
+    ({"gpu_s": 5.0}, "unknown-field", "unknown key 'gpu_s'"),
+    ({"busy_s": -0.5}, "bad-value", "field 'timing': 'busy_s' must be between 0 and"),
+    ({"wait_s": float("inf")}, "bad-type", "field 'timing': 'wait_s' must be a finite number"),
+])
+def test_a_timing_is_the_known_keys_with_seconds_only(
+        timing: dict[str, object], code: str, says: str) -> None:
+    """The timing is stored beside the lease's own `state` and `reason`: no key of it
+    may stand in for those, and its seconds are not negative."""
+    assert fields({"timing": {"busy_s": 2, "wait_s": 0.5}}, RELEASE) == {
+        "timing": {"busy_s": 2, "wait_s": 0.5}}
+    with pytest.raises(RpcError, match=says) as err:
+        fields({"timing": timing}, RELEASE)
+    assert (err.value.status, err.value.code) == (400, code)
