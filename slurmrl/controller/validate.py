@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -189,20 +191,27 @@ def parse_id(text: str, what: str) -> int:
 
 
 def parse_ids(text: str, what: str) -> list[int]:
-    """A comma-separated list of ids (`-j 12,13`)."""
-    parts = [p for p in text.split(",") if p]
-    if not parts or len(parts) > 1000:
+    """A comma-separated list of distinct ids (`-j 12,13`): no empty entry, none twice."""
+    parts = text.split(",")
+    if not 1 <= len(parts) <= 1000:
         raise RpcError(400, "bad-id", f"{what}: expected 1 to 1000 comma-separated ids")
-    return [parse_id(p, what) for p in parts]
+    if "" in parts:
+        raise RpcError(400, "bad-id", f"{what}: an empty id in {text[:40]!r}")
+    ids = [parse_id(p, what) for p in parts]
+    twice = sorted(i for i, n in Counter(ids).items() if n > 1)
+    if twice:
+        raise RpcError(400, "bad-id", f"{what}: {twice[0]} is listed twice")
+    return ids
 
 
 def parse_wait(text: str | None, default: float, hi: float) -> float:
+    """Seconds to wait from a query value: ASCII digits with an optional `.fraction`."""
     if text is None:
         return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise bad(f"wait_s must be a number, got {text[:40]!r}") from None
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", text):
+        raise bad(f"wait_s must be a number of seconds (digits, an optional .fraction), "
+                  f"got {text[:40]!r}")
+    value = float(text)
     if not math.isfinite(value) or not 0 <= value <= hi:
         raise bad(f"wait_s must be between 0 and {hi:g}, got {text[:40]!r}")
     return value
