@@ -11,6 +11,7 @@ not strict, so that a newer exporter may add keys.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,6 +33,8 @@ Table = Mapping[str, tuple[bool, Check]]
 
 
 def _got(v: Any) -> str:
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > sys.float_info.max:
+        return f"an integer of {len(str(abs(v)))} digits"
     return f"a JSON {'list' if isinstance(v, list) else 'object'}" if isinstance(
         v, list | dict) else repr(v)
 
@@ -41,7 +44,10 @@ def must(key: str, what: str, v: Any) -> Bad:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite JSON number a float holds (math.isfinite of a larger integer raises)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    return abs(v) <= sys.float_info.max if isinstance(v, int) else math.isfinite(v)
 
 
 def _show(x: float) -> str:

@@ -103,6 +103,14 @@ MALFORMED = [
                                           "and <= 100, got 0.5"),
     (_set("classes.0.max_slowdown", {"choices": [1.5, 1000]}),
      "classes[0].max_slowdown.choices[1] must be a number >= 1 and <= 100, got 1000"),
+    # an integer too large for a float raised OverflowError (a traceback naming no key)
+    (_set("classes.0.step_s", 10**400), "classes[0].step_s must be a number > 0 and <= "
+                                        "1,000,000, got an integer of 401 digits"),
+    (_set("classes.0.drift", -10**400), "classes[0].drift must be a number > -1, got an "
+                                        "integer of 401 digits"),
+    (_set("arrivals.steady.rate_per_h", 10**400), "arrivals.steady.rate_per_h must be"),
+    (_set("classes.0.gpus", {"choices": [4, 8], "weights": [1, 10**400]}),
+     "classes[0].gpus.weights must be"),
 ]
 
 
@@ -204,6 +212,9 @@ TRACES = [
     ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2}]},
       {"job_id": 1, "phase": "train", "requested_at": "0", "granted_at": 0,
        "released_at": 1}], ":2: requested_at must be a number"),
+    ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2}]},
+      {"job_id": 1, "phase": "train", "requested_at": 0, "granted_at": 0,
+       "released_at": 10**400}], ":2: released_at must be a number"),
     # these ran into the simulator's internal errors, naming neither file nor job
     ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 1,
                                               "layout": "disaggregated"}]}],
