@@ -50,6 +50,11 @@ def _is_number(v: Any) -> bool:
     return abs(v) <= sys.float_info.max if isinstance(v, int) else math.isfinite(v)
 
 
+#: a draw weight at most this (`{"choices", "weights"}`, a class's `weight`): their total
+#: must stay finite for `random.choices`
+WEIGHT_MAX = 1_000_000
+
+
 def _show(x: float) -> str:
     """A bound as a message shows it: 100, 1,000,000, 0.5."""
     return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
@@ -126,10 +131,11 @@ def drawn(inner: Check, ranged: bool = True) -> Check:
                 inner(c, f"{key}.choices[{i}]")
             w = v.get("weights")
             ok = w is None or (isinstance(w, list) and len(w) == len(v["choices"])
-                               and all(_is_number(x) and x >= 0 for x in w) and sum(w) > 0)
+                               and all(_is_number(x) and 0 <= x <= WEIGHT_MAX for x in w)
+                               and sum(w) > 0)
             if not ok:
-                raise must(f"{key}.weights", f"{len(v['choices'])} numbers >= 0, not all 0 "
-                           "(one per choice)", w)
+                raise must(f"{key}.weights", f"{len(v['choices'])} numbers >= 0 and <= "
+                           f"{_show(WEIGHT_MAX)}, not all 0 (one per choice)", w)
         elif isinstance(v, list):
             if not ranged or len(v) != 2:
                 raise must(key, "a single value or {\"choices\": [...]}" if not ranged else

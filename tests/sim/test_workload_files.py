@@ -111,6 +111,21 @@ MALFORMED = [
     (_set("arrivals.steady.rate_per_h", 10**400), "arrivals.steady.rate_per_h must be"),
     (_set("classes.0.gpus", {"choices": [4, 8], "weights": [1, 10**400]}),
      "classes[0].gpus.weights must be"),
+    # a burst mean past 10,000 divided by zero; a rate of 1e-300 gave nonsense metrics;
+    # weights whose total is not finite said so naming no key
+    (_set("arrivals.bursty.burst_mean", 1e300), "arrivals.bursty.burst_mean must be a "
+                                                "number >= 1 and <= 10,000, got 1e+300"),
+    (_set("arrivals.steady.rate_per_h", 1e-300), "arrivals.steady.rate_per_h must be a "
+                                                 "number >= 1e-06, got 1e-300"),
+    (_set("classes.0.gpus", {"choices": [4, 8], "weights": [1e308, 1e308]}),
+     "classes[0].gpus.weights must be 2 numbers >= 0 and <= 1,000,000"),
+    (_set("classes.0.weight", 1e308), "classes[0].weight must be a number > 0 and <= "
+                                      "1,000,000, got 1e+308"),
+    # as the site config refuses them
+    (_set("limits.default_max_slowdown", 2.0), "limits.default_max_slowdown must not "
+                                               "exceed limits.max_slowdown (1.5), got 2.0"),
+    (_set("limits.max_slowdown", 1000), "limits.max_slowdown must be a number >= 1 and "
+                                        "<= 100, got 1000"),
 ]
 
 
