@@ -30,6 +30,10 @@ from click.core import ParameterSource
 
 from policies import registry
 from slurmrl.directives import MAX_SLOWDOWN
+from slurmrl.sim.workload import JOBS_MAX
+
+#: `--load`'s range: a hundredth to a hundred times the workload's arrival rate
+LOAD_MIN, LOAD_MAX = 0.01, 100.0
 
 
 def _param(value: str) -> tuple[str, str, Any]:
@@ -83,11 +87,12 @@ def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
                    "round-robin, or the one the pairing policy fixes)")
 @click.option("--admission", default="site-limits", show_default=True)
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None,
-              help="number of jobs (default: the workload's)")
-@click.option("--load", "load_scale", type=click.FloatRange(min=0.0, min_open=True),
+@click.option("--jobs", "n_jobs", type=click.IntRange(min=1, max=JOBS_MAX), default=None,
+              help=f"number of jobs, 1..{JOBS_MAX:,} (default: the workload's)")
+@click.option("--load", "load_scale", type=click.FloatRange(min=LOAD_MIN, max=LOAD_MAX),
               default=1.0, show_default=True, callback=_finite,
-              help="scale the arrival rate (a finite number > 0)")
+              help=f"scale the arrival rate, {LOAD_MIN:g}..{LOAD_MAX:g} (below, the "
+                   "cluster is idle between jobs and the metrics say nothing)")
 @click.option("--max-slowdown", "max_slowdown",
               type=click.FloatRange(min=1.0, max=MAX_SLOWDOWN), default=None,
               callback=_finite,

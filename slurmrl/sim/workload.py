@@ -183,6 +183,8 @@ TURNS_MAX = 1000
 #: cluster), bursts of at most 10,000 jobs on average (a larger mean underflows the draw)
 RATE_MIN_PER_H = 1e-6
 BURST_MEAN_MAX = 10_000
+#: jobs one run draws at most (`jobs`, `--jobs`): each is held in memory and simulated
+JOBS_MAX = 1_000_000
 
 CLASS: sc.Table = {
     "name": (True, sc.text),
@@ -227,7 +229,7 @@ WORKLOAD = sc.table({
         "gpu_mem_gib": (False, sc.number(0.0)),
         "host_mem_per_pool_gib": (False, sc.optional(sc.number(0.0))),
     })),
-    "jobs": (True, sc.whole(1)),
+    "jobs": (True, sc.whole(1, hi=JOBS_MAX)),
     "arrivals": (True, sc.table({"steady": (True, _arrivals(False)),
                                  "bursty": (True, _arrivals(True))})),
     "limits": (False, sc.table({

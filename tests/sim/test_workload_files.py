@@ -126,6 +126,7 @@ MALFORMED = [
                                                "exceed limits.max_slowdown (1.5), got 2.0"),
     (_set("limits.max_slowdown", 1000), "limits.max_slowdown must be a number >= 1 and "
                                         "<= 100, got 1000"),
+    (_set("jobs", 10**20), "jobs must be a whole number >= 1 and <= 1,000,000"),
 ]
 
 
@@ -176,10 +177,13 @@ def test_a_workload_file_that_is_not_utf8_fails_in_one_line_naming_it(tmp_path: 
 
 
 @pytest.mark.parametrize("args", [["--load", "nan"], ["--load", "inf"],
-                                  ["--max-slowdown", "inf"], ["--max-slowdown", "1000"]])
-def test_a_non_finite_load_or_a_slowdown_limit_over_100_is_a_usage_error(
+                                  ["--max-slowdown", "inf"], ["--max-slowdown", "1000"],
+                                  ["--load", "1e-300"], ["--load", "1e-12"], ["--load", "101"],
+                                  ["--jobs", "100000000000000000000"], ["--jobs", "1000001"]])
+def test_a_load_or_jobs_out_of_range_or_a_slowdown_limit_over_100_is_a_usage_error(
         tmp_path: Path, args: list[str]) -> None:
-    # they ran, and --json printed NaN (not JSON) or a limit no user can ask
+    # they ran, and --json printed NaN (not JSON) or a limit no user can ask; a load of
+    # 1e-12 gave slowdowns below 1, --jobs 1e20 drew until memory ran out
     path = tmp_path / "site.json"
     path.write_text(json.dumps(BASE))
     res = run("-w", str(path), "--jobs", "2", "--no-check", "--json", *args)
