@@ -300,6 +300,34 @@ def test_a_trace_jobs_request_is_held_to_the_directives_ranges_at_their_edges(
             one_line_error(run(how, str(path)), str(path), says)
 
 
+def test_a_trace_job_with_no_recorded_gpu_time_fails_in_one_line_naming_it(
+        tmp_path: Path) -> None:
+    # its only lease lasting 0 s divided by its solo time (0) in the metrics
+    rows = [{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2},
+                                                   {"job_id": 2, "gpus": 2}]},
+            {"job_id": 1, "phase": "rollout", "requested_at": 0, "granted_at": 0,
+             "released_at": 10},
+            *({"job_id": 2, "phase": p, "requested_at": 5, "granted_at": 5,
+               "released_at": 5} for p in ("rollout", "train"))]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    for how in ("--replay", "-w"):
+        one_line_error(run(how, str(path)), str(path), "job 2 has no recorded GPU time")
+
+
+def test_a_trace_job_whose_pool_is_null_shares_pool_0(tmp_path: Path) -> None:
+    # `"pool": null` passed the header check, then int(None) raised a TypeError
+    rows = [{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2, "pool": None},
+                                                   {"job_id": 2, "gpus": 2}]},
+            *({"job_id": j, "phase": "rollout", "requested_at": 0, "granted_at": 0,
+               "released_at": 10} for j in (1, 2))]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    for how in ("--replay", "-w"):
+        res = run(how, str(path), "--json")
+        assert res.exit_code == 0, res.output
+
+
 def test_a_trace_with_a_header_only_fails_in_one_line_naming_it(tmp_path: Path) -> None:
     # --replay failed with "min() arg is an empty sequence" (-w said it already)
     path = tmp_path / "t.jsonl"
