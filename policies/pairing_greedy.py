@@ -10,6 +10,7 @@ matching, no slowdown prediction, no matching across the batch.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -25,6 +26,8 @@ class GreedyPairing:
     def __init__(self, max_duty: float = 1.0, max_group: int = 2) -> None:
         if max_group < 1:
             raise ValueError(f"max_group must be >= 1, got {max_group}")
+        if not (max_duty > 0 and math.isfinite(max_duty)):
+            raise ValueError(f"max_duty must be a finite number > 0, got {max_duty}")
         self.max_duty, self.max_group = max_duty, max_group
 
     def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:

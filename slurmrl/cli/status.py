@@ -25,6 +25,7 @@ from typing import Any
 import click
 
 from slurmrl import __version__
+from slurmrl.cli import finite
 
 Field = tuple[str, int, bool, Callable[[dict[str, Any]], str]]  # header, width, right, get
 
@@ -172,7 +173,8 @@ def _controller_url(given: str | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="one JSON envelope")
 @click.option("-o", "--format", "fmt", help="comma-separated fields; 'help' lists them")
 @click.option("-h", "--noheader", is_flag=True, help="no header line")
-@click.option("-i", "--iterate", type=click.FloatRange(min=0.1), help="repeat every SECS")
+@click.option("-i", "--iterate", type=click.FloatRange(min=0.1, max=86400.0), callback=finite,
+              help="repeat every SECS (0.1 to 86400)")
 @click.option("--me", is_flag=True, help="only my jobs")
 @click.option("-u", "--user", help="only this user's jobs")
 @click.option("-j", "--jobs", "ids", help="only these job ids (comma-separated)")

@@ -80,9 +80,10 @@ class Lease:
         return not self.released and self.revoked_reason is None
 
     def timing(self) -> dict[str, float]:
-        """What a release reports: `wait_s` (asking to getting it), `busy_s` (since)."""
-        return {"wait_s": self._held_from - self._asked_at,
-                "busy_s": time.time() - self._held_from}
+        """What a release reports: `wait_s` (asking to getting it), `busy_s` (since); never
+        negative (the controller refuses that), even if the clock stepped back."""
+        return {"wait_s": max(0.0, self._held_from - self._asked_at),
+                "busy_s": max(0.0, time.time() - self._held_from)}
 
     def check(self) -> None:
         """Raise `LeaseRevoked` if the controller took this lease back."""

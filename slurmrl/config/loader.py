@@ -32,7 +32,7 @@ from types import MappingProxyType
 from typing import Any
 
 from slurmrl.config.schema import SECTIONS, Config
-from slurmrl.config.units import check_slurm_time, parse_size
+from slurmrl.config.units import check_host, check_slurm_time, parse_size
 
 DEFAULT_PATH = Path("/etc/slurmrl/slurmrl.toml")
 ENV_PATH = "SLURMRL_CONFIG"
@@ -341,6 +341,8 @@ def _check_limits(value: Any, meta: Mapping[str, Any]) -> None:
         raise ValueError(f"expected {pattern[1]}, got {value!r}")
     if meta.get("slurm_time"):
         check_slurm_time(value)
+    if meta.get("host"):
+        check_host(value)
 
 
 def _describe(raw: object) -> str:

@@ -23,8 +23,6 @@ SLURM_BACKENDS = ("auto", "command", "pyslurm")
 #: the service backends each role runs (`slurmrl.worker.backends.make_backend`)
 ROLLOUT_BACKENDS = ("tiny", "vllm")
 TRAINER_BACKENDS = ("tiny", "torch")
-#: a host name (letters, digits, `-`, `_`, `.`), an IPv4 or IPv6 address (`:`, a `%zone`)
-HOST_PATTERN = (r"[A-Za-z0-9._:%-]+", "a host name or an IP address")
 
 
 def opt(
@@ -37,6 +35,7 @@ def opt(
     choices: tuple[str, ...] | None = None,
     size: bool = False,
     slurm_time: bool = False,
+    host: bool = False,
     absolute_path: bool = False,
     pattern: tuple[str, str] | None = None,
 ) -> Any:
@@ -44,7 +43,8 @@ def opt(
 
     `lo`/`hi` are inclusive bounds, `above` an exclusive lower bound; `size` accepts
     "512G"-style strings; `choices` a closed set of strings; `pattern` (a regular
-    expression the whole string must match, what it is in words) an open set.
+    expression the whole string must match, what it is in words) an open set; `host` a
+    host name or an IP address (`units.check_host`).
     """
     meta = {
         "doc": doc,
@@ -54,6 +54,7 @@ def opt(
         "choices": choices,
         "size": size,
         "slurm_time": slurm_time,
+        "host": host,
         "absolute_path": absolute_path,
         "pattern": pattern,
     }
@@ -67,7 +68,7 @@ def opt(
 class ControllerConfig:
     """`[controller]`: the daemon drivers and `slurmrl status` talk to."""
 
-    host: str = opt("127.0.0.1", "address the RPC server listens on", pattern=HOST_PATTERN)
+    host: str = opt("127.0.0.1", "address the RPC server listens on", host=True)
     port: int = opt(6829, "TCP port of the RPC server", lo=1, hi=65535)
     db_path: str = opt(
         "/var/lib/slurmrl/slurmrl.db", "colocation database (SQLite, WAL)", absolute_path=True

@@ -1,4 +1,5 @@
-"""Human-friendly units in the site config: byte sizes ("512G") and Slurm time limits.
+"""Human-friendly units in the site config: byte sizes ("512G"), Slurm time limits and
+host names.
 
 Sizes use binary multiples (K = 1024), as Slurm's own `--mem=512G` does; a bare number
 is bytes; at most `MAX_SIZE` (what fits a signed 64-bit integer). Time limits are
@@ -8,6 +9,7 @@ forms are Slurm's own. Digits are ASCII 0-9 only (`re.ASCII`), not "١٢" and th
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 _SIZE = re.compile(r"\s*(\d+)(?:\.(\d{1,20}))?\s*([KMGTP]?)(?:I?B)?\s*", re.I | re.ASCII)
@@ -52,6 +54,29 @@ def format_size(n: int) -> str:
         if n and n % _MULT[unit] == 0:
             return f"{n // _MULT[unit]}{unit}"
     return str(n)
+
+
+#: one label of a host name (RFC 1123: 1 to 63 letters, digits and inner hyphens; `_`
+#: too, which resolvers accept and some sites use)
+_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+_ZONE = re.compile(r"[A-Za-z0-9_.-]{1,64}")  #: an IPv6 scope: an interface name or index
+
+
+def check_host(value: str) -> str:
+    """`value` if it is an IPv4 or IPv6 address (an IPv6 one may name its `%zone`) or a
+    host name of RFC 1123 labels, the last not all digits (`10.0.0.256` is no address)."""
+    addr, pct, zone = value.partition("%")
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        ip = None
+    if ip is not None and (not pct or (ip.version == 6 and _ZONE.fullmatch(zone))):
+        return value
+    labels = value.split(".")
+    if (len(value) <= 253 and all(_LABEL.fullmatch(x) for x in labels)
+            and not labels[-1].isdigit()):
+        return value
+    raise ValueError(f"expected a host name or an IP address, got {value[:80]!r}")
 
 
 def check_slurm_time(value: str) -> str:

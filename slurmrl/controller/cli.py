@@ -2,17 +2,19 @@
 
 Reads the site config (see site-configs/slurmrl.toml) and builds its policies and Slurm
 backend, then opens or creates the colocation DB, restores leases and waiters from it,
-and serves the RPC until SIGTERM/SIGINT. A bad config (a key, a policy, its parameters)
-stops it before the DB is touched. `kill -9` is safe: every state change is committed
-before it is answered.
+and serves the RPC until SIGTERM/SIGINT. A bad config (a key, a policy, its parameters,
+an address it cannot listen on) stops it before the DB is touched. `kill -9` is safe:
+every state change is committed before it is answered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 from typing import TYPE_CHECKING
 
@@ -90,6 +92,30 @@ def slurm_backend(cfg: Config) -> SlurmBackend:
         raise ConfigError(cfg.source or "defaults", "slurm.backend", str(exc)) from None
 
 
+async def check_listen(cfg: Config) -> None:
+    """Bind the RPC (and metrics) address as `serve` will (asyncio's create_server, as
+    aiohttp's TCPSite) and let go: a host that does not resolve or is not this machine's,
+    or a port in use, is a ConfigError naming the key before the DB is touched."""
+    cc = cfg.controller
+    ports = [("controller.port", cc.port)]
+    if cc.metrics_enabled and cc.metrics_port:
+        ports.append(("controller.metrics_port", cc.metrics_port))
+    loop = asyncio.get_running_loop()
+    for key, port in ports:
+        try:
+            srv = await loop.create_server(asyncio.Protocol, cc.host, port,
+                                           reuse_address=True, start_serving=False)
+        except OSError as exc:
+            host_wrong = (isinstance(exc, socket.gaierror)
+                          or exc.errno == errno.EADDRNOTAVAIL)
+            raise ConfigError(cfg.source or "defaults",
+                              "controller.host" if host_wrong else key,
+                              f"cannot listen on {cc.host}:{port}: {exc.strerror or exc}"
+                              ) from None
+        srv.close()
+        await srv.wait_closed()
+
+
 async def _run(cfg: Config, debug_invariants: bool, pool_manager: str = "attached",
                services_dir: str | None = None) -> None:
     from slurmrl.controller.core import Controller
@@ -97,6 +123,7 @@ async def _run(cfg: Config, debug_invariants: bool, pool_manager: str = "attache
     from slurmrl.db import Store
 
     slurm = slurm_backend(cfg)  # before the DB: a backend that cannot be had changes nothing
+    await check_listen(cfg)  # so is an address it cannot listen on
     store = Store(cfg.controller.db_path)
     store.checkpoint_in_background()
     pools = None

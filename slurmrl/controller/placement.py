@@ -76,18 +76,22 @@ def site_limits(cfg: Config) -> SiteLimits:
 
 def check_policies(cfg: Config) -> None:
     """Build the configured policies as the Controller will, so that an unknown name or
-    a bad `[policies.params.<name>]` table fails before anything is written. The one
-    check of the site's policies: `slurmrl controller` runs it at start, `slurmrl
-    doctor` for its config check. Raises `ConfigError` naming the key."""
+    a bad `[policies.params.<name>]` table fails before anything is written; a table for
+    a built-in policy that is not the configured one is built too (the config loader
+    refuses a table naming no policy). The one check of the site's policies: `slurmrl
+    controller` runs it at start, `slurmrl doctor` for its config check. Raises
+    `ConfigError` naming the key."""
     p, source = cfg.policies, cfg.source or "defaults"
     for kind in ("slice", "pairing", "admission"):
-        name = getattr(p, kind)
-        params = p.params_for(name)
-        try:
-            registry.load(kind, name, params)
-        except registry.UnknownPolicy as exc:
-            key = f"policies.params.{name}" if params else f"policies.{kind}"
-            raise ConfigError(source, key, str(exc)) from None
+        configured = getattr(p, kind)
+        tabled = sorted(n for n in p.params if n in registry.REGISTRY[kind] and n != configured)
+        for name in (configured, *tabled):
+            params = p.params_for(name)
+            try:
+                registry.load(kind, name, params)
+            except registry.UnknownPolicy as exc:
+                key = f"policies.params.{name}" if params else f"policies.{kind}"
+                raise ConfigError(source, key, str(exc)) from None
     try:
         load_policies(cfg)  # the checks the controller adds (e.g. a lease-mode pairing)
     except registry.UnknownPolicy as exc:

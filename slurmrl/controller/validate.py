@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import sys
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +46,7 @@ class F:
     hi: float | None = None
     nullable: bool = False
     choices: tuple[str, ...] | None = None
+    keys: tuple[str, ...] | None = None  #: a map's accepted keys (None: any)
 
 
 #: bodies of the lease operations, shared by HTTP (server.py) and the stream (stream.py)
@@ -50,7 +54,9 @@ ACQUIRE: dict[str, F] = {
     "phase": F("str", True, choices=tuple(map(str, GPU_PHASES))),
     "min_gpus": F("int", lo=1, hi=1024, nullable=True),
     "wait_s": F("num", lo=0, hi=300.0)}
-RELEASE: dict[str, F] = {"timing": F("nummap")}
+#: a release's `timing`: what the driver client reports (`LeaseHandle.timing`), in seconds;
+#: stored beside the lease's `state`, `reason` and `gpu_s` in its observation's detail
+RELEASE: dict[str, F] = {"timing": F("nummap", lo=0, hi=2**40, keys=("busy_s", "wait_s"))}
 #: a shrink keeps `keep` GPUs (the controller picks which) or exactly the job-local `gpus`
 SHRINK: dict[str, F] = {"keep": F("int", lo=1, hi=1024), "gpus": F("intlist", lo=0, hi=1023)}
 #: a grow asks for the job-local `gpus` (it gets those free that no waiter asks for)
@@ -100,13 +106,10 @@ def _check(name: str, v: Any, f: F) -> Any:
     if f.kind == "int":
         if isinstance(v, bool) or not isinstance(v, int):
             raise bad(f"field {name!r} must be an integer, got {_kind(v)}", "bad-type")
-        _bounds(name, v, f)
+        _bounds(f"field {name!r}", v, f)
         return v
     if f.kind == "num":
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            raise bad(f"field {name!r} must be a finite number, got {_kind(v)}", "bad-type")
-        _bounds(name, v, f)
-        return float(v)
+        return _number(f"field {name!r}", v, f)
     if f.kind == "bool":
         if not isinstance(v, bool):
             raise bad(f"field {name!r} must be true or false, got {_kind(v)}", "bad-type")
@@ -130,7 +133,7 @@ def _check(name: str, v: Any, f: F) -> Any:
             if isinstance(x, bool) or not isinstance(x, int):
                 raise bad(f"field {name!r} must be a list of integers, got {_kind(x)} in it",
                           "bad-type")
-            _bounds(name, x, f)
+            _bounds(f"field {name!r}", x, f)
         if len(set(v)) != len(v):
             raise bad(f"field {name!r} lists an entry twice", "bad-value")
         return list(v)
@@ -142,20 +145,34 @@ def _check(name: str, v: Any, f: F) -> Any:
         for k, x in v.items():
             if len(k) > 256:
                 raise bad(f"field {name!r} has a key longer than 256 characters", "bad-value")
+            if f.keys is not None and k not in f.keys:
+                raise bad(f"field {name!r}: unknown key {k[:40]!r}; accepted: "
+                          f"{', '.join(f.keys)}", "unknown-field")
             if f.kind == "strmap" and not (isinstance(x, str) and len(x) <= MAX_STR):
                 raise bad(f"field {name!r}: {k[:40]!r} must be a string", "bad-type")
-            if f.kind == "nummap" and (
-                isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x)
-            ):
-                raise bad(f"field {name!r}: {k[:40]!r} must be a finite number", "bad-type")
+            if f.kind == "nummap":
+                _number(f"field {name!r}: {k[:40]!r}", x, f)
         return dict(v)
     raise AssertionError(f"unknown field kind {f.kind}")
 
 
-def _bounds(name: str, v: float, f: F) -> None:
+def _number(what: str, v: Any, f: F) -> float:
+    """A JSON number within `f`'s bounds as a float; `what` ("field 'wait_s'") names it in
+    a refusal. An integer too large for a float is refused, not an OverflowError."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise bad(f"{what} must be a finite number, got {_kind(v)}", "bad-type")
+    if isinstance(v, int) and abs(v) > sys.float_info.max:
+        raise bad(f"{what} must be a finite number, got an integer of {len(str(abs(v)))} "
+                  "digits, too large for one", "bad-value")
+    if not math.isfinite(v):
+        raise bad(f"{what} must be a finite number, got {v!r}", "bad-type")
+    _bounds(what, v, f)
+    return float(v)
+
+
+def _bounds(what: str, v: float, f: F) -> None:
     if (f.lo is not None and v < f.lo) or (f.hi is not None and v > f.hi):
-        raise bad(f"field {name!r} must be between {f.lo:g} and {f.hi:g}, got {v!r}",
-                  "bad-value")
+        raise bad(f"{what} must be between {f.lo:g} and {f.hi:g}, got {v!r}", "bad-value")
 
 
 def _kind(v: Any) -> str:
@@ -174,20 +191,27 @@ def parse_id(text: str, what: str) -> int:
 
 
 def parse_ids(text: str, what: str) -> list[int]:
-    """A comma-separated list of ids (`-j 12,13`)."""
-    parts = [p for p in text.split(",") if p]
-    if not parts or len(parts) > 1000:
+    """A comma-separated list of distinct ids (`-j 12,13`): no empty entry, none twice."""
+    parts = text.split(",")
+    if not 1 <= len(parts) <= 1000:
         raise RpcError(400, "bad-id", f"{what}: expected 1 to 1000 comma-separated ids")
-    return [parse_id(p, what) for p in parts]
+    if "" in parts:
+        raise RpcError(400, "bad-id", f"{what}: an empty id in {text[:40]!r}")
+    ids = [parse_id(p, what) for p in parts]
+    twice = sorted(i for i, n in Counter(ids).items() if n > 1)
+    if twice:
+        raise RpcError(400, "bad-id", f"{what}: {twice[0]} is listed twice")
+    return ids
 
 
 def parse_wait(text: str | None, default: float, hi: float) -> float:
+    """Seconds to wait from a query value: ASCII digits with an optional `.fraction`."""
     if text is None:
         return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise bad(f"wait_s must be a number, got {text[:40]!r}") from None
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", text):
+        raise bad(f"wait_s must be a number of seconds (digits, an optional .fraction), "
+                  f"got {text[:40]!r}")
+    value = float(text)
     if not math.isfinite(value) or not 0 <= value <= hi:
         raise bad(f"wait_s must be between 0 and {hi:g}, got {text[:40]!r}")
     return value

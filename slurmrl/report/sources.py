@@ -115,7 +115,7 @@ def from_controller(url: str, ids: Sequence[int] | None,
                            "lease counts its final GPUs; use --db for exact numbers"]
     query = {"all": "1"}
     if ids:
-        query["ids"] = ",".join(map(str, ids))
+        query["ids"] = ",".join(map(str, dict.fromkeys(ids)))  # the controller refuses twice
     try:
         rpc = RpcClient(url, retry_for_s=0.0, timeout_s=10.0)  # ValueError: a malformed URL
         _, ans = rpc.call("GET", "/v1/status", query=query, retry=False)

@@ -19,7 +19,6 @@ workload or trace, or a simulation that cannot go on, fails with one line on std
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from dataclasses import replace
@@ -29,7 +28,12 @@ import click
 from click.core import ParameterSource
 
 from policies import registry
+from slurmrl.cli import finite
 from slurmrl.directives import MAX_SLOWDOWN
+from slurmrl.sim.workload import JOBS_MAX
+
+#: `--load`'s range: a hundredth to a hundred times the workload's arrival rate
+LOAD_MIN, LOAD_MAX = 0.01, 100.0
 
 
 def _param(value: str) -> tuple[str, str, Any]:
@@ -43,15 +47,6 @@ def _param(value: str) -> tuple[str, str, Any]:
         raise click.BadParameter(f"{value!r}: expected POLICY.KEY=VALUE, e.g. "
                                  "complementary.max_load=1.0", param_hint="--param")
     return policy, key, toml_literal(raw.strip())
-
-
-def _finite(ctx: click.Context, param: click.Parameter, value: float | None
-            ) -> float | None:
-    """A float option's value, refused where it is NaN or infinite (their metrics would
-    be NaN)."""
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"must be a finite number, got {value}")
-    return value
 
 
 def _envelope(meta: dict[str, Any], warnings: list[str], payload: dict[str, Any]) -> str:
@@ -83,14 +78,15 @@ def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
                    "round-robin, or the one the pairing policy fixes)")
 @click.option("--admission", default="site-limits", show_default=True)
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None,
-              help="number of jobs (default: the workload's)")
-@click.option("--load", "load_scale", type=click.FloatRange(min=0.0, min_open=True),
-              default=1.0, show_default=True, callback=_finite,
-              help="scale the arrival rate (a finite number > 0)")
+@click.option("--jobs", "n_jobs", type=click.IntRange(min=1, max=JOBS_MAX), default=None,
+              help=f"number of jobs, 1..{JOBS_MAX:,} (default: the workload's)")
+@click.option("--load", "load_scale", type=click.FloatRange(min=LOAD_MIN, max=LOAD_MAX),
+              default=1.0, show_default=True, callback=finite,
+              help=f"scale the arrival rate, {LOAD_MIN:g}..{LOAD_MAX:g} (below, the "
+                   "cluster is idle between jobs and the metrics say nothing)")
 @click.option("--max-slowdown", "max_slowdown",
               type=click.FloatRange(min=1.0, max=MAX_SLOWDOWN), default=None,
-              callback=_finite,
+              callback=finite,
               help="what-if: every job's slowdown limit, as if each user asked "
                    f"--rl-max-slowdown=X, 1..{MAX_SLOWDOWN:g} (the site's cap rises to X "
                    "if lower)")

@@ -135,7 +135,7 @@ def jobs_from_trace(header: dict[str, Any], obs: list[dict[str, Any]],
                     where: str = "trace") -> tuple[list[SimJob], dict[int, int]]:
     """The jobs of a checked trace (`read_trace`) and their recorded groups; a
     `WorkloadError` naming `where` (the file) and the job for a job the simulator could
-    not run."""
+    not run (one with no recorded GPU time among them)."""
     by_job: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for o in obs:
         by_job[int(o["job_id"])].append(o)
@@ -156,6 +156,9 @@ def jobs_from_trace(header: dict[str, Any], obs: list[dict[str, Any]],
             if prev is not None and o["requested_at"] > prev["released_at"]:
                 steps[-1].append(Segment(Phase.IDLE, o["requested_at"] - prev["released_at"]))
             steps[-1].append(Segment(phase, o["released_at"] - o["granted_at"]))
+        if not any(seg.seconds > 0 for step in steps for seg in step if seg.phase.needs_gpu):
+            raise WorkloadError(f"{where}: job {jid} has no recorded GPU time: its leases "
+                                "last 0 seconds in all (granted_at == released_at)")
         gpus = int(spec["gpus"])
         layout = Layout(spec.get("layout", "colocated"))
         given = spec.get("rollout_gpus")
@@ -190,7 +193,7 @@ def jobs_from_trace(header: dict[str, Any], obs: list[dict[str, Any]],
                            tuple(tuple(x) for x in steps), (), prior,
                            None if ms is None else float(ms), spec.get("mux") == "off",
                            declared))
-        groups[jid] = int(spec.get("pool", 0))
+        groups[jid] = int(spec.get("pool") or 0)  # null or absent: the shared pool 0
     return jobs, groups
 
 

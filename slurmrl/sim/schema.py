@@ -11,6 +11,7 @@ not strict, so that a newer exporter may add keys.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,6 +33,8 @@ Table = Mapping[str, tuple[bool, Check]]
 
 
 def _got(v: Any) -> str:
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > sys.float_info.max:
+        return f"an integer of {len(str(abs(v)))} digits"
     return f"a JSON {'list' if isinstance(v, list) else 'object'}" if isinstance(
         v, list | dict) else repr(v)
 
@@ -41,7 +44,15 @@ def must(key: str, what: str, v: Any) -> Bad:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite JSON number a float holds (math.isfinite of a larger integer raises)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    return abs(v) <= sys.float_info.max if isinstance(v, int) else math.isfinite(v)
+
+
+#: a draw weight at most this (`{"choices", "weights"}`, a class's `weight`): their total
+#: must stay finite for `random.choices`
+WEIGHT_MAX = 1_000_000
 
 
 def _show(x: float) -> str:
@@ -120,10 +131,11 @@ def drawn(inner: Check, ranged: bool = True) -> Check:
                 inner(c, f"{key}.choices[{i}]")
             w = v.get("weights")
             ok = w is None or (isinstance(w, list) and len(w) == len(v["choices"])
-                               and all(_is_number(x) and x >= 0 for x in w) and sum(w) > 0)
+                               and all(_is_number(x) and 0 <= x <= WEIGHT_MAX for x in w)
+                               and sum(w) > 0)
             if not ok:
-                raise must(f"{key}.weights", f"{len(v['choices'])} numbers >= 0, not all 0 "
-                           "(one per choice)", w)
+                raise must(f"{key}.weights", f"{len(v['choices'])} numbers >= 0 and <= "
+                           f"{_show(WEIGHT_MAX)}, not all 0 (one per choice)", w)
         elif isinstance(v, list):
             if not ranged or len(v) != 2:
                 raise must(key, "a single value or {\"choices\": [...]}" if not ranged else

@@ -181,10 +181,16 @@ class Workload:
 #: infinite
 #: rollout turns per step a class may draw (each turn is simulated: a bound, not a hang)
 TURNS_MAX = 1000
+#: arrivals: at least one job per million hours (below, every metric is of an idle
+#: cluster), bursts of at most 10,000 jobs on average (a larger mean underflows the draw)
+RATE_MIN_PER_H = 1e-6
+BURST_MEAN_MAX = 10_000
+#: jobs one run draws at most (`jobs`, `--jobs`): each is held in memory and simulated
+JOBS_MAX = 1_000_000
 
 CLASS: sc.Table = {
     "name": (True, sc.text),
-    "weight": (True, sc.number(0.0)),
+    "weight": (True, sc.number(0.0, hi=sc.WEIGHT_MAX)),
     "model": (True, sc.drawn(sc.model, ranged=False)),
     "gpus": (True, sc.drawn(sc.whole(1, hi=GPUS_MAX))),
     "layout": (True, sc.one_of(*(str(x) for x in Layout))),
@@ -206,8 +212,10 @@ CLASS: sc.Table = {
 
 
 def _arrivals(bursty: bool) -> sc.Check:
-    return sc.table({"process": (False, sc.anything), "rate_per_h": (True, sc.number(0.0)),
-                     **({"burst_mean": (False, sc.number(1.0, strict=False))} if bursty
+    return sc.table({"process": (False, sc.anything),
+                     "rate_per_h": (True, sc.number(RATE_MIN_PER_H, strict=False)),
+                     **({"burst_mean": (False, sc.number(1.0, strict=False,
+                                                         hi=BURST_MEAN_MAX))} if bursty
                         else {})})
 
 
@@ -223,12 +231,12 @@ WORKLOAD = sc.table({
         "gpu_mem_gib": (False, sc.number(0.0)),
         "host_mem_per_pool_gib": (False, sc.optional(sc.number(0.0))),
     })),
-    "jobs": (True, sc.whole(1)),
+    "jobs": (True, sc.whole(1, hi=JOBS_MAX)),
     "arrivals": (True, sc.table({"steady": (True, _arrivals(False)),
                                  "bursty": (True, _arrivals(True))})),
     "limits": (False, sc.table({
-        "max_slowdown": (False, sc.number(1.0, strict=False)),
-        "default_max_slowdown": (False, sc.number(1.0, strict=False)),
+        "max_slowdown": (False, sc.number(1.0, strict=False, hi=MAX_SLOWDOWN)),
+        "default_max_slowdown": (False, sc.number(1.0, strict=False, hi=MAX_SLOWDOWN)),
         "max_jobs_per_pool": (False, sc.whole(1)),
         "max_gpus_per_job": (False, sc.whole(1)),
     })),
@@ -260,9 +268,14 @@ def validate(data: Any, where: str = "workload", path: Path | None = None) -> Wo
     if data.get("format") != FORMAT:
         raise WorkloadError(f"{where}: format must be {FORMAT!r}, got {data.get('format')!r}")
     sc.check(WORKLOAD, data, where)
+    lim = SiteLimits(**data.get("limits", {}))
+    if lim.default_max_slowdown > lim.max_slowdown:  # as the site config refuses it
+        raise WorkloadError(f"{where}: limits.default_max_slowdown must not exceed "
+                            f"limits.max_slowdown ({lim.max_slowdown}), got "
+                            f"{lim.default_max_slowdown}")
     # a job that admission accepts but no pool could ever hold would wait forever
     cluster = data["cluster"]["gpus"]
-    most = data.get("limits", {}).get("max_gpus_per_job", SiteLimits().max_gpus_per_job)
+    most = lim.max_gpus_per_job
     for i, c in enumerate(data["classes"]):
         spec = c["gpus"]
         spans = [tuple(spec)] if isinstance(spec, list) else [(g, g) for g in sc.values(spec)]

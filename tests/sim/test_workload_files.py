@@ -103,6 +103,30 @@ MALFORMED = [
                                           "and <= 100, got 0.5"),
     (_set("classes.0.max_slowdown", {"choices": [1.5, 1000]}),
      "classes[0].max_slowdown.choices[1] must be a number >= 1 and <= 100, got 1000"),
+    # an integer too large for a float raised OverflowError (a traceback naming no key)
+    (_set("classes.0.step_s", 10**400), "classes[0].step_s must be a number > 0 and <= "
+                                        "1,000,000, got an integer of 401 digits"),
+    (_set("classes.0.drift", -10**400), "classes[0].drift must be a number > -1, got an "
+                                        "integer of 401 digits"),
+    (_set("arrivals.steady.rate_per_h", 10**400), "arrivals.steady.rate_per_h must be"),
+    (_set("classes.0.gpus", {"choices": [4, 8], "weights": [1, 10**400]}),
+     "classes[0].gpus.weights must be"),
+    # a burst mean past 10,000 divided by zero; a rate of 1e-300 gave nonsense metrics;
+    # weights whose total is not finite said so naming no key
+    (_set("arrivals.bursty.burst_mean", 1e300), "arrivals.bursty.burst_mean must be a "
+                                                "number >= 1 and <= 10,000, got 1e+300"),
+    (_set("arrivals.steady.rate_per_h", 1e-300), "arrivals.steady.rate_per_h must be a "
+                                                 "number >= 1e-06, got 1e-300"),
+    (_set("classes.0.gpus", {"choices": [4, 8], "weights": [1e308, 1e308]}),
+     "classes[0].gpus.weights must be 2 numbers >= 0 and <= 1,000,000"),
+    (_set("classes.0.weight", 1e308), "classes[0].weight must be a number > 0 and <= "
+                                      "1,000,000, got 1e+308"),
+    # as the site config refuses them
+    (_set("limits.default_max_slowdown", 2.0), "limits.default_max_slowdown must not "
+                                               "exceed limits.max_slowdown (1.5), got 2.0"),
+    (_set("limits.max_slowdown", 1000), "limits.max_slowdown must be a number >= 1 and "
+                                        "<= 100, got 1000"),
+    (_set("jobs", 10**20), "jobs must be a whole number >= 1 and <= 1,000,000"),
 ]
 
 
@@ -153,10 +177,13 @@ def test_a_workload_file_that_is_not_utf8_fails_in_one_line_naming_it(tmp_path: 
 
 
 @pytest.mark.parametrize("args", [["--load", "nan"], ["--load", "inf"],
-                                  ["--max-slowdown", "inf"], ["--max-slowdown", "1000"]])
-def test_a_non_finite_load_or_a_slowdown_limit_over_100_is_a_usage_error(
+                                  ["--max-slowdown", "inf"], ["--max-slowdown", "1000"],
+                                  ["--load", "1e-300"], ["--load", "1e-12"], ["--load", "101"],
+                                  ["--jobs", "100000000000000000000"], ["--jobs", "1000001"]])
+def test_a_load_or_jobs_out_of_range_or_a_slowdown_limit_over_100_is_a_usage_error(
         tmp_path: Path, args: list[str]) -> None:
-    # they ran, and --json printed NaN (not JSON) or a limit no user can ask
+    # they ran, and --json printed NaN (not JSON) or a limit no user can ask; a load of
+    # 1e-12 gave slowdowns below 1, --jobs 1e20 drew until memory ran out
     path = tmp_path / "site.json"
     path.write_text(json.dumps(BASE))
     res = run("-w", str(path), "--jobs", "2", "--no-check", "--json", *args)
@@ -204,6 +231,9 @@ TRACES = [
     ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2}]},
       {"job_id": 1, "phase": "train", "requested_at": "0", "granted_at": 0,
        "released_at": 1}], ":2: requested_at must be a number"),
+    ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2}]},
+      {"job_id": 1, "phase": "train", "requested_at": 0, "granted_at": 0,
+       "released_at": 10**400}], ":2: released_at must be a number"),
     # these ran into the simulator's internal errors, naming neither file nor job
     ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 1,
                                               "layout": "disaggregated"}]}],
@@ -268,6 +298,34 @@ def test_a_trace_jobs_request_is_held_to_the_directives_ranges_at_their_edges(
                            ({"mux": "Off"}, "jobs[3].mux must be")):
             path = trace(**edit)
             one_line_error(run(how, str(path)), str(path), says)
+
+
+def test_a_trace_job_with_no_recorded_gpu_time_fails_in_one_line_naming_it(
+        tmp_path: Path) -> None:
+    # its only lease lasting 0 s divided by its solo time (0) in the metrics
+    rows = [{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2},
+                                                   {"job_id": 2, "gpus": 2}]},
+            {"job_id": 1, "phase": "rollout", "requested_at": 0, "granted_at": 0,
+             "released_at": 10},
+            *({"job_id": 2, "phase": p, "requested_at": 5, "granted_at": 5,
+               "released_at": 5} for p in ("rollout", "train"))]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    for how in ("--replay", "-w"):
+        one_line_error(run(how, str(path)), str(path), "job 2 has no recorded GPU time")
+
+
+def test_a_trace_job_whose_pool_is_null_shares_pool_0(tmp_path: Path) -> None:
+    # `"pool": null` passed the header check, then int(None) raised a TypeError
+    rows = [{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2, "pool": None},
+                                                   {"job_id": 2, "gpus": 2}]},
+            *({"job_id": j, "phase": "rollout", "requested_at": 0, "granted_at": 0,
+               "released_at": 10} for j in (1, 2))]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    for how in ("--replay", "-w"):
+        res = run(how, str(path), "--json")
+        assert res.exit_code == 0, res.output
 
 
 def test_a_trace_with_a_header_only_fails_in_one_line_naming_it(tmp_path: Path) -> None:

@@ -274,6 +274,16 @@ def test_wrong_types(tmp_path: Path, text: str, key: str, expected: str) -> None
         ('[controller]\nhost = "bad;host"\n', "controller.host",
          "expected a host name or an IP address, got 'bad;host'"),
         ('[controller]\nhost = "not a host"\n', "controller.host", "host name or an IP"),
+        # these passed the old pattern (any of letters, digits and ._:%-)
+        ('[controller]\nhost = "..."\n', "controller.host",
+         "expected a host name or an IP address, got '...'"),
+        ('[controller]\nhost = "-"\n', "controller.host", "got '-'"),
+        ('[controller]\nhost = "10.0.0.256"\n', "controller.host", "got '10.0.0.256'"),
+        ('[controller]\nhost = "ctl-.example"\n', "controller.host", "got 'ctl-.example'"),
+        ('[controller]\nhost = "a:b"\n', "controller.host", "got 'a:b'"),
+        ('[controller]\nhost = "10.0.0.1%eth0"\n', "controller.host", "host name or an IP"),
+        (f'[controller]\nhost = "{"a" * 64}.example"\n', "controller.host",
+         "host name or an IP"),
     ],
 )
 def test_out_of_range(tmp_path: Path, text: str, key: str, expected: str) -> None:
@@ -301,7 +311,8 @@ def test_non_finite_numbers_are_named_as_such(
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "ctl-01.cluster.example",
-                                  "fe80::1%eth0", "node_7"])
+                                  "fe80::1%eth0", "node_7", "localhost", "2001:db8::1",
+                                  "::ffff:10.0.0.1", "1node.example", "CTL01"])
 def test_hosts_and_addresses_are_accepted(tmp_path: Path, host: str) -> None:
     site = write(tmp_path, f'[controller]\nhost = "{host}"\n')
     assert load(site, env={}).controller.host == host

@@ -103,6 +103,16 @@ def test_config_check_fails_naming_the_key(tmp_path: Path) -> None:
          "parameter 'min_gain' must be a float, got 'abc'"),
         ("[policies.params.nosuchpolicy]\nx = 1\n",
          "policies.params.nosuchpolicy: parameters for an unknown policy 'nosuchpolicy'"),
+
+        # tables of built-in policies that are not the configured ones passed unbuilt
+        ("[policies.params.greedy]\nbogus = -1\n",
+         "policies.params.greedy: pairing policy 'greedy': bad parameters: no parameter "
+         "'bogus' (it takes: max_duty, max_group)"),
+        ("[policies.params.greedy]\nmax_duty = -5\n",
+         "policies.params.greedy: pairing policy 'greedy': bad parameters: max_duty must be "
+         "a finite number > 0, got -5"),
+        ("[policies.params.fifo]\nx = 1\n", "policies.params.fifo: slice policy 'fifo': "
+         "bad parameters: no parameter 'x'"),
     ],
 )
 def test_config_check_fails_where_the_controller_would_not_start(

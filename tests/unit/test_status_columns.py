@@ -41,3 +41,11 @@ def test_a_bad_column_width_is_a_usage_error_naming_format(width: str) -> None:
                                       "-o", f"jobid:{width}"])
     assert res.exit_code == 2, res.output
     assert "width of 'jobid' in --format must be a number" in res.output
+
+
+@pytest.mark.parametrize("secs", ["nan", "inf", "-inf", "0.01", "86401", "1e300"])
+def test_an_interval_not_in_range_is_a_usage_error_naming_iterate(secs: str) -> None:
+    # nan and inf were accepted, then time.sleep raised after the first table
+    res = CliRunner().invoke(status, ["--controller", "http://127.0.0.1:1", "-i", secs])
+    assert res.exit_code == 2, res.output
+    assert "Invalid value for '-i' / '--iterate'" in res.output

@@ -10,6 +10,7 @@ tests/integration/test_slurm_backend.py."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,25 @@ def test_an_unusable_pyslurm_backend_stops_it_before_the_db_exists(tmp_path: Pat
     assert res.exit_code == 1
     assert f"{site}: slurm.backend: the pyslurm backend was asked for but cannot be used: " \
         "pyslurm not importable" in res.output
+    assert not db_dir.exists()
+
+
+def test_a_port_in_use_stops_it_before_the_db_exists(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        site, db_dir = _site(tmp_path, f'host = "127.0.0.1"\nport = {port}\n')
+        res = CliRunner().invoke(controller, ["--config", str(site)])
+    assert res.exit_code == 1
+    assert f"{site}: controller.port: cannot listen on 127.0.0.1:{port}: " in res.output
+    assert "address already in use" in res.output
+    assert not db_dir.exists()
+
+
+def test_an_address_not_this_machines_stops_it_before_the_db_exists(tmp_path: Path) -> None:
+    site, db_dir = _site(tmp_path, 'host = "192.0.2.1"\n')  # TEST-NET-1: no one's
+    res = CliRunner().invoke(controller, ["--config", str(site)])
+    assert res.exit_code == 1
+    assert f"{site}: controller.host: cannot listen on 192.0.2.1:6829: " in res.output
     assert not db_dir.exists()
 
 

@@ -150,6 +150,12 @@ def test_refused_switches_say_why_and_change_nothing(tmp_path: Path) -> None:
                 (ALICE, f"/v1/jobs/{A}/leases/{sync}/switch",
                  {"phase": "rollout", "timing": {"busy_s": "long"}},
                  400, "bad-type", "field 'timing': 'busy_s' must be a finite number"),
+                (ALICE, f"/v1/jobs/{A}/leases/{sync}/switch",
+                 {"phase": "rollout", "timing": {"busy_s": 1.0, "state": "held"}},
+                 400, "unknown-field", "field 'timing': unknown key 'state'"),
+                (ALICE, f"/v1/jobs/{A}/leases/{sync}/switch",
+                 {"phase": "rollout", "timing": {"wait_s": -1.0}},
+                 400, "bad-value", "field 'timing': 'wait_s' must be between 0 and"),
                 (ALICE, f"/v1/jobs/{A}/leases/{sync}/switch", {"phase": "rollout", "gpus": [0]},
                  400, "unknown-field", "unknown field(s) 'gpus'"),
             ]

@@ -80,6 +80,8 @@ def test_an_integer_passes_for_a_float_and_none_for_an_optional_one_a_bool_for_n
         ("pairing", "complementary", {"neighbours": -1}, "neighbours must be >= 1, got -1"),
         ("pairing", "random", {"max_group": 0}, "max_group must be >= 1, got 0"),
         ("pairing", "greedy", {"max_group": 0}, "max_group must be >= 1, got 0"),
+        ("pairing", "greedy", {"max_duty": -5}, "max_duty must be a finite number > 0, got -5"),
+        ("pairing", "greedy", {"max_duty": 0.0}, "max_duty must be a finite number > 0, got 0.0"),
         ("pairing", "gang", {"gpu_mem_bytes": 0}, "gpu_mem_bytes must be >= 1, got 0"),
         ("admission", "site-limits", {"gpu_mem_bytes": -1}, "gpu_mem_bytes must be >= 1, got -1"),
     ],
