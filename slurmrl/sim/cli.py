@@ -131,8 +131,10 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
         ctx = click.get_current_context()
         given = {p for p in ("workload", "pairing", "arrivals", "seed", "n_jobs", "load_scale")
                  if ctx.get_parameter_source(p) is not ParameterSource.DEFAULT}
-        if replay_path is not None and (given or max_slowdown is not None or params
-                                        or gpus_per_node is not None or not declare_steps):
+        if replay_path is not None and (
+                given or max_slowdown is not None or params or gpus_per_node is not None
+                or not declare_steps or no_check
+                or ctx.get_parameter_source("admission") is not ParameterSource.DEFAULT):
             raise click.UsageError("--replay runs a trace's jobs as recorded, in their "
                                    "recorded pools (only --slice applies); to place them by "
                                    "a pairing policy use -w FILE.jsonl --pairing NAME")

@@ -262,6 +262,10 @@ def replay(path: str | Path, slice_name: str = "round-robin") -> dict[str, float
     sim = Simulation(jobs, cfg, FixedGroups(groups),
                      lambda: registry.load("slice", slice_name), SiteLimitsAdmission())
     sim.run()
+    if sim.refused:  # the recorded grouping did not run: its makespan is not the replay's
+        job, _, why = sim.refused[0]
+        raise WorkloadError(f"{path}: job {job} cannot share recorded pool {groups[job]} "
+                            f"here ({why}); a recorded pool's members may share")
     m = compute(sim)
     predicted = m.makespan_h * 3600
     return {"recorded_makespan_s": recorded, "predicted_makespan_s": predicted,

@@ -364,6 +364,35 @@ def test_a_replayed_pool_whose_members_differ_in_gpu_count_fails_in_one_line(
     assert res.exit_code == 0, res.output
 
 
+def test_a_replayed_pool_whose_members_may_not_share_fails_in_one_line(
+        tmp_path: Path) -> None:
+    # two disaggregated jobs of different rollout/trainer splits in one recorded pool: the
+    # simulator refuses the join, and the replay had run them apart and printed their
+    # makespan as the recorded pool's, with no warning
+    rows = [{"format": "slurmrl-trace/1", "jobs": [
+        {"job_id": j, "gpus": 4, "layout": "disaggregated", "rollout_gpus": r, "pool": 1}
+        for j, r in ((1, 1), (2, 3))]},
+            *({"job_id": j, "phase": ph, "requested_at": t, "granted_at": t,
+               "released_at": t + 5} for j in (1, 2)
+              for t, ph in ((0, "rollout"), (10, "train")))]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    one_line_error(run("--replay", str(path)), str(path), "job 2 cannot share recorded pool 1",
+                   "split")
+
+
+def test_replay_refuses_the_options_it_would_ignore(tmp_path: Path) -> None:
+    rows = [{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2}]},
+            {"job_id": 1, "phase": "rollout", "requested_at": 0, "granted_at": 0,
+             "released_at": 10}]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    assert run("--replay", str(path)).exit_code == 0
+    for extra in (("--admission", "site-limits"), ("--no-check",)):
+        res = run("--replay", str(path), *extra)
+        assert res.exit_code == 2 and "only --slice applies" in res.output, res.output
+
+
 def test_the_slice_policy_that_ran_is_reported_and_a_conflicting_one_refused() -> None:
     def meta(*args: str) -> dict[str, Any]:
         res = run("-w", "agentic-tools", "--jobs", "4", "--json", "--no-check", *args)
