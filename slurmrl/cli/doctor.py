@@ -18,6 +18,7 @@ import time
 import click
 
 from slurmrl import __version__
+from slurmrl.cli import finite
 from slurmrl.doctor import CHECK_NAMES, Level, as_dict, load_settings, run_checks
 
 
@@ -29,8 +30,9 @@ from slurmrl.doctor import CHECK_NAMES, Level, as_dict, load_settings, run_check
 @click.option("--check", "only", multiple=True, type=click.Choice(CHECK_NAMES),
               help="run only this check (repeatable)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON envelope")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.5), default=10.0,
-              show_default=True, help="seconds each Slurm command or RPC may take")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0.5, 3600), default=10.0,
+              show_default=True, callback=finite,
+              help="seconds each Slurm command or RPC may take")
 def doctor(config_path: str | None, url: str | None, only: tuple[str, ...], as_json: bool,
            timeout_s: float) -> None:
     """Check Slurm, the SPANK plugin, MUNGE, the controller, the pool partition, NVML."""

@@ -187,6 +187,9 @@ RATE_MIN_PER_H = 1e-6
 BURST_MEAN_MAX = 10_000
 #: jobs one run draws at most (`jobs`, `--jobs`): each is held in memory and simulated
 JOBS_MAX = 1_000_000
+#: a cluster's GPUs (`cluster.gpus`) and GPUs per node at most: each GPU of a pool is a
+#: member of its lease table's sets
+CLUSTER_GPUS_MAX = 1_000_000
 
 CLASS: sc.Table = {
     "name": (True, sc.text),
@@ -226,8 +229,8 @@ WORKLOAD = sc.table({
     "description": (False, sc.anything),
     "sources": (False, sc.anything),
     "cluster": (True, sc.table({
-        "gpus": (True, sc.whole(1)),
-        "gpus_per_node": (False, sc.whole(1)),
+        "gpus": (True, sc.whole(1, hi=CLUSTER_GPUS_MAX)),
+        "gpus_per_node": (False, sc.whole(1, hi=CLUSTER_GPUS_MAX)),
         "gpu_mem_gib": (False, sc.number(0.0)),
         "host_mem_per_pool_gib": (False, sc.optional(sc.number(0.0))),
     })),

@@ -82,8 +82,10 @@ MALFORMED = [
     (_set("classes.0.model", "nonsense"), "classes[0].model must be a model name"),
     (_set("classes.0.weight", 0), "classes[0].weight must be a number > 0"),
     (_set("classes.0.shares", {"rollout": "x"}), "classes[0].shares.rollout must be"),
-    (_set("cluster.gpus", 0), "cluster.gpus must be a whole number >= 1, got 0"),
-    (_set("cluster.gpus", "many"), "cluster.gpus must be a whole number >= 1, got 'many'"),
+    (_set("cluster.gpus", 0), "cluster.gpus must be a whole number >= 1 and <= 1,000,000, got 0"),
+    (_set("cluster.gpus", 10**12), "cluster.gpus must be a whole number >= 1 and <= 1,000,000"),
+    (_set("cluster.gpus", "many"),
+     "cluster.gpus must be a whole number >= 1 and <= 1,000,000, got 'many'"),
     (_set("arrivals.bursty.burst_mean", 0.5), "arrivals.bursty.burst_mean must be"),
     # durations beyond --rl-profile's step bound made every metric inf or NaN
     (_set("classes.0.step_s", 1e308), "classes[0].step_s must be a number > 0 and <= "

@@ -199,3 +199,11 @@ def test_python_check_with_the_real_venv(monkeypatch: pytest.MonkeyPatch) -> Non
     (r,) = run_checks(load_settings(None, None), ["python"])
     assert r.level is Level.OK
     assert ("as nobody" in r.detail) == (os.getuid() == 0)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0.1", "1e9"])
+def test_a_timeout_not_a_finite_number_of_seconds_in_range_is_a_usage_error(
+        value: str) -> None:
+    # nan and inf were accepted, and every Slurm command and RPC then failed or hung
+    res = CliRunner().invoke(doctor, ["--timeout", value, "--check", "config"])
+    assert res.exit_code == 2 and "--timeout" in res.output, res.output
