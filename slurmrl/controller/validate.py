@@ -170,9 +170,15 @@ def _number(what: str, v: Any, f: F) -> float:
     return float(v)
 
 
+def _show(x: float | None) -> str:
+    """A bound as written: 1099511627776 rather than 1.09951e+12."""
+    return str(int(x)) if x is not None and float(x).is_integer() else f"{x:g}"
+
+
 def _bounds(what: str, v: float, f: F) -> None:
     if (f.lo is not None and v < f.lo) or (f.hi is not None and v > f.hi):
-        raise bad(f"{what} must be between {f.lo:g} and {f.hi:g}, got {v!r}", "bad-value")
+        raise bad(f"{what} must be between {_show(f.lo)} and {_show(f.hi)}, got {v!r}",
+                  "bad-value")
 
 
 def _kind(v: Any) -> str:
@@ -213,5 +219,5 @@ def parse_wait(text: str | None, default: float, hi: float) -> float:
                   f"got {text[:40]!r}")
     value = float(text)
     if not math.isfinite(value) or not 0 <= value <= hi:
-        raise bad(f"wait_s must be between 0 and {hi:g}, got {text[:40]!r}")
+        raise bad(f"wait_s must be between 0 and {_show(hi)}, got {text[:40]!r}")
     return value

@@ -37,7 +37,7 @@ def test_large_integers_a_float_holds_still_parse() -> None:
     ({"state": "held"}, "unknown-field", "field 'timing': unknown key 'state'; accepted: busy_s"),
     ({"busy_s": 1.0, "reason": "x"}, "unknown-field", "unknown key 'reason'"),
     ({"gpu_s": 5.0}, "unknown-field", "unknown key 'gpu_s'"),
-    ({"busy_s": -0.5}, "bad-value", "field 'timing': 'busy_s' must be between 0 and"),
+    ({"busy_s": -0.5}, "bad-value", "field 'timing': 'busy_s' must be between 0 and 1099511627776"),
     ({"wait_s": float("inf")}, "bad-type", "field 'timing': 'wait_s' must be a finite number"),
 ])
 def test_a_timing_is_the_known_keys_with_seconds_only(
