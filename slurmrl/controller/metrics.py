@@ -1,8 +1,9 @@
 """Prometheus metrics of the controller (text format at `/metrics`).
 
 One `CollectorRegistry` per controller, so that several controllers in one process
-(tests, the benchmark) do not share counters. GPU-seconds are labelled by job id: one
-series per RL job, which a site with very many jobs may want to drop in its scrape config.
+(tests, the benchmark) do not share counters. `/metrics` needs no credential, so nothing
+here is per job or per user (a job's GPU-seconds are private to its owner and admins,
+docs/rpc.md): GPU-seconds are labelled by pool, as the lease series are.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Metrics:
             "slurmrl_lease_wait_seconds", "Time a phase request waited before its grant",
             ["pool"], buckets=WAIT_BUCKETS_S, registry=r)
         self.gpu_seconds = Counter(
-            "slurmrl_gpu_seconds", "GPU-seconds granted by leases, per RL job", ["job"],
+            "slurmrl_gpu_seconds", "GPU-seconds granted by leases, per pool", ["pool"],
             registry=r)
         self.rpc_errors = Counter(
             "slurmrl_rpc_errors", "RPC requests refused, by HTTP status", ["status"],

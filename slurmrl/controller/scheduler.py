@@ -434,7 +434,7 @@ class LeaseScheduler:
             gpus=len(lease.gpus), detail={"state": str(state), "reason": reason,
                                           **(timing or {}), "gpu_s": gpu_s})
         self.metrics.leases_ended.labels(str(pool_id), str(state)).inc()
-        self.metrics.gpu_seconds.labels(str(lease.job_id)).inc(gpu_s)
+        self.metrics.gpu_seconds.labels(str(pool_id)).inc(gpu_s)
         self._pool_of_request.pop(lease.lease_id, None)
 
 

@@ -135,7 +135,9 @@ class SlurmBackend(Protocol):
         cpus: int = 1, overlap: bool = True, timeout_s: float = 30.0, retries: int = 3,
         stdout_path: str | None = None, stderr_path: str | None = None,
     ) -> StepHandle:
-        """Start `argv` as a step of job `job_id`; returns once the step runs (or ended)."""
+        """Start `argv` as a step of job `job_id`; returns once the step runs (or ended).
+        The step's environment is `PATH` and `env` (besides Slurm's own), never the
+        caller's whole environment: the step may run as another user."""
         ...
 
     def steps(self, job_id: int) -> list[StepInfo]:

@@ -9,7 +9,9 @@ retry goes through at once.
 
 Known limits: `squeue --json` returns every job slurmctld holds (22.05 ignores `-j` and
 `--states`), so filtering happens here; on big clusters pass `user=`. Batch jobs get the
-caller's environment (`--export=ALL`) plus `BatchSpec.env`.
+caller's environment (`--export=ALL`) plus `BatchSpec.env`; a step gets only `PATH`
+and the variables the caller gives it (`--export=PATH,...`, besides the `SLURM_*` ones
+Slurm sets): it may run as another user, who must not see the controller's environment.
 """
 
 from __future__ import annotations
@@ -284,10 +286,15 @@ class CommandBackend:
     def srun_argv(
         self, job_id: int, argv: Sequence[str], *, gpus: int | None,
         cuda_visible_devices: Sequence[int] | None, cpus: int, overlap: bool,
+        export: Sequence[str] = ("PATH",),
     ) -> list[str]:
-        """The srun argument list for a step (the command is passed literally)."""
+        """The srun argument list for a step (the command is passed literally); the step's
+        environment is `export`'s variables only (and Slurm's own `SLURM_*`)."""
+        bad = [n for n in export if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)]
+        if bad or not export:
+            raise ValueError(f"step environment names must be variable names, got {bad!r}")
         a = ["srun", f"--jobid={job_id}", "-n1", "-N1", f"--cpus-per-task={cpus}",
-             "--mem=0", "--export=ALL", "--kill-on-bad-exit=1"]
+             "--mem=0", f"--export={','.join(export)}", "--kill-on-bad-exit=1"]
         if overlap:
             a.append("--overlap")
         if gpus:
@@ -314,7 +321,7 @@ class CommandBackend:
         if cpus < 1:
             raise ValueError(f"launch_step cpus must be >= 1, got {cpus}")
         full = self.srun_argv(job_id, argv, gpus=gpus, cuda_visible_devices=cuda_visible_devices,
-                              cpus=cpus, overlap=overlap)
+                              cpus=cpus, overlap=overlap, export=sorted({"PATH", *(env or {})}))
         full[0] = self._cmd("srun")
         step_env = self.env
         step_env.update(env or {})

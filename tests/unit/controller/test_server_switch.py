@@ -190,3 +190,25 @@ def test_the_stream_switches_too(tmp_path: Path) -> None:
     switched, again = asyncio.run(main())
     assert (switched["id"], switched["status"], switched["lease"]["phase"]) == (1, 200, "sync")
     assert (again["id"], again["status"], again["error"]["code"]) == (2, 409, "cannot-switch")
+
+
+def test_metrics_count_gpu_seconds_by_pool_and_name_no_job(tmp_path: Path) -> None:
+    # /metrics asks no credential and a job's GPU-seconds are private to its owner: the
+    # series was labelled by job id, so anyone could read every job's usage
+    async def main() -> str:
+        async with rig(tmp_path) as r:
+            _, ans = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases", _acquire("train"))
+            lease = ans["lease"]["lease_id"]
+            await asyncio.sleep(0.05)
+            status, _ = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases/{lease}/release",
+                                     {"timing": {}})
+            assert status == 200
+            _, ans = await r.call(BOB, "GET", f"/v1/jobs/{A}")
+            assert "gpu_seconds" not in ans["job"]  # private in the job's view
+            resp = await r.client.get("/metrics")
+            return await resp.text()
+
+    text = asyncio.run(main())
+    (line,) = [x for x in text.splitlines() if x.startswith("slurmrl_gpu_seconds_total{")]
+    assert line.startswith('slurmrl_gpu_seconds_total{pool="') and float(line.split()[-1]) > 0
+    assert 'job="' not in text

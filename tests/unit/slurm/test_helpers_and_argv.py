@@ -121,6 +121,23 @@ def test_srun_argv_pins_gpus_with_env_and_keeps_argv_literal() -> None:
     assert tail == ["env", "--", "CUDA_VISIBLE_DEVICES=2,3", "prog", *HOSTILE]
 
 
+def test_a_step_is_given_only_path_and_the_named_variables_not_the_callers_environment(
+        ) -> None:
+    # a service step runs as the job's user: --export=ALL had handed it the (root)
+    # controller's whole environment
+    argv = CommandBackend().srun_argv(7, ["prog"], gpus=None, cuda_visible_devices=None,
+                                      cpus=1, overlap=True)
+    assert "--export=PATH" in argv and "--export=ALL" not in argv
+    argv = CommandBackend().srun_argv(7, ["prog"], gpus=None, cuda_visible_devices=None,
+                                      cpus=1, overlap=True,
+                                      export=["PATH", "SLURMRL_JOB_SECRET"])
+    assert "--export=PATH,SLURMRL_JOB_SECRET" in argv
+    for names in ([], ["A,B"], ["1X"], ["X=1"]):
+        with pytest.raises(ValueError, match="variable names"):
+            CommandBackend().srun_argv(7, ["prog"], gpus=None, cuda_visible_devices=None,
+                                       cpus=1, overlap=True, export=names)
+
+
 def test_launch_step_rejects_empty_argv() -> None:
     with pytest.raises(ValueError, match="non-empty argv"):
         CommandBackend().launch_step(1, [])
