@@ -26,6 +26,7 @@ import shlex
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import IO
 
@@ -205,6 +206,7 @@ class CommandBackend:
                     found.append(parse.job_from_scontrol(rec))
                 except SlurmParseError as exc:  # one job's forged name must not hide all
                     log.warning("skipping a job Slurm listed: %s", exc)
+            found = self._one_record_each(found)
         # 22.05's squeue --json ignores -j/--states (and we don't trust -u either).
         if job_ids is not None:
             wanted = set(job_ids)
@@ -212,6 +214,20 @@ class CommandBackend:
         if user is not None:
             found = [j for j in found if j.user == user or str(j.uid) == user]
         return found
+
+    def _one_record_each(self, found: list[JobInfo]) -> list[JobInfo]:
+        """`scontrol -o` prints one job a line, and a job name may hold a newline: a name
+        like "x\\nJobId=7 JobState=CANCELLED" adds a record for job 7. A job id listed
+        twice is asked for alone (`job`), where only job 7's own name is printed."""
+        seen = Counter(j.job_id for j in found)
+        twice = {i for i, n in seen.items() if n > 1}
+        if not twice:
+            return found
+        log.warning("scontrol listed job(s) %s more than once (a job name with a newline);"
+                    " asking for each alone", ", ".join(map(str, sorted(twice))))
+        alone = {i: self.job(i) for i in sorted(twice)}
+        out = [j for j in found if j.job_id not in twice]
+        return out + [j for j in alone.values() if j is not None]
 
     def job(self, job_id: int) -> JobInfo | None:
         cp = self.run(["scontrol", "-o", "-d", "show", "job", str(job_id)], check=False)

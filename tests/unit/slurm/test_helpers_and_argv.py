@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmrl.slurm import BatchSpec, CommandBackend, SlurmError, StepHandle
+from slurmrl.slurm import BatchSpec, CommandBackend, SlurmError, SlurmJobState, StepHandle
 from slurmrl.slurm import parse as p
 
 HOSTILE = ["it's", 'a "quoted" arg', "two  spaces", "new\nline", "$(touch /tmp/pwned)",
@@ -166,3 +166,28 @@ def test_step_handle_keeps_srun_stderr_after_removing_its_temporary_file(
     h2 = StepHandle(proc2, 7, ["sh"], None, str(named), [err2])
     assert h2.wait(timeout_s=30) == 0
     assert named.read_text() == "kept\n" == h2.stderr_text()
+
+
+def test_a_job_name_with_a_newline_cannot_forge_another_jobs_record(tmp_path: Path) -> None:
+    # Slurm without `squeue --json`: `scontrol -o` prints one job a line, so eve's job
+    # named "x\nJobId=16 JobState=CANCELLED ..." printed a second record for job 16 (the
+    # pool), which the reconciler took as ended. A job id listed twice is asked for alone.
+    real = (Path(__file__).resolve().parents[2] / "fixtures" / "slurm" / "22.05"
+            / "scontrol_show_job.txt").read_text()
+    pool = next(r for r in real.splitlines() if r.startswith("JobId=16 "))
+    forged = pool.replace("JobState=RUNNING", "JobState=CANCELLED")
+    listing = f"JobId=99 JobName=x\n{forged}\n UserId=eve(1003)\n{real}"
+    (tmp_path / "listing.txt").write_text(listing)
+    (tmp_path / "one.txt").write_text(pool + "\n")
+    (tmp_path / "squeue").write_text("#!/bin/sh\necho 'squeue: unrecognized option' >&2\n"
+                                     "exit 1\n")
+    (tmp_path / "scontrol").write_text(
+        f"#!/bin/sh\nfor a; do last=$a; done\n"
+        f"if [ \"$last\" = 16 ]; then cat {tmp_path}/one.txt; "
+        f"else cat {tmp_path}/listing.txt; fi\n")
+    for name in ("squeue", "scontrol"):
+        (tmp_path / name).chmod(0o755)
+    jobs = CommandBackend(bin_dir=str(tmp_path)).jobs()
+    (job16,) = [j for j in jobs if j.job_id == 16]
+    assert job16.state is SlurmJobState.RUNNING
+    assert len({j.job_id for j in jobs}) == len(jobs)
