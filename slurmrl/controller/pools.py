@@ -42,7 +42,12 @@ from slurmrl.controller.residency import (
     phase_roles,
     plan_grant,
 )
-from slurmrl.controller.services import RunningService, ServiceLauncher, ServiceSpec
+from slurmrl.controller.services import (
+    CONTROL_ANSWER_BYTES,
+    RunningService,
+    ServiceLauncher,
+    ServiceSpec,
+)
 from slurmrl.db import JobRecord, PoolRecord, ServiceRecord
 from slurmrl.db.readings import add_lease_reading
 from slurmrl.leases.types import Lease
@@ -298,7 +303,8 @@ class SlurmPools:
                           svc.role, list(svc.gpus))
                 continue
             fp = replace(fp, residency=Residency(svc.residency))
-            handle = ServiceHandle(svc.address, job.secret, str(job.job_id), svc.role)
+            handle = ServiceHandle(svc.address, job.secret, str(job.job_id), svc.role,
+                                   max_answer_bytes=CONTROL_ANSWER_BYTES)
             self._live[fp.key] = _Live(svc.service_id, job.job_id, fp.name, svc.pool_id,
                                        handle, fp)
 
@@ -306,7 +312,8 @@ class SlurmPools:
         """Stop a service no job uses (best effort: its step may be gone) and record it."""
         if svc.address:
             with contextlib.suppress(ServiceError, ValueError):
-                handle = ServiceHandle(svc.address, secret, str(svc.job_id), svc.role)
+                handle = ServiceHandle(svc.address, secret, str(svc.job_id), svc.role,
+                                       max_answer_bytes=CONTROL_ANSWER_BYTES)
                 await asyncio.to_thread(handle.stop, 5.0)
         self.c.store.update_service(svc.service_id, state="stopped", residency="stopped",
                                     ended_at=self.c.clock())

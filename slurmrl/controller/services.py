@@ -49,6 +49,9 @@ SECRET_ENV = "SLURMRL_JOB_SECRET"
 ROLES = ("rollout", "trainer")
 # slurmstepd resolves the step's program on the step's PATH, whatever the caller's is.
 _STEP_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: the largest answer the controller reads from a service (status, park, activate): the
+#: service runs the user's code, and its answers are kept in the controller's DB
+CONTROL_ANSWER_BYTES = 1 << 20
 
 
 class ServiceLaunchError(RuntimeError):
@@ -220,7 +223,8 @@ class ServiceLauncher:
             stdout_path=str(log_path), stderr_path=str(log_path))
         try:
             address = self._await_address(step, workdir / "address", log_path, ids.uid)
-            handle = ServiceHandle(address, secret, str(spec.job_id), spec.role)
+            handle = ServiceHandle(address, secret, str(spec.job_id), spec.role,
+                                   max_answer_bytes=CONTROL_ANSWER_BYTES)
             status = self._await_status(step, handle, log_path)
         except BaseException:
             self._kill(step)

@@ -57,8 +57,12 @@ class ServiceHandle:
     """One service of one RL job, addressed as `host:port`."""
 
     def __init__(
-        self, address: str, secret: str, job_id: str, role: str, timeout_s: float = 120.0
+        self, address: str, secret: str, job_id: str, role: str, timeout_s: float = 120.0,
+        max_answer_bytes: int | None = None,
     ) -> None:
+        """`max_answer_bytes`: the largest answer read (None: any); the controller sets
+        one, since a service runs the user's code and must not exhaust the controller's
+        memory or, through the readings it stores, its database's disk."""
         addr = address.removeprefix("http://").rstrip("/")
         host, sep, port = addr.rpartition(":")
         if not sep or not host or not port.isdigit():
@@ -67,6 +71,7 @@ class ServiceHandle:
         self.job_id = job_id
         self.role = role
         self.timeout_s = timeout_s
+        self.max_answer_bytes = max_answer_bytes
         self._host, self._port = host.strip("[]"), int(port)
         self._secret = secret
         self._lock = threading.Lock()
@@ -175,7 +180,8 @@ class ServiceHandle:
     def _poll_tail(self, on_tail: Callable[[int], None], poll_s: float,
                    done: threading.Event) -> None:
         probe = ServiceHandle(self.address, self._secret, self.job_id, self.role,
-                              timeout_s=max(poll_s * 4, 2.0))
+                              timeout_s=max(poll_s * 4, 2.0),
+                              max_answer_bytes=self.max_answer_bytes)
         started = False  # a probe before the service took up the batch reads 0: not a tail
         try:
             while not done.wait(poll_s):
@@ -257,8 +263,14 @@ class ServiceHandle:
                 try:
                     conn.request(method, path, body=body, headers=headers)
                     resp = conn.getresponse()
-                    data = resp.read()
+                    cap = self.max_answer_bytes
+                    data = resp.read() if cap is None else resp.read(cap + 1)
                     status = resp.status
+                    if cap is not None and len(data) > cap:
+                        conn.close()  # the rest is unread: this connection is done
+                        self._conn = None
+                        raise ServiceError(call, status, f"{self.address} answered more "
+                                           f"than {cap} bytes")
                     break
                 except _RETRYABLE as exc:
                     conn.close()
