@@ -303,7 +303,8 @@ class SlurmPools:
                           svc.role, list(svc.gpus))
                 continue
             fp = replace(fp, residency=Residency(svc.residency))
-            handle = ServiceHandle(svc.address, job.secret, str(job.job_id), svc.role,
+            handle = ServiceHandle(svc.address, svc.control_secret or job.secret,
+                                   str(job.job_id), svc.role,
                                    max_answer_bytes=CONTROL_ANSWER_BYTES)
             self._live[fp.key] = _Live(svc.service_id, job.job_id, fp.name, svc.pool_id,
                                        handle, fp)
@@ -312,7 +313,8 @@ class SlurmPools:
         """Stop a service no job uses (best effort: its step may be gone) and record it."""
         if svc.address:
             with contextlib.suppress(ServiceError, ValueError):
-                handle = ServiceHandle(svc.address, secret, str(svc.job_id), svc.role,
+                handle = ServiceHandle(svc.address, svc.control_secret or secret,
+                                       str(svc.job_id), svc.role,
                                        max_answer_bytes=CONTROL_ANSWER_BYTES)
                 await asyncio.to_thread(handle.stop, 5.0)
         self.c.store.update_service(svc.service_id, state="stopped", residency="stopped",
@@ -494,7 +496,8 @@ class SlurmPools:
                 await self._stop_job_services(job.job_id)
                 raise
             self.c.store.update_service(rid, step_id=svc.step_id, address=svc.address,
-                                        residency="active", state="running")
+                                        residency="active", state="running",
+                                        control_secret=svc.control_secret)
             self._live[fp.key] = _Live(rid, job.job_id, fp.name, pool.pool_id,
                                                       svc.handle, fp, svc)
 

@@ -40,12 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurmrl.auth.tokens import mint_secret
 from slurmrl.slurm import SlurmBackend, SlurmError, StepHandle
 from slurmrl.worker.handle import ServiceError, ServiceHandle
 
 log = logging.getLogger(__name__)
 
 SECRET_ENV = "SLURMRL_JOB_SECRET"
+CONTROL_ENV = "SLURMRL_CONTROL_SECRET"  #: the worker's (slurmrl/worker/cli.py)
 ROLES = ("rollout", "trainer")
 # slurmstepd resolves the step's program on the step's PATH, whatever the caller's is.
 _STEP_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -117,9 +119,11 @@ class RunningService:
     step_id: str | None
     address: str
     pid: int  #: the worker's pid on the pool node (as the worker reports it)
-    handle: ServiceHandle
+    handle: ServiceHandle  #: signs with `control_secret`
     workdir: Path
     log_path: Path
+    #: the controller's key to the service's park/activate/stop, never the driver's
+    control_secret: str = field(default="", repr=False)
     started_at: float = field(default_factory=time.time)
 
     def alive(self) -> bool:
@@ -215,15 +219,17 @@ class ServiceLauncher:
         os.chown(log_path, ids.uid, ids.gid)  # the user may read their service's output
         argv = worker_argv(spec, ids, python=self.python, workdir=workdir,
                            bind_host=self.bind_host, advertise_host=node)
+        control = mint_secret()  # a fresh one per launch: the driver never sees it
         t0 = time.monotonic()
         step = self.slurm.launch_step(
-            pool_job_id, argv, env={SECRET_ENV: secret, "PATH": _STEP_PATH},
+            pool_job_id, argv, env={SECRET_ENV: secret, CONTROL_ENV: control,
+                                    "PATH": _STEP_PATH},
             cuda_visible_devices=spec.cuda_devices, cpus=1, overlap=True,
             timeout_s=self.step_timeout_s, retries=self.step_retries,
             stdout_path=str(log_path), stderr_path=str(log_path))
         try:
             address = self._await_address(step, workdir / "address", log_path, ids.uid)
-            handle = ServiceHandle(address, secret, str(spec.job_id), spec.role,
+            handle = ServiceHandle(address, control, str(spec.job_id), spec.role,
                                    max_answer_bytes=CONTROL_ANSWER_BYTES)
             status = self._await_status(step, handle, log_path)
         except BaseException:
@@ -233,7 +239,7 @@ class ServiceLauncher:
         log.info("service %s up in pool job %d: step %s at %s as %s (%.2f s)", spec.name,
                  pool_job_id, step_id, address, ids.name, time.monotonic() - t0)
         return RunningService(spec, pool_job_id, step, None if step_id is None else str(step_id),
-                              address, int(status["pid"]), handle, workdir, log_path)
+                              address, int(status["pid"]), handle, workdir, log_path, control)
 
     def _await_address(self, step: StepHandle, path: Path, log_path: Path,
                        uid: int | None = None) -> str:

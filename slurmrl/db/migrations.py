@@ -146,6 +146,11 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE lease_gpus_3 RENAME TO lease_gpus;
     CREATE INDEX lease_gpus_open ON lease_gpus(pool_id, gpu) WHERE end_at IS NULL;
     """,
+    # 4: the controller's own key to a service's park, activate and stop (never the
+    # job's driver's); NULL for a service started before it, opened by the job's secret
+    """
+    ALTER TABLE services ADD COLUMN control_secret TEXT;
+    """,
 )
 
 LATEST = len(MIGRATIONS)

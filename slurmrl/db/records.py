@@ -6,7 +6,7 @@ These are what `Store` returns; nothing outside `slurmrl/db/` sees a SQL row.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from slurmrl.model import JobState, Layout, LeaseState, Mux, Phase, PhasePrior, RlRequest
@@ -130,6 +130,8 @@ class ServiceRecord:
     residency: str = "stopped"
     state: str = "starting"
     ended_at: float | None = None
+    #: the controller's key to its park/activate/stop (None: the job's secret opens them)
+    control_secret: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

@@ -321,7 +321,8 @@ class Store:
         )
 
     def update_service(self, service_id: int, **fields: Any) -> None:
-        allowed = {"step_id", "address", "residency", "state", "ended_at", "gpus", "pool_id"}
+        allowed = {"step_id", "address", "residency", "state", "ended_at", "gpus", "pool_id",
+                   "control_secret"}
         bad = set(fields) - allowed
         if bad:
             raise StoreError(f"cannot update service columns {sorted(bad)}")

@@ -22,6 +22,8 @@ from slurmrl.worker.backends import BACKENDS, BackendOptions, make_backend
 from slurmrl.worker.protocol import BackendError, Role
 
 SECRET_ENV = "SLURMRL_JOB_SECRET"
+#: the controller's key for park, activate and stop (slurmrl/worker/server.py); optional
+CONTROL_ENV = "SLURMRL_CONTROL_SECRET"
 
 
 def read_secret(secret_file: Path | None) -> str:
@@ -91,6 +93,7 @@ def worker(
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     secret = read_secret(secret_file)
+    control = os.environ.pop(CONTROL_ENV, "").strip() or None
     opts = BackendOptions(model=model, device=device, seed=seed, lr=lr,
                           gpu_memory_utilization=gpu_memory_utilization)
     try:
@@ -100,9 +103,10 @@ def worker(
     step_id = os.environ.get("SLURM_STEP_ID")
     info = ServiceInfo(job_id=job_id, role=role, backend=backend_name, step_id=step_id)
     try:
-        server = ServiceServer(backend, secret, info, max_body_bytes=max_body_mb << 20)
+        server = ServiceServer(backend, secret, info, max_body_bytes=max_body_mb << 20,
+                               control_secret=control)
     except ValueError as exc:  # e.g. a secret too short to be one from mint_secret()
-        raise click.UsageError(f"job secret: {exc}") from exc
+        raise click.UsageError(f"job secret or ${CONTROL_ENV}: {exc}") from exc
     shown_host = advertise_host or (socket.gethostname() if host in ("0.0.0.0", "::") else host)
 
     def on_ready(bound_port: int) -> None:

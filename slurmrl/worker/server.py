@@ -3,12 +3,18 @@
 Control plane (the controller): `POST /v1/park`, `POST /v1/activate`, `POST /v1/stop`,
 `GET /v1/status`. Data plane (the job's driver): `POST /v1/generate`,
 `POST /v1/train_step`, `GET /v1/weights` (export), `PUT /v1/weights` (import). Every
-request must carry an HMAC signature made with the job's secret
-(`slurmrl.auth.tokens.sign`); anything else gets 401. Data-plane calls while the
-service is parked get 409 — except a weight import, which a parked service accepts and
-stages in host memory until it is activated (a disaggregated job's sync holds only the
-trainer's GPUs; see `ServiceBackend.import_weights`). JSON in and out; weights travel as
-raw bytes.
+request must carry an HMAC signature (`slurmrl.auth.tokens.sign`); anything else gets
+401. With a control secret (the controller's, one per service, never given to the job's
+driver), park, activate and stop take only that one: the job's secret, which the driver
+holds, opens the data plane and `status`, so a driver cannot wake its own parked service
+on GPUs the controller has leased to another job. The control secret opens every route.
+Without one (a service started by hand), the job's secret opens every route. The
+control secret is in the service's environment, so code of the job's own running inside
+the service could read it: it keeps the driver out, not the job's code. Data-plane
+calls while the service is parked get 409 — except a weight import, which a parked
+service accepts and stages in host memory until it is activated (a disaggregated job's
+sync holds only the trainer's GPUs; see `ServiceBackend.import_weights`). JSON in and
+out; weights travel as raw bytes.
 
 Backend calls run one at a time on a worker thread, so `status` (and with it the count
 of active sequences during a long generate) stays answerable while a call runs. A park
@@ -31,7 +37,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from slurmrl.auth.errors import AuthError
+from slurmrl.auth.errors import AuthCode, AuthError
 from slurmrl.auth.tokens import Verifier
 from slurmrl.gpu.nvml import NvmlMonitor, reading_json, visible_indices
 from slurmrl.model import Residency
@@ -47,6 +53,8 @@ from slurmrl.worker.protocol import (
 log = logging.getLogger("slurmrl.worker")
 T = TypeVar("T")
 DATA_PLANE = ("/v1/generate", "/v1/train_step", "/v1/weights")
+#: the routes only the controller may call where the service has a control secret
+CONTROL_ONLY = ("/v1/park", "/v1/activate", "/v1/stop")
 
 
 @dataclass(frozen=True)
@@ -79,10 +87,13 @@ class ServiceServer:
         secret: str,
         info: ServiceInfo,
         max_body_bytes: int = 1 << 30,
+        control_secret: str | None = None,
     ) -> None:
         self.backend = backend
         self.info = info
         self._verifier = Verifier(secret)
+        #: the controller's: every route; without it the job's secret opens every route
+        self._control = None if control_secret is None else Verifier(control_secret)
         self._max_body = max_body_bytes
         self._lock = asyncio.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backend")
@@ -132,7 +143,7 @@ class ServiceServer:
         except web.HTTPRequestEntityTooLarge:
             return _error(413, f"request body larger than {self._max_body} bytes")
         try:
-            self._verifier.verify(request.headers, request.method, request.path_qs, body)
+            self._authenticate(request, body)
         except AuthError as exc:
             return web.json_response(
                 {"error": f"unauthenticated: {exc.message}", "code": str(exc.code),
@@ -163,6 +174,23 @@ class ServiceServer:
         except Exception as exc:  # a bug or a device error: say so, keep serving
             log.exception("%s %s failed", request.method, request.path)
             return _error(500, f"{type(exc).__name__}: {exc}")
+
+    def _authenticate(self, request: web.Request, body: bytes) -> None:
+        """Raises AuthError unless a secret that opens this route signed the request."""
+        args = (request.headers, request.method, request.path_qs, body)
+        if self._control is None:
+            self._verifier.verify(*args)
+            return
+        try:
+            self._control.verify(*args)
+            return
+        except AuthError as exc:
+            if request.path in CONTROL_ONLY:
+                if exc.code is AuthCode.INVALID:
+                    raise AuthError(AuthCode.INVALID, f"{request.path} is the controller's: "
+                                    "the job's key does not open it") from None
+                raise
+        self._verifier.verify(*args)
 
     @staticmethod
     async def _json(request: web.Request) -> dict[str, Any]:

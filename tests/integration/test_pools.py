@@ -155,6 +155,14 @@ def test_services_run_as_their_users_on_pinned_gpus_and_survive_parking(
                                  "9001", "rollout")
         with pytest.raises(ServiceUnauthorized):
             intruder.status()
+        # nor does alice's own (her driver's) park, activate or stop it: the controller
+        # launched it with a key of its own
+        owner = ServiceHandle(services["rlalice/rollout"].address, secrets["rlalice"],
+                              "1", "rollout")
+        for call in (owner.park, owner.activate, owner.stop):
+            with pytest.raises(ServiceUnauthorized, match="is the controller's"):
+                call()
+        assert owner.status()["residency"] == "active"
 
         # nothing was relaunched by the handoffs
         assert {k: s.step_id for k, s in services.items()} == steps_before

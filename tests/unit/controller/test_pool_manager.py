@@ -103,6 +103,7 @@ class FakeRunning:
     step_id: str = "0"
     address: str = DEAD_ADDRESS
     handle: FakeHandle = field(default_factory=FakeHandle)
+    control_secret: str = "c" * 64
 
 
 class FakeLauncher:
@@ -208,6 +209,9 @@ async def test_a_restart_after_a_crash_mid_placement_places_the_job_anew(
     assert store.pool(pool).state == "closed"  # type: ignore[union-attr]
     assert site.allocator.closed == [101]  # its allocation released
     assert sorted(_live_roles(store, 7)) == ["rollout", "trainer"]  # launched anew
+    # each with the controller's own key to it kept, for a restart to re-attach with
+    assert {s.control_secret for s in store.services(job_id=7) if s.state == "running"} \
+        == {"c" * 64}
     await site.c.stop()
 
 

@@ -153,3 +153,30 @@ def test_ten_thousand_jobs(tmp_path: Path) -> None:
     assert store.count_jobs() == 10_000
     assert [j.job_id for j in store.jobs(ids=[5, 9999])] == [5, 9999]
     assert store.jobs(active=False) == []
+
+
+def test_a_version_3_db_upgrades_and_keeps_each_services_control_secret(
+        tmp_path: Path) -> None:
+    # migration 4: the controller's own key to a service (park, activate, stop); a row
+    # from before it has none, and the job's secret opens that service as before
+    path = tmp_path / "c.db"
+    conn = sqlite3.connect(path)
+    conn.executescript("".join(MIGRATIONS[:3]) + "PRAGMA user_version = 3;")
+    conn.commit()
+    conn.close()
+    store = Store(path)
+    store.add_job(_job(7))
+    store.close()
+    conn = sqlite3.connect(path)  # a row without the column, as version 3 wrote them
+    conn.execute("INSERT INTO services (job_id, role, started_at) VALUES (7, 'rollout', 1.0)")
+    conn.commit()
+    conn.close()
+    store = Store(path)
+    assert store.version == LATEST
+    (old,) = store.services(job_id=7)
+    assert old.control_secret is None
+    sid = store.add_service(job_id=7, role="trainer", started_at=2.0)
+    store.update_service(sid, address="n1:5000", control_secret="c" * 64)
+    store.close()
+    (_, new) = Store(path).services(job_id=7)  # from the file alone
+    assert new.control_secret == "c" * 64 and "c" * 64 not in repr(new)

@@ -20,10 +20,10 @@ class Running:
 
 
 def start(
-    role: Role, secret: str, max_body_bytes: int = 1 << 20
+    role: Role, secret: str, max_body_bytes: int = 1 << 20, control_secret: str | None = None,
 ) -> tuple[Running, Callable[[], None]]:
     server = ServiceServer(TinyBackend(role), secret, ServiceInfo("42", str(role), "tiny"),
-                           max_body_bytes=max_body_bytes)
+                           max_body_bytes=max_body_bytes, control_secret=control_secret)
     ready = threading.Event()
     port: list[int] = []
     loop = asyncio.new_event_loop()

@@ -224,3 +224,27 @@ def test_a_service_trickling_its_answer_cannot_hold_a_control_call() -> None:
         stop.set()
         h.close()
         srv.close()
+
+
+def test_with_a_control_secret_the_jobs_key_cannot_park_activate_or_stop() -> None:
+    # the controller launches each service with a key of its own: the job's driver holds
+    # the job's key, and with it had woken its parked service on GPUs leased to another
+    # job. The job's key still opens the data plane and status; the controller's all.
+    control = mint_secret()
+    svc, stop = start(Role.ROLLOUT, mint_secret(), control_secret=control)
+    try:
+        driver, controller = _handle(svc), _handle(svc, control)
+        for call in (driver.park, driver.activate, driver.stop):
+            with pytest.raises(ServiceUnauthorized, match="is the controller's"):
+                call()
+        assert driver.status()["residency"] == "active"
+        assert len(driver.generate(PROMPTS).samples) == 2
+        assert controller.park(level=1)["residency"] == "parked"
+        with pytest.raises(ServiceUnauthorized):
+            driver.activate()
+        with pytest.raises(ServiceParked):
+            driver.generate(PROMPTS)
+        assert controller.activate()["residency"] == "active"
+        assert len(controller.generate(PROMPTS).samples) == 2
+    finally:
+        stop()
