@@ -11,7 +11,9 @@ Known limits: `squeue --json` returns every job slurmctld holds (22.05 ignores `
 `--states`), so filtering happens here; on big clusters pass `user=`. Batch jobs get the
 caller's environment (`--export=ALL`) plus `BatchSpec.env`; a step gets only `PATH`
 and the variables the caller gives it (`--export=PATH,...`, besides the `SLURM_*` ones
-Slurm sets): it may run as another user, who must not see the controller's environment.
+Slurm sets; srun passes any name beginning with "SLURM" anyway, so the caller's other
+such variables are left out of srun's environment): it may run as another user, who
+must not see the controller's environment.
 """
 
 from __future__ import annotations
@@ -339,7 +341,10 @@ class CommandBackend:
         full = self.srun_argv(job_id, argv, gpus=gpus, cuda_visible_devices=cuda_visible_devices,
                               cpus=cpus, overlap=overlap, export=sorted({"PATH", *(env or {})}))
         full[0] = self._cmd("srun")
-        step_env = self.env
+        # srun passes every variable whose name begins with "SLURM" whatever --export says
+        # (SLURMRL_* too, measured on 22.05): only Slurm's own SLURM_* may ride along
+        step_env = {k: v for k, v in self.env.items()
+                    if not k.startswith("SLURM") or k.startswith("SLURM_")}
         step_env.update(env or {})
         delay = 1.0
         last: SlurmError | None = None

@@ -281,18 +281,19 @@ def test_a_step_sees_the_variables_it_is_given_not_the_callers_environment(
         steps_to_stop: list[StepHandle]) -> None:
     # a service step runs as the job's user: with --export=ALL it saw all of the (root)
     # controller's environment
-    backend = CommandBackend({**slurm_env, "SLURMRL_NOT_FOR_STEPS": "controller-only"},
-                             timeout_s=20)
+    # srun passes any variable whose name begins with "SLURM", whatever --export says
+    backend = CommandBackend({**slurm_env, "SLURMRL_NOT_FOR_STEPS": "controller-only",
+                              "NOT_FOR_STEPS": "controller-only"}, timeout_s=20)
     job_id = submit(sleeper(name="it-env"))
     wait_for(backend, job_id, {SlurmJobState.RUNNING})
     out = shared_dir / "env.txt"
     h = backend.launch_step(
         job_id, [sys.executable, "-c", "import os; e = os.environ; print(e.get('SLURMRL_X'),"
-                 " e.get('SLURMRL_NOT_FOR_STEPS'), 'SLURM_JOB_ID' in e)"],
+                 " e.get('SLURMRL_NOT_FOR_STEPS'), e.get('NOT_FOR_STEPS'), 'SLURM_JOB_ID' in e)"],
         stdout_path=str(out), env={"SLURMRL_X": "1"})
     steps_to_stop.append(h)
     assert h.wait(timeout_s=60) == 0
-    assert out.read_text().split() == ["1", "None", "True"]
+    assert out.read_text().split() == ["1", "None", "None", "True"]
 
 
 def test_step_into_missing_job_is_a_clear_error(backend: SlurmBackend) -> None:
