@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 
 SECRET_ENV = "SLURMRL_JOB_SECRET"
 CONTROL_ENV = "SLURMRL_CONTROL_SECRET"  #: the worker's (slurmrl/worker/cli.py)
+#: the controller's variables a service gets too, where set: thread counts and locale.
+#: Nothing else of the controller's environment reaches a service (`launch_step`)
+PASS_THROUGH = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LANG", "LC_ALL", "TZ")
 ROLES = ("rollout", "trainer")
 # slurmstepd resolves the step's program on the step's PATH, whatever the caller's is.
 _STEP_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -202,6 +205,14 @@ class ServiceLauncher:
 
     def _prepare_dir(self, pool_job_id: int, spec: ServiceSpec, ids: UserIds) -> Path:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        st = self.run_dir.lstat()
+        # the controller (root) creates, removes and chowns paths in here: a directory
+        # someone else owns or may write to would let them point those at other files
+        if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid()
+                or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+            raise ServiceLaunchError(
+                f"services directory {self.run_dir} must be a directory of the "
+                f"controller's (uid {os.geteuid()}) that no one else may write to")
         # traversable, not listable: users reach only their own service dirs
         self.run_dir.chmod(0o711)
         workdir = self.run_dir / f"pool{pool_job_id}-{spec.name}"
@@ -215,14 +226,20 @@ class ServiceLauncher:
         workdir = self._prepare_dir(pool_job_id, spec, ids)
         log_path = self.run_dir / f"pool{pool_job_id}-{spec.name}.log"
         log_path.unlink(missing_ok=True)
-        log_path.touch(mode=0o600)
-        os.chown(log_path, ids.uid, ids.gid)  # the user may read their service's output
+        # created anew, not through a link; the user may read their service's output
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchown(fd, ids.uid, ids.gid)
+        finally:
+            os.close(fd)
         argv = worker_argv(spec, ids, python=self.python, workdir=workdir,
                            bind_host=self.bind_host, advertise_host=node)
         control = mint_secret()  # a fresh one per launch: the driver never sees it
         t0 = time.monotonic()
         step = self.slurm.launch_step(
-            pool_job_id, argv, env={SECRET_ENV: secret, CONTROL_ENV: control,
+            pool_job_id, argv, env={**{k: os.environ[k] for k in PASS_THROUGH
+                                       if k in os.environ},
+                                    SECRET_ENV: secret, CONTROL_ENV: control,
                                     "PATH": _STEP_PATH},
             cuda_visible_devices=spec.cuda_devices, cpus=1, overlap=True,
             timeout_s=self.step_timeout_s, retries=self.step_retries,

@@ -121,6 +121,10 @@ def test_services_run_as_their_users_on_pinned_gpus_and_survive_parking(
             env = _environ(svc.pid)
             want = "0,1" if user == "rlalice" else "2,3"
             assert env["CUDA_VISIBLE_DEVICES"] == want, key
+            # of the controller's environment, only what it hands the service
+            assert {k for k in env if k.startswith("SLURMRL_")} == {
+                "SLURMRL_JOB_SECRET", "SLURMRL_CONTROL_SECRET"}, key
+            assert env["HOME"] == pw.pw_dir and env["USER"] == user, key
             cmdline = Path(f"/proc/{svc.pid}/cmdline").read_bytes().decode()
             assert secrets[user] not in cmdline
             # the other user cannot read this service's environment (where the secret is)

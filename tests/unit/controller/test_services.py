@@ -81,3 +81,21 @@ def test_a_service_runs_as_the_account_of_the_jobs_uid_or_not_at_all(tmp_path: P
     with pytest.raises(ServiceLaunchError, match=f"uid {ME} is '{me}'"):
         launcher.launch(1, "node", spec, "s" * 32)
     assert list(tmp_path.iterdir()) == []  # no service directory was made
+
+
+def test_a_services_directory_others_may_write_to_is_refused(tmp_path: Path) -> None:
+    # the root controller removes, creates and chowns paths in it: in a directory a user
+    # may write to, a planted link would turn those on files of the user's choosing
+    from slurmrl.controller.services import UserIds
+
+    run_dir = tmp_path / "services"
+    run_dir.mkdir()
+    run_dir.chmod(0o777)
+    spec = ServiceSpec(7, "rollout", pwd.getpwuid(ME).pw_name, (0,))
+    launcher = ServiceLauncher(None, run_dir)  # type: ignore[arg-type]
+    with pytest.raises(ServiceLaunchError, match="no one else may write to"):
+        launcher._prepare_dir(1, spec, UserIds.lookup(ME))
+    assert list(run_dir.iterdir()) == []  # nothing made in it
+    run_dir.chmod(0o755)
+    work = launcher._prepare_dir(1, spec, UserIds.lookup(ME))
+    assert work.parent == run_dir and oct(run_dir.stat().st_mode & 0o777) == "0o711"
