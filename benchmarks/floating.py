@@ -1,0 +1,297 @@
+"""What would floating windows buy? An estimate for a mechanism nobody runs yet.
+
+Today a pool member has one fixed window of GPUs (its set, or a staggered offset in a
+larger pool). A *floating* pool would hold k whole windows for n > k members of the same
+GPU count: each GPU phase takes whichever window is free (FIFO), consecutive GPU phases
+keep it, a gap gives it back, and taking a window another member used last costs that
+member's park and this one's activate (`slurmrl.sim.costs.switch_s`; between nodes this
+assumes the network moves each GPU's state at least as fast as PCIe). The pool keeps
+min(k, members alive) windows.
+
+Neither the simulator nor the controller can run this (a lease request names its GPUs,
+a member's services are steps bound to its window), so this is its own small event
+model, deliberately pessimistic: a rollout holds its whole window through its tail (no
+consolidation, no partner starting beside it). `--calibrate` checks the model against
+the simulator where both apply: one window, two members, tails removed, FIFO slicing.
+
+    PYTHONPATH=. python benchmarks/floating.py [-w WORKLOAD ...] [--groups 40] [--calibrate]
+
+Each group's members start at the same instant, as in the feasibility table of
+docs/benchmarks.md ("Policies and simulator"), and are drawn the same way (60 jobs of
+the workload, seed 0, steady arrivals; same GPU count, colocated, shareable, parked
+state within the pool's host memory). Reported per (members, windows): groups whose
+every member ran within its own limit, the worst member's slowdown (median and best
+group), and the GPU-hours saved against dedicated over whole lives (the pool giving
+windows back as members end) and while every member still runs (what a pool that
+takes a joiner for each member that ends would approach).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import random
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from slurmrl.model import Layout, Phase
+from slurmrl.sim import costs
+from slurmrl.sim.workload import SimJob, generate, load
+
+SUITE = ("agentic-tools", "polytrace-mix", "math-sync", "long-cot", "mixed-sizes")
+SHAPES = ((2, 1), (3, 2), (4, 3), (5, 3))
+MOVE_S = 1.0  #: seconds to move a tail to another window (its weights, its sequences)
+
+
+@dataclass(frozen=True)
+class GroupRun:
+    slowdowns: tuple[float, ...]  #: each member's (finished - start) / solo
+    saved: float  #: 1 - pool GPU-s / dedicated GPU-s, whole lives
+    shared_slowdowns: tuple[float, ...]  #: until the first member ends, over work done
+    shared_saved: float  #: savings over that same horizon
+
+
+def _plan(job: SimJob, pack_tails: bool) -> list[tuple[float, int]]:
+    """The job's segments as (seconds, GPUs needed; 0 for a gap). With `pack_tails` a
+    rollout is its head on the whole set, then each tail point's GPU count."""
+    g, out = job.gpus, []
+    for seg in (s for step in job.steps for s in step):
+        if seg.phase is Phase.ROLLOUT and pack_tails and job.tail:
+            prev, need = 0.0, g
+            for frac, k in job.tail:
+                if frac > prev:
+                    out.append(((frac - prev) * seg.seconds, need))
+                prev, need = frac, k
+            out.append(((1.0 - prev) * seg.seconds, need))
+        else:
+            out.append((seg.seconds, g if seg.phase.needs_gpu else 0))
+    return out
+
+
+def _partial(began: float | None, seconds: float, now: float) -> float:
+    """Work done by `now` on a segment begun at `began` (None: still waiting)."""
+    return 0.0 if began is None else min(seconds, max(0.0, now - began))
+
+
+def run_group(jobs: Sequence[SimJob], windows: int, pack_tails: bool = False,
+              move_s: float = MOVE_S) -> GroupRun:
+    """Members of one GPU count G floating over `windows` windows of G GPUs from t = 0.
+
+    A whole-set phase waits (FIFO) for a wholly free window, preferring the one it used
+    last, and pays a park/activate where another member used that window last. With
+    `pack_tails`, at each tail point a rollout moves to the fewest GPUs it still needs,
+    best fit anywhere in the pool (staying put on a tie), paying `move_s` to change
+    window; without, it holds its window to the end."""
+    n, g = len(jobs), jobs[0].gpus
+    plans = [_plan(j, pack_tails) for j in jobs]
+    owner: list[list[int | None]] = [[None] * g for _ in range(windows)]
+    last: list[int | None] = [None] * windows  #: who held the whole window last
+    held: list[tuple[int, tuple[int, ...]] | None] = [None] * n
+    active = set(range(windows))  #: windows the pool still holds
+    pos, done_s, finished = [0] * n, [0.0] * n, [0.0] * n
+    began: list[float | None] = [None] * n  #: when the current segment's work began
+    queue: list[int] = []
+    events: list[tuple[float, int, int]] = []
+    seq = itertools.count()
+    alive, used, t_prev = n, 0.0, 0.0
+    shared: tuple[tuple[float, ...], float] | None = None
+
+    def free(w: int) -> list[int]:
+        return [s for s in range(g) if owner[w][s] is None]
+
+    def take(i: int, w: int, slots: Sequence[int]) -> None:
+        for s in slots:
+            owner[w][s] = i
+        held[i] = (w, tuple(slots))
+
+    def drop(i: int) -> None:
+        h = held[i]
+        if h is not None:
+            for s in h[1]:
+                owner[h[0]][s] = None
+            held[i] = None
+
+    def serve(t: float) -> None:
+        while queue:
+            whole = [w for w in sorted(active) if len(free(w)) == g]
+            if not whole:
+                return
+            i = queue.pop(0)
+            w = next((x for x in whole if last[x] == i), whole[0])
+            prev = last[w]
+            cost = 0.0 if prev is None or prev == i else costs.switch_s(jobs[i], jobs[prev],
+                                                                        resident=False)
+            last[w] = i
+            take(i, w, range(g))
+            began[i] = t + cost
+            heapq.heappush(events, (t + cost + plans[i][pos[i]][0], next(seq), i))
+        while len(active) > max(alive, 1):  # hand windows nobody needs back to Slurm
+            spare = [w for w in active if len(free(w)) == g]
+            if not spare:
+                return
+            active.discard(spare[-1])
+
+    def start(i: int, t: float) -> None:
+        seconds, need = plans[i][pos[i]]
+        h = held[i]
+        moved = 0.0
+        if need == 0:
+            drop(i)
+        elif h is not None and len(h[1]) == need:
+            pass  # the next phase on the GPUs it holds
+        elif need == g:
+            drop(i)
+            began[i] = None
+            queue.append(i)
+            serve(t)
+            return
+        else:  # a tail point: the fewest GPUs it still needs, best fit
+            assert h is not None
+            drop(i)
+            fits = [(len(free(w)), w != h[0], w) for w in sorted(active) if len(free(w)) >= need]
+            _, _, w = min(fits)
+            if w == h[0]:
+                take(i, w, h[1][:need])
+            else:
+                take(i, w, free(w)[:need])
+                moved = move_s
+        began[i] = t + moved
+        heapq.heappush(events, (t + moved + seconds, next(seq), i))
+        serve(t)
+
+    for i in range(n):
+        start(i, 0.0)
+    while events:
+        t, _, i = heapq.heappop(events)
+        used += g * len(active) * (t - t_prev)
+        t_prev = t
+        done_s[i] += plans[i][pos[i]][0]
+        pos[i] += 1
+        if pos[i] < len(plans[i]):
+            start(i, t)
+            continue
+        finished[i], alive = t, alive - 1
+        if shared is None:
+            sl = tuple(t / (done_s[j] + _partial(began[j], plans[j][pos[j]][0] if j != i else 0, t))
+                       for j in range(n))
+            shared = (sl, 1 - windows / sum(1 / x for x in sl))
+        drop(i)
+        serve(t)
+    assert shared is not None
+    dedicated = sum(g * j.solo_s() for j in jobs)
+    return GroupRun(tuple(finished[i] / jobs[i].solo_s() for i in range(n)),
+                    1 - used / dedicated, *shared)
+
+
+def candidates(wname: str, seed: int = 0) -> tuple[list[SimJob], list[float], int | None]:
+    w = load(wname)
+    jobs = [replace(j, submit_s=0.0) for j in generate(w, seed, "steady", 60)
+            if j.layout is Layout.COLOCATED and not j.mux_off]
+    cap = w.host_mem_per_pool_bytes
+    lim = float(w.limits["max_slowdown"])
+    default = float(w.limits["default_max_slowdown"])
+    limits = [min(lim, j.max_slowdown or default) for j in jobs]
+    return jobs, limits, cap
+
+
+def draw(jobs: list[SimJob], n: int, cap: int | None, rng: random.Random) -> list[int]:
+    """Indices of n jobs of one GPU count whose parked state fits the pool's host memory."""
+    sizes = [g for g in {j.gpus for j in jobs} if sum(j.gpus == g for j in jobs) >= n]
+    for _ in range(10_000):
+        g = rng.choice(sorted(sizes))
+        pick = rng.sample([i for i, j in enumerate(jobs) if j.gpus == g], n)
+        if cap is None or sum(costs.host_bytes(jobs[i]) for i in pick) <= cap:
+            return pick
+    raise RuntimeError(f"no group of {n} fits the host memory")
+
+
+def table(wnames: Sequence[str], groups: int, seed: int, move_s: float) -> str:
+    rows = ["| workload | members on windows | rollout tail | groups within limits | worst "
+            "member, median (best) | saved, whole lives, median | while all share: worst "
+            "median, saved median |", "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    for wname in wnames:
+        jobs, limits, cap = candidates(wname, seed)
+        for (n, k), pack in itertools.product(SHAPES, (False, True)):
+            rng = random.Random(seed)  # the same groups for both tails
+            runs, ok = [], 0
+            for _ in range(groups):
+                pick = draw(jobs, n, cap, rng)
+                r = run_group([jobs[i] for i in pick], k, pack, move_s)
+                runs.append(r)
+                ok += all(s <= limits[i] + 1e-9 for s, i in zip(r.slowdowns, pick, strict=True))
+            worst = [max(r.slowdowns) for r in runs]
+            sworst = [max(r.shared_slowdowns) for r in runs]
+            rows.append(
+                f"| {wname} | {n} on {k} | {'packed' if pack else 'held'} | {ok} of {groups} "
+                f"| {statistics.median(worst):.3f} ({min(worst):.3f}) | "
+                f"{100 * statistics.median(r.saved for r in runs):.1f}% | "
+                f"{statistics.median(sworst):.3f}, "
+                f"{100 * statistics.median(r.shared_saved for r in runs):.1f}% |")
+    return "\n".join(rows)
+
+
+def calibrate(wnames: Sequence[str], pairs: int, seed: int) -> str:
+    """The model against the simulator on one window: two members, no tail, FIFO."""
+    import importlib.util
+
+    from policies import registry
+    from slurmrl.sim.engine import Simulation
+    from slurmrl.sim.runner import config_for
+
+    # benchmarks/policies.py's one-pool placement (its name clashes with the package)
+    spec = importlib.util.spec_from_file_location(
+        "bench_policies", Path(__file__).resolve().parent / "policies.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    out = []
+    for wname in wnames:
+        jobs, _, cap = candidates(wname, seed)
+        cfg = config_for(load(wname), check_invariants=True)
+        rng = random.Random(seed)
+        diffs = []
+        for _ in range(pairs):
+            pick = draw(jobs, 2, cap, rng)
+            pair = [replace(jobs[i], job_id=n + 1, tail=()) for n, i in enumerate(pick)]
+            sim = Simulation(pair, cfg, bench._OnePool(0), lambda: registry.load("slice", "fifo"),
+                             registry.load("admission", "site-limits")).run()
+            engine = max((r.finished_at - r.placed_at) / r.solo_s for r in sim.runs.values()
+                         if r.finished_at is not None and r.placed_at is not None)
+            diffs.append(max(run_group(pair, 1).slowdowns) - engine)
+        out.append(f"{wname}: model minus simulator, worst member's slowdown, {pairs} pairs: "
+                   f"mean {statistics.mean(diffs):+.3f}, sd {statistics.stdev(diffs):.3f}, "
+                   f"range {min(diffs):+.3f} to {max(diffs):+.3f}")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("-w", "--workload", action="append", choices=SUITE)
+    ap.add_argument("--groups", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--move-s", type=float, default=MOVE_S,
+                    help="seconds to move a packed tail to another window")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="also compare the model with the simulator on one window")
+    a = ap.parse_args(argv)
+    if not 1 <= a.groups <= 10_000:
+        ap.error(f"--groups must be in 1..10000, got {a.groups}")
+    if not 0 <= a.move_s <= 3600:
+        ap.error(f"--move-s must be in 0..3600 seconds, got {a.move_s}")
+    wnames = a.workload or list(SUITE)
+    print(table(wnames, a.groups, a.seed, a.move_s))
+    if a.calibrate:
+        print()
+        print(calibrate(wnames, min(a.groups, 20), a.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
