@@ -15,6 +15,7 @@ consolidation, no partner starting beside it). `--calibrate` checks the model ag
 the simulator where both apply: one window, two members, tails removed, FIFO slicing.
 
     PYTHONPATH=. python benchmarks/floating.py [-w WORKLOAD ...] [--groups 40] [--calibrate]
+        [--concurrency] [--move-s S]
 
 Each group's members start at the same instant, as in the feasibility table of
 docs/benchmarks.md ("Policies and simulator"), and are drawn the same way (60 jobs of
@@ -236,6 +237,31 @@ def table(wnames: Sequence[str], groups: int, seed: int, move_s: float) -> str:
     return "\n".join(rows)
 
 
+def concurrency(wnames: Sequence[str], seed: int, samples: int = 50) -> str:
+    """Are there groups to form? For each job (60, as above, each as if dedicated from
+    its arrival), the share of its life during which at least 2 and 4 other colocated,
+    shareable jobs of its GPU count run too, sampled at `samples` instants of its life."""
+    out = []
+    for wname in wnames:
+        w = load(wname)
+        for arrivals in ("steady", "bursty"):
+            jobs = [j for j in generate(w, seed, arrivals, 60)
+                    if j.layout is Layout.COLOCATED and not j.mux_off]
+            life = [(j.submit_s, j.submit_s + j.solo_s()) for j in jobs]
+            hits = {2: 0, 4: 0}
+            for j, (a, b) in zip(jobs, life, strict=True):
+                for k in range(samples):
+                    t = a + (b - a) * (k + 0.5) / samples
+                    others = sum(1 for o, (c, d) in zip(jobs, life, strict=True)
+                                 if o is not j and o.gpus == j.gpus and c <= t < d)
+                    for n in hits:
+                        hits[n] += others >= n
+            total = len(jobs) * samples
+            out.append(f"{wname}, {arrivals}: at least 2 others {100 * hits[2] / total:.0f}%"
+                       f", at least 4 others {100 * hits[4] / total:.0f}% of a job's life")
+    return "\n".join(out)
+
+
 def calibrate(wnames: Sequence[str], pairs: int, seed: int) -> str:
     """The model against the simulator on one window: two members, no tail, FIFO."""
     import importlib.util
@@ -280,6 +306,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="seconds to move a packed tail to another window")
     ap.add_argument("--calibrate", action="store_true",
                     help="also compare the model with the simulator on one window")
+    ap.add_argument("--concurrency", action="store_true",
+                    help="also say how much of a job's life others of its size run beside it")
     a = ap.parse_args(argv)
     if not 1 <= a.groups <= 10_000:
         ap.error(f"--groups must be in 1..10000, got {a.groups}")
@@ -290,6 +318,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.calibrate:
         print()
         print(calibrate(wnames, min(a.groups, 20), a.seed))
+    if a.concurrency:
+        print()
+        print(concurrency(wnames, a.seed))
     return 0
 
 
