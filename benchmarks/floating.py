@@ -10,9 +10,12 @@ min(k, members alive) windows.
 
 Neither the simulator nor the controller can run this (a lease request names its GPUs,
 a member's services are steps bound to its window), so this is its own small event
-model, deliberately pessimistic: a rollout holds its whole window through its tail (no
-consolidation, no partner starting beside it). `--calibrate` checks the model against
-the simulator where both apply: one window, two members, tails removed, FIFO slicing.
+model. Rows "held": a rollout holds its whole window through its tail. Rows "packed":
+at each tail point its unfinished sequences move to the fewest GPUs they need, best fit
+anywhere in the pool (two tails of G/2 share a window). Either way no partner's rollout
+starts on part of a window, which the simulator allows, so on one window the model is
+pessimistic. `--calibrate` checks it against the simulator where both apply: one
+window, two members, tails removed, FIFO slicing.
 
     PYTHONPATH=. python benchmarks/floating.py [-w WORKLOAD ...] [--groups 40] [--calibrate]
         [--concurrency] [--move-s S]
@@ -47,7 +50,7 @@ from slurmrl.sim.workload import SimJob, generate, load
 
 SUITE = ("agentic-tools", "polytrace-mix", "math-sync", "long-cot", "mixed-sizes")
 SHAPES = ((2, 1), (3, 2), (4, 3), (5, 3))
-MOVE_S = 1.0  #: seconds to move a tail to another window (its weights, its sequences)
+MOVE_S = 1.0  #: seconds to move a tail's unfinished sequences to another window
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,9 @@ def run_group(jobs: Sequence[SimJob], windows: int, pack_tails: bool = False,
     A whole-set phase waits (FIFO) for a wholly free window, preferring the one it used
     last, and pays a park/activate where another member used that window last. With
     `pack_tails`, at each tail point a rollout moves to the fewest GPUs it still needs,
-    best fit anywhere in the pool (staying put on a tie), paying `move_s` to change
-    window; without, it holds its window to the end."""
+    best fit anywhere in the pool (staying put on a tie); changing window costs `move_s`
+    (its unfinished sequences) plus a park and an activate where another member held
+    that window last; without, it holds its window to the end."""
     n, g = len(jobs), jobs[0].gpus
     plans = [_plan(j, pack_tails) for j in jobs]
     owner: list[list[int | None]] = [[None] * g for _ in range(windows)]
@@ -161,7 +165,9 @@ def run_group(jobs: Sequence[SimJob], windows: int, pack_tails: bool = False,
                 take(i, w, h[1][:need])
             else:
                 take(i, w, free(w)[:need])
-                moved = move_s
+                prev = last[w]  # its state there is parked, the tail's activated
+                moved = move_s + (0.0 if prev is None or prev == i else
+                                  costs.switch_s(jobs[i], jobs[prev], resident=False))
         began[i] = t + moved
         heapq.heappush(events, (t + moved + seconds, next(seq), i))
         serve(t)
@@ -303,7 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--groups", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--move-s", type=float, default=MOVE_S,
-                    help="seconds to move a packed tail to another window")
+                    help="seconds to move a packed tail's sequences to another window, "
+                    "on top of a park and an activate")
     ap.add_argument("--calibrate", action="store_true",
                     help="also compare the model with the simulator on one window")
     ap.add_argument("--concurrency", action="store_true",
