@@ -28,6 +28,7 @@ from slurmrl.leases.types import (
     Grown,
     JobSliceStats,
     Lease,
+    Moved,
     PhaseRequest,
     PoolView,
     Released,
@@ -112,11 +113,23 @@ class LeaseTable:
         now: float,
         min_gpus: int | None = None,
         request_id: int | None = None,
+        options: Sequence[Iterable[int]] = (),
     ) -> tuple[PhaseRequest, list[Event]]:
-        """Queue a phase request; returns it and the grants it (or others) got at once."""
+        """Queue a phase request; returns it and the grants it (or others) got at once.
+        With `options` (a floating pool's windows, in order of preference) it is granted
+        the first of them that is wholly free, and `gpus` must be their union."""
         wanted = frozenset(gpus)
+        alts = tuple(frozenset(o) for o in options)
         if not wanted:
             raise LeaseError("a phase request needs at least one GPU")
+        if alts:
+            if any(not o for o in alts) or frozenset().union(*alts) != wanted:
+                raise LeaseError("a request's options must be non-empty GPU sets whose "
+                                 "union is the GPUs it asks for")
+            if min_gpus is not None:
+                raise LeaseError("a request with options is granted one whole option: "
+                                 "no min_gpus")
+            min_gpus = min(len(o) for o in alts)
         if not wanted <= self.gpus:
             extra = sorted(wanted - self.gpus)
             raise LeaseError(f"GPUs {extra} are not in pool {self.pool_id}")
@@ -132,7 +145,8 @@ class LeaseTable:
         rid = self._new_id() if request_id is None else request_id
         if rid in self._waiting or rid in self._leases:
             raise LeaseError(f"request id {rid} is already in use")
-        req = PhaseRequest(rid, job_id, phase, wanted, need, now, now + self.lease_timeout_s)
+        req = PhaseRequest(rid, job_id, phase, wanted, need, now, now + self.lease_timeout_s,
+                           alts)
         self._waiting[rid] = req
         self._stats.setdefault(job_id, JobSliceStats(job_id))
         return req, self._schedule(now)
@@ -268,6 +282,55 @@ class LeaseTable:
         self._leases[lease_id] = bigger
         return [Grown(bigger, added)]
 
+    def move(self, lease_id: int, gpus: Iterable[int], now: float) -> list[Event]:
+        """Move a held lease onto `gpus`, no more GPUs than it holds, each its own or
+        free (a rollout's tail packed beside another's in a floating pool, so that a
+        whole window frees); what it leaves goes to the waiters at once."""
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise LeaseError(f"lease {lease_id} is not held")
+        new = frozenset(gpus)
+        if not new or len(new) > len(lease.gpus):
+            raise LeaseError(f"a move takes 1 to {len(lease.gpus)} GPUs, got {sorted(new)}")
+        if not new <= lease.gpus | self._free():
+            raise LeaseError(f"GPUs {sorted(new - lease.gpus - self._free())} are not free")
+        if new == lease.gpus:
+            return []
+        moved = replace(lease, gpus=new)
+        self._leases[lease_id] = moved
+        return [Moved(moved, lease.gpus - new, new - lease.gpus), *self._schedule(now)]
+
+    def add_gpus(self, gpus: Iterable[int], now: float) -> list[Event]:
+        """The pool grew (a floating pool took another window from Slurm)."""
+        new = frozenset(gpus)
+        if not new or new & self.gpus:
+            raise LeaseError(f"GPUs to add must be new to pool {self.pool_id}, got "
+                             f"{sorted(new)}")
+        self.gpus |= new
+        return self._schedule(now)
+
+    def retire(self, gpus: Iterable[int], now: float) -> list[Event]:
+        """The pool gives free GPUs back to Slurm. Waiting requests keep their other
+        options; one that would be left with nothing refuses the retirement."""
+        gone = frozenset(gpus)
+        if not gone <= self._free():
+            raise LeaseError(f"GPUs {sorted(gone - self._free())} are held or not in the pool")
+        kept: dict[int, PhaseRequest] = {}
+        for rid, req in self._waiting.items():
+            if not req.gpus & gone:
+                kept[rid] = req
+                continue
+            alts = tuple(o for o in req.options if not o & gone)
+            if not alts:
+                raise LeaseError(f"request {rid} waits for GPUs {sorted(req.gpus & gone)}")
+            kept[rid] = replace(req, gpus=frozenset().union(*alts), options=alts,
+                                min_gpus=min(len(o) for o in alts))
+        self._waiting = kept
+        self.gpus -= gone
+        for job_id, window in list(self._window.items()):
+            self._window[job_id] = window - gone
+        return self._schedule(now)
+
     def heartbeat(self, job_id: int, now: float) -> int:
         """Renew every lease and waiting request of `job_id`; returns how many."""
         deadline = now + self.lease_timeout_s
@@ -360,8 +423,10 @@ class LeaseTable:
         events: list[Event] = []
         for req in order:
             avail = (req.gpus & free) - reserved
-            if len(avail) >= req.min_gpus:
-                take = frozenset(avail)
+            take = frozenset(avail) if len(avail) >= req.min_gpus else frozenset()
+            if req.options:
+                take = next((o for o in req.options if o <= avail), frozenset())
+            if take:
                 del self._waiting[req.request_id]
                 lease = Lease(
                     req.request_id, req.job_id, req.phase, take, req.requested_at, now,

@@ -19,10 +19,14 @@ class PhaseRequest:
     min_gpus: int  #: smallest grant accepted; == len(gpus) unless the phase is elastic
     requested_at: float
     deadline_at: float  #: the waiter is dropped if its job stops heart-beating
+    #: alternative GPU sets (a floating pool's windows, in the job's order of
+    #: preference): granted the first one wholly free; `gpus` is their union. Empty: the
+    #: request is for `gpus` (at least `min_gpus` of them)
+    options: tuple[frozenset[int], ...] = ()
 
     @property
     def elastic(self) -> bool:
-        return self.min_gpus < len(self.gpus)
+        return not self.options and self.min_gpus < len(self.gpus)
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,17 @@ class Released:
     at: float
 
 
-Event = Grant | Shrunk | Grown | Revoke | Released
+@dataclass(frozen=True)
+class Moved:
+    """Event: `lease` moved mid-phase: it gave `freed` back and took `added` (a rollout's
+    tail packed onto other GPUs of a floating pool)."""
+
+    lease: Lease
+    freed: frozenset[int]
+    added: frozenset[int]
+
+
+Event = Grant | Shrunk | Grown | Moved | Revoke | Released
 
 
 @dataclass(frozen=True)
