@@ -157,7 +157,7 @@ def feasibility(wname: str, pairs: int = 40, seed: int = 0) -> dict[str, Any]:
             fits = all(x <= m + 1e-9 for x, m in zip(sl, lim, strict=True))
             ok += fits
             if fits:
-                used = sum(p.gpus * ((p.closed_at or 0.0) - p.opened_at) for p in sim.closed)
+                used = sum(p.allocated_gpu_s() for p in sim.closed)
                 saved.append(1 - used / sum(j.gpus * j.solo_s() for j in pair))
         out.update({f"{label}pairs": len(worst), f"{label}within_limits": ok,
                     f"{label}worst_p50": statistics.median(worst) if worst else 0.0,

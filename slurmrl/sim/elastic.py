@@ -15,6 +15,10 @@ GPUs that are free and that no waiter asks for (`LeaseTable.grow`), asked again 
 GPUs of the pool free; it never queues. Known limits: requests move to grown GPUs at
 once (no rebalancing cost beyond the handoff; the controller moves them at its next
 round). `SimConfig.grow = False` turns growing off.
+
+In a floating pool (`SimConfig.floating`, a what-if) a rollout holds a whole window and
+does not grow; with `SimConfig.pack_tails` a tail point moves it to the fewest GPUs it
+needs, best fit over the pool's windows (`pack`), idle while the move lasts.
 """
 
 from __future__ import annotations
@@ -55,8 +59,10 @@ def roll_schedule(sim: Simulation, run: JobRun) -> None:
     _, seconds = sim._segment(run)
     tail = run.job.tail
     target = tail[run.roll_i][0] if run.roll_i < len(tail) else 1.0
-    left = max(0.0, target - run.roll_f) * seconds / roll_speed(sim, run)
     run.roll_token += 1
+    if roll_speed(sim, run) <= 0:
+        return  # its sequences are moving (`pack`): rescheduled once they work again
+    left = max(0.0, target - run.roll_f) * seconds / roll_speed(sim, run)
     sim._push(max(sim.now, run.roll_t) + left, "roll",
               (run.job.job_id, run.token, run.roll_token))
 
@@ -64,7 +70,7 @@ def roll_schedule(sim: Simulation, run: JobRun) -> None:
 def want_grow(sim: Simulation, pool: Pool, run: JobRun) -> None:
     """Ask for the rest of the set while the rollout holds less than it needs."""
     if (not sim.cfg.grow or run.grow_req is not None or run.held_n >= run.roll_need
-            or run.lease_id is None):
+            or run.lease_id is None or pool.windows is not None):
         return
     held: set[int] = set()
     for le in pool.table.leases:
@@ -155,7 +161,42 @@ def on_roll(sim: Simulation, data: tuple[int, int, int]) -> None:
         # the tail thins: give back grown GPUs first, then shrink the first lease
         stop_growing(sim, pool, run)
         if run.lease_id is not None and keep < run.held_n:
-            sim._handle(pool, pool.table.shrink(run.lease_id, keep, sim.now))
+            if pool.windows is not None and sim.cfg.pack_tails:
+                pack(sim, pool, run, run.lease_id, keep)
+            else:
+                sim._handle(pool, pool.table.shrink(run.lease_id, keep, sim.now))
         run.roll_gpus = min(run.roll_gpus, run.held_n)
     roll_schedule(sim, run)
     want_grow(sim, pool, run)
+
+
+def pack(sim: Simulation, pool: Pool, run: JobRun, lease_id: int, keep: int) -> None:
+    """A floating pool's tail point: the rollout goes to `keep` GPUs of the window with
+    the fewest GPUs free that has `keep` (its own on a tie, where it just shrinks), so
+    that tails share windows and whole windows free for the other members' phases. A
+    move idles it for `SimConfig.tail_move_s` plus the park and activate of whoever
+    held those GPUs last."""
+    assert pool.windows is not None
+    lease = pool.table.lease(lease_id)
+    assert lease is not None
+    others: set[int] = set().union(*(le.gpus for le in pool.table.leases
+                                     if le.lease_id != lease_id))
+    fits = [(len(set(w) - others), not lease.gpus & set(w), w.start, w)
+            for w in pool.windows if len(set(w) - others) >= keep]
+    *_, w = min(fits)
+    if lease.gpus & set(w):
+        sim._handle(pool, pool.table.shrink(lease_id, keep, sim.now))
+        return
+    target = sorted(set(w) - others)[:keep]
+    jid = run.job.job_id
+    prev = {pool.last_holder.get(g) for g in target} - {None, jid}
+    cost = sim.cfg.tail_move_s
+    if prev:
+        cost += costs.switch_s(run.job, sim.runs[max(p for p in prev if p is not None)].job,
+                               pool.resident)
+        run.handoffs += 1
+    sim._handle(pool, pool.table.move(lease_id, target, sim.now))
+    for g in target:
+        pool.last_holder[g] = jid
+    run.roll_gpus = 0  # working again once moved
+    sim._push(sim.now + cost, "grown", (jid, run.token, lease_id, keep))

@@ -44,6 +44,18 @@ shared/research/prior-art.md).
 Nodes: a staggered pool either fits one node or has every window on whole nodes
 (`SimConfig.gpus_per_node`, checked at every placement); no window straddles a node.
 
+Floating pools, a what-if (`SimConfig.floating`; benchmarks/floating.py): neither the
+controller nor any registered policy forms them. A pool of whole windows of its members'
+GPU count G (colocated jobs, one G) lets each GPU phase take whichever window is wholly
+free (`LeaseTable.request` options, the window the job used last first); a rollout starts
+on a whole window and does not grow; with `SimConfig.pack_tails` a tail point moves its
+sequences to the fewest GPUs they need, best fit anywhere in the pool
+(`LeaseTable.move`), working again after `tail_move_s` plus the park and activate of
+whoever held those GPUs last. A join whose placement asks for more GPUs than the pool
+has adds whole windows (Slurm allocations beside it); windows wholly free while the pool
+has more windows than members go back (`LeaseTable.retire`). Pool GPU-seconds are
+accounted through the changes of size (`Pool.allocated_gpu_s`).
+
 Known limits: nodes are not placed (a pool is interchangeable GPUs; no fragmentation of
 nodes by pools smaller than one); no service start cost (dedicated runs pay it too);
 requests are rebalanced onto grown GPUs at once.
@@ -73,7 +85,7 @@ from policies.base import (
 from policies.complementarity import compatible
 from slurmrl.leases.invariants import check_table
 from slurmrl.leases.table import LeaseTable
-from slurmrl.leases.types import Event, Grant, Released, Revoke, Shrunk
+from slurmrl.leases.types import Event, Grant, Moved, Released, Revoke, Shrunk
 from slurmrl.model import Mux, Phase, RlRequest
 from slurmrl.profiles import (
     ROLLOUT_PRIOR_GPU_SHARE,
@@ -129,6 +141,7 @@ class JobRun:
     roll_token: int = 0
     roll_gpus: int = 0  #: GPUs working on it (grown ones count once activated)
     solo_s: float = 0.0
+    window: range | None = None  #: floating pools: the window it held last
     _profile: Profile | None = None
 
     def profile(self) -> Profile:
@@ -152,9 +165,23 @@ class Pool:
     offset: dict[int, int] = field(default_factory=dict)
     resident: bool = True  #: every member fits GPU memory at once
     closed_at: float | None = None
+    #: a floating pool's windows (`SimConfig.floating`), None for any other pool
+    windows: list[range] | None = None
+    gpu_s: float = 0.0  #: GPU-seconds allocated before its last change of size
+    sized_at: float = 0.0  #: when it last changed size (opened, or windows added/retired)
+    next_gpu: int = 0  #: the id its next added GPU takes
     gang_holder: JobRun | None = None
     gang_since: float = 0.0
     gang_token: int = 0
+
+    def allocated_gpu_s(self) -> float:
+        """GPU-seconds Slurm allocated to the pool, opened to closed (or to its last
+        change of size while open)."""
+        return self.gpu_s + self.gpus * ((self.closed_at or self.sized_at) - self.sized_at)
+
+    def window_of(self, gpus: frozenset[int]) -> range | None:
+        """The floating window holding any of `gpus`."""
+        return next((w for w in self.windows or () if gpus & set(w)), None)
 
 
 @dataclass(frozen=True)
@@ -186,6 +213,12 @@ class SimConfig:
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     #: every job declares its step count (`--rl-steps`); False: none does
     declare_steps: bool = True
+    #: a what-if, not the designed system: pools of whole windows of their members' GPU
+    #: count float (see the module's docstring); with `pack_tails` rollout tails pack
+    #: onto the fewest GPUs anywhere in the pool, `tail_move_s` for the sequences' move
+    floating: bool = False
+    pack_tails: bool = False
+    tail_move_s: float = 1.0
 
 
 class Simulation:
@@ -344,6 +377,7 @@ class Simulation:
         if sorted(p.job_id for p in placements) != sorted(r.job.job_id for r in self.waiting):
             raise SimError(f"pairing policy {self.pairing.name!r} must place every waiting job")
         new: dict[int, Pool] = {}
+        touched: dict[int, Pool] = {}
         still: list[JobRun] = []
         for pl in placements:
             run = self.runs[pl.job_id]
@@ -362,12 +396,16 @@ class Simulation:
                 if why is not None:  # never wait for a partner: open alone instead
                     self.refused.append((run.job.job_id, pool.pool_id, why))
                     pool = None
+            if (pool is not None and pool.windows is not None and (pl.gpus or 0) > pool.gpus
+                    and not self._grow_pool(pool, (pl.gpus or 0) - pool.gpus)):
+                still.append(run)  # Slurm would queue the extra windows
+                continue
             if pool is None:
                 size = max(pl.gpus or 0, pl.gpu_offset + run.job.gpus)
                 if self.free < size:
                     still.append(run)  # the policy over-allocated: Slurm would queue it
                     continue
-                pool = self._open(size, pl.action is Action.DEDICATED or run.dedicated)
+                pool = self._open(size, pl.action is Action.DEDICATED or run.dedicated, run)
                 if pl.action is Action.OPEN and pl.pool_id is not None:
                     new[pl.pool_id] = pool
             if not 0 <= pl.gpu_offset <= pool.gpus - run.job.gpus:
@@ -375,13 +413,18 @@ class Simulation:
                                f"{pl.gpu_offset}) does not fit pool {pool.pool_id} "
                                f"of {pool.gpus} GPUs")
             node = self.cfg.gpus_per_node
-            if pool.gpus > run.job.gpus and pool.gpus > node and (
+            if pool.windows is not None:
+                pass  # whole windows, aligned (checked when the pool opened)
+            elif pool.gpus > run.job.gpus and pool.gpus > node and (
                     pool.gpus % node or pl.gpu_offset % node or run.job.gpus % node):
                 raise SimError(f"job {pl.job_id} ({run.job.gpus} GPUs from GPU "
                                f"{pl.gpu_offset}) in pool {pool.pool_id} of {pool.gpus} "
                                f"GPUs would straddle nodes of {node} GPUs")
             self._add(pool, run, pl.gpu_offset)
+            touched[pool.pool_id] = pool
         self.waiting = still
+        for pool in touched.values():  # windows more than members go back at once
+            self._retire_spare(pool)
 
     def _closed(self, pool: Pool) -> bool:
         """Whether the pool takes no new member: its fixed group was complete."""
@@ -401,6 +444,9 @@ class Simulation:
         if not 0 <= offset <= pool.gpus - run.job.gpus:
             return (f"{run.job.gpus} GPUs from GPU {offset} do not fit its {pool.gpus} "
                     "GPUs")
+        if pool.windows is not None and (run.job.gpus != len(pool.windows[0])
+                                         or run.job.rollout_gpus != run.job.gpus):
+            return f"its windows are {len(pool.windows[0])} GPUs for colocated jobs"
         me = jobs[run.job.job_id]
         why = next((w for m in members if (w := compatible(me, jobs[m.job.job_id]))), None)
         if why is not None:
@@ -416,13 +462,58 @@ class Simulation:
         cap = self.cfg.host_mem_per_pool_bytes
         return None if cap is None else cap - sum(costs.host_bytes(m.job) for m in pool.members)
 
-    def _open(self, gpus: int, dedicated: bool) -> Pool:
+    def _open(self, gpus: int, dedicated: bool, run: JobRun | None = None) -> Pool:
         pid = next(self._pool_ids)
         table = LeaseTable(pid, range(gpus), self.slice_factory(), lease_timeout_s=1e15)
-        pool = Pool(pid, gpus, table, self.mode, dedicated, self.now)
+        pool = Pool(pid, gpus, table, self.mode, dedicated, self.now, sized_at=self.now,
+                    next_gpu=gpus)
+        g = run.job.gpus if run is not None else 0
+        if (self.cfg.floating and self.mode is PoolMode.LEASE and not dedicated
+                and run is not None and run.job.rollout_gpus == g and gpus % g == 0):
+            node = self.cfg.gpus_per_node
+            if g % node and node % g:
+                raise SimError(f"floating windows of {g} GPUs would straddle nodes of "
+                               f"{node} GPUs")
+            pool.windows = [range(i, i + g) for i in range(0, gpus, g)]
         self.pools[pid] = pool
         self.free -= gpus
         return pool
+
+    def _resize(self, pool: Pool, gpus: int) -> None:
+        pool.gpu_s += pool.gpus * (self.now - pool.sized_at)
+        pool.sized_at = self.now
+        self.free += pool.gpus - gpus
+        pool.gpus = gpus
+
+    def _grow_pool(self, pool: Pool, gpus: int) -> bool:
+        """Add whole windows to a floating pool (False: not that many GPUs free)."""
+        assert pool.windows is not None
+        g = len(pool.windows[0])
+        if gpus % g:
+            raise SimError(f"pool {pool.pool_id} grows by whole windows of {g} GPUs, "
+                           f"asked {gpus}")
+        if self.free < gpus:
+            return False
+        new = [range(pool.next_gpu + i, pool.next_gpu + i + g) for i in range(0, gpus, g)]
+        pool.next_gpu += gpus
+        self._resize(pool, pool.gpus + gpus)
+        pool.windows.extend(new)
+        self._handle(pool, pool.table.add_gpus(range(new[0].start, new[-1].stop), self.now))
+        return True
+
+    def _retire_spare(self, pool: Pool) -> None:
+        """Give back wholly free windows while a floating pool has more than members."""
+        if pool.windows is None or pool.closed_at is not None:
+            return
+        held: set[int] = set().union(*(le.gpus for le in pool.table.leases))
+        while len(pool.windows) > max(1, len(pool.members)):
+            spare = [w for w in pool.windows if not held & set(w)]
+            if not spare:
+                return
+            w = spare[-1]
+            pool.windows.remove(w)
+            self._resize(pool, pool.gpus - len(w))
+            self._handle(pool, pool.table.retire(w, self.now))
 
     def _add(self, pool: Pool, run: JobRun, offset: int = 0) -> None:
         run.pool, run.placed_at = pool, self.now
@@ -431,7 +522,8 @@ class Simulation:
         pool.offset[run.job.job_id] = offset
         pool.resident = costs.fits_together([m.job for m in pool.members], self.cfg.gpu_mem_bytes)
         pool.table.set_member(run.job.job_id, run.job.max_slowdown,
-                              range(offset, offset + run.job.gpus))
+                              range(offset, offset + run.job.gpus) if pool.windows is None
+                              else None)
         if pool.mode is PoolMode.GANG:
             if pool.gang_holder is None:
                 self._gang_next(pool)
@@ -472,6 +564,13 @@ class Simulation:
             run.seg_due = self.now + seconds
             self._push(run.seg_due, "seg_end", (run.job.job_id, run.token))
             return
+        if pool.windows is not None:  # any whole window, the one it used last first
+            order = sorted(pool.windows, key=lambda w: w != run.window)
+            _, events = pool.table.request(run.job.job_id, phase,
+                                           frozenset().union(*map(frozenset, order)),
+                                           self.now, options=order)
+            self._handle(pool, events)
+            return
         gpus = self._gpus_for(run, phase)
         need = len(gpus)
         if phase is Phase.ROLLOUT and pool.mode is PoolMode.LEASE:
@@ -483,6 +582,8 @@ class Simulation:
         j = run.job
         if run.pool is not None and run.pool.mode is not PoolMode.LEASE:
             return range(run.pool.gpus)
+        if run.pool is not None and run.pool.windows is not None:
+            return run.window or run.pool.windows[0]  # its window (a floating pool's)
         o = run.pool.offset.get(j.job_id, 0) if run.pool is not None else 0
         if phase is Phase.ROLLOUT:
             return range(o, o + j.rollout_gpus)
@@ -498,11 +599,14 @@ class Simulation:
         for ev in events:
             if isinstance(ev, Grant):
                 self._granted(pool, self.runs[ev.lease.job_id], ev)
-            elif isinstance(ev, Shrunk | Released | Revoke) and ev.lease is not None:
+            elif isinstance(ev, Shrunk | Moved | Released | Revoke) and ev.lease is not None:
                 run = self.runs[ev.lease.job_id]
                 self._account(run)
                 run.held_n = self._held(pool, run)
         self._check(pool)
+        if pool.windows is not None and any(isinstance(ev, Shrunk | Moved | Released)
+                                            for ev in events):
+            self._retire_spare(pool)
         if self.cfg.grow_free_only and any(isinstance(ev, Shrunk | Released | Revoke)
                                            for ev in events):
             # GPUs freed: rollouts short of GPUs ask again once this instant's requests
@@ -526,7 +630,12 @@ class Simulation:
         lease = ev.lease
         jid = run.job.job_id
         o = pool.offset.get(jid, 0)
-        if pool.mode is PoolMode.LEASE and not lease.gpus <= set(range(o, o + run.job.gpus)):
+        if pool.windows is not None:
+            run.window = pool.window_of(lease.gpus)
+            if run.window is None or not lease.gpus <= set(run.window):
+                raise SimError(f"job {jid} was granted GPUs {sorted(lease.gpus)} that are "
+                               f"not one window of floating pool {pool.pool_id}")
+        elif pool.mode is PoolMode.LEASE and not lease.gpus <= set(range(o, o + run.job.gpus)):
             raise SimError(f"job {jid} was granted GPUs {sorted(lease.gpus)} outside its "
                            f"window {o}..{o + run.job.gpus - 1} of pool {pool.pool_id}")
         if lease.lease_id == run.grow_req:
@@ -615,6 +724,7 @@ class Simulation:
         pool.members.remove(run)
         pool.offset.pop(run.job.job_id, None)
         pool.resident = costs.fits_together([m.job for m in pool.members], self.cfg.gpu_mem_bytes)
+        self._retire_spare(pool)
         if not pool.members:
             pool.closed_at = self.now
             del self.pools[pool.pool_id]

@@ -3,8 +3,10 @@
 - **dedicated GPU-s**: each finished job alone on its own GPUs for its solo duration
   (every phase and gap back to back, no waiting): sum of gpus x solo_s.
 - **used GPU-s**: what the cluster allocated to pools: sum over pools of
-  gpus x (closed_at - opened_at). Idle pool GPUs count. The **ledger** charges it to
-  members by the lease GPU-seconds each used in that pool, so the charges add up to it.
+  gpus x (closed_at - opened_at), through each change of size where a pool has some
+  (a floating pool's windows, `Pool.allocated_gpu_s`). Idle pool GPUs count. The
+  **ledger** charges it to members by the lease GPU-seconds each used in that pool, so
+  the charges add up to it.
 - **savings** = 1 - used / dedicated.
 - **lower bound GPU-s** (what no phase-level slicer can remove): per job, its GPU phases
   at the GPU count of their set with the rollout tail consolidated (G/2, G/4 ... 1 GPUs
@@ -88,7 +90,7 @@ def ledger(pools: list[Pool]) -> dict[int, float]:
     charge: dict[int, float] = {}
     for pool in pools:
         assert pool.closed_at is not None
-        alloc = pool.gpus * (pool.closed_at - pool.opened_at)
+        alloc = pool.allocated_gpu_s()
         members = {r.job.job_id: r for r in _all_members(pool)}
         leased = sum(r.lease_gpu_s for r in members.values())
         for jid, r in members.items():
@@ -111,14 +113,15 @@ def shared_gpu_s(pool: Pool) -> float:
         if members >= 2:
             total += t - since
         members, since = members + step, t
-    return total * pool.gpus
+    life = (pool.closed_at or pool.opened_at) - pool.opened_at
+    return total * (pool.allocated_gpu_s() / life if life > 0 else pool.gpus)  # mean size
 
 
 def compute(sim: Simulation) -> Metrics:
     runs = [r for r in sim.runs.values() if r.admitted]
     if sim.pools:
         raise ConservationError(f"{len(sim.pools)} pools still open at the end")
-    used = sum(p.gpus * ((p.closed_at or 0.0) - p.opened_at) for p in sim.closed)
+    used = sum(p.allocated_gpu_s() for p in sim.closed)
     leased = sum(r.lease_gpu_s for r in runs)
     if leased > used * (1 + 1e-9) + 1e-6:
         raise ConservationError(f"leases hold {leased:.1f} GPU-s of {used:.1f} allocated")

@@ -102,9 +102,11 @@ def test_shared_fraction_counts_the_time_a_pool_held_two_jobs_or_more() -> None:
     # a 4-GPU pool: A from 0 to 100, B from 30 to 130, C joins at 100 as A leaves, to 120
     runs = [SimpleNamespace(placed_at=a, finished_at=b) for a, b in ((0, 100), (30, 130),
                                                                       (100, 120))]
-    pool = SimpleNamespace(opened_at=0.0, gpus=4, history=runs)
+    pool = SimpleNamespace(opened_at=0.0, closed_at=130.0, gpus=4, history=runs,
+                           allocated_gpu_s=lambda: 4 * 130.0)
     assert shared_gpu_s(pool) == pytest.approx(4 * (70 + 20))  # type: ignore[arg-type]
-    alone = SimpleNamespace(opened_at=0.0, gpus=4, history=runs[:1])
+    alone = SimpleNamespace(opened_at=0.0, closed_at=100.0, gpus=4, history=runs[:1],
+                            allocated_gpu_s=lambda: 4 * 100.0)
     assert shared_gpu_s(alone) == 0.0  # type: ignore[arg-type]
 
 
