@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import itertools
+import math
 import random
 import statistics
 import sys
@@ -44,8 +45,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from policies import registry
+from policies.base import Action, ClusterSnapshot, JobSnapshot, Placement, PoolMode
+from policies.complementarity import compatible, fits_memory, shareable
 from slurmrl.model import Layout, Phase
 from slurmrl.sim import costs
+from slurmrl.sim.engine import Simulation
+from slurmrl.sim.metrics import compute
+from slurmrl.sim.runner import config_for, run_jobs
 from slurmrl.sim.workload import SimJob, generate, load
 
 SUITE = ("agentic-tools", "polytrace-mix", "math-sync", "long-cot", "mixed-sizes")
@@ -268,13 +275,116 @@ def concurrency(wnames: Sequence[str], seed: int, samples: int = 50) -> str:
     return "\n".join(out)
 
 
+class FloatingGroups:
+    """A what-if pairing policy for `SimConfig.floating` (not registered; the controller
+    cannot enact it): a colocated job that may share joins the fullest floating pool of
+    its GPU count with room (at most `members` members, with whom it may share, parked
+    state within host memory), the pool growing to ceil(n x windows / members) windows
+    for its n members; else it opens a pool of one window. It predicts nothing: it
+    measures what a fixed shape of group gives under arrivals, users' limits unread."""
+
+    name = "floating-groups"
+    mode = PoolMode.LEASE
+
+    def __init__(self, members: int, windows: int) -> None:
+        if not 1 <= windows <= members:
+            raise ValueError(f"windows must be in 1..{members}, got {windows}")
+        self.members, self.windows = members, windows
+
+    def size(self, n: int, g: int) -> int:
+        return math.ceil(n * self.windows / self.members) * g
+
+    def place(self, snapshot: ClusterSnapshot) -> list[Placement]:
+        free = dict(snapshot.free_gpus)
+        # pool id -> [GPUs, members, open (True) or opened this round (False)]
+        pools: dict[int, tuple[list[int], list[JobSnapshot], bool]] = {
+            p.pool_id: ([p.gpus], list(p.members), True) for p in snapshot.pools
+            if not p.dedicated and p.members and p.gpus % p.members[0].request.gpus == 0}
+        snaps = {p.pool_id: p for p in snapshot.pools}
+        out = []
+        for job in snapshot.waiting:
+            g, part = job.request.gpus, job.partition
+            fits = [(len(m), pid) for pid, (_, m, _) in pools.items()
+                    if shareable(job) and job.request.rollout_gpus is None
+                    and len(m) < self.members and all(x.request.gpus == g for x in m)
+                    and all(compatible(job, x) is None for x in m)
+                    and fits_memory([*m, job], snaps.get(pid), snapshot.limits) is None]
+            placed = False
+            for _, pid in sorted(fits, reverse=True):
+                gpus, m, is_open = pools[pid]
+                want = self.size(len(m) + 1, g)
+                if want - gpus[0] > free.get(part, 0):
+                    continue
+                free[part] = free.get(part, 0) - (want - gpus[0])
+                gpus[0] = want
+                m.append(job)
+                out.append(Placement(job.job_id, Action.JOIN if is_open else Action.OPEN,
+                                     pid, want, reason="floating group"))
+                placed = True
+                break
+            if placed:
+                continue
+            if free.get(part, 0) < g:
+                out.append(Placement(job.job_id, Action.WAIT, reason="no free GPUs"))
+                continue
+            free[part] -= g
+            pid = -1 - len(out)
+            if shareable(job) and job.request.rollout_gpus is None:
+                pools[pid] = ([g], [job], False)
+                out.append(Placement(job.job_id, Action.OPEN, pid, g, reason="alone"))
+            else:
+                out.append(Placement(job.job_id, Action.DEDICATED, pid, g, reason="alone"))
+        return out
+
+
+CLUSTER_SHAPES = ((3, 2, False), (3, 2, True), (4, 3, True), (5, 3, True))
+
+
+def _cell(sim: Simulation, limits: Sequence[float]) -> tuple[float, float, float, float]:
+    """Savings %, p95 slowdown, % of jobs within their limit, shared % of one run."""
+    m = compute(sim)
+    runs = sorted(sim.runs.values(), key=lambda r: r.job.job_id)
+    within = sum(((r.finished_at or 0.0) - (r.placed_at or 0.0)) / r.solo_s <= x + 1e-9
+                 for r, x in zip(runs, limits, strict=True))
+    return (100 * m.savings, m.slowdown_p95, 100 * within / len(runs),
+            100 * m.shared_fraction)
+
+
+def cluster(wnames: Sequence[str], seeds: int, jobs: int, move_s: float) -> str:
+    """Each workload's jobs under arrivals (steady and bursty), placed by
+    `FloatingGroups` of each shape in floating pools, beside the default policy at the
+    suite's limits on the same jobs."""
+    rows = ["| workload | placed by | savings % | p95 slowdown | jobs within their limit "
+            "| shared % |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for wname in wnames:
+        w = load(wname)
+        cells: dict[str, list[tuple[float, float, float, float]]] = {}
+        for seed, arrivals in itertools.product(range(seeds), ("steady", "bursty")):
+            drawn = generate(w, seed, arrivals, jobs)
+            base = config_for(w, check_invariants=True)
+            lim = [min(base.limits.max_slowdown, j.max_slowdown or
+                       base.limits.default_max_slowdown) for j in drawn]
+
+            cells.setdefault("complementary (default)", []).append(
+                _cell(run_jobs(drawn, base).sim, lim))
+            for n, k, pack in CLUSTER_SHAPES:
+                cfg = replace(base, floating=True, pack_tails=pack, tail_move_s=move_s,
+                              limits=replace(base.limits, max_jobs_per_pool=n))
+                sim = Simulation(drawn, cfg, FloatingGroups(n, k),
+                                 lambda: registry.load("slice", "fifo"),
+                                 registry.load("admission", "site-limits")).run()
+                label = f"floating {n} on {k}, tails {'packed' if pack else 'held'}"
+                cells.setdefault(label, []).append(_cell(sim, lim))
+        for label, vals in cells.items():
+            mean = [statistics.mean(v[i] for v in vals) for i in range(4)]
+            rows.append(f"| {wname} | {label} | {mean[0]:.1f} | {mean[1]:.3f} | "
+                        f"{mean[2]:.0f}% | {mean[3]:.0f}% |")
+    return "\n".join(rows)
+
+
 def calibrate(wnames: Sequence[str], pairs: int, seed: int) -> str:
     """The model against the simulator on one window: two members, no tail, FIFO."""
     import importlib.util
-
-    from policies import registry
-    from slurmrl.sim.engine import Simulation
-    from slurmrl.sim.runner import config_for
 
     # benchmarks/policies.py's one-pool placement (its name clashes with the package)
     spec = importlib.util.spec_from_file_location(
@@ -313,6 +423,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "on top of a park and an activate")
     ap.add_argument("--calibrate", action="store_true",
                     help="also compare the model with the simulator on one window")
+    ap.add_argument("--cluster", action="store_true",
+                    help="also run floating pools under arrivals in the simulator")
+    ap.add_argument("--seeds", type=int, default=2, help="--cluster: seeds (x steady, bursty)")
+    ap.add_argument("--jobs", type=int, default=60, help="--cluster: jobs per run")
     ap.add_argument("--concurrency", action="store_true",
                     help="also say how much of a job's life others of its size run beside it")
     a = ap.parse_args(argv)
@@ -328,6 +442,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.concurrency:
         print()
         print(concurrency(wnames, a.seed))
+    if a.cluster:
+        if not (1 <= a.seeds <= 100 and 2 <= a.jobs <= 100_000):
+            ap.error("--seeds must be in 1..100 and --jobs in 2..100000")
+        print()
+        print(cluster(wnames, a.seeds, a.jobs, a.move_s))
     return 0
 
 
