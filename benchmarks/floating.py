@@ -33,7 +33,6 @@ takes a joiner for each member that ends would approach).
 from __future__ import annotations
 
 import argparse
-import heapq
 import itertools
 import math
 import random
@@ -45,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from policies import registry
+from policies import floatsim, registry
 from policies.base import Action, ClusterSnapshot, JobSnapshot, Placement, PoolMode
 from policies.complementarity import compatible, fits_memory, shareable
 from slurmrl.model import Layout, Phase
@@ -85,122 +84,21 @@ def _plan(job: SimJob, pack_tails: bool) -> list[tuple[float, int]]:
     return out
 
 
-def _partial(began: float | None, seconds: float, now: float) -> float:
-    """Work done by `now` on a segment begun at `began` (None: still waiting)."""
-    return 0.0 if began is None else min(seconds, max(0.0, now - began))
-
-
 def run_group(jobs: Sequence[SimJob], windows: int, pack_tails: bool = False,
               move_s: float = MOVE_S) -> GroupRun:
-    """Members of one GPU count G floating over `windows` windows of G GPUs from t = 0.
-
-    A whole-set phase waits (FIFO) for a wholly free window, preferring the one it used
-    last, and pays a park/activate where another member used that window last. With
-    `pack_tails`, at each tail point a rollout moves to the fewest GPUs it still needs,
-    best fit anywhere in the pool (staying put on a tie); changing window costs `move_s`
-    (its unfinished sequences) plus a park and an activate where another member held
-    that window last; without, it holds its window to the end."""
-    n, g = len(jobs), jobs[0].gpus
-    plans = [_plan(j, pack_tails) for j in jobs]
-    owner: list[list[int | None]] = [[None] * g for _ in range(windows)]
-    last: list[int | None] = [None] * windows  #: who held the whole window last
-    held: list[tuple[int, tuple[int, ...]] | None] = [None] * n
-    active = set(range(windows))  #: windows the pool still holds
-    pos, done_s, finished = [0] * n, [0.0] * n, [0.0] * n
-    began: list[float | None] = [None] * n  #: when the current segment's work began
-    queue: list[int] = []
-    events: list[tuple[float, int, int]] = []
-    seq = itertools.count()
-    alive, used, t_prev = n, 0.0, 0.0
-    shared: tuple[tuple[float, ...], float] | None = None
-
-    def free(w: int) -> list[int]:
-        return [s for s in range(g) if owner[w][s] is None]
-
-    def take(i: int, w: int, slots: Sequence[int]) -> None:
-        for s in slots:
-            owner[w][s] = i
-        held[i] = (w, tuple(slots))
-
-    def drop(i: int) -> None:
-        h = held[i]
-        if h is not None:
-            for s in h[1]:
-                owner[h[0]][s] = None
-            held[i] = None
-
-    def serve(t: float) -> None:
-        while queue:
-            whole = [w for w in sorted(active) if len(free(w)) == g]
-            if not whole:
-                return
-            i = queue.pop(0)
-            w = next((x for x in whole if last[x] == i), whole[0])
-            prev = last[w]
-            cost = 0.0 if prev is None or prev == i else costs.switch_s(jobs[i], jobs[prev],
-                                                                        resident=False)
-            last[w] = i
-            take(i, w, range(g))
-            began[i] = t + cost
-            heapq.heappush(events, (t + cost + plans[i][pos[i]][0], next(seq), i))
-        while len(active) > max(alive, 1):  # hand windows nobody needs back to Slurm
-            spare = [w for w in active if len(free(w)) == g]
-            if not spare:
-                return
-            active.discard(spare[-1])
-
-    def start(i: int, t: float) -> None:
-        seconds, need = plans[i][pos[i]]
-        h = held[i]
-        moved = 0.0
-        if need == 0:
-            drop(i)
-        elif h is not None and len(h[1]) == need:
-            pass  # the next phase on the GPUs it holds
-        elif need == g:
-            drop(i)
-            began[i] = None
-            queue.append(i)
-            serve(t)
-            return
-        else:  # a tail point: the fewest GPUs it still needs, best fit
-            assert h is not None
-            drop(i)
-            fits = [(len(free(w)), w != h[0], w) for w in sorted(active) if len(free(w)) >= need]
-            _, _, w = min(fits)
-            if w == h[0]:
-                take(i, w, h[1][:need])
-            else:
-                take(i, w, free(w)[:need])
-                prev = last[w]  # its state there is parked, the tail's activated
-                moved = move_s + (0.0 if prev is None or prev == i else
-                                  costs.switch_s(jobs[i], jobs[prev], resident=False))
-        began[i] = t + moved
-        heapq.heappush(events, (t + moved + seconds, next(seq), i))
-        serve(t)
-
-    for i in range(n):
-        start(i, 0.0)
-    while events:
-        t, _, i = heapq.heappop(events)
-        used += g * len(active) * (t - t_prev)
-        t_prev = t
-        done_s[i] += plans[i][pos[i]][0]
-        pos[i] += 1
-        if pos[i] < len(plans[i]):
-            start(i, t)
-            continue
-        finished[i], alive = t, alive - 1
-        if shared is None:
-            sl = tuple(t / (done_s[j] + _partial(began[j], plans[j][pos[j]][0] if j != i else 0, t))
-                       for j in range(n))
-            shared = (sl, 1 - windows / sum(1 / x for x in sl))
-        drop(i)
-        serve(t)
-    assert shared is not None
-    dedicated = sum(g * j.solo_s() for j in jobs)
-    return GroupRun(tuple(finished[i] / jobs[i].solo_s() for i in range(n)),
-                    1 - used / dedicated, *shared)
+    """Members of one GPU count G floating over `windows` windows of G GPUs from t = 0
+    (`policies.floatsim`): a whole-set phase takes the first wholly free window, a move
+    to a window another member used last costs a park and an activate; with
+    `pack_tails`, a tail point moves the rollout to the fewest GPUs it still needs, best
+    fit over the pool, paying `move_s` for its sequences too; without, the rollout holds
+    its window to the end."""
+    g = jobs[0].gpus
+    r = floatsim.simulate(
+        [_plan(j, pack_tails) for j in jobs], g, windows, pack_tails, move_s,
+        lambda i, k: costs.switch_s(jobs[i], jobs[k], resident=False))
+    sl = tuple(f / j.solo_s() for f, j in zip(r.finished, jobs, strict=True))
+    return GroupRun(sl, 1 - r.pool_gpu_s / sum(g * j.solo_s() for j in jobs),
+                    r.shared_slowdowns, 1 - windows / sum(1 / x for x in r.shared_slowdowns))
 
 
 def candidates(wname: str, seed: int = 0) -> tuple[list[SimJob], list[float], int | None]:
