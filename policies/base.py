@@ -84,6 +84,9 @@ class PoolSnapshot:
     #: per member (same order), the first pool GPU of its window (its GPUs are
     #: offset .. offset + its GPU count - 1); empty: every member from GPU 0
     offsets: tuple[int, ...] = ()
+    #: a floating pool: whole windows of its members' GPU count, each GPU phase on
+    #: whichever is free (`ClusterSnapshot.floating`); `gpus` / that count windows
+    floating: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,11 @@ class ClusterSnapshot:
     #: partition -> GPU memory per GPU of its nodes, in bytes (absent: unknown): what a
     #: group opened this round must fit, where it has no pool to read it from yet
     gpu_mem_bytes: Mapping[str, int] = field(default_factory=dict)
+    #: partition -> whether its pools may float: members of one GPU count take whichever
+    #: whole window is free, rollout tails pack onto the fewest GPUs anywhere in the pool,
+    #: and a join may add a window (Placement.gpus). Only the simulator's what-if
+    #: (`SimConfig.floating`) offers it; the controller does not run floating pools yet
+    floating: Mapping[str, bool] = field(default_factory=dict)
 
 
 class Action(StrEnum):

@@ -31,6 +31,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from policies import floatsim
 from policies.base import JobSnapshot, PoolSnapshot, SiteLimits
 from policies.groupsim import ELASTIC_MIN, TAIL, SimKey, simulate_group
 from slurmrl.model import Layout, Mux, Phase
@@ -297,6 +298,24 @@ def lifetime(members: Sequence[JobSnapshot], shared: Sequence[float]) -> tuple[f
     return tuple(out)
 
 
+def floating_lifetime(members: Sequence[JobSnapshot],
+                      shared: Sequence[float]) -> tuple[float, ...]:
+    """Each member's slowdown over its whole run if it joins or stays in a floating pool
+    now, sharing at `shared[i]` for the rest of its run: a member whose `progress` is
+    known has run `running_s` for the work it has done; any other member (a newcomer,
+    no `--rl-steps`, no complete step seen) is judged on its shared slowdown. A floating
+    pool's members come and go, so none is assumed to run alone later."""
+    out = []
+    for m, s in zip(members, shared, strict=True):
+        p = progress(m)
+        if p is None:
+            out.append(s)
+            continue
+        done, left = p
+        out.append((m.running_s + left * s) / (done + left))
+    return tuple(out)
+
+
 def allowance(members: Sequence[JobSnapshot], limits: Sequence[float]) -> float | None:
     """The highest shared slowdown `lifetime` could accept of any member, given each
     member's whole-run `limits`: a bound for `predict` (None: none, when every member's
@@ -378,6 +397,56 @@ def predict(members: Sequence[JobSnapshot], steps: int = 6,
     offs = tuple(offsets) if offsets is not None else (0,) * len(members)
     return GroupPrediction(_simulate_scaled(fs, steps, offs, pool_gpus), f.utilisation,
                            f.round_s, f.extra)
+
+
+#: bytes per second a park or an activate copies per GPU (PCIe, pinned), and its fixed
+#: cost: as the simulator's `slurmrl.sim.costs.switch_s` for members that do not fit
+#: GPU memory together (a floating pool's windows hold one member at a time)
+PCIE_BPS = 25e9
+FIXED_SWITCH_S = 1.0
+
+
+def predict_floating(members: Sequence[JobSnapshot], windows: int,
+                     steps: int = 6) -> GroupPrediction:
+    """Colocated members of one GPU count G in a floating pool of `windows` windows
+    (`policies.floatsim`, tails packed): each repeats its profile's step for about
+    `steps` periods of the longest, its rollout's tail on one GPU as `simulate_group`
+    scores it; every member's slowdown at the first one's end. A switch costs a park
+    and an activate of the larger state."""
+    fs = [_facts(m) for m in members]
+    g = members[0].request.gpus
+    horizon = steps * max(x.period for x in fs)
+    plans = []
+    for i, x in enumerate(fs):
+        step = [(d, 0 if not _NEEDS_GPU_PHASE.get(ph, True) else (1 if ph == TAIL else g))
+                for ph, d in x.segs if d > 0]
+        reps = max(1, min(200, int(horizon / max(x.period, 1e-9)) + 1))
+        plans.append(_rotated(step, i / len(fs)) * reps)
+    moved = [host_bytes(m) / g for m in members]
+    run = floatsim.simulate(
+        plans, g, windows, pack=True,
+        switch_s=lambda i, j: FIXED_SWITCH_S + max(moved[i], moved[j]) / PCIE_BPS)
+    sl = run.shared_slowdowns
+    busy = sum(x.busy_mid / x.period for x in fs)
+    # gain = sum 1/s - windows: set-equivalents of work done per window held
+    return GroupPrediction(sl, min(1.0, busy / windows), max(x.period for x in fs),
+                           float(windows - 1))
+
+
+_NEEDS_GPU_PHASE = {p.value: p.needs_gpu for p in Phase}
+
+
+def _rotated(step: list[tuple[float, int]], at: float) -> list[tuple[float, int]]:
+    """The step's segments from `at` (a fraction) of the way through it: members join a
+    floating pool at different times and run out of phase, not all from their step's
+    start at once."""
+    cut = at * sum(d for d, _ in step)
+    for k, (d, need) in enumerate(step):
+        if cut < d:
+            return [x for x in [(d - cut, need), *step[k + 1:], *step[:k], (cut, need)]
+                    if x[0] > 0]
+        cut -= d
+    return list(step)
 
 
 def _simulate_scaled(fs: Sequence[_Facts], steps: int, offsets: Sequence[int],

@@ -91,20 +91,21 @@ def simulate(plans: Sequence[Plan], g: int, windows: int, pack: bool = False,
             drop(i)
         elif h is not None and len(h[1]) == need:
             pass  # the next phase on the GPUs it holds
-        elif need >= g or h is None:
-            drop(i)
-            began[i] = None
-            queue.append(i)
-            serve(t)
-            return
-        elif not pack:  # a tail keeps `need` GPUs of its window
+        elif h is not None and not pack:  # a tail keeps `need` GPUs of its window
             drop(i)
             take(i, h[0], h[1][:need])
-        else:  # a tail packs onto the fewest GPUs it needs, best fit
+        else:  # a tail packs onto the fewest GPUs it needs, best fit (its own window on a
+            # tie); a whole-set phase, or a part-set one with no room, waits for a window
             drop(i)
-            fits = [(len(free(w)), w != h[0], w) for w in sorted(active) if len(free(w)) >= need]
+            mine = h[0] if h is not None else -1
+            fits = [(len(free(w)), w != mine, w) for w in sorted(active) if len(free(w)) >= need]
+            if need >= g or not fits:
+                began[i] = None
+                queue.append(i)
+                serve(t)
+                return
             _, _, w = min(fits)
-            if w == h[0]:
+            if h is not None and w == h[0]:
                 take(i, w, h[1][:need])
             else:
                 take(i, w, free(w)[:need])

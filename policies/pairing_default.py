@@ -68,12 +68,14 @@ from policies.complementarity import (
     allowance,
     compatible,
     fits_memory,
+    floating_lifetime,
     group_load,
     has_tail,
     lifetime,
     limit_of,
     period_of,
     predict,
+    predict_floating,
     shareable,
 )
 from slurmrl.model import Layout
@@ -93,7 +95,8 @@ class ComplementaryPairing:
     def __init__(self, margin: float = 1.0, min_gain: float = 0.05, max_group: int = 3,
                  single: str = "first-fit", neighbours: int = 8, stagger: int = 1,
                  open_staggered: bool = True, max_load: float | None = None,
-                 max_load_when: str = "always") -> None:
+                 max_load_when: str = "always", floating: bool = True,
+                 floating_members: int = 5) -> None:
         if margin < 1.0:
             raise ValueError(f"margin must be >= 1, got {margin}")
         if single not in ("first-fit", "best-fit"):
@@ -113,6 +116,9 @@ class ComplementaryPairing:
             raise ValueError("max_load_when must be 'always' or 'light-present', "
                              f"got {max_load_when!r}")
         self.max_load, self.max_load_when = max_load, max_load_when
+        if floating_members < 1:
+            raise ValueError(f"floating_members must be >= 1, got {floating_members}")
+        self.floating, self.floating_members = floating, floating_members
 
     # -- scoring -------------------------------------------------------------------
     def accepts(self, members: Sequence[JobSnapshot], limits: SiteLimits,
@@ -189,7 +195,7 @@ class ComplementaryPairing:
     def _join_weight(self, job: JobSnapshot, pool: PoolSnapshot,
                      limits: SiteLimits) -> tuple[int, GroupPrediction, int] | None:
         """(matching weight, prediction, the job's first GPU) if it may join `pool`."""
-        if pool.dedicated or pool.closed or not pool.members:
+        if pool.dedicated or pool.closed or not pool.members or pool.floating:
             return None
         g = job.request.gpus
         if pool.partition != job.partition or pool.gpus < g:
@@ -230,11 +236,76 @@ class ComplementaryPairing:
             return uncapped._place(snapshot)
         return self._place(snapshot)
 
+    def floats(self, job: JobSnapshot, snapshot: ClusterSnapshot) -> bool:
+        """Whether the job goes to a floating pool: a colocated job that may share, in a
+        partition whose pools may float, with `floating` on."""
+        return (self.floating and snapshot.floating.get(job.partition, False)
+                and shareable(job) and job.request.layout is Layout.COLOCATED)
+
+    def _place_floating(self, jobs: Sequence[JobSnapshot], snapshot: ClusterSnapshot,
+                        free: defaultdict[str, int], out: dict[int, Placement]) -> None:
+        """Each job joins the floating pool where it is predicted to keep every member
+        within its limit (`predict_floating`) without adding a window, the fullest
+        first; else where it adds one window (a pool never holds more windows than
+        members, so that costs nothing against running alone and lets later joins
+        share); else it opens a pool of one window."""
+        limits = snapshot.limits
+        cap = min(self.floating_members, limits.max_jobs_per_pool)
+        #: pool id -> [GPUs, members, an open pool's snapshot (None: opened this round)]
+        pools: dict[int, tuple[list[int], list[JobSnapshot], PoolSnapshot | None]] = {
+            p.pool_id: ([p.gpus], list(p.members), p) for p in snapshot.pools
+            if p.floating and not p.dedicated and not p.closed and p.members}
+        next_pool = min([-1, *(pid - 1 for pid in pools)])
+        for job in jobs:
+            g, part = job.request.gpus, job.partition
+            best: tuple[tuple[int, int], int, int, GroupPrediction] | None = None
+            for pid, (size, members, snap) in pools.items():
+                if (len(members) >= cap or members[0].request.gpus != g
+                        or members[0].partition != part
+                        or any(compatible(job, m) for m in members)
+                        or fits_memory([*members, job], snap, limits) is not None):
+                    continue
+                group = [*members, job]
+                lims = [limit_of(m, limits) / self.margin for m in group]
+                windows = size[0] // g
+                for w in (windows, windows + 1):
+                    if w > len(group) or (w - windows) * g > free[part]:
+                        break
+                    pred = predict_floating(group, w)
+                    whole = floating_lifetime(group, pred.slowdowns)
+                    if all(x <= lim for x, lim in zip(whole, lims, strict=True)):
+                        key = (w - windows, -len(members))
+                        if best is None or key < best[0]:
+                            best = (key, pid, w, pred)
+                        break
+            if best is not None:
+                (added, _), pid, w, pred = best
+                size, members, snap = pools[pid]
+                free[part] -= added * g
+                size[0] = w * g
+                members.append(job)
+                out[job.job_id] = Placement(
+                    job.job_id, Action.JOIN if snap is not None else Action.OPEN, pid, w * g,
+                    pred.slowdowns[-1], f"joins a floating pool: {len(members)} jobs on "
+                    f"{w} window{'s' if w > 1 else ''} of {g} GPUs")
+                continue
+            if free[part] < g:
+                out[job.job_id] = Placement(job.job_id, Action.WAIT, reason="no free GPUs")
+                continue
+            free[part] -= g
+            pools[next_pool] = ([g], [job], None)
+            out[job.job_id] = Placement(job.job_id, Action.OPEN, next_pool, g, 1.0,
+                                        "opens a floating pool of one window")
+            next_pool -= 1
+
     def _place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:
         limits = snapshot.limits
         free = defaultdict(int, snapshot.free_gpus)
         out: dict[int, Placement] = {}
-        shared = [j for j in snapshot.waiting if shareable(j)]
+        floating = [j for j in snapshot.waiting if self.floats(j, snapshot)]
+        if floating:
+            self._place_floating(floating, snapshot, free, out)
+        shared = [j for j in snapshot.waiting if shareable(j) and j.job_id not in out]
         joins: dict[int, tuple[int, GroupPrediction, int]] = {}
         pairs: list[tuple[JobSnapshot, JobSnapshot, GroupPrediction, int]] = []
         if len(shared) == 1 and self.single == "first-fit":
@@ -246,8 +317,9 @@ class ComplementaryPairing:
                     break
         elif shared:
             joins, pairs = self._match(shared, snapshot.pools, limits, snapshot.node_gpus)
-        next_pool = -1
-        placed: set[int] = set()
+        next_pool = min([-1, *(p.pool_id - 1 for p in out.values()
+                               if p.pool_id is not None and p.pool_id < 0)])
+        placed: set[int] = set(out)
         for a, b, pred, size in pairs:
             if free[a.partition] >= size:
                 free[a.partition] -= size

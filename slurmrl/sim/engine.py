@@ -365,13 +365,15 @@ class Simulation:
             PoolSnapshot(p.pool_id, p.gpus, tuple(self._snapshot(m) for m in p.members),
                          PARTITION, None, self.cfg.gpu_mem_bytes,
                          self._host_free(p), p.dedicated, self._closed(p),
-                         offsets=tuple(p.offset[m.job.job_id] for m in p.members))
+                         offsets=tuple(p.offset[m.job.job_id] for m in p.members),
+                         floating=p.windows is not None)
             for p in self.pools.values()
         )
         snap = ClusterSnapshot(self.now, pools, tuple(self._snapshot(r) for r in self.waiting),
                                {PARTITION: self.free}, self.cfg.limits,
                                {PARTITION: self.cfg.gpus_per_node},
-                               {PARTITION: self.cfg.gpu_mem_bytes})
+                               {PARTITION: self.cfg.gpu_mem_bytes},
+                               {PARTITION: self.cfg.floating and self.cfg.pack_tails})
         jobs = {j.job_id: j for j in itertools.chain(snap.waiting, *(p.members for p in pools))}
         placements = self.pairing.place(snap)
         if sorted(p.job_id for p in placements) != sorted(r.job.job_id for r in self.waiting):

@@ -19,7 +19,7 @@ from policies import registry
          "no parameter 'max_slowdown' (it takes: gpu_mem_bytes, partitions)"),
         ("pairing", "complementary", {"nosuch": 1},
          "no parameter 'nosuch' (it takes: margin, min_gain, max_group, single, neighbours, "
-         "stagger, open_staggered, max_load, max_load_when)"),
+         "stagger, open_staggered, max_load, max_load_when, floating, floating_members)"),
     ],
 )
 def test_an_unknown_parameter_names_the_ones_the_policy_takes(

@@ -1,0 +1,74 @@
+"""The default policy's floating pools, offered only where the cluster says pools may
+float (the simulator's what-if; the controller offers none): a job joins the pool where
+every member stays within its limit without another window, else adds one, else opens
+a pool of one window; and where pools may not float, nothing changes."""
+
+from __future__ import annotations
+
+from policies import registry
+from policies.base import Action, ClusterSnapshot, JobSnapshot, PoolSnapshot, SiteLimits
+from policies.complementarity import predict_floating
+from tests.unit.policies.test_pairing import job
+
+LIMITS = SiteLimits(max_slowdown=1.5, default_max_slowdown=1.15, max_jobs_per_pool=5)
+
+
+def floating_snap(waiting: list[JobSnapshot], pools: tuple[PoolSnapshot, ...] = (),
+                  free: int = 64, floating: bool = True) -> ClusterSnapshot:
+    return ClusterSnapshot(0.0, pools, tuple(waiting), {"pools": free}, LIMITS, {"pools": 8},
+                           {}, {"pools": floating})
+
+
+def pool(members: list[JobSnapshot], windows: int) -> PoolSnapshot:
+    return PoolSnapshot(7, windows * 8, tuple(members), floating=True)
+
+
+def test_a_light_job_joins_a_floating_pool_without_another_window() -> None:
+    # busy 40 s of each 100 s: three such jobs on two windows keep within 1.15
+    members = [job(i, busy=40, gap=60) for i in (1, 2)]
+    new = job(3, busy=40, gap=60)
+    assert predict_floating([*members, new], 2).max_slowdown <= 1.15
+    (p,) = registry.load("pairing", "complementary").place(
+        floating_snap([new], (pool(members, 2),)))
+    assert (p.action, p.pool_id, p.gpus) == (Action.JOIN, 7, 16)
+
+
+def test_a_heavy_job_brings_its_own_window_and_never_more_windows_than_members() -> None:
+    # busy 90 s of each 100 s: on two windows the third would wait far beyond 1.15
+    members = [job(i, busy=90, gap=10) for i in (1, 2)]
+    new = job(3, busy=90, gap=10)
+    assert predict_floating([*members, new], 2).max_slowdown > 1.15
+    (p,) = registry.load("pairing", "complementary").place(
+        floating_snap([new], (pool(members, 2),)))
+    assert (p.action, p.pool_id, p.gpus) == (Action.JOIN, 7, 24)
+
+
+def test_a_full_floating_pool_takes_nobody_and_a_lone_job_opens_one_window() -> None:
+    members = [job(i, busy=40, gap=60) for i in range(1, 6)]  # five: the site's most
+    new = job(9, busy=40, gap=60)
+    (p,) = registry.load("pairing", "complementary").place(
+        floating_snap([new], (pool(members, 3),)))
+    assert p.action is Action.OPEN and p.gpus == 8
+
+
+def test_where_pools_may_not_float_the_policy_forms_none() -> None:
+    members = [job(i, busy=40, gap=60) for i in (1, 2)]
+    new = job(3, busy=40, gap=60)
+    fixed = PoolSnapshot(7, 8, tuple(members[:1]))
+    pol = registry.load("pairing", "complementary")
+    (p,) = pol.place(floating_snap([new], (fixed,), floating=False))
+    assert p.gpus in (None, 8)  # joins the fixed pool or opens one of its own size
+    (q,) = pol.place(floating_snap([new], (fixed,), floating=True))
+    assert q.pool_id != 7  # a fixed pool is not a floating one to join
+    off = registry.load("pairing", "complementary", {"floating": False})
+    (r,) = off.place(floating_snap([new], (fixed,), floating=True))
+    assert (r.action, r.gpus) == (p.action, p.gpus)
+
+
+def test_a_batch_fills_one_new_floating_pool_as_it_grows() -> None:
+    jobs = [job(i, busy=40, gap=60) for i in range(1, 6)]
+    out = registry.load("pairing", "complementary").place(floating_snap(jobs))
+    assert {p.pool_id for p in out} == {out[0].pool_id}  # one pool for all five
+    assert max(p.gpus or 0 for p in out) < 5 * 8  # on fewer windows than jobs
+    assert all(p.action is Action.OPEN for p in out)
+    assert out[0].reason.startswith("opens a floating pool")
