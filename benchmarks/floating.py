@@ -249,9 +249,10 @@ def _cell(sim: Simulation, limits: Sequence[float]) -> tuple[float, float, float
 
 
 def cluster(wnames: Sequence[str], seeds: int, jobs: int, move_s: float) -> str:
-    """Each workload's jobs under arrivals (steady and bursty), placed by
-    `FloatingGroups` of each shape in floating pools, beside the default policy at the
-    suite's limits on the same jobs."""
+    """Each workload's jobs under arrivals (steady and bursty): the default policy at
+    the suite's limits, then the same where pools may float (`SimConfig.floating`, tails
+    packed; at most the workload's `max_jobs_per_pool` jobs a pool, then 5), then
+    `FloatingGroups` of each fixed shape, all on the same jobs."""
     rows = ["| workload | placed by | savings % | p95 slowdown | jobs within their limit "
             "| shared % |", "| --- | --- | ---: | ---: | ---: | ---: |"]
     for wname in wnames:
@@ -265,6 +266,11 @@ def cluster(wnames: Sequence[str], seeds: int, jobs: int, move_s: float) -> str:
 
             cells.setdefault("complementary (default)", []).append(
                 _cell(run_jobs(drawn, base).sim, lim))
+            for most in (base.limits.max_jobs_per_pool, 5):
+                cfg = replace(base, floating=True, pack_tails=True, tail_move_s=move_s,
+                              limits=replace(base.limits, max_jobs_per_pool=most))
+                cells.setdefault(f"complementary, floating pools of at most {most} jobs",
+                                 []).append(_cell(run_jobs(drawn, cfg).sim, lim))
             for n, k, pack in CLUSTER_SHAPES:
                 cfg = replace(base, floating=True, pack_tails=pack, tail_move_s=move_s,
                               limits=replace(base.limits, max_jobs_per_pool=n))

@@ -94,6 +94,13 @@ def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
               help="what-if: GPUs per node, or per NVLink domain where it spans nodes (72 "
                    "on an NVL72 rack); a staggered pool must fit one (default: the "
                    "workload's, 8)")
+@click.option("--floating", is_flag=True,
+              help="what-if: pools may float (members of one GPU count take whichever "
+                   "whole window is free, rollout tails pack onto the fewest GPUs); the "
+                   "controller does not run floating pools yet")
+@click.option("--max-jobs-per-pool", "max_jobs_per_pool", type=click.IntRange(1, 1000),
+              default=None, help="what-if: the site's max_jobs_per_pool (default: the "
+                                 "workload's)")
 @click.option("--rl-steps/--no-rl-steps", "declare_steps", default=True, show_default=True,
               help="every job declares its step count (#SBATCH --rl-steps), which lets "
                    "pairing judge a pool member on its whole run; or none does")
@@ -109,7 +116,8 @@ def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
 def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
              admission: str,
              seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
-             gpus_per_node: int | None, declare_steps: bool, assume_profiles: bool,
+             gpus_per_node: int | None, floating: bool, max_jobs_per_pool: int | None,
+             declare_steps: bool, assume_profiles: bool,
              replay_path: str | None, param_args: tuple[str, ...], no_check: bool,
              as_json: bool) -> None:
     """Simulate RL jobs multiplexed on a cluster; report GPU-hours saved and slowdowns."""
@@ -133,7 +141,7 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
                  if ctx.get_parameter_source(p) is not ParameterSource.DEFAULT}
         if replay_path is not None and (
                 given or max_slowdown is not None or params or gpus_per_node is not None
-                or not declare_steps or no_check
+                or floating or max_jobs_per_pool is not None or not declare_steps or no_check
                 or ctx.get_parameter_source("admission") is not ParameterSource.DEFAULT):
             raise click.UsageError("--replay runs a trace's jobs as recorded, in their "
                                    "recorded pools (only --slice applies); to place them by "
@@ -167,7 +175,8 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
             payload, meta, warnings = _run(workload, arrivals, pairing, sname, admission,
                                            seed, n_jobs, load_scale, max_slowdown,
                                            gpus_per_node, declare_steps, assume_profiles,
-                                           not no_check, as_json, params)
+                                           not no_check, as_json, params, floating,
+                                           max_jobs_per_pool)
         meta["wall_s"] = f"{time.perf_counter() - t0:.3f}"
     except SliceConflict as exc:
         raise click.UsageError(str(exc)) from None
@@ -196,7 +205,8 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
 def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission: str,
          seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
          gpus_per_node: int | None, declare_steps: bool, assume_profiles: bool, check: bool,
-         quiet: bool, params: dict[str, dict[str, Any]],
+         quiet: bool, params: dict[str, dict[str, Any]], floating: bool = False,
+         max_jobs_per_pool: int | None = None,
          ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     from slurmrl.sim.runner import config_for, run_jobs, trace_config, with_max_slowdown
     from slurmrl.sim.workload import generate, load
@@ -217,10 +227,14 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
     if max_slowdown is not None:
         jobs, cfg = with_max_slowdown(jobs, cfg, max_slowdown)
     cfg = replace(cfg, declare_steps=declare_steps,
-                  gpus_per_node=cfg.gpus_per_node if gpus_per_node is None else gpus_per_node)
+                  gpus_per_node=cfg.gpus_per_node if gpus_per_node is None else gpus_per_node,
+                  floating=floating, pack_tails=floating)
+    if max_jobs_per_pool is not None:
+        cfg = replace(cfg, limits=replace(cfg.limits, max_jobs_per_pool=max_jobs_per_pool))
     meta.update({"pairing": pairing, "slice": slice_name, "admission": admission,
                  "jobs": len(jobs), "cluster_gpus": cfg.gpus, "gpus_per_node": cfg.gpus_per_node,
                  "max_slowdown": max_slowdown, "rl_steps": declare_steps,
+                 "floating": floating, "max_jobs_per_pool": cfg.limits.max_jobs_per_pool,
                  **({"params": params} if params else {})})
     if quiet or not sys.stderr.isatty():
         result = run_jobs(jobs, cfg, pairing, slice_name, admission, params)
