@@ -254,9 +254,10 @@ class ComplementaryPairing:
                         free: defaultdict[str, int], out: dict[int, Placement]) -> None:
         """Each job joins the floating pool where it is predicted to keep every member
         within its limit (`predict_floating`) without adding a window, the fullest
-        first; else where it adds one window (a pool never holds more windows than
-        members, so that costs nothing against running alone and lets later joins
-        share); else it opens a pool of one window."""
+        first; else where it adds one window, the emptiest first (a pool never holds
+        more windows than members, so that costs nothing against running alone and lets
+        later joins share, and fuller pools keep their room for joins that add none);
+        else it opens a pool of one window."""
         limits = snapshot.limits
         cap = min(self.floating_members, limits.max_jobs_per_pool)
         #: pool id -> [GPUs, members, an open pool's snapshot (None: opened this round)]
@@ -282,7 +283,9 @@ class ComplementaryPairing:
                     pred = predict_floating(group, w)
                     whole = floating_lifetime(group, pred.slowdowns)
                     if all(x <= lim for x, lim in zip(whole, lims, strict=True)):
-                        key = (w - windows, -len(members))
+                        # no window added: the fullest pool; one added: the emptiest,
+                        # keeping fuller pools' room for joins that add none
+                        key = (w - windows, len(members) if w > windows else -len(members))
                         if best is None or key < best[0]:
                             best = (key, pid, w, pred)
                         break
