@@ -286,6 +286,31 @@ def cluster(wnames: Sequence[str], seeds: int, jobs: int, move_s: float) -> str:
     return "\n".join(rows)
 
 
+def curve(wnames: Sequence[str], seeds: int, jobs: int, limits: Sequence[float]) -> str:
+    """The default policy where pools may float (at most 5 jobs a pool), every job's
+    limit set to L (`runner.with_max_slowdown`, as benchmarks/frontier.py), for each L:
+    savings and p95 to read beside frontier.py's baselines (the same jobs: 60 jobs,
+    seeds 0-1, steady and bursty)."""
+    from slurmrl.sim.runner import with_max_slowdown
+
+    rows = ["| workload | users' limit L | savings % | p95 slowdown |",
+            "| --- | ---: | ---: | ---: |"]
+    for wname in wnames:
+        w = load(wname)
+        for limit in limits:
+            vals = []
+            for seed, arrivals in itertools.product(range(seeds), ("steady", "bursty")):
+                drawn, cfg = with_max_slowdown(generate(w, seed, arrivals, jobs),
+                                               config_for(w, check_invariants=True), limit)
+                cfg = replace(cfg, floating=True, pack_tails=True,
+                              limits=replace(cfg.limits, max_jobs_per_pool=5))
+                m = run_jobs(drawn, cfg).metrics
+                vals.append((100 * m.savings, m.slowdown_p95))
+            rows.append(f"| {wname} | {limit:g} | {statistics.mean(v[0] for v in vals):.1f} | "
+                        f"{statistics.mean(v[1] for v in vals):.3f} |")
+    return "\n".join(rows)
+
+
 def calibrate(wnames: Sequence[str], pairs: int, seed: int) -> str:
     """The model against the simulator on one window: two members, no tail, FIFO."""
     import importlib.util
@@ -329,8 +354,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="also compare the model with the simulator on one window")
     ap.add_argument("--cluster", action="store_true",
                     help="also run floating pools under arrivals in the simulator")
-    ap.add_argument("--seeds", type=int, default=2, help="--cluster: seeds (x steady, bursty)")
-    ap.add_argument("--jobs", type=int, default=60, help="--cluster: jobs per run")
+    ap.add_argument("--seeds", type=int, default=2,
+                    help="--cluster, --curve: seeds (x steady, bursty)")
+    ap.add_argument("--jobs", type=int, default=60, help="--cluster, --curve: jobs per run")
+    ap.add_argument("--curve", type=float, action="append", metavar="L",
+                    help="also run the default policy with floating pools at users' limit L "
+                         "(repeatable), as benchmarks/frontier.py runs it with fixed ones")
     ap.add_argument("--concurrency", action="store_true",
                     help="also say how much of a job's life others of its size run beside it")
     a = ap.parse_args(argv)
@@ -346,9 +375,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.concurrency:
         print()
         print(concurrency(wnames, a.seed))
+    if a.curve:
+        if not all(1.0 <= x <= 100.0 and math.isfinite(x) for x in a.curve):
+            ap.error("--curve limits must be in 1..100")
+        print()
+        print(curve(wnames, a.seeds, a.jobs, a.curve))
+    if not (1 <= a.seeds <= 100 and 2 <= a.jobs <= 100_000):
+        ap.error("--seeds must be in 1..100 and --jobs in 2..100000")
     if a.cluster:
-        if not (1 <= a.seeds <= 100 and 2 <= a.jobs <= 100_000):
-            ap.error("--seeds must be in 1..100 and --jobs in 2..100000")
         print()
         print(cluster(wnames, a.seeds, a.jobs, a.move_s))
     return 0
