@@ -167,6 +167,26 @@ def test_cli_gpus_per_node_decides_whether_staggered_pools_can_form() -> None:
     assert res.exit_code == 2 and "--gpus-per-node" in res.output
 
 
+def test_cli_floating_pools_share_more_of_the_pools_within_users_limits() -> None:
+    # the what-if: long-cot jobs in pools of up to 5 on fewer windows than members
+    got = {}
+    for extra in ([], ["--floating", "--max-jobs-per-pool", "5"]):
+        res = CliRunner().invoke(simulate, ["-w", "long-cot", "--jobs", "24", "--json",
+                                            *extra])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.output)
+        got[out["meta"]["floating"]] = out
+    fixed, floating = got[False]["metrics"], got[True]["metrics"]
+    assert got[True]["meta"]["max_jobs_per_pool"] == 5
+    assert floating["shared_fraction"] > fixed["shared_fraction"] + 0.3
+    assert floating["savings"] > fixed["savings"]
+    assert floating["slowdown_max"] <= 1.15 + 1e-9  # every job within the suite's 1.15
+    res = CliRunner().invoke(simulate, ["--max-jobs-per-pool", "0"])
+    assert res.exit_code == 2 and "--max-jobs-per-pool" in res.output
+    res = CliRunner().invoke(simulate, ["--replay", __file__, "--floating"])
+    assert res.exit_code == 2 and "--replay runs a trace's jobs as recorded" in res.output
+
+
 def test_cli_json_envelope_and_bad_policy() -> None:
     res = CliRunner().invoke(simulate, ["-w", "math-sync", "--jobs", "4", "--json"])
     assert res.exit_code == 0, res.output
