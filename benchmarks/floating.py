@@ -1,24 +1,28 @@
-"""What would floating windows buy? An estimate for a mechanism nobody runs yet.
+"""What do floating pools buy? A mechanism the simulator runs as a what-if and the
+controller does not run yet.
 
 Today a pool member has one fixed window of GPUs (its set, or a staggered offset in a
-larger pool). A *floating* pool would hold k whole windows for n > k members of the same
-GPU count: each GPU phase takes whichever window is free (FIFO), consecutive GPU phases
-keep it, a gap gives it back, and taking a window another member used last costs that
+larger pool). A *floating* pool holds k whole windows for n > k members of the same GPU
+count: each GPU phase takes whichever window is free (FIFO), consecutive GPU phases keep
+it, a gap gives it back, and taking a window another member used last costs that
 member's park and this one's activate (`slurmrl.sim.costs.switch_s`; between nodes this
 assumes the network moves each GPU's state at least as fast as PCIe). The pool keeps
 min(k, members alive) windows.
 
-Neither the simulator nor the controller can run this (a lease request names its GPUs,
-a member's services are steps bound to its window), so this is its own small event
+Groups started together (the default table) run in `policies.floatsim`, a small event
 model. Rows "held": a rollout holds its whole window through its tail. Rows "packed":
 at each tail point its unfinished sequences move to the fewest GPUs they need, best fit
 anywhere in the pool (two tails of G/2 share a window). Either way no partner's rollout
 starts on part of a window, which the simulator allows, so on one window the model is
 pessimistic. `--calibrate` checks it against the simulator where both apply: one
-window, two members, tails removed, FIFO slicing.
+window, two members, tails removed, FIFO slicing. `--cluster` runs floating pools in
+the simulator under arrivals (`SimConfig.floating`): the default policy where pools may
+float, beside fixed shapes placed by `FloatingGroups`; `--curve L` the default policy
+with floating pools at users' limit L; `--concurrency` how many jobs of a job's size run
+beside it.
 
     PYTHONPATH=. python benchmarks/floating.py [-w WORKLOAD ...] [--groups 40] [--calibrate]
-        [--concurrency] [--move-s S]
+        [--concurrency] [--move-s S] [--cluster] [--curve L ...] [--seeds 2] [--jobs 60]
 
 Each group's members start at the same instant, as in the feasibility table of
 docs/benchmarks.md ("Policies and simulator"), and are drawn the same way (60 jobs of
