@@ -411,22 +411,29 @@ def predict_floating(members: Sequence[JobSnapshot], windows: int,
     """Colocated members of one GPU count G in a floating pool of `windows` windows
     (`policies.floatsim`, tails packed): each repeats its profile's step for about
     `steps` periods of the longest, its rollout's tail on one GPU as `simulate_group`
-    scores it; every member's slowdown at the first one's end. A switch costs a park
-    and an activate of the larger state."""
+    scores it; every member's slowdown at the first one's end, the worse of the members
+    started out of phase and all at once. A switch costs a park and an activate of the
+    larger state."""
     fs = [_facts(m) for m in members]
     g = members[0].request.gpus
     horizon = steps * max(x.period for x in fs)
-    plans = []
-    for i, x in enumerate(fs):
-        step = [(d, 0 if not _NEEDS_GPU_PHASE.get(ph, True) else (1 if ph == TAIL else g))
-                for ph, d in x.segs if d > 0]
-        reps = max(1, min(200, int(horizon / max(x.period, 1e-9)) + 1))
-        plans.append(_rotated(step, i / len(fs)) * reps)
     moved = [host_bytes(m) / g for m in members]
-    run = floatsim.simulate(
-        plans, g, windows, pack=True,
-        switch_s=lambda i, j: FIXED_SWITCH_S + max(moved[i], moved[j]) / PCIE_BPS)
-    sl = run.shared_slowdowns
+    outs = []
+    # members out of phase (each from i/n of its step, as members that joined at
+    # different times), and all from their step's start at once: the worse of the two,
+    # since identical steps spread evenly interleave better than noisy ones keep doing
+    for spread in (True, False):
+        plans = []
+        for i, x in enumerate(fs):
+            step = [(d, 0 if not _NEEDS_GPU_PHASE.get(ph, True) else (1 if ph == TAIL else g))
+                    for ph, d in x.segs if d > 0]
+            reps = max(1, min(200, int(horizon / max(x.period, 1e-9)) + 1))
+            plans.append(_rotated(step, i / len(fs) if spread else 0.0) * reps)
+        run = floatsim.simulate(
+            plans, g, windows, pack=True,
+            switch_s=lambda i, j: FIXED_SWITCH_S + max(moved[i], moved[j]) / PCIE_BPS)
+        outs.append(run.shared_slowdowns)
+    sl = tuple(max(v) for v in zip(*outs, strict=True))
     busy = sum(x.busy_mid / x.period for x in fs)
     # gain = sum 1/s - windows: set-equivalents of work done per window held
     return GroupPrediction(sl, min(1.0, busy / windows), max(x.period for x in fs),

@@ -59,6 +59,7 @@ import copy
 import itertools
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import networkx as nx
 
@@ -92,6 +93,24 @@ from slurmrl.model import Layout
 #: hash changes with the process's hash seed, and networkx iterates sets of nodes, so
 #: string-labelled nodes made tied placements differ from one run to the next
 JOB, POOL = 0, 1
+
+
+def _as_peer(job: JobSnapshot, members: Sequence[JobSnapshot]) -> JobSnapshot:
+    """The job as the floating predictor sees it: a newcomer that gave no --rl-profile
+    and has completed no step takes the observed profile of the pool member of its
+    model and GPU count that has completed the most steps, where there is one (a job of
+    the same model beside it says more of it than the model-size prior does); any other
+    job as it is. Its whole-run slowdown is still judged on its own progress (none)."""
+    p = job.profile
+    if job.request.profile is not None or (p is not None and p.steps > 0):
+        return job
+    peers = [m for m in members if m.request.model == job.request.model
+             and m.request.gpus == job.request.gpus and m.profile is not None
+             and m.profile.steps > 0]
+    if not peers:
+        return job
+    best = max(peers, key=lambda m: m.profile.steps if m.profile is not None else 0)
+    return replace(job, profile=best.profile)
 
 
 class ComplementaryPairing:
@@ -275,12 +294,13 @@ class ComplementaryPairing:
                         or fits_memory([*members, job], snap, limits) is not None):
                     continue
                 group = [*members, job]
+                seen = [*members, _as_peer(job, members)]
                 lims = [limit_of(m, limits) / self.margin for m in group]
                 windows = size[0] // g
                 for w in (windows, windows + 1):
                     if w > len(group) or (w - windows) * g > free[part]:
                         break
-                    pred = predict_floating(group, w)
+                    pred = predict_floating(seen, w)
                     whole = floating_lifetime(group, pred.slowdowns)
                     if all(x <= lim for x, lim in zip(whole, lims, strict=True)):
                         # no window added: the fullest pool; one added: the emptiest,

@@ -5,6 +5,8 @@ a pool of one window; and where pools may not float, nothing changes."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from policies import registry
 from policies.base import Action, ClusterSnapshot, JobSnapshot, PoolSnapshot, SiteLimits
 from policies.complementarity import predict_floating
@@ -72,3 +74,18 @@ def test_a_batch_fills_one_new_floating_pool_as_it_grows() -> None:
     assert max(p.gpus or 0 for p in out) < 5 * 8  # on fewer windows than jobs
     assert all(p.action is Action.OPEN for p in out)
     assert out[0].reason.startswith("opens a floating pool")
+
+
+def test_a_newcomer_is_predicted_on_its_peers_observed_profile_not_the_size_prior() -> None:
+    # two jobs busy 60 s of each 100 s observed in a two-window pool; a third of their
+    # model arrives with no profile: seen as its peer, it fits without another window.
+    # One of another model has only the model-size prior, on which it would not
+    members = [job(i, busy=60, gap=40) for i in (1, 2)]
+    blank = JobSnapshot(3, "u3", members[0].request, None, 3.0, host_mem_bytes=0)
+    (p,) = registry.load("pairing", "complementary").place(
+        floating_snap([blank], (pool(members, 2),)))
+    assert (p.action, p.gpus) == (Action.JOIN, 16)
+    other = replace(blank, request=replace(blank.request, model="Qwen2.5-32B"))
+    (q,) = registry.load("pairing", "complementary").place(
+        floating_snap([other], (pool(members, 2),)))
+    assert (q.action, q.gpus) == (Action.JOIN, 24)
