@@ -50,7 +50,9 @@ three) it is the predicted slowdown while sharing.
 
 Known limits: large batches are pruned to the `neighbours` nearest jobs by period
 before matching (matching is O(n^3)), the nearest half for staggered pools (always
-simulated); a job is matched once per round; a staggered pool takes two members.
+simulated); a job is matched once per round; a staggered pool takes two members. The
+floating path simulates every candidate pool for every job, uncached (a batch of 1,000
+waiting jobs: about 2 s, docs/benchmarks.md).
 """
 
 from __future__ import annotations
