@@ -418,17 +418,17 @@ def predict_floating(members: Sequence[JobSnapshot], windows: int,
     g = members[0].request.gpus
     horizon = steps * max(x.period for x in fs)
     moved = [host_bytes(m) / g for m in members]
+    # one step per member as (seconds, GPUs needed): a tail on one GPU, a gap on none
+    steps_of = [[(d, 0 if not _NEEDS_GPU_PHASE.get(ph, True) else (1 if ph == TAIL else g))
+                 for ph, d in x.segs if d > 0] for x in fs]
+    reps = [max(1, min(200, int(horizon / max(x.period, 1e-9)) + 1)) for x in fs]
     outs = []
     # members out of phase (each from i/n of its step, as members that joined at
     # different times), and all from their step's start at once: the worse of the two,
     # since identical steps spread evenly interleave better than noisy ones keep doing
     for spread in (True, False):
-        plans = []
-        for i, x in enumerate(fs):
-            step = [(d, 0 if not _NEEDS_GPU_PHASE.get(ph, True) else (1 if ph == TAIL else g))
-                    for ph, d in x.segs if d > 0]
-            reps = max(1, min(200, int(horizon / max(x.period, 1e-9)) + 1))
-            plans.append(_rotated(step, i / len(fs) if spread else 0.0) * reps)
+        plans = [_rotated(step, i / len(fs) if spread else 0.0) * r
+                 for i, (step, r) in enumerate(zip(steps_of, reps, strict=True))]
         run = floatsim.simulate(
             plans, g, windows, pack=True,
             switch_s=lambda i, j: FIXED_SWITCH_S + max(moved[i], moved[j]) / PCIE_BPS)
