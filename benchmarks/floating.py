@@ -240,6 +240,9 @@ class FloatingGroups:
 
 
 CLUSTER_SHAPES = ((3, 2, False), (3, 2, True), (4, 3, True), (5, 3, True))
+#: the sites' `max_jobs_per_pool` (and the policy's `floating_members`) the default
+#: policy runs at with floating pools, beside the workload's own
+POOL_CAPS = (5, 12, 40)
 
 
 def _cell(sim: Simulation, limits: Sequence[float]) -> tuple[float, float, float, float]:
@@ -255,8 +258,8 @@ def _cell(sim: Simulation, limits: Sequence[float]) -> tuple[float, float, float
 def cluster(wnames: Sequence[str], seeds: int, jobs: int, move_s: float) -> str:
     """Each workload's jobs under arrivals (steady and bursty): the default policy at
     the suite's limits, then the same where pools may float (`SimConfig.floating`, tails
-    packed; at most the workload's `max_jobs_per_pool` jobs a pool, then 5), then
-    `FloatingGroups` of each fixed shape, all on the same jobs."""
+    packed; at most the workload's `max_jobs_per_pool` jobs a pool, then each of
+    `POOL_CAPS`), then `FloatingGroups` of each fixed shape, all on the same jobs."""
     rows = ["| workload | placed by | savings % | p95 slowdown | jobs within their limit "
             "| shared % |", "| --- | --- | ---: | ---: | ---: | ---: |"]
     for wname in wnames:
@@ -270,11 +273,13 @@ def cluster(wnames: Sequence[str], seeds: int, jobs: int, move_s: float) -> str:
 
             cells.setdefault("complementary (default)", []).append(
                 _cell(run_jobs(drawn, base).sim, lim))
-            for most in (base.limits.max_jobs_per_pool, 5):
+            for most in (base.limits.max_jobs_per_pool, *POOL_CAPS):
                 cfg = replace(base, floating=True, pack_tails=True, tail_move_s=move_s,
                               limits=replace(base.limits, max_jobs_per_pool=most))
+                params = {"complementary": {"floating_members": most}}
                 cells.setdefault(f"complementary, floating pools of at most {most} jobs",
-                                 []).append(_cell(run_jobs(drawn, cfg).sim, lim))
+                                 []).append(_cell(run_jobs(drawn, cfg, params=params).sim,
+                                                  lim))
             for n, k, pack in CLUSTER_SHAPES:
                 cfg = replace(base, floating=True, pack_tails=pack, tail_move_s=move_s,
                               limits=replace(base.limits, max_jobs_per_pool=n))
@@ -290,8 +295,9 @@ def cluster(wnames: Sequence[str], seeds: int, jobs: int, move_s: float) -> str:
     return "\n".join(rows)
 
 
-def curve(wnames: Sequence[str], seeds: int, jobs: int, limits: Sequence[float]) -> str:
-    """The default policy where pools may float (at most 5 jobs a pool), every job's
+def curve(wnames: Sequence[str], seeds: int, jobs: int, limits: Sequence[float],
+          cap: int = 5) -> str:
+    """The default policy where pools may float (at most `cap` jobs a pool), every job's
     limit set to L (`runner.with_max_slowdown`, as benchmarks/frontier.py), for each L:
     savings and p95 to read beside frontier.py's baselines (the same jobs: 60 jobs,
     seeds 0-1, steady and bursty)."""
@@ -307,8 +313,9 @@ def curve(wnames: Sequence[str], seeds: int, jobs: int, limits: Sequence[float])
                 drawn, cfg = with_max_slowdown(generate(w, seed, arrivals, jobs),
                                                config_for(w, check_invariants=True), limit)
                 cfg = replace(cfg, floating=True, pack_tails=True,
-                              limits=replace(cfg.limits, max_jobs_per_pool=5))
-                m = run_jobs(drawn, cfg).metrics
+                              limits=replace(cfg.limits, max_jobs_per_pool=cap))
+                m = run_jobs(drawn, cfg,
+                             params={"complementary": {"floating_members": cap}}).metrics
                 vals.append((100 * m.savings, m.slowdown_p95))
             rows.append(f"| {wname} | {limit:g} | {statistics.mean(v[0] for v in vals):.1f} | "
                         f"{statistics.mean(v[1] for v in vals):.3f} |")
@@ -364,6 +371,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--curve", type=float, action="append", metavar="L",
                     help="also run the default policy with floating pools at users' limit L "
                          "(repeatable), as benchmarks/frontier.py runs it with fixed ones")
+    ap.add_argument("--pool-cap", type=int, default=5,
+                    help="--curve: at most this many jobs a floating pool (the site's "
+                         "max_jobs_per_pool and the policy's floating_members)")
     ap.add_argument("--concurrency", action="store_true",
                     help="also say how much of a job's life others of its size run beside it")
     a = ap.parse_args(argv)
@@ -383,7 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not all(1.0 <= x <= 100.0 and math.isfinite(x) for x in a.curve):
             ap.error("--curve limits must be in 1..100")
         print()
-        print(curve(wnames, a.seeds, a.jobs, a.curve))
+        if not 1 <= a.pool_cap <= 1000:
+            ap.error("--pool-cap must be in 1..1000")
+        print(curve(wnames, a.seeds, a.jobs, a.curve, a.pool_cap))
     if not (1 <= a.seeds <= 100 and 2 <= a.jobs <= 100_000):
         ap.error("--seeds must be in 1..100 and --jobs in 2..100000")
     if a.cluster:
