@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from policies import floatsim
 from policies.base import JobSnapshot, PoolSnapshot, SiteLimits
-from policies.groupsim import ELASTIC_MIN, TAIL, SimKey, simulate_group
+from policies.groupsim import ELASTIC_MIN, NEEDS_GPU, TAIL, SimKey, simulate_group
 from slurmrl.model import Layout, Mux, Phase
 from slurmrl.profiles import Profile, prior_for_model, profile_from_prior
 
@@ -401,7 +401,8 @@ def predict(members: Sequence[JobSnapshot], steps: int = 6,
 
 #: bytes per second a park or an activate copies per GPU (PCIe, pinned), and its fixed
 #: cost: as the simulator's `slurmrl.sim.costs.switch_s` for members that do not fit
-#: GPU memory together (a floating pool's windows hold one member at a time)
+#: GPU memory together (a floating pool's windows hold one member at a time); policies
+#: do not import the simulator, so a test checks the two agree
 PCIE_BPS = 25e9
 FIXED_SWITCH_S = 1.0
 
@@ -419,7 +420,7 @@ def predict_floating(members: Sequence[JobSnapshot], windows: int,
     horizon = steps * max(x.period for x in fs)
     moved = [host_bytes(m) / g for m in members]
     # one step per member as (seconds, GPUs needed): a tail on one GPU, a gap on none
-    steps_of = [[(d, 0 if not _NEEDS_GPU_PHASE.get(ph, True) else (1 if ph == TAIL else g))
+    steps_of = [[(d, 0 if not NEEDS_GPU[ph] else (1 if ph == TAIL else g))
                  for ph, d in x.segs if d > 0] for x in fs]
     reps = [max(1, min(200, int(horizon / max(x.period, 1e-9)) + 1)) for x in fs]
     outs = []
@@ -439,8 +440,6 @@ def predict_floating(members: Sequence[JobSnapshot], windows: int,
     return GroupPrediction(sl, min(1.0, busy / windows), max(x.period for x in fs),
                            float(windows - 1))
 
-
-_NEEDS_GPU_PHASE = {p.value: p.needs_gpu for p in Phase}
 
 
 def _rotated(step: list[tuple[float, int]], at: float) -> list[tuple[float, int]]:

@@ -60,8 +60,9 @@ MAX_REPS = 200
 #: the slowdown of a member that did no work before the first member was done
 STARVED = 1e6
 
-_NEEDS_GPU = {p.value: p.needs_gpu for p in Phase}
-_NEEDS_GPU[TAIL] = True
+#: whether a key's phase (or the tail pseudo-phase) holds GPUs
+NEEDS_GPU = {p.value: p.needs_gpu for p in Phase}
+NEEDS_GPU[TAIL] = True
 
 GAP, REQUEST, SHRINK = 0, 1, 2
 
@@ -82,7 +83,7 @@ def _plan(members: Sequence[SimKey], steps: int, offsets: Sequence[int],
                     out.append((SHRINK, out[-1][1], 1, d))
                 else:  # no rollout before it: a gap
                     out.append((GAP, 0, 0, d))
-            elif not _NEEDS_GPU[ph]:
+            elif not NEEDS_GPU[ph]:
                 out.append((GAP, 0, 0, d))
             elif ph == Phase.ROLLOUT.value:
                 n = roll.bit_count()

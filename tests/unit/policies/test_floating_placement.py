@@ -89,3 +89,13 @@ def test_a_newcomer_is_predicted_on_its_peers_observed_profile_not_the_size_prio
     (q,) = registry.load("pairing", "complementary").place(
         floating_snap([other], (pool(members, 2),)))
     assert (q.action, q.gpus) == (Action.JOIN, 24)
+
+
+def test_the_predictors_switch_costs_are_the_simulators() -> None:
+    # the floating predictor prices a window changing hands as the simulator does;
+    # policies do not import the simulator, so the constants are kept in step here
+    from policies import complementarity
+    from slurmrl.sim import costs
+
+    assert complementarity.PCIE_BPS == costs.PCIE_BPS
+    assert complementarity.FIXED_SWITCH_S == costs.FIXED_SWITCH_S
