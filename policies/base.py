@@ -117,9 +117,10 @@ class ClusterSnapshot:
     #: group opened this round must fit, where it has no pool to read it from yet
     gpu_mem_bytes: Mapping[str, int] = field(default_factory=dict)
     #: partition -> whether its pools may float: members of one GPU count take whichever
-    #: whole window is free, rollout tails pack onto the fewest GPUs anywhere in the pool,
-    #: and a join may add a window (Placement.gpus). Only the simulator's what-if
-    #: (`SimConfig.floating`) offers it; the controller does not run floating pools yet
+    #: whole window is free, and a join may add a window (Placement.gpus); in the
+    #: simulator's what-if (`SimConfig.floating`) rollout tails also pack onto the fewest
+    #: GPUs anywhere in the pool. Offered by the simulator (`SimConfig.floating`) and by
+    #: the controller where the site turns it on (`slurm.floating_pools`)
     floating: Mapping[str, bool] = field(default_factory=dict)
 
 
@@ -143,6 +144,10 @@ class Placement:
     #: the job's first pool GPU: it runs on GPUs gpu_offset .. gpu_offset + its count - 1
     #: (a staggered pool is larger than its members, each on a shifted window)
     gpu_offset: int = 0
+    #: a floating pool (`ClusterSnapshot.floating`): OPEN opens one of whole windows of
+    #: the job's GPU count; JOIN's `gpus` is the pool's size with the job (a window more
+    #: where it adds one)
+    floating: bool = False
 
 
 @runtime_checkable

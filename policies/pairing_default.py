@@ -320,7 +320,7 @@ class ComplementaryPairing:
                 out[job.job_id] = Placement(
                     job.job_id, Action.JOIN if snap is not None else Action.OPEN, pid, w * g,
                     pred.slowdowns[-1], f"joins a floating pool: {len(members)} jobs on "
-                    f"{w} window{'s' if w > 1 else ''} of {g} GPUs")
+                    f"{w} window{'s' if w > 1 else ''} of {g} GPUs", floating=True)
                 continue
             if free[part] < g:
                 out[job.job_id] = Placement(job.job_id, Action.WAIT, reason="no free GPUs")
@@ -328,7 +328,7 @@ class ComplementaryPairing:
             free[part] -= g
             pools[next_pool] = ([g], [job], None)
             out[job.job_id] = Placement(job.job_id, Action.OPEN, next_pool, g, 1.0,
-                                        "opens a floating pool of one window")
+                                        "opens a floating pool of one window", floating=True)
             next_pool -= 1
 
     def _place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:

@@ -27,7 +27,7 @@ class LeasedService:
 
     @classmethod
     def find(cls, job: Job, role: str, backend: str | None, timeout_s: float
-             ) -> LeasedService | ReplicatedRollout:
+             ) -> LeasedService | ReplicatedRollout | WindowedService:
         """The job's `role` service once the job is placed and its services are up; a
         rollout run as several replicas comes back as one `ReplicatedRollout`."""
         from slurmrl.worker.handle import ServiceHandle
@@ -39,6 +39,8 @@ class LeasedService:
                      and (backend is None or s["backend"] == backend)]
             # placed only once every service of the job is up; each has its address then
             if st.get("pool_id") is not None and found and all(s["address"] for s in found):
+                if st.get("floating"):  # a copy on every window the pool has, or will have
+                    return WindowedService(job, role, backend, found)
                 handles = [cls(job, ServiceHandle(s["address"], job.secret, str(job.job_id),
                                                   role)) for s in found]
                 if len(handles) == 1:
@@ -85,6 +87,51 @@ class LeasedService:
             if time.monotonic() >= deadline:
                 return exc
             time.sleep(0.5)
+
+
+class WindowedService:
+    """A floating pool member's service: one copy on every window of the pool, the job's
+    state in whichever its lease's window runs; each call goes to the copy on the GPUs
+    the job's lease holds. The copies are asked for again with each new lease: the pool
+    may have taken a window since, or given one back and taken another."""
+
+    def __init__(self, job: Job, role: str, backend: str | None,
+                 found: list[dict[str, Any]]) -> None:
+        self._job, self.role, self._backend = job, role, backend
+        self._copies: dict[frozenset[int], tuple[str, LeasedService]] = {}
+        self._lease_id: int | None = None
+        self._learn(found)
+
+    def _learn(self, found: list[dict[str, Any]]) -> None:
+        from slurmrl.worker.handle import ServiceHandle
+
+        for s in found:
+            gpus, address = frozenset(s["gpus"]), s["address"]
+            if address and self._copies.get(gpus, ("",))[0] != address:
+                self._copies[gpus] = (address, LeasedService(self._job, ServiceHandle(
+                    address, self._job.secret, str(self._job.job_id), self.role)))
+
+    def _here(self) -> LeasedService:
+        lease = self._job.current
+        if lease is None:
+            raise NoLease(f"{self.role} calls need a held lease: call them inside "
+                          "`with job.phase(...)`")
+        if lease.lease_id != self._lease_id:
+            self._learn([s for s in self._job.status().get("services", [])
+                         if s["role"] == self.role
+                         and (self._backend is None or s["backend"] == self._backend)])
+            self._lease_id = lease.lease_id
+        held = set(lease.pool_gpus)
+        for gpus, (_, svc) in self._copies.items():
+            if gpus <= held:
+                return svc
+        raise NoLease(f"RL job {self._job.job_id} has no {self.role} service on the GPUs "
+                      f"its lease holds ({sorted(held)})")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._here(), name)
 
 
 class ServiceLost(RuntimeError):

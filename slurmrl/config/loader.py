@@ -378,6 +378,12 @@ def _check_cross_fields(config: Config, sources: Mapping[str, str]) -> None:
             "controller.metrics_port",
             f"must differ from controller.port ({c.port}); use 0 to serve /metrics there",
         )
+    if config.slurm.floating_pools and "vllm" in (config.services.rollout_backend,
+                                                  config.services.trainer_backend):
+        raise ConfigError(
+            where("slurm.floating_pools", "services.rollout_backend"), "slurm.floating_pools",
+            "floating pools hand a job's state between windows, which the vllm backend "
+            "cannot do; use rollout_backend = \"tiny\" or turn floating_pools off")
     if lim.default_max_slowdown > lim.max_slowdown:
         raise ConfigError(
             where("limits.default_max_slowdown", "limits.max_slowdown"),

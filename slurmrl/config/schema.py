@@ -124,6 +124,11 @@ class SlurmConfig:
         choices=SLURM_BACKENDS,
     )
     slurm_conf: str = opt("", 'SLURM_CONF for Slurm commands; "" for the environment\'s')
+    floating_pools: bool = opt(
+        False, "offer the pairing policy floating pools: whole windows of a job's GPU "
+        "count, each its own allocation on the pool's node, every GPU phase of a member "
+        "on whichever window is free, its state handed between windows through the "
+        "node's memory (services.handoff_dir); needs backends that hand off (tiny, torch)")
 
 
 def _empty_params() -> Mapping[str, Mapping[str, Any]]:
@@ -191,6 +196,9 @@ class ServicesConfig:
         "many GPUs (its tensor-parallel size), each a service of its own whose GPUs a "
         "partner can take as soon as its share of a batch is done; 0: one engine over the "
         "whole rollout set", lo=0, hi=1024)
+    handoff_dir: str = opt(
+        "/dev/shm", "node-local directory (memory-backed) under which a floating pool's "
+        "services hand a job's state from one window to another", absolute_path=True)
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,9 @@ from slurmrl.controller.metrics import Metrics
 from slurmrl.controller.placement import job_snapshot, load_policies
 from slurmrl.controller.scheduler import LeaseScheduler
 from slurmrl.controller.validate import RpcError
-from slurmrl.db import JobRecord, PoolRecord, Store
+from slurmrl.db import JobRecord, PoolRecord, Store, WindowRecord
 from slurmrl.directives import DirectiveError, parse_env
+from slurmrl.leases import LeaseError
 from slurmrl.leases.types import Lease
 from slurmrl.model import Identity, JobState, Mux
 from slurmrl.slurm import SlurmBackend, SlurmError, SlurmJobState, SlurmParseError
@@ -227,16 +228,70 @@ class Controller:
 
     def open_pool(self, *, gpus: int, slurm_job_id: int | None, partition: str = "",
                   nodes: tuple[str, ...] = (), gpu_indices: tuple[int, ...] = (),
-                  dedicated: bool = False) -> PoolRecord:
-        """Record an open pool and start scheduling its GPUs (pool manager API)."""
-        pool_id = self.store.add_pool(
-            gpus=gpus, opened_at=self.clock(), slurm_job_id=slurm_job_id,
-            partition=partition, nodes=nodes, gpu_indices=gpu_indices, dedicated=dedicated)
-        self.scheduler.open_pool(pool_id, gpus)
+                  dedicated: bool = False, floating: bool = False) -> PoolRecord:
+        """Record an open pool and start scheduling its GPUs (pool manager API). A
+        floating pool opens with one window: its allocation, of `gpus` GPUs."""
+        if floating and slurm_job_id is None:
+            raise ValueError("a floating pool's window is a Slurm allocation")
+        with self.store.transaction():
+            pool_id = self.store.add_pool(
+                gpus=gpus, opened_at=self.clock(), slurm_job_id=slurm_job_id,
+                partition=partition, nodes=nodes, gpu_indices=gpu_indices,
+                dedicated=dedicated, floating=floating)
+            if floating:
+                assert slurm_job_id is not None
+                self.store.add_window(pool_id=pool_id, window=0, slurm_job_id=slurm_job_id,
+                                      gpu_indices=gpu_indices, opened_at=self.clock())
+        self.scheduler.open_pool(pool_id, gpus, gpus if floating else None)
         pool = self.store.pool(pool_id)
         assert pool is not None
-        log.info("pool %d open: Slurm job %s, %d GPUs", pool_id, slurm_job_id, gpus)
+        log.info("pool %d open: Slurm job %s, %d GPUs%s", pool_id, slurm_job_id, gpus,
+                 " (floating)" if floating else "")
         return pool
+
+    def add_window(self, pool_id: int, slurm_job_id: int,
+                   gpu_indices: tuple[int, ...]) -> WindowRecord:
+        """A floating pool took another window (an allocation of its window size on its
+        node): record it and schedule its GPUs."""
+        pool = self.store.pool(pool_id)
+        wins = self.store.windows(pool_id)
+        if pool is None or not pool.floating or pool.state != "open" or not wins:
+            raise ValueError(f"pool {pool_id} is not an open floating pool")
+        g = len(wins[0].gpu_indices)
+        if len(gpu_indices) != g:
+            raise ValueError(f"a window of pool {pool_id} has {g} GPUs, not "
+                             f"{len(gpu_indices)}")
+        w = wins[-1].window + 1
+        with self.store.transaction():
+            wid = self.store.add_window(pool_id=pool_id, window=w, slurm_job_id=slurm_job_id,
+                                        gpu_indices=gpu_indices, opened_at=self.clock())
+            self.store.update_pool(pool_id, gpus=pool.gpus + g,
+                                   gpu_indices=(*pool.gpu_indices, *gpu_indices))
+        self.scheduler.add_gpus(pool_id, range(w * g, w * g + g))
+        log.info("pool %d: window %d open (Slurm job %d, GPUs %s)", pool_id, w, slurm_job_id,
+                 list(gpu_indices))
+        return next(x for x in self.store.windows(pool_id) if x.window_id == wid)
+
+    def retire_window(self, pool_id: int) -> WindowRecord | None:
+        """Give back a floating pool's last window if no lease holds it and no waiter
+        could use only it; returns it (its allocation is the caller's to cancel), or
+        None when it must stay for now. Never the pool's only window."""
+        pool = self.store.pool(pool_id)
+        wins = self.store.windows(pool_id)
+        if pool is None or not pool.floating or len(wins) < 2:
+            return None
+        last, g = wins[-1], len(wins[0].gpu_indices)
+        try:
+            self.scheduler.retire(pool_id, range(last.window * g, last.window * g + g))
+        except LeaseError:
+            return None
+        with self.store.transaction():
+            self.store.close_window(last.window_id, self.clock())
+            self.store.update_pool(pool_id, gpus=pool.gpus - g,
+                                   gpu_indices=pool.gpu_indices[:-g])
+        log.info("pool %d: window %d given back (Slurm job %d)", pool_id, last.window,
+                 last.slurm_job_id)
+        return last
 
     async def close_pool(self, pool_id: int, reason: str) -> None:
         """Revoke the pool's leases, end its jobs (a job never migrates), close it."""
@@ -244,6 +299,8 @@ class Controller:
             self.scheduler.close_pool(pool_id, reason)
             self.store.update_pool(pool_id, state="closed", reason=reason,
                                    closed_at=self.clock())
+            for w in self.store.windows(pool_id):
+                self.store.close_window(w.window_id, self.clock())
             for g in self.store.groups(pool_id=pool_id):
                 if g.dissolved_at is None:
                     self.store.dissolve_group(g.group_id, self.clock())
@@ -267,7 +324,9 @@ class Controller:
                             else self.store.add_group(pool_id, self.clock()))
             self.store.update_job(job_id, pool_id=pool_id, pool_gpus=pool_gpus,
                                   group_id=group_id, state=JobState.RUNNING, reason="")
-        self.scheduler.add_member(pool_id, job_id, job.request.max_slowdown, pool_gpus)
+        # a floating member takes whichever window is free: it has no window of its own
+        self.scheduler.add_member(pool_id, job_id, job.request.max_slowdown,
+                                  None if pool.floating else pool_gpus)
         self._placed.setdefault(job_id, asyncio.Event()).set()
         log.info("job %d placed in pool %d on GPUs %s", job_id, pool_id, list(pool_gpus))
 

@@ -178,7 +178,7 @@ def pool_snapshot(pool: PoolRecord, members: Sequence[JobSnapshot], partition: s
     free = None if budget is None else budget - sum(host_bytes(m) for m in members)
     return PoolSnapshot(pool.pool_id, pool.gpus, tuple(members), pool.partition or partition,
                         None, gpu_mem_bytes, free, pool.dedicated, closed,
-                        offsets=tuple(offsets))
+                        offsets=tuple(offsets), floating=pool.floating)
 
 
 def free_gpus(nodes: Sequence[NodeInfo], running: Sequence[JobInfo],
@@ -210,12 +210,14 @@ def node_gpus(nodes: Sequence[NodeInfo], partition: str) -> dict[str, int]:
 def cluster_snapshot(now: float, pools: Sequence[PoolSnapshot],
                      waiting: Sequence[JobSnapshot], free: dict[str, int],
                      limits: SiteLimits, nodes: dict[str, int] | None = None,
-                     gpu_mem: dict[str, int] | None = None) -> ClusterSnapshot:
+                     gpu_mem: dict[str, int] | None = None,
+                     floating: dict[str, bool] | None = None) -> ClusterSnapshot:
     """`waiting` oldest first, as the policies expect; `nodes`: GPUs per node;
-    `gpu_mem`: memory per GPU, in bytes (both by partition)."""
+    `gpu_mem`: memory per GPU, in bytes; `floating`: whether pools may float (all by
+    partition)."""
     order = sorted(waiting, key=lambda j: (j.submitted_at, j.job_id))
     return ClusterSnapshot(now, tuple(pools), tuple(order), dict(free), limits, nodes or {},
-                           gpu_mem or {})
+                           gpu_mem or {}, floating=floating or {})
 
 
 async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
@@ -249,4 +251,5 @@ async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
         free = {part: sum(j.request.gpus for j in waiting)}
         per_node = {}
     return cluster_snapshot(now, pools, [snap(j) for j in waiting], free, limits, per_node,
-                            None if gpu_mem_bytes is None else {part: gpu_mem_bytes})
+                            None if gpu_mem_bytes is None else {part: gpu_mem_bytes},
+                            {part: True} if c.config.slurm.floating_pools else None)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import time
@@ -40,6 +41,7 @@ from slurmrl.controller.residency import (
     admit,
     footprints_for_job,
     phase_roles,
+    plan_floating_grant,
     plan_grant,
 )
 from slurmrl.controller.services import (
@@ -48,7 +50,7 @@ from slurmrl.controller.services import (
     ServiceLauncher,
     ServiceSpec,
 )
-from slurmrl.db import JobRecord, PoolRecord, ServiceRecord
+from slurmrl.db import JobRecord, PoolRecord, ServiceRecord, WindowRecord
 from slurmrl.db.readings import add_lease_reading
 from slurmrl.leases.types import Lease
 from slurmrl.model import JobState, Mux, Phase, Residency
@@ -122,15 +124,17 @@ class PoolAllocator:
         self.start_timeout_s = start_timeout_s
         self.poll_s = poll_s
 
-    def open(self, gpus: int, label: str = "") -> SlurmPool:
-        """Submit a pool of `gpus` GPUs and return it once Slurm runs it."""
+    def open(self, gpus: int, label: str = "", node: str | None = None) -> SlurmPool:
+        """Submit a pool of `gpus` GPUs (on `node`, where named: a floating pool's next
+        window) and return it once Slurm runs it."""
         if gpus < 1:
             raise ValueError(f"a pool needs at least one GPU, got {gpus}")
         spec = BatchSpec(
             command=("sleep", "infinity"), partition=self.partition,
             name=POOL_NAME, gpus=gpus, cpus=self.cpus, mem_mb=self.mem_mb,
             time_limit_min=self.time_limit_min,
-            comment=f"{POOL_COMMENT} {label}".strip(), output="/dev/null")
+            comment=f"{POOL_COMMENT} {label}".strip(), output="/dev/null",
+            extra_args=() if node is None else (f"--nodelist={node}",))
         try:
             job_id = self.slurm.submit(spec)
         except SlurmError as exc:
@@ -295,7 +299,10 @@ class SlurmPools:
             if not svc.address or svc.pool_id is None:
                 continue
             # the service with this role on these GPUs (a replica is known by its GPUs)
-            fps = {(f.role, f.gpus): f for f in self._footprints(job, job.pool_gpus or ())}
+            pool = self.c.store.pool(svc.pool_id)
+            fps = {(f.role, f.gpus): f for f in (
+                self._window_footprints(job, pool) if pool is not None and pool.floating
+                else self._footprints(job, job.pool_gpus or ()))}
             fp = fps.get((svc.role, frozenset(svc.gpus)))
             if fp is None:
                 log.error("service %d of job %d (%s on pool GPUs %s) matches none of the "
@@ -325,6 +332,25 @@ class SlurmPools:
     def _footprints(self, job: JobRecord, gpus: Sequence[int]) -> list[Footprint]:
         return footprints_for_job(job.job_id, job.request, gpus,
                                   self.c.config.services.rollout_replica_gpus)
+
+    def _window_footprints(self, job: JobRecord, pool: PoolRecord,
+                           windows: Sequence[WindowRecord] | None = None) -> list[Footprint]:
+        """A floating pool member's services: one rollout engine and one trainer per
+        window (`windows`, default the pool's open ones)."""
+        g = job.request.gpus
+        return [f for w in (self.c.store.windows(pool.pool_id) if windows is None else windows)
+                for f in footprints_for_job(job.job_id, job.request,
+                                            range(w.window * g, w.window * g + g), 0,
+                                            window=w.window)]
+
+    def _handoff_dir(self, job: JobRecord) -> str:
+        """Where a floating member's services hand its state over on the pool's node: a
+        directory private to the job (created by its services, mode 0700), named so that
+        no other user can guess it and squat it (the worker refuses a directory it does
+        not own)."""
+        tag = hashlib.sha256(f"slurmrl-handoff:{job.secret}".encode()).hexdigest()[:16]
+        return os.path.join(self.c.config.services.handoff_dir,
+                            f"slurmrl-job{job.job_id}-{tag}")
 
     async def stop(self) -> None:
         for t in list(self._tasks):
@@ -395,6 +421,9 @@ class SlurmPools:
             if job.reason != why:
                 c.store.update_job(job.job_id, reason=why)
             return
+        if self._floats(job, pl):
+            await self._enact_floating(job, pl, new)
+            return
         # a staggered pool: the job runs on the pool's GPUs from its placement's offset
         gpus = tuple(range(pl.gpu_offset, pl.gpu_offset + job.request.gpus))
         mine = self._footprints(job, gpus)
@@ -440,6 +469,159 @@ class SlurmPools:
         job = self.c.store.job(job_id)
         return job is None or job.state.terminal
 
+    # -- floating pools -------------------------------------------------------------------------
+    def _floats(self, job: JobRecord, pl: Placement) -> bool:
+        """Whether a placement goes to a floating pool: the site offers them and the
+        policy placed the job in one (a job that shares; not a dedicated placement)."""
+        return (self.c.config.slurm.floating_pools and pl.floating
+                and pl.action in (Action.JOIN, Action.OPEN) and job.request.mux is not Mux.OFF)
+
+    async def _enact_floating(self, job: JobRecord, pl: Placement,
+                              new: dict[int, PoolRecord]) -> None:
+        """Join a floating pool (adding windows up to the placement's size), or open one
+        of one window; the job's services run on every window, handed off until its
+        first grant."""
+        assert self.allocator is not None
+        c, g = self.c, job.request.gpus
+        target: PoolRecord | None = None
+        if pl.pool_id is not None and pl.action is Action.JOIN:
+            target = self._joinable_floating(job, c.store.pool(pl.pool_id))
+        elif pl.pool_id is not None and pl.pool_id in new:
+            target = self._joinable_floating(job, c.store.pool(new[pl.pool_id].pool_id))
+        if target is not None:
+            wanted = max(1, (pl.gpus or g) // g)
+            while len(c.store.windows(target.pool_id)) < wanted:
+                if not await self._grow(target):
+                    log.info("job %d: pool %d could not take another window; the job "
+                             "opens its own", job.job_id, target.pool_id)
+                    target = None
+                    break
+                target = c.store.pool(target.pool_id)
+                assert target is not None
+        if target is None:
+            caps = [GpuCapacity(i, self._gpu_bytes) for i in range(g)]
+            reason = admit(self._footprints(job, range(g)), [], caps,
+                           c.config.limits.parked_host_mem_per_node)
+            if reason is not None:
+                await c.end_job(job.job_id, JobState.FAILED, f"admission refused: {reason}")
+                return
+            opened = await asyncio.to_thread(self.allocator.open, g, f"for job {job.job_id}")
+            target = c.open_pool(gpus=opened.gpus, slurm_job_id=opened.slurm_job_id,
+                                 partition=opened.partition, nodes=opened.nodes,
+                                 gpu_indices=opened.gpu_indices, floating=True)
+            if pl.action is Action.OPEN and pl.pool_id is not None:
+                new[pl.pool_id] = target
+        placing = self._placing.setdefault(target.pool_id, set())
+        placing.add(job.job_id)
+        try:
+            await self._launch_on_windows(job, target, c.store.windows(target.pool_id))
+            if self._ended(job.job_id):
+                await self._stop_job_services(job.job_id)
+            else:
+                c.place_job(job.job_id, target.pool_id, tuple(range(g)))
+        finally:
+            placing.discard(job.job_id)
+            if not placing:
+                self._placing.pop(target.pool_id, None)
+            await self._close_if_empty(target.pool_id)
+
+    def _joinable_floating(self, job: JobRecord, pool: PoolRecord | None) -> PoolRecord | None:
+        """`pool` if the job may join it as a floating member now, else None: the
+        controller's guard, as `_joinable` for fixed pools."""
+        if (pool is None or pool.state != "open" or not pool.floating or pool.dedicated
+                or pool.slurm_job_id is None or pool.pool_id in self._closing):
+            return None
+        members = self.c.store.jobs(active=True, pool_id=pool.pool_id)
+        if len(members) >= self.c.config.limits.max_jobs_per_pool:
+            return None
+        me = self._bare(job)
+        why = next((w for m in members if (w := compatible(me, self._bare(m)))), None)
+        if why is not None:
+            log.info("job %d cannot join pool %d: %s", job.job_id, pool.pool_id, why)
+            return None
+        # memory as on one window: each member's state is in one copy at a time
+        g = job.request.gpus
+        on_one = [f for f in self._members_fp(pool.pool_id) if f.window == 0]
+        reason = admit(self._footprints(job, range(g)), on_one,
+                       [GpuCapacity(i, self._gpu_bytes) for i in range(g)],
+                       self.c.config.limits.parked_host_mem_per_node)
+        if reason is not None:
+            log.info("job %d cannot join pool %d: %s", job.job_id, pool.pool_id, reason)
+            return None
+        return pool
+
+    async def _grow(self, pool: PoolRecord) -> bool:
+        """Add a window to a floating pool: an allocation of its window size on its node,
+        every member's services launched there (handed off), then its GPUs scheduled.
+        False (and nothing changed) if Slurm gives no such allocation or a launch fails."""
+        assert self.allocator is not None
+        c = self.c
+        wins = c.store.windows(pool.pool_id)
+        g, node = len(wins[0].gpu_indices), (pool.nodes[0] if pool.nodes else None)
+        try:
+            opened = await asyncio.to_thread(self.allocator.open, g,
+                                             f"window of pool {pool.pool_id}", node)
+        except PoolError as exc:
+            log.warning("pool %d: no window of %d GPUs on %s: %s", pool.pool_id, g, node, exc)
+            return False
+        win = WindowRecord(-1, pool.pool_id, wins[-1].window + 1, opened.slurm_job_id,
+                           opened.gpu_indices, c.clock())
+        try:
+            for m in c.store.jobs(active=True, pool_id=pool.pool_id):
+                await self._launch_on_windows(m, pool, [win])
+        except Exception:
+            log.exception("pool %d: launching services on a new window failed", pool.pool_id)
+            for key in [k for k, lv in self._live.items()
+                        if lv.pool_id == pool.pool_id and lv.footprint.window == win.window]:
+                await self._stop_service(key)
+            with contextlib.suppress(SlurmError):
+                await asyncio.to_thread(self.allocator.close, opened.slurm_job_id)
+            return False
+        c.add_window(pool.pool_id, opened.slurm_job_id, opened.gpu_indices)
+        return True
+
+    async def _launch_on_windows(self, job: JobRecord, pool: PoolRecord,
+                                 windows: Sequence[WindowRecord]) -> None:
+        """Launch the job's services on `windows` of a floating pool, each in that
+        window's allocation, and hand each off at once: the job's state lives in one
+        copy at a time, taken over by the copy its next grant activates. (A copy that
+        comes up beside a newer handed-off state writes nothing: the worker keeps the
+        newer one.)"""
+        for w in windows:
+            fps = self._window_footprints(job, pool, [w])
+            devices = {w.window * job.request.gpus + i: d for i, d in enumerate(w.gpu_indices)}
+            await self._launch_services(job, pool, fps, w.slurm_job_id, devices)
+            await asyncio.gather(*(self._set(f.key, Residency.PARKED, handoff=True)
+                                   for f in fps))
+
+    async def _retire_spare(self, pool_id: int) -> None:
+        """Give back a floating pool's last window while it has more windows than
+        members and no lease holds that window: its services hand off what they hold and
+        stop, and its allocation is cancelled."""
+        assert self.allocator is not None
+        c = self.c
+        async with self._handoff_locks.setdefault(pool_id, asyncio.Lock()):
+            while True:
+                pool = c.store.pool(pool_id)
+                if (pool is None or not pool.floating or pool.state != "open"
+                        or self._placing.get(pool_id)):
+                    return
+                members = c.store.jobs(active=True, pool_id=pool_id)
+                if len(c.store.windows(pool_id)) <= max(1, len(members)):
+                    return
+                gone = c.retire_window(pool_id)
+                if gone is None:
+                    return
+                keys = [k for k, lv in self._live.items()
+                        if lv.pool_id == pool_id and lv.footprint.window == gone.window]
+                await asyncio.gather(*(self._set(k, Residency.PARKED, handoff=True)
+                                       for k in keys
+                                       if self._live[k].footprint.residency is Residency.ACTIVE))
+                for k in keys:
+                    await self._stop_service(k)
+                with contextlib.suppress(SlurmError):
+                    await asyncio.to_thread(self.allocator.close, gone.slurm_job_id)
+
     def _joinable(self, job: JobRecord, pool: PoolRecord | None, mine: list[Footprint],
                   gpus: tuple[int, ...]) -> PoolRecord | None:
         """`pool` if the job may join it now (the controller's own guard), else None."""
@@ -471,26 +653,32 @@ class SlurmPools:
                            self.c.config.slurm.pool_partition)
 
     async def _launch_services(self, job: JobRecord, pool: PoolRecord,
-                               fps: list[Footprint]) -> None:
-        assert self.launcher is not None and pool.slurm_job_id is not None
+                               fps: list[Footprint], slurm_job_id: int | None = None,
+                               devices: dict[int, int] | None = None) -> None:
+        """Launch `fps` as steps of the pool's allocation (or of `slurm_job_id`, a
+        floating pool's window, whose pool GPUs are Slurm's `devices`)."""
+        alloc = pool.slurm_job_id if slurm_job_id is None else slurm_job_id
+        assert self.launcher is not None and alloc is not None
         node = pool.nodes[0] if pool.nodes else "localhost"
         backend = {"rollout": self.c.config.services.rollout_backend,
                    "trainer": self.c.config.services.trainer_backend}
+        # pool GPU i is Slurm's GPU pool.gpu_indices[i] on the node
+        where = devices if devices is not None else dict(enumerate(pool.gpu_indices))
         for fp in fps:
             if self._ended(job.job_id):  # no more launches for a job that ended meanwhile
                 return
-            # pool GPU i is Slurm's GPU pool.gpu_indices[i] on the node
-            devices = tuple(pool.gpu_indices[g] if g < len(pool.gpu_indices) else g
-                            for g in sorted(fp.gpus))
-            spec = ServiceSpec(job.job_id, fp.role, job.user, devices,
+            spec = ServiceSpec(job.job_id, fp.role, job.user,
+                               tuple(where.get(g, g) for g in sorted(fp.gpus)),
                                backend=backend[fp.role], model=job.request.model,
-                               replica=fp.replica, uid=job.uid)
+                               replica=fp.replica, uid=job.uid,
+                               handoff_dir=None if fp.window is None
+                               else self._handoff_dir(job))
             rid = self.c.store.add_service(job_id=job.job_id, role=fp.role,
                                            started_at=self.c.clock(), pool_id=pool.pool_id,
                                            backend=spec.backend, gpus=sorted(fp.gpus))
             try:
-                svc = await asyncio.to_thread(self.launcher.launch, pool.slurm_job_id, node,
-                                              spec, job.secret)
+                svc = await asyncio.to_thread(self.launcher.launch, alloc, node, spec,
+                                              job.secret)
             except Exception:
                 self.c.store.update_service(rid, state="failed", ended_at=self.c.clock())
                 await self._stop_job_services(job.job_id)
@@ -531,37 +719,47 @@ class SlurmPools:
         t0 = time.perf_counter()
         services = self._members_fp(pool_id)
         phase = Phase(lease.phase)
+        pool = self.c.store.pool(pool_id)
+        floating = pool is not None and pool.floating
         try:
-            plan = plan_grant(services, self._capacity_by_id(pool_id), job_id=job.job_id,
-                              phase=phase, host_budget_bytes=self.c.config.limits
-                              .parked_host_mem_per_node, gpus=lease.gpus,
-                              park_others=self.park_others)
+            if floating:  # parks hand the state over; activations take it over
+                plan = plan_floating_grant(services, self._capacity_by_id(pool_id),
+                                           job_id=job.job_id, phase=phase, gpus=lease.gpus)
+            else:
+                plan = plan_grant(services, self._capacity_by_id(pool_id), job_id=job.job_id,
+                                  phase=phase, host_budget_bytes=self.c.config.limits
+                                  .parked_host_mem_per_node, gpus=lease.gpus,
+                                  park_others=self.park_others)
         except ResidencyError as exc:
             log.error("job %d %s: residency does not fit: %s", job.job_id, phase, exc)
             return
         park = plan.park
         t1 = time.perf_counter()
-        await asyncio.gather(*(self._set(k, Residency.PARKED) for k in park),
+        await asyncio.gather(*(self._set(k, Residency.PARKED, handoff=floating) for k in park),
                              *(self._set(k, Residency.DROPPED) for k in plan.drop))
         t2 = time.perf_counter()
-        await asyncio.gather(*(self._set(k, Residency.ACTIVE) for k in plan.activate))
+        await asyncio.gather(*(self._set(k, Residency.ACTIVE, handoff=floating)
+                               for k in plan.activate))
         t3 = time.perf_counter()
         self.handoffs = [*self.handoffs[-99:], HandoffTiming(
             job.job_id, lease.lease_id, t1 - t0, t2 - t1, t3 - t2,
             park + plan.drop, plan.activate)]
         # off the answer's path: the lease's services read their GPUs on the pool's node
-        self._spawn(self._record_readings(job.job_id, lease.lease_id, phase))
+        self._spawn(self._record_readings(job.job_id, lease.lease_id, phase, lease.gpus))
         if park or plan.drop or plan.activate:
             log.info("handoff to job %d (%s): parked %s, dropped %s, activated %s "
                      "(%.1f/%.1f ms)", job.job_id, phase, list(park), list(plan.drop),
                      list(plan.activate), (t2 - t1) * 1e3, (t3 - t2) * 1e3)
 
-    async def _record_readings(self, job_id: int, lease_id: int, phase: Phase) -> None:
-        """Store each of the phase's services' NVML reading (or no-GPU marker) with the lease."""
+    async def _record_readings(self, job_id: int, lease_id: int, phase: Phase,
+                               gpus: frozenset[int]) -> None:
+        """Store each of the phase's services' NVML reading (or no-GPU marker) with the
+        lease (of a floating member, its copies on the lease's window)."""
         mine = [lv.footprint for lv in self._live.values() if lv.job_id == job_id]
         roles = phase_roles(phase, mine)
         for live in [lv for lv in self._live.values()
-                     if lv.job_id == job_id and lv.footprint.role in roles]:
+                     if lv.job_id == job_id and lv.footprint.role in roles
+                     and (lv.footprint.window is None or lv.footprint.gpus <= gpus)]:
             role = live.role
             try:
                 ans = await asyncio.to_thread(live.handle.status)
@@ -578,16 +776,23 @@ class SlurmPools:
         pool = self.c.store.pool(pool_id)
         return self._capacity(pool) if pool is not None else []
 
-    async def _set(self, key: tuple[int, str], residency: Residency) -> None:
+    async def _set(self, key: tuple[int, str], residency: Residency,
+                   handoff: bool = False) -> None:
+        """Park, drop or activate one service; with `handoff` (a floating pool's copy),
+        a park hands the job's state over and an activation takes it over."""
         live = self._live.get(key)
         if live is None:
             return
         try:
             if residency is Residency.ACTIVE:
-                ans = await asyncio.to_thread(live.handle.activate)
+                ans = await asyncio.to_thread(
+                    lambda: live.handle.activate(handoff=True) if handoff
+                    else live.handle.activate())
             else:
                 level = 2 if residency is Residency.DROPPED else 1
-                ans = await asyncio.to_thread(live.handle.park, level)
+                ans = await asyncio.to_thread(
+                    lambda: live.handle.park(level, handoff=True) if handoff
+                    else live.handle.park(level))
         except ServiceError as exc:
             log.error("service %s of job %d: %s failed: %s", key[1], key[0], residency, exc)
             return
@@ -605,23 +810,26 @@ class SlurmPools:
         await self._stop_job_services(job.job_id)
         if job.pool_id is not None:
             await self._close_if_empty(job.pool_id)
+            await self._retire_spare(job.pool_id)
         self._spawn(self._place_pending())
 
     async def _stop_job_services(self, job_id: int) -> None:
-        assert self.launcher is not None
-        launcher = self.launcher
         for key in [k for k in self._live if k[0] == job_id]:
-            live = self._live.pop(key, None)
-            if live is None:  # a concurrent call (the job ended mid-placement) stops it
-                continue
-            if live.running is not None:
-                await asyncio.to_thread(launcher.stop, live.running)
-            else:  # re-attached after a restart: no srun of ours to end (best effort; a
-                # job without a usable secret cannot sign the call)
-                with contextlib.suppress(ServiceError, ValueError):
-                    await asyncio.to_thread(live.handle.stop, 5.0)
-            self.c.store.update_service(live.record_id, state="stopped", residency="stopped",
-                                        ended_at=self.c.clock())
+            await self._stop_service(key)
+
+    async def _stop_service(self, key: tuple[int, str]) -> None:
+        assert self.launcher is not None
+        live = self._live.pop(key, None)
+        if live is None:  # a concurrent call (the job ended mid-placement) stops it
+            return
+        if live.running is not None:
+            await asyncio.to_thread(self.launcher.stop, live.running)
+        else:  # re-attached after a restart: no srun of ours to end (best effort; a
+            # job without a usable secret cannot sign the call)
+            with contextlib.suppress(ServiceError, ValueError):
+                await asyncio.to_thread(live.handle.stop, 5.0)
+        self.c.store.update_service(live.record_id, state="stopped", residency="stopped",
+                                    ended_at=self.c.clock())
 
     async def _close_if_empty(self, pool_id: int) -> None:
         """Close the pool (scancel it) once no job is placed in it or being placed."""
@@ -633,9 +841,12 @@ class SlurmPools:
             return
         self._closing.add(pool_id)
         try:
+            allocations = {w.slurm_job_id for w in self.c.store.windows(pool_id)}
             if pool.slurm_job_id is not None:
+                allocations.add(pool.slurm_job_id)
+            for alloc in sorted(allocations):
                 with contextlib.suppress(SlurmError):
-                    await asyncio.to_thread(self.allocator.close, pool.slurm_job_id)
+                    await asyncio.to_thread(self.allocator.close, alloc)
             await self.c.close_pool(pool_id, "group empty")
         finally:
             self._closing.discard(pool_id)
@@ -644,11 +855,16 @@ class SlurmPools:
     async def reconcile(self) -> None:
         assert self.allocator is not None
         pools = [p for p in self.c.store.pools(open_only=True) if p.slurm_job_id is not None]
-        ids = [p.slurm_job_id for p in pools if p.slurm_job_id is not None]
+        # a floating pool is all its windows' allocations: losing one loses the pool
+        allocs = {p.pool_id: sorted({p.slurm_job_id or -1, *(
+            w.slurm_job_id for w in self.c.store.windows(p.pool_id))}) for p in pools}
+        ids = sorted({i for a in allocs.values() for i in a})
         losses = {x.slurm_job_id: x for x in await asyncio.to_thread(self.allocator.losses, ids)}
         for pool in pools:
-            loss = losses.get(pool.slurm_job_id or -1)
+            loss = next((losses[i] for i in allocs[pool.pool_id] if i in losses), None)
             if loss is None:
+                if pool.floating:
+                    await self._retire_spare(pool.pool_id)
                 continue
             log.warning("pool %d: %s", pool.pool_id, loss.message)
             # its steps died with it; the drivers learn the reason from their revoked

@@ -63,11 +63,14 @@ class Footprint:
     host_bytes: int  #: host memory its level-1 parked state pins (whole service)
     residency: Residency = Residency.ACTIVE
     replica: int | None = None  #: a rollout replica's index (None: one engine, its set)
+    window: int | None = None  #: a floating pool's window it runs on (None: fixed pool)
 
     @property
     def name(self) -> str:
-        """`rollout`, `trainer`, or `rollout:i` for replica i of a replicated rollout."""
-        return self.role if self.replica is None else f"{self.role}:{self.replica}"
+        """`rollout`, `trainer`, `rollout:i` for replica i of a replicated rollout, and
+        `role@w` for a floating pool's copy on window w."""
+        base = self.role if self.replica is None else f"{self.role}:{self.replica}"
+        return base if self.window is None else f"{base}@{self.window}"
 
     @property
     def key(self) -> ServiceKey:
@@ -128,9 +131,10 @@ def replica_sets(gpus: Sequence[int], replica_gpus: int) -> list[tuple[int, ...]
 
 
 def footprints_for_job(job_id: int, request: RlRequest, pool_gpus: Sequence[int],
-                       rollout_replica_gpus: int = 0) -> list[Footprint]:
+                       rollout_replica_gpus: int = 0,
+                       window: int | None = None) -> list[Footprint]:
     """The rollout (one engine, or replicas of `rollout_replica_gpus` GPUs) and trainer
-    footprints of one job placed on `pool_gpus`."""
+    footprints of one job placed on `pool_gpus` (`window`: a floating pool's copy)."""
     if len(pool_gpus) != request.gpus:
         raise ResidencyError(f"job {job_id} asks for {request.gpus} GPUs but is placed on "
                              f"{len(pool_gpus)}")
@@ -161,7 +165,8 @@ def footprints_for_job(job_id: int, request: RlRequest, pool_gpus: Sequence[int]
             assert est is not None
             active, parked = est.device_bytes, est.parked_device_bytes()
             host = est.parked_host_bytes(1) * len(gpus)
-        out.append(Footprint(job_id, role, gpus, active, parked, host, replica=replica))
+        out.append(Footprint(job_id, role, gpus, active, parked, host, replica=replica,
+                             window=window))
     return out
 
 
@@ -255,6 +260,48 @@ def plan_grant(
                 park.append(f.key)
     activate = tuple(k for k in needed if by_key[k].residency is not Residency.ACTIVE)
     return ResidencyPlan(tuple(park), tuple(drop), activate, _host(by_key, state))
+
+
+def plan_floating_grant(services: Sequence[Footprint], capacity: Sequence[GpuCapacity], *,
+                        job_id: int, phase: Phase, gpus: Iterable[int]) -> ResidencyPlan:
+    """A floating pool's grant of window `gpus` to job `job_id`'s `phase`: its copies of
+    the phase's services on that window are activated (taking the job's state over from
+    the node's memory). First every other job's active service on the window is parked,
+    and so is every active copy of the job's own of those roles on another window:
+    parking hands the state over, so one copy of a job's service holds it at a time.
+    The job's other services on the window stay active while memory allows, as in a
+    pool of fixed windows. Parked copies keep their state in the node's memory, one per
+    job and role, which admission counted (`admit` on one window)."""
+    held = frozenset(gpus)
+    by_key = {f.key: f for f in services}
+    mine = [f for f in services if f.job_id == job_id]
+    roles = phase_roles(phase, [f for f in mine if f.gpus <= held])
+    needed = [f.key for f in mine if f.role in roles and f.gpus <= held]
+    if not needed:
+        raise ResidencyError(f"job {job_id} has no {phase} service on pool GPUs "
+                             f"{sorted(held)}")
+    state = {k: f.residency for k, f in by_key.items()}
+    park = [f.key for f in services if f.key not in needed and state[f.key] is Residency.ACTIVE
+            and ((f.job_id != job_id and f.gpus & held)
+                 or (f.job_id == job_id and f.role in roles and not f.gpus & held))]
+    for k in (*park, *needed):
+        state[k] = Residency.PARKED if k in park else Residency.ACTIVE
+    cap = {c.index: c.usable_bytes for c in capacity}
+    idle = sorted((f for f in mine if f.key not in needed and f.gpus & held
+                   and state[f.key] is Residency.ACTIVE), key=lambda f: -f.active_bytes)
+    while held <= cap.keys() and (over := _fits(held, state, by_key, cap)) is not None:
+        victim = next((f for f in idle if over in f.gpus
+                       and state[f.key] is Residency.ACTIVE), None)
+        if victim is None:
+            need = sum(by_key[k].device_bytes(Residency.ACTIVE) for k in needed
+                       if over in by_key[k].gpus)
+            raise ResidencyError(
+                f"job {job_id}'s {phase} services need {_gib(need)} on pool GPU {over}, "
+                f"which has {_gib(cap[over])} usable with everything else parked")
+        state[victim.key] = Residency.PARKED
+        park.append(victim.key)
+    activate = [k for k in needed if by_key[k].residency is not Residency.ACTIVE]
+    return ResidencyPlan(park=tuple(park), activate=tuple(activate))
 
 
 def _host(by_key: Mapping[ServiceKey, Footprint], state: Mapping[ServiceKey, Residency]) -> int:

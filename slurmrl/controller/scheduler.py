@@ -18,7 +18,6 @@ Known limits: a lease lives in one pool (a job never migrates); one process owns
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -91,13 +90,42 @@ class LeaseScheduler:
         self.grant_hooks: list[GrantHook] = []
         #: set at shutdown: cancelled long polls then keep their requests for the restart
         self.stopping = False
+        #: floating pool id -> its window size G (its members' GPU count)
+        self._window_size: dict[int, int] = {}
+        #: (pool id, job id) -> the first GPU of the window the job's last lease held
+        self._last_window: dict[tuple[int, int], int] = {}
 
     # -- pools -----------------------------------------------------------------------------
-    def open_pool(self, pool_id: int, gpus: int) -> None:
-        """Start scheduling a pool's GPUs 0..gpus-1 (idempotent)."""
+    def open_pool(self, pool_id: int, gpus: int, window: int | None = None) -> None:
+        """Start scheduling a pool's GPUs 0..gpus-1 (idempotent). `window`: a floating
+        pool's window size G (its windows are GPUs w*G .. w*G+G-1)."""
         if pool_id not in self.tables:
             self.tables[pool_id] = LeaseTable(
                 pool_id, range(gpus), self._policy(), self.lease_timeout_s)
+        if window is not None:
+            self._window_size[pool_id] = window
+
+    def windows(self, pool_id: int) -> list[frozenset[int]]:
+        """A floating pool's windows now (empty for a pool of fixed windows)."""
+        g = self._window_size.get(pool_id)
+        table = self.tables.get(pool_id)
+        if g is None or table is None:
+            return []
+        return [frozenset(range(w, w + g)) for w in sorted(table.gpus) if w % g == 0]
+
+    def add_gpus(self, pool_id: int, gpus: Iterable[int]) -> None:
+        """A floating pool took another window: schedule its GPUs too."""
+        now = self.clock()
+        with self.store.transaction():
+            self._apply(pool_id, self.tables[pool_id].add_gpus(gpus, now), now)
+        self._wake.set()
+
+    def retire(self, pool_id: int, gpus: Iterable[int]) -> None:
+        """A floating pool gives a free window back (`LeaseTable.retire`: a `LeaseError`,
+        and nothing changes, while a lease holds it or a waiter could use only it)."""
+        now = self.clock()
+        with self.store.transaction():
+            self._apply(pool_id, self.tables[pool_id].retire(gpus, now), now)
 
     def close_pool(self, pool_id: int, reason: str = "pool-lost") -> None:
         """Revoke everything in the pool and stop scheduling it."""
@@ -110,6 +138,7 @@ class LeaseScheduler:
             for job in sorted(jobs):
                 self._apply(pool_id, table.remove_job(job, now, reason), now)
         del self.tables[pool_id]
+        self._window_size.pop(pool_id, None)
 
     def add_member(self, pool_id: int, job_id: int, max_slowdown: float | None,
                    gpus: Sequence[int] | None = None) -> None:
@@ -122,14 +151,22 @@ class LeaseScheduler:
         for pool in self.store.pools(open_only=True):
             if pool.state != "open":
                 continue
-            self.open_pool(pool.pool_id, pool.gpus)
+            members = self.store.jobs(active=True, pool_id=pool.pool_id)
+            size = members[0].request.gpus if pool.floating and members else None
+            self.open_pool(pool.pool_id, pool.gpus, size)
             held, waiting = self.store.open_state(pool.pool_id)
+            if size is not None:  # a request's options are not stored: its windows now
+                wins = self.windows(pool.pool_id)
+                waiting = [replace(r, gpus=frozenset().union(*alts), options=alts,
+                                   min_gpus=size)
+                           for r in waiting if (alts := tuple(w for w in wins if w & r.gpus))]
             switched = self._switched_to(pool.pool_id) if held else set()
             held = [replace(x, switched=x.lease_id in switched) for x in held]
             table = self.tables[pool.pool_id]
             table.restore(held, waiting)
-            for job in self.store.jobs(active=True, pool_id=pool.pool_id):
-                table.set_member(job.job_id, job.request.max_slowdown, job.pool_gpus or None)
+            for job in members:
+                table.set_member(job.job_id, job.request.max_slowdown,
+                                 None if size is not None else job.pool_gpus or None)
             for req in waiting:
                 self._pool_of_request[req.request_id] = pool.pool_id
             for lease in held:
@@ -152,16 +189,23 @@ class LeaseScheduler:
         if not phase.needs_gpu:
             raise LeaseError(f"phase {phase} needs no GPU; report it as an observation")
         table = self.tables[job.pool_id]
-        wanted = job.pool_gpus_for(phase)
+        options = self._options(job)
+        wanted = frozenset().union(*options) if options else job.pool_gpus_for(phase)
         need = len(wanted) if min_gpus is None else min_gpus
-        if not 1 <= need <= len(wanted):
+        if options and min_gpus not in (None, job.request.gpus):
+            raise LeaseError(f"job {job.job_id} is in a floating pool, whose leases are "
+                             f"whole windows of {job.request.gpus} GPUs: no min_gpus")
+        if not options and not 1 <= need <= len(wanted):
             raise LeaseError(f"min_gpus must be between 1 and {len(wanted)}, got {need}")
         now = self.clock()
         with self.store.transaction():
             rid = self.store.add_request(
                 pool_id=job.pool_id, job_id=job.job_id, phase=phase, wanted=wanted,
-                min_gpus=need, requested_at=now, deadline_at=now + self.lease_timeout_s)
-            _, events = table.request(job.job_id, phase, wanted, now, need, request_id=rid)
+                min_gpus=job.request.gpus if options else need, requested_at=now,
+                deadline_at=now + self.lease_timeout_s)
+            _, events = table.request(job.job_id, phase, wanted, now,
+                                      None if options else need, request_id=rid,
+                                      options=options)
             self._pool_of_request[rid] = job.pool_id
             self._apply(job.pool_id, events, now)
         self._wake.set()
@@ -252,7 +296,8 @@ class LeaseScheduler:
                              "report it as an observation")
         if phase is lease.phase:
             raise LeaseError(f"lease {lease_id} is a {phase} lease already")
-        wanted = job.pool_gpus_for(phase)
+        # a floating member's next phase runs on the window its lease holds
+        wanted = lease.gpus if self._options(job) else job.pool_gpus_for(phase)
         if wanted != lease.gpus:
             raise LeaseError(
                 f"job {job.job_id}'s {phase} phase runs on pool GPUs {sorted(wanted)}, and "
@@ -288,6 +333,7 @@ class LeaseScheduler:
         """Keep `keep` GPUs of the lease (the table picks which), or exactly the job-local
         `local_gpus` (a rollout keeping the GPUs of its replicas still generating)."""
         table = self._table_of(job, lease_id)
+        self._whole_windows(table.pool_id, "shrink")
         now = self.clock()
         gpus = None if local_gpus is None else _pool_gpus(job, local_gpus)
         with self.store.transaction():
@@ -302,6 +348,7 @@ class LeaseScheduler:
         waiter asks for (`LeaseTable.grow`); they must be GPUs of the lease's phase.
         Returns the lease and the pool GPUs it took."""
         table = self._table_of(job, lease_id)
+        self._whole_windows(table.pool_id, "grow")
         lease = table.lease(lease_id)
         assert lease is not None
         gpus = set(_pool_gpus(job, local_gpus))
@@ -333,6 +380,7 @@ class LeaseScheduler:
         """The job ended: revoke all it holds or waits for."""
         if pool_id is None or pool_id not in self.tables:
             return
+        self._last_window.pop((pool_id, job_id), None)
         now = self.clock()
         with self.store.transaction():
             self._apply(pool_id, self.tables[pool_id].remove_job(job_id, now, reason), now)
@@ -350,8 +398,13 @@ class LeaseScheduler:
             delay = min(deadlines, default=self.clock() + 1.0) - self.clock()
             self._wake.clear()
             if delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), min(delay, 1.0))
+                # asyncio.wait, not wait_for: on Python 3.11 a wait_for cancelled while
+                # a request waits never returned, and the controller's stop hung on it
+                woken = asyncio.ensure_future(self._wake.wait())
+                try:
+                    await asyncio.wait([woken], timeout=min(delay, 1.0))
+                finally:
+                    woken.cancel()
                 continue
             try:
                 self.expire()
@@ -360,6 +413,18 @@ class LeaseScheduler:
                 await asyncio.sleep(0.1)
 
     # -- internals -------------------------------------------------------------------------
+    def _options(self, job: JobRecord) -> tuple[frozenset[int], ...]:
+        """A floating member's request options: every window of its pool, the one its
+        last lease held first (its services there are the ones active); () otherwise."""
+        assert job.pool_id is not None
+        wins = self.windows(job.pool_id)
+        last = self._last_window.get((job.pool_id, job.job_id))
+        return tuple(sorted(wins, key=lambda w: (min(w) != last, min(w))))
+
+    def _whole_windows(self, pool_id: int, what: str) -> None:
+        if pool_id in self._window_size:
+            raise LeaseError(f"a floating pool's leases hold whole windows: no {what}")
+
     def _table_of(self, job: JobRecord, lease_id: int) -> LeaseTable:
         pool_id = self._pool_of_request.get(lease_id)
         table = self.tables.get(pool_id) if pool_id is not None else None
@@ -379,6 +444,8 @@ class LeaseScheduler:
         for ev in events:
             if isinstance(ev, Grant):
                 self.store.lease_granted(pool_id, ev.lease)
+                if pool_id in self._window_size:
+                    self._last_window[(pool_id, ev.lease.job_id)] = min(ev.lease.gpus)
                 self._whole.add(ev.lease.lease_id)
                 m.leases_granted.labels(pool).inc()
                 m.wait_s.labels(pool).observe(ev.lease.wait_s)

@@ -242,9 +242,11 @@ class Api:
         services = self.c.store.services(job_id=job_id, live_only=True) if private else []
         now = self.c.clock()
         waits = self.c.store.lease_waits([job_id], now).get(job_id) if private else None
+        pool = self.c.store.pool(job.pool_id) if job.pool_id is not None else None
         return _json({"job": job_view(job, private=private, gpu_s=gpu_s, now=now,
                                       services=services, waits=waits,
-                                      hide_user=self.c.config.controller.hide_other_users)})
+                                      hide_user=self.c.config.controller.hide_other_users,
+                                      floating=pool is not None and pool.floating)})
 
     async def end(self, request: web.Request) -> web.Response:
         b = _body(request, {"state": F("str", choices=("CD", "F", "CA")),

@@ -78,6 +78,11 @@ class ServiceSpec:
     replica: int | None = None  #: a rollout replica's index (None: the role's one service)
     #: the RL job's uid: the account is looked up by it and must be named `user`
     uid: int | None = None
+    #: a floating pool's copy: the node-local directory (absolute, e.g.
+    #: `/dev/shm/slurmrl-<job>-<token>`) where it and the job's other copies of this
+    #: service hand their state to each other; the worker creates it (mode 0700) as the
+    #: job's user and refuses one it does not own. None: no hand-off
+    handoff_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -86,6 +91,9 @@ class ServiceSpec:
             raise ValueError(f"GPU indices must be >= 0, got {self.cuda_devices}")
         if not self.user:
             raise ValueError("a service needs the job's user")
+        if self.handoff_dir is not None and not os.path.isabs(self.handoff_dir):
+            raise ValueError(f"a service's handoff_dir must be an absolute path, got "
+                             f"{self.handoff_dir!r}")
 
     @property
     def name(self) -> str:
@@ -155,6 +163,8 @@ def worker_argv(spec: ServiceSpec, ids: UserIds, *, python: str, workdir: Path,
         argv += ["--model", spec.model]
     if spec.lr is not None:
         argv += ["--lr", repr(spec.lr)]
+    if spec.handoff_dir is not None:
+        argv += ["--handoff-dir", spec.handoff_dir]
     return [*drop, *env, *argv]
 
 

@@ -32,10 +32,11 @@ def wait_slowdown(waits: tuple[float, float] | None, end: float) -> float | None
 def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
              secret: bool = False, services: Sequence[ServiceRecord] = (),
              hide_user: bool = False, waits: tuple[float, float] | None = None,
-             ) -> dict[str, Any]:
+             floating: bool = False) -> dict[str, Any]:
     """A job as the caller may see it: `private` (its owner or an admin) or public;
     a public view's `user` is null when the site hides other users
-    (`controller.hide_other_users`). `waits`: its `Store.lease_waits` entry."""
+    (`controller.hide_other_users`). `waits`: its `Store.lease_waits` entry;
+    `floating`: its pool floats (its services have a copy on every window)."""
     end = job.ended_at if job.ended_at is not None else now
     out: dict[str, Any] = {
         "job_id": job.job_id,
@@ -69,6 +70,7 @@ def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
                     "step_s": r.profile.step_s},
             },
             "pool_gpus": list(job.pool_gpus),
+            "floating": floating,
             "gpu_sets": {k: list(v) for k, v in r.gpu_sets().items()},
             "gpu_seconds": gpu_s,
             "dedicated_gpu_seconds": dedicated,
@@ -110,6 +112,10 @@ def lease_view(lease: Lease | LeaseRecord, pool_id: int, job: JobRecord | None,
         local = []
         if job is not None:
             where = {g: i for i, g in enumerate(job.pool_gpus)}
+            if gpus and not set(gpus) <= where.keys() and job.request.gpus:
+                # a floating member's lease holds a whole window: pool GPU w * G + i is
+                # its GPU i there
+                where = {g: g % job.request.gpus for g in gpus}
             local = sorted(where[g] for g in gpus if g in where)
         out.update({
             "gpus": gpus,
@@ -124,7 +130,7 @@ def pool_view(pool: PoolRecord, members: list[int], *, admin: bool) -> dict[str,
         "pool_id": pool.pool_id, "state": pool.state, "gpus": pool.gpus,
         "partition": pool.partition, "nodes": list(pool.nodes), "members": members,
         "dedicated": pool.dedicated, "reason": pool.reason, "opened_at": pool.opened_at,
-        "closed_at": pool.closed_at,
+        "closed_at": pool.closed_at, "floating": pool.floating,
     }
     if admin:
         out.update({"slurm_job_id": pool.slurm_job_id, "gpu_indices": list(pool.gpu_indices)})

@@ -7,6 +7,7 @@ from slurmrl.db.records import (
     ObservationRecord,
     PoolRecord,
     ServiceRecord,
+    WindowRecord,
 )
 from slurmrl.db.store import Store, StoreError
 
@@ -19,4 +20,5 @@ __all__ = [
     "ServiceRecord",
     "Store",
     "StoreError",
+    "WindowRecord",
 ]

@@ -151,6 +151,21 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE services ADD COLUMN control_secret TEXT;
     """,
+    # 5: floating pools: a pool of whole windows, each its own Slurm allocation on the
+    # pool's node (window 0 is the pool's own `slurm_job_id`)
+    """
+    ALTER TABLE pools ADD COLUMN floating INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE pool_windows (
+        window_id INTEGER PRIMARY KEY AUTOINCREMENT,
+        pool_id INTEGER NOT NULL REFERENCES pools(pool_id),
+        window INTEGER NOT NULL,          -- its pool GPUs: window * G .. window * G + G - 1
+        slurm_job_id INTEGER NOT NULL,    -- the allocation holding its GPUs
+        gpu_indices TEXT NOT NULL,        -- JSON: Slurm's GPU index of each, on the node
+        opened_at REAL NOT NULL,
+        closed_at REAL                    -- NULL while open
+    );
+    CREATE INDEX pool_windows_open ON pool_windows(pool_id) WHERE closed_at IS NULL;
+    """,
 )
 
 LATEST = len(MIGRATIONS)

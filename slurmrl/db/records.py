@@ -104,6 +104,22 @@ class PoolRecord:
     dedicated: bool = False
     reason: str = ""
     closed_at: float | None = None
+    #: a floating pool: whole windows (`WindowRecord`), each its own allocation
+    floating: bool = False
+
+
+@dataclass(frozen=True)
+class WindowRecord:
+    """One window of a floating pool: a Slurm allocation of G GPUs on the pool's node,
+    pool GPUs `window * G` .. `window * G + G - 1`."""
+
+    window_id: int
+    pool_id: int
+    window: int
+    slurm_job_id: int
+    gpu_indices: tuple[int, ...]
+    opened_at: float
+    closed_at: float | None = None
 
 
 @dataclass(frozen=True)

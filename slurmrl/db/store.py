@@ -33,6 +33,7 @@ from slurmrl.db.records import (
     ObservationRecord,
     PoolRecord,
     ServiceRecord,
+    WindowRecord,
     ints,
     request_from_json,
     request_to_json,
@@ -270,12 +271,14 @@ class Store:
         self, *, gpus: int, opened_at: float, state: str = "open",
         slurm_job_id: int | None = None, partition: str = "", nodes: Sequence[str] = (),
         gpu_indices: Sequence[int] = (), dedicated: bool = False, reason: str = "",
+        floating: bool = False,
     ) -> int:
         return self._x(
             "INSERT INTO pools (slurm_job_id, partition, nodes, gpus, gpu_indices, state,"
-            " dedicated, reason, opened_at) VALUES (?,?,?,?,?,?,?,?,?)",
+            " dedicated, reason, opened_at, floating) VALUES (?,?,?,?,?,?,?,?,?,?)",
             (slurm_job_id, partition, json.dumps(list(nodes)), gpus,
-             json.dumps(list(gpu_indices)), state, int(dedicated), reason, opened_at),
+             json.dumps(list(gpu_indices)), state, int(dedicated), reason, opened_at,
+             int(floating)),
         )
 
     def pool(self, pool_id: int) -> PoolRecord | None:
@@ -287,7 +290,8 @@ class Store:
         return [_pool(r) for r in self._q(sql + " ORDER BY pool_id")]
 
     def update_pool(self, pool_id: int, **fields: Any) -> None:
-        allowed = {"state", "reason", "closed_at", "slurm_job_id", "nodes", "gpu_indices"}
+        allowed = {"state", "reason", "closed_at", "slurm_job_id", "nodes", "gpu_indices",
+                   "gpus"}
         bad = set(fields) - allowed
         if bad:
             raise StoreError(f"cannot update pool columns {sorted(bad)}")
@@ -295,6 +299,27 @@ class Store:
                   for k, v in fields.items()]
         sets = ", ".join(f"{k} = ?" for k in fields)
         self._x(f"UPDATE pools SET {sets} WHERE pool_id = ?", (*values, pool_id))
+
+    def add_window(self, *, pool_id: int, window: int, slurm_job_id: int,
+                   gpu_indices: Sequence[int], opened_at: float) -> int:
+        """Record an open window of a floating pool."""
+        return self._x(
+            "INSERT INTO pool_windows (pool_id, window, slurm_job_id, gpu_indices, opened_at)"
+            " VALUES (?,?,?,?,?)",
+            (pool_id, window, slurm_job_id, json.dumps(list(gpu_indices)), opened_at))
+
+    def windows(self, pool_id: int, *, open_only: bool = True) -> list[WindowRecord]:
+        """A floating pool's windows, by window number (open ones only by default)."""
+        sql = "SELECT * FROM pool_windows WHERE pool_id = ?" + (
+            " AND closed_at IS NULL" if open_only else "")
+        return [WindowRecord(window_id=r["window_id"], pool_id=r["pool_id"],
+                             window=r["window"], slurm_job_id=r["slurm_job_id"],
+                             gpu_indices=ints(r["gpu_indices"]), opened_at=r["opened_at"],
+                             closed_at=r["closed_at"])
+                for r in self._q(sql + " ORDER BY window, window_id", (pool_id,))]
+
+    def close_window(self, window_id: int, at: float) -> None:
+        self._x("UPDATE pool_windows SET closed_at = ? WHERE window_id = ?", (at, window_id))
 
     def add_group(self, pool_id: int, created_at: float) -> int:
         return self._x("INSERT INTO groups (pool_id, created_at) VALUES (?, ?)",
@@ -568,6 +593,7 @@ def _pool(r: dict[str, Any]) -> PoolRecord:
         slurm_job_id=r["slurm_job_id"], partition=r["partition"],
         nodes=tuple(json.loads(r["nodes"])), gpu_indices=ints(r["gpu_indices"]),
         dedicated=bool(r["dedicated"]), reason=r["reason"], closed_at=r["closed_at"],
+        floating=bool(r.get("floating", 0)),  # absent from a DB older than schema 5
     )
 
 

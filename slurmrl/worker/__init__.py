@@ -7,6 +7,8 @@
   (generate/train_step/weights), HMAC-authenticated with the job's secret.
 - `cli`: `slurmrl worker` / `python -m slurmrl.worker`.
 - `handle`: `ServiceHandle`, the blocking client drivers and the controller use.
+- `handoff`: the state file through which copies of one service on one node hand the
+  job's state to each other (floating pools; `--handoff-dir`).
 
 Importing this package imports neither torch nor aiohttp; import the submodules.
 """

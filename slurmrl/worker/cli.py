@@ -4,6 +4,11 @@ Started by the pool manager as a Slurm step (`srun --overlap ... slurmrl worker 
 by hand and by tests on loopback. The job's secret never travels on the command line
 (argv is world-readable in /proc): it comes from `$SLURMRL_JOB_SECRET` or from
 `--secret-file`, a file only its owner may read.
+
+`--handoff-dir DIR` lets this service hand its state to another copy of itself on the
+same node, and take it back (floating pools; `handoff.py`): DIR is created with mode
+0700 if missing, and the worker refuses to start unless it is a real directory (not a
+symlink) of its own uid with no group or other permissions.
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ def read_secret(secret_file: Path | None) -> str:
 @click.option("--seed", default=0, show_default=True, help="Model initialisation seed.")
 @click.option("--lr", type=float, default=None, help="Trainer learning rate.")
 @click.option("--gpu-memory-utilization", type=float, default=0.85, show_default=True)
+@click.option("--handoff-dir", type=click.Path(path_type=Path), default=None,
+              help="Private node-local directory (e.g. under /dev/shm) where this "
+                   "service and its copies hand their state to each other; created 0700.")
 @click.option("--max-body-mb", default=1024, show_default=True, help="Largest request body.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
@@ -82,11 +90,13 @@ def worker(
     seed: int,
     lr: float | None,
     gpu_memory_utilization: float,
+    handoff_dir: Path | None,
     max_body_mb: int,
     log_level: str,
 ) -> None:
     """Host one resident model (a service) of an RL job and serve its calls."""
     # imported here: aiohttp and the auth module are not needed for `--help`
+    from slurmrl.worker.handoff import prepare_dir
     from slurmrl.worker.registration import write_address_file
     from slurmrl.worker.server import ServiceInfo, ServiceServer, serve
 
@@ -94,6 +104,11 @@ def worker(
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     secret = read_secret(secret_file)
     control = os.environ.pop(CONTROL_ENV, "").strip() or None
+    if handoff_dir is not None:
+        try:
+            handoff_dir = prepare_dir(handoff_dir)
+        except ValueError as exc:
+            raise click.UsageError(f"--handoff-dir: {exc}") from exc
     opts = BackendOptions(model=model, device=device, seed=seed, lr=lr,
                           gpu_memory_utilization=gpu_memory_utilization)
     try:
@@ -104,7 +119,7 @@ def worker(
     info = ServiceInfo(job_id=job_id, role=role, backend=backend_name, step_id=step_id)
     try:
         server = ServiceServer(backend, secret, info, max_body_bytes=max_body_mb << 20,
-                               control_secret=control)
+                               control_secret=control, handoff_dir=handoff_dir)
     except ValueError as exc:  # e.g. a secret too short to be one from mint_secret()
         raise click.UsageError(f"job secret or ${CONTROL_ENV}: {exc}") from exc
     shown_host = advertise_host or (socket.gethostname() if host in ("0.0.0.0", "::") else host)

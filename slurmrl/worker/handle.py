@@ -165,11 +165,21 @@ class ServiceHandle:
     def status(self, timeout_s: float | None = None) -> dict[str, Any]:
         return self._json("status", "GET", "/v1/status", None, timeout_s, whole=True)
 
-    def park(self, level: int = 1, timeout_s: float | None = None) -> dict[str, Any]:
-        return self._json("park", "POST", "/v1/park", {"level": level}, timeout_s, whole=True)
+    def park(self, level: int = 1, timeout_s: float | None = None, *,
+             handoff: bool = False) -> dict[str, Any]:
+        """Park; with `handoff`, hand the whole state to the service's handoff file and
+        keep none (the worker needs `--handoff-dir`; `level` does not apply)."""
+        body: dict[str, Any] = {"level": level}
+        if handoff:  # sent only when asked, so a server without hand-off sees no change
+            body["handoff"] = True
+        return self._json("park", "POST", "/v1/park", body, timeout_s, whole=True)
 
-    def activate(self, timeout_s: float | None = None) -> dict[str, Any]:
-        return self._json("activate", "POST", "/v1/activate", {}, timeout_s, whole=True)
+    def activate(self, timeout_s: float | None = None, *,
+                 handoff: bool = False) -> dict[str, Any]:
+        """Activate; with `handoff`, take over the handoff file's state when this copy
+        handed its own off or the file holds a newer generation."""
+        body: dict[str, Any] = {"handoff": True} if handoff else {}
+        return self._json("activate", "POST", "/v1/activate", body, timeout_s, whole=True)
 
     def stop(self, timeout_s: float | None = None) -> None:
         self._json("stop", "POST", "/v1/stop", {}, timeout_s, whole=True)

@@ -17,6 +17,11 @@ into the host buffers (`write_host`), never onto the device: the next `onload` c
 them up like any parked state. On CUDA that write is a host-to-host copy into pinned
 memory; no kernel runs on the GPU until activation.
 
+A service that hands its state to another copy of itself (`handoff.py`) frees both
+copies: `offload(keep_host_copy=False)`, then `release_host()`; the tensors keep their
+shapes, and `onload(restore=False)` gives them device storage again for the state to be
+loaded into.
+
 On CPU the "device" is just another set of tensors in the same RAM: the CPU path is a
 stand-in that exercises the same protocol (buffers, copy, free, restore) for tests and
 the demo; it frees nothing the machine would notice. The CUDA path has not run on a GPU
@@ -102,11 +107,35 @@ class Offloader:
             return
         back = [t for t in self._tensors if id(t) in self._valid] if restore else []
         keep = {id(t) for t in back}
-        for t in self._tensors:
-            alloc = torch.empty if id(t) in keep else torch.zeros
-            t.data = alloc(self._shapes[id(t)], dtype=t.dtype, device=self.device)
-        self._copy(back, to_host=False)
+        try:
+            for t in self._tensors:
+                alloc = torch.empty if id(t) in keep else torch.zeros
+                t.data = alloc(self._shapes[id(t)], dtype=t.dtype, device=self.device)
+            self._copy(back, to_host=False)
+        except BaseException:
+            # e.g. out of device memory: give back what was allocated, stay offloaded
+            # (the host buffers are untouched, so a later onload can try again)
+            for t in self._tensors:
+                t.data = torch.empty(0, dtype=t.dtype, device=self.device)
+            if self.cuda:
+                torch.cuda.empty_cache()
+            raise
         self.offloaded = False
+
+    def release_host(self) -> None:
+        """While offloaded: free the host buffers too; no copy of the state is kept.
+
+        `onload` then allocates zeros; `refresh` allocates the buffers again. On CUDA the
+        freed pinned blocks are also returned from torch's host cache where it can.
+        """
+        if not self.offloaded:
+            raise RuntimeError("release_host is for offloaded state; offload first")
+        self._host = {k: torch.empty(0, dtype=b.dtype) for k, b in self._host.items()}
+        self._valid = set()
+        if self.cuda:
+            empty_host_cache = getattr(torch._C, "_host_emptyCache", None)
+            if empty_host_cache is not None:
+                empty_host_cache()
 
     def shape_of(self, tensor: torch.Tensor) -> torch.Size | None:
         """The shape `tensor` has on the device (also while offloaded); None if untracked."""
@@ -125,6 +154,8 @@ class Offloader:
         for t, value in values:
             if id(t) not in self._host:
                 raise ValueError("tensor is not tracked by this offloader")
+            if self._host[id(t)].shape != self._shapes[id(t)]:
+                raise ValueError("the host buffers were released (the state was handed off)")
             if value.shape != self._shapes[id(t)]:
                 raise ValueError(f"shape {tuple(value.shape)} does not match the parked "
                                  f"tensor's {tuple(self._shapes[id(t)])}")

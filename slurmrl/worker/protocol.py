@@ -8,6 +8,14 @@ to this protocol. Backends are not thread-safe: the server serialises calls to t
 Park levels follow vLLM's sleep levels: level 1 keeps the weights in (pinned) host
 memory (`Residency.PARKED`), level 2 discards them (`Residency.DROPPED`) and the next
 weight import refills them. A trainer cannot drop: its optimizer state would be lost.
+
+Hand-off (floating pools): one service may run as several copies, one per GPU window of
+a pool, in separate processes on one node, one of them active. `hand_off(path)` writes
+the active copy's whole state to a private node-local file and frees it here (PARKED,
+`handed_off`); `take_over(path)` loads that file into another copy (ACTIVE). Each
+hand-off numbers the state one generation up and never replaces a newer file; a copy
+refuses to take over a file older than the state it holds. The file's format is
+`handoff.py`'s. Backends that cannot (`vllm`) raise BackendError from both.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from slurmrl.model import Residency
@@ -301,6 +310,28 @@ class ServiceBackend(Protocol):
         next `activate`, which then generates with them; a blob that does not fit is
         refused (BackendError) either way.
         """
+
+    @property
+    def handed_off(self) -> bool:
+        """Whether this copy handed its state to another copy and holds none."""
+
+    @property
+    def generation(self) -> int:
+        """The generation of the state this copy holds (or last handed off); 0 at load."""
+
+    def hand_off(self, path: Path) -> None:
+        """From ACTIVE: write the whole state to `path` atomically (temp file, replace)
+        with generation `generation + 1` (unless the file holds that generation or a
+        newer one already: that state is kept and nothing written), then free its device
+        and host copies; it is PARKED and `handed_off` afterwards (`memory()` reads ~0
+        and 0). A no-op when already handed off; NotReady when PARKED, DROPPED or
+        STOPPED."""
+
+    def take_over(self, path: Path) -> None:
+        """Load the state handed off to `path` onto the device; ACTIVE, not handed off,
+        and at the file's generation afterwards. BackendError, changing nothing, for a
+        missing or corrupt file, one older than `generation`, or one that does not fit
+        the model (names and shapes, as `load_state_dict(strict=True)`)."""
 
     def memory(self) -> MemoryUse: ...
 

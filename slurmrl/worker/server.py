@@ -16,6 +16,14 @@ service accepts and stages in host memory until it is activated (a disaggregated
 sync holds only the trainer's GPUs; see `ServiceBackend.import_weights`). JSON in and
 out; weights travel as raw bytes.
 
+Hand-off (floating pools; the worker needs `--handoff-dir`): `park` with
+`"handoff": true` hands the whole state to `<dir>/<role>.state` and keeps none
+(`ServiceBackend.hand_off`; `level` does not apply); `activate` with `"handoff": true`
+takes that file over (`take_over`) when this copy handed its own state off or the file
+holds a newer generation than its own, and otherwise activates as usual. `status`
+reports `handed_off` and `generation`. Without `--handoff-dir`, `"handoff": true` is a
+400.
+
 Backend calls run one at a time on a worker thread, so `status` (and with it the count
 of active sequences during a long generate) stays answerable while a call runs. A park
 waits for the call in flight to finish: the service never sleeps mid-request (a known way
@@ -33,6 +41,7 @@ import signal
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -41,6 +50,7 @@ from slurmrl.auth.errors import AuthCode, AuthError
 from slurmrl.auth.tokens import Verifier
 from slurmrl.gpu.nvml import NvmlMonitor, reading_json, visible_indices
 from slurmrl.model import Residency
+from slurmrl.worker import handoff
 from slurmrl.worker.protocol import (
     BackendError,
     Continuation,
@@ -88,9 +98,13 @@ class ServiceServer:
         info: ServiceInfo,
         max_body_bytes: int = 1 << 30,
         control_secret: str | None = None,
+        handoff_dir: Path | None = None,
     ) -> None:
+        """`handoff_dir`: where this service and its copies hand their state to each
+        other (already checked private, `handoff.prepare_dir`); None: no hand-off."""
         self.backend = backend
         self.info = info
+        self.handoff_dir = handoff_dir
         self._verifier = Verifier(secret)
         #: the controller's: every route; without it the job's secret opens every route
         self._control = None if control_secret is None else Verifier(control_secret)
@@ -224,6 +238,8 @@ class ServiceServer:
                 "pid": os.getpid(),
                 "residency": str(self.backend.residency),
                 "weights_staged": self.backend.staged,
+                "handed_off": self.backend.handed_off,
+                "generation": self.backend.generation,
                 "active_sequences": self.backend.active_sequences(),
                 "memory": mem.to_json(),
                 "calls": self.calls,
@@ -233,17 +249,48 @@ class ServiceServer:
 
     async def _park(self, request: web.Request) -> web.Response:
         obj = await self._json(request)
-        self._only(obj, {"level"}, "park")
+        self._only(obj, {"level", "handoff"}, "park")
         level = obj.get("level", 1)
-        if isinstance(level, bool) or not isinstance(level, int):
+        if isinstance(level, bool) or not isinstance(level, int) or level not in (1, 2):
             raise HttpError(400, f"park: level must be 1 or 2, got {level!r}")
-        await self.run_backend(self.backend.park, level)
+        path = self._handoff_path(obj, "park")
+        if path is None:
+            await self.run_backend(self.backend.park, level)
+        else:
+            await self.run_backend(self.backend.hand_off, path)
         return await self._status(request)
 
     async def _activate(self, request: web.Request) -> web.Response:
-        self._only(await self._json(request), set(), "activate")
-        await self.run_backend(self.backend.activate)
+        obj = await self._json(request)
+        self._only(obj, {"handoff"}, "activate")
+        path = self._handoff_path(obj, "activate")
+        if path is None:
+            await self.run_backend(self.backend.activate)
+            return await self._status(request)
+
+        def wake(state: Path) -> None:  # on the backend thread: no park in between
+            b = self.backend
+            if not b.handed_off:
+                newer = handoff.peek_generation(state)
+                if newer is None or newer <= b.generation:
+                    b.activate()  # its own state is the newest: a plain activation
+                    return
+            b.take_over(state)
+
+        await self.run_backend(wake, path)
         return await self._status(request)
+
+    def _handoff_path(self, obj: Mapping[str, Any], call: str) -> Path | None:
+        """The state file when the call asks for a hand-off, else None; 400 if it can't."""
+        want = obj.get("handoff", False)
+        if not isinstance(want, bool):
+            raise HttpError(400, f"{call}: handoff must be true or false, got {want!r}")
+        if not want:
+            return None
+        if self.handoff_dir is None:
+            raise HttpError(400, f"{call}: handoff needs a worker started with "
+                            "--handoff-dir; this one has none")
+        return handoff.state_path(self.handoff_dir, self.info.role)
 
     async def _stop(self, request: web.Request) -> web.Response:
         self.stopped.set()

@@ -1,10 +1,10 @@
 """The `tiny` backend: a real small PyTorch model on CPU, for tests and the demo.
 
-It is the `torch` backend (same park/activate, train step, weight export/import) with
-`TinyLM` on the CPU, plus generation. On CPU, "parking" copies the state into host
-buffers and frees the tensors the model was using: a CPU stand-in that exercises the same
-protocol as a GPU service (buffers allocated once, copy, free, restore), not a claim
-about GPU memory.
+It is the `torch` backend (same park/activate, hand-off, train step, weight
+export/import) with `TinyLM` on the CPU, plus generation. On CPU, "parking" copies the
+state into host buffers and frees the tensors the model was using: a CPU stand-in that
+exercises the same protocol as a GPU service (buffers allocated once, copy, free,
+restore), not a claim about GPU memory.
 
 Long tail: `generate` decodes prompts `micro_batch` at a time; while it runs,
 `active_sequences()` is the number of prompts not finished yet (the server reports it in

@@ -14,6 +14,21 @@ them up with the rest of the parked state. That is how a disaggregated job's syn
 reaches a rollout parked for a partner's phase: the rollout runs with the new weights
 on its next activation, and nothing ran on its GPUs before.
 
+Hand-off (floating pools, see `handoff.py`): `hand_off(path)` writes the whole state —
+model state_dict and non-persistent buffers, the optimizer's state_dict (a trainer's
+Adam moments and step counts), `steps`, `weights_version`, whether the weights are valid
+and a generation number — to a node-local file (unless it holds a newer generation,
+which is kept), then frees the device copies and the host buffers
+(`Offloader.offload(keep_host_copy=False)`, `release_host()`): the copy is PARKED,
+`handed_off`, and holds nothing. `take_over(path)` on another copy of the same
+service (same class, model and role) checks the file against its model (names and
+shapes, as `load_state_dict(strict=True)` would; the optimizer's groups and moment
+shapes), reallocates device storage (`onload(restore=False)`) and loads it: training and
+sampling continue as if one process had done it all (bit for bit on CPU, where the unit
+tests check it; the CUDA path has not run here either). A refused file (older
+generation, missing, corrupt, not fitting) changes nothing. A handed-off copy refuses a
+plain `activate` and weight imports: its state is in the file.
+
 Limits: one device per service (no FSDP/TP sharding here); generation is not offered by
 this backend (a rollout engine is `vllm`, or `tiny` for tests). The CUDA path has NOT
 run on a GPU in this project — the development machine has none; its test is marked
@@ -25,11 +40,14 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from slurmrl.model import Residency
+from slurmrl.worker import handoff
 from slurmrl.worker.lm import policy_gradient_loss
 from slurmrl.worker.offload import Offloader
 from slurmrl.worker.protocol import (
@@ -87,6 +105,8 @@ class TorchModelBackend:
         self._weights_valid = False  # False after a level-2 drop until weights arrive
         self._staged = False  # weights imported while parked, waiting in host buffers
         self._active = 0
+        self._handed_off = False  # the state is in a handoff file, not in this copy
+        self._generation = 0  # of the state this copy holds (or last handed off)
         self.steps = 0
         self.weights_version = 0
 
@@ -107,6 +127,7 @@ class TorchModelBackend:
         self._offloader.refresh(self._tensors())
         self._residency = Residency.ACTIVE
         self._weights_valid = True
+        self._handed_off = False
 
     def park(self, level: int) -> None:
         if level not in (1, 2):
@@ -127,6 +148,9 @@ class TorchModelBackend:
             return
         if self._residency is Residency.STOPPED:
             raise NotReady("service is stopped")
+        if self._handed_off:
+            raise NotReady(f"service handed its state (generation {self._generation}) to "
+                           "another copy: activate it with handoff to take the state back")
         dropped = self._residency is Residency.DROPPED
         # host buffers hold the parked state, or (after a drop) only staged weights
         self._offloader.onload(restore=True)
@@ -134,6 +158,154 @@ class TorchModelBackend:
             self._weights_valid = self._staged
         self._staged = False
         self._residency = Residency.ACTIVE
+
+    # --- hand-off between copies -------------------------------------------------------
+
+    @property
+    def handed_off(self) -> bool:
+        """Whether this copy handed its state to another and holds none."""
+        return self._handed_off
+
+    @property
+    def generation(self) -> int:
+        """Generation of the state this copy holds (or last handed off); 0 at load."""
+        return self._generation
+
+    def hand_off(self, path: Path) -> None:
+        """Write the whole state to `path` atomically, then free it here (PARKED).
+
+        When `path` already holds a newer generation (this copy came up fresh, or fell
+        behind), nothing is written: the newer state is kept, and this copy still frees
+        its own and is handed off (its next activation takes the file over)."""
+        if self._handed_off:
+            return
+        if self._residency is not Residency.ACTIVE or self._model is None:
+            raise NotReady(f"service is {self._residency}: only an active service hands "
+                           "its state off (the controller hands off the active copy)")
+        model, opt = self._model, self._opt
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)  # grads are step-local: never kept
+        sd = model.state_dict()
+        written = handoff.write_state(path, {
+            "backend": self.name,
+            "role": str(self.role),
+            "model": {k: v.detach() for k, v in sd.items()},
+            "buffers": {k: v.detach() for k, v in model.named_buffers() if k not in sd},
+            "optimizer": None if opt is None else opt.state_dict(),
+            "steps": self.steps,
+            "weights_version": self.weights_version,
+            "weights_valid": self._weights_valid,
+        }, self._generation + 1)
+        # from here on the file holds the state (this copy's, or a newer one that was
+        # kept), and this copy gives its memory back
+        self._offloader.refresh(self._tensors())
+        self._offloader.offload(keep_host_copy=False)
+        self._offloader.release_host()
+        self._staged = False
+        if written:
+            self._generation += 1
+        self._handed_off = True
+        self._residency = Residency.PARKED
+
+    def take_over(self, path: Path) -> None:
+        """Load the state another copy handed off to `path`; afterwards ACTIVE."""
+        if self._residency is Residency.STOPPED or self._model is None:
+            raise NotReady("service is stopped: take_over needs a loaded model")
+        state = handoff.read_state(path)
+        self._check_state(state, path)
+        model, opt = self._model, self._opt
+        # device storage for the state, nothing copied up; a failure (out of device
+        # memory) leaves the copy as it was
+        self._offloader.onload(restore=False)
+        try:
+            with torch.no_grad():
+                model.load_state_dict(state["model"], strict=True)
+                for name, value in state["buffers"].items():
+                    model.get_buffer(name).copy_(value)
+            if opt is not None:
+                opt.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+            # half loaded (what the checks did not foresee): hold nothing, say so
+            self._offloader.refresh(self._tensors())
+            self._offloader.offload(keep_host_copy=False)
+            self._offloader.release_host()
+            self._handed_off, self._residency = True, Residency.PARKED
+            raise BackendError(f"handoff state {path} does not fit this model: {exc}; "
+                               "this copy now holds no state") from exc
+        self.steps = state["steps"]
+        self.weights_version = state["weights_version"]
+        self._weights_valid = state["weights_valid"]
+        self._generation = state["generation"]
+        self._staged = False
+        self._handed_off = False
+        self._residency = Residency.ACTIVE
+
+    def _check_state(self, state: dict[str, Any], path: Path) -> None:
+        """Refuse (BackendError) a state file this copy must not load; changes nothing."""
+        assert self._model is not None
+        bad = f"handoff state {path}"
+        if state["generation"] < self._generation:
+            raise BackendError(f"{bad} is generation {state['generation']}, older than "
+                               f"this copy's {self._generation}: a stale hand-off")
+        if state.get("backend") != self.name or state.get("role") != str(self.role):
+            raise BackendError(f"{bad} was written by a {state.get('backend')} "
+                               f"{state.get('role')}; this is a {self.name} {self.role}")
+        for key in ("steps", "weights_version"):
+            if isinstance(state.get(key), bool) or not isinstance(state.get(key), int):
+                raise BackendError(f"{bad}: {key} must be an integer")
+        if not isinstance(state.get("weights_valid"), bool):
+            raise BackendError(f"{bad}: weights_valid must be true or false")
+        sd = self._model.state_dict(keep_vars=True)
+        extra = {k: b for k, b in self._model.named_buffers() if k not in sd}
+        self._check_tensors(state.get("model"), sd, f"{bad} does not fit this model")
+        self._check_tensors(state.get("buffers"), extra, f"{bad} does not fit this model's "
+                            "non-persistent buffers")
+        self._check_optimizer(state.get("optimizer"), bad)
+
+    def _check_tensors(self, got: Any, want: dict[str, torch.Tensor], what: str) -> None:
+        if not isinstance(got, dict):
+            raise BackendError(f"{what}: no state_dict in it")
+        missing, unexpected = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+        if missing or unexpected:
+            raise BackendError(f"{what}: missing keys {missing}, unexpected keys {unexpected}")
+        for key, target in want.items():
+            value = got[key]
+            if not isinstance(value, torch.Tensor):
+                raise BackendError(f"{what}: {key} is not a tensor")
+            if value.shape != self._shape(target):
+                raise BackendError(f"{what}: {key} has shape {tuple(value.shape)}, the "
+                                   f"model's is {tuple(self._shape(target))}")
+
+    def _check_optimizer(self, got: Any, bad: str) -> None:
+        if self._opt is None:
+            if got is not None:
+                raise BackendError(f"{bad} carries optimizer state; this copy has none")
+            return
+        mine = self._opt.state_dict()["param_groups"]
+        groups = got.get("param_groups") if isinstance(got, dict) else None
+        state = got.get("state") if isinstance(got, dict) else None
+        if (not isinstance(groups, list) or not isinstance(state, dict)
+                or len(groups) != len(mine)
+                or any(not isinstance(g, dict) or g.get("params") != m["params"]
+                       for g, m in zip(groups, mine, strict=True))):
+            raise BackendError(f"{bad}: its optimizer state does not fit this optimizer "
+                               "(parameter groups differ)")
+        params = {i: p for m, g in zip(mine, self._opt.param_groups, strict=True)
+                  for i, p in zip(m["params"], g["params"], strict=True)}
+        for idx, entry in state.items():
+            if idx not in params or not isinstance(entry, dict):
+                raise BackendError(f"{bad}: optimizer state for an unknown parameter {idx!r}")
+            shape = self._shape(params[idx])
+            for key, value in entry.items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != shape:
+                    raise BackendError(f"{bad}: optimizer state {key} of parameter {idx} has "
+                                       f"shape {tuple(value.shape)}, the parameter's is "
+                                       f"{tuple(shape)}")
+
+    def _shape(self, tensor: torch.Tensor) -> torch.Size:
+        """A tensor's shape on the device, also while offloaded."""
+        shape = self._offloader.shape_of(tensor) if self._offloader.offloaded else None
+        return tensor.shape if shape is None else shape
 
     # --- data plane ----------------------------------------------------------------
 
@@ -176,6 +348,9 @@ class TorchModelBackend:
         """Load weights now when ACTIVE; when parked, stage them for the next activate."""
         if self._residency is Residency.STOPPED or self._model is None:
             raise NotReady("service is stopped: import_weights needs a loaded model")
+        if self._handed_off:
+            raise NotReady("service handed its state to another copy: import weights "
+                           "into the copy that holds it")
         state = self._parse_weights(blob)
         if self._residency is not Residency.ACTIVE:
             self._stage(state)
@@ -244,6 +419,7 @@ class TorchModelBackend:
         self._opt = None
         self._offloader = Offloader(self.device)
         self._residency = Residency.STOPPED
+        self._handed_off = False
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -28,6 +28,10 @@ Pausing: the server runs one backend call at a time, so no request is in flight 
 memory is checked with NVML per-process readings over this process and its children
 (vLLM's engine core runs in a child process), not trusted from the call returning.
 
+Hand-off: not offered. `hand_off`/`take_over` (floating pools: handing the state to a
+copy of the service on another GPU window) raise BackendError; floating pools need a
+backend that can, `torch` or `tiny`.
+
 Limits: one engine per process (vLLM's own limit with sleep mode); the CUDA context,
 CUDA-graph pool and NCCL buffers are never freed (~1 GiB per GPU); `import_weights`
 passes the whole state_dict blob through `collective_rpc` (fine for one GPU; large
@@ -44,6 +48,7 @@ import io
 import logging
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from slurmrl.gpu.nvml import NvmlMonitor, descendant_pids
@@ -62,6 +67,8 @@ from slurmrl.worker.protocol import (
 
 log = logging.getLogger("slurmrl.worker.vllm")
 EXTENSION = "slurmrl.worker.vllm_backend.WeightSyncExtension"
+_NO_HANDOFF = ("the vllm backend cannot hand its state to another copy of the service: "
+               "floating pools need a backend that can (torch or tiny)")
 
 
 class WeightSyncExtension:
@@ -255,6 +262,20 @@ class VllmBackend:
             self._kv_asleep = False
         self._llm.reset_prefix_cache()  # cached prefixes were computed with old weights
         self._weights_valid = True
+
+    @property
+    def handed_off(self) -> bool:
+        return False  # it never hands off
+
+    @property
+    def generation(self) -> int:
+        return 0
+
+    def hand_off(self, path: Path) -> None:
+        raise BackendError(_NO_HANDOFF)
+
+    def take_over(self, path: Path) -> None:
+        raise BackendError(_NO_HANDOFF)
 
     def memory(self) -> MemoryUse:
         staged = len(self._staged) if self._staged is not None else 0

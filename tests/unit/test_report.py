@@ -268,7 +268,8 @@ def test_cli_reports_an_older_slurmrl_db_without_upgrading_it(tmp_path: Path) ->
     conn.executescript(MIGRATIONS[0] + "PRAGMA user_version = 1;")
     conn.execute("ATTACH DATABASE ? AS src", (str(_db(tmp_path / "c.db")),))
     for table in ("pools", "jobs", "leases", "lease_gpus", "observations", "ledger"):
-        conn.execute(f"INSERT INTO main.{table} SELECT * FROM src.{table}")
+        cols = ", ".join(r[1] for r in conn.execute(f"PRAGMA main.table_info({table})"))
+        conn.execute(f"INSERT INTO main.{table} SELECT {cols} FROM src.{table}")
     conn.commit()
     conn.close()
     before = _sha(db)

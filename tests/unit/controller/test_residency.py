@@ -13,6 +13,7 @@ from slurmrl.controller.residency import (
     admit,
     footprints_for_job,
     phase_roles,
+    plan_floating_grant,
     plan_grant,
 )
 from slurmrl.gpu.estimate import GiB
@@ -259,3 +260,32 @@ def test_a_colocated_sync_activates_every_replica_and_the_trainer() -> None:
     plan = plan_grant(fps, CAP80[:2], job_id=3, phase=Phase.SYNC, host_budget_bytes=100 * GiB,
                       gpus=(0, 1))
     assert set(plan.activate) == {(3, "trainer"), (3, "rollout:0"), (3, "rollout:1")}
+
+
+def test_a_floating_grant_parks_the_window_and_the_jobs_active_copies_elsewhere() -> None:
+    req = RlRequest(2, "tiny")
+    a0 = footprints_for_job(1, req, (0, 1), window=0)
+    a1 = footprints_for_job(1, req, (2, 3), window=1)
+    b0 = footprints_for_job(2, req, (0, 1), window=0)
+    cap = [GpuCapacity(i, 80 * GiB) for i in range(4)]
+    # job 1's trainer is active on window 1 (its state there); job 2's rollout on window 0
+    state = {(1, "trainer@1"): Residency.ACTIVE, (2, "rollout@0"): Residency.ACTIVE,
+             (1, "rollout@1"): Residency.ACTIVE}
+    services = [replace(f, residency=state.get(f.key, Residency.PARKED))
+                for f in (*a0, *a1, *b0)]
+    plan = plan_floating_grant(services, cap, job_id=1, phase=Phase.TRAIN, gpus=(0, 1))
+    # the state's copy is parked (handed over) and the window cleared, before job 1's
+    # trainer on window 0 takes the state over; its rollout elsewhere is left alone
+    assert set(plan.park) == {(1, "trainer@1"), (2, "rollout@0")}
+    assert plan.activate == ((1, "trainer@0"),) and plan.drop == ()
+    # a rollout beside the job's own active trainer on its window stays up while it fits
+    roll = plan_floating_grant(services, cap, job_id=1, phase=Phase.ROLLOUT, gpus=(2, 3))
+    assert roll.park == () and roll.activate == ()
+    # ... and is parked where memory needs it (a GPU of 24 GiB: the tiny pair fits,
+    # two 7B services of 20 GiB each do not)
+    big = [replace(f, active_bytes=20 * GiB) for f in services]
+    small = [GpuCapacity(i, 24 * GiB) for i in range(4)]
+    sync = plan_floating_grant(big, small, job_id=1, phase=Phase.TRAIN, gpus=(2, 3))
+    assert sync.park == ((1, "rollout@1"),) and sync.activate == ()
+    with pytest.raises(ResidencyError, match="no train service"):
+        plan_floating_grant(services, cap, job_id=2, phase=Phase.TRAIN, gpus=(2, 3))

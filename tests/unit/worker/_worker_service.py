@@ -6,6 +6,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from slurmrl.worker.protocol import Role
 from slurmrl.worker.server import ServiceInfo, ServiceServer, serve
@@ -21,9 +22,11 @@ class Running:
 
 def start(
     role: Role, secret: str, max_body_bytes: int = 1 << 20, control_secret: str | None = None,
+    handoff_dir: Path | None = None,
 ) -> tuple[Running, Callable[[], None]]:
     server = ServiceServer(TinyBackend(role), secret, ServiceInfo("42", str(role), "tiny"),
-                           max_body_bytes=max_body_bytes, control_secret=control_secret)
+                           max_body_bytes=max_body_bytes, control_secret=control_secret,
+                           handoff_dir=handoff_dir)
     ready = threading.Event()
     port: list[int] = []
     loop = asyncio.new_event_loop()

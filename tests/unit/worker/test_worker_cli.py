@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import click
@@ -11,6 +13,7 @@ from click.testing import CliRunner
 from slurmrl.auth.tokens import mint_secret
 from slurmrl.cli.main import cli
 from slurmrl.worker.cli import SECRET_ENV, read_secret
+from slurmrl.worker.handoff import prepare_dir
 
 
 def test_secret_from_a_private_file(tmp_path: Path) -> None:
@@ -33,8 +36,6 @@ def test_group_readable_secret_file_is_refused(tmp_path: Path) -> None:
 def test_secret_from_env_is_removed_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import os
-
     monkeypatch.setenv(SECRET_ENV, "s" * 32)
     assert read_secret(None) == "s" * 32
     assert SECRET_ENV not in os.environ  # children of the worker do not inherit it
@@ -60,3 +61,54 @@ def test_usage_errors_exit_2_with_a_message(
     result = CliRunner().invoke(cli, argv, env=env or {SECRET_ENV: mint_secret()})
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_a_missing_handoff_dir_is_created_private(tmp_path: Path) -> None:
+    path = prepare_dir(tmp_path / "slurmrl-job9-abc")
+    assert path.is_dir() and stat.S_IMODE(path.stat().st_mode) == 0o700
+    assert prepare_dir(path) == path  # an existing private one is fine
+
+
+def _handoff_refusals(tmp_path: Path) -> list[tuple[Path, str]]:
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)  # even to a good directory: the link itself could be changed
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o770)
+    readable = tmp_path / "readable"
+    readable.mkdir()
+    readable.chmod(0o705)
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    cases = [(link, "is a symlink"), (shared, "accessible to group or others"),
+             (readable, "accessible to group or others"), (a_file, "is not a directory"),
+             (tmp_path / "no" / "parent", "cannot create handoff dir")]
+    if os.geteuid() == 0:  # only root can give a directory away
+        other = tmp_path / "other"
+        other.mkdir(mode=0o700)
+        os.chown(other, 65534, 65534)
+        cases.append((other, "owned by uid 65534, not by this worker's uid 0"))
+    return cases
+
+
+def test_a_handoff_dir_that_is_not_private_is_refused(tmp_path: Path) -> None:
+    cases = _handoff_refusals(tmp_path)
+    assert os.geteuid() != 0 or len(cases) == 6  # the tests run as root: all checked
+    for path, message in cases:
+        with pytest.raises(ValueError, match=message) as err:
+            prepare_dir(path)
+        assert str(path) in str(err.value)
+    assert (tmp_path / "real").stat().st_mode & 0o777 == 0o700  # nothing was changed
+    assert (tmp_path / "shared").stat().st_mode & 0o777 == 0o770
+
+
+def test_the_worker_refuses_to_start_with_such_a_handoff_dir(tmp_path: Path) -> None:
+    for path, message in _handoff_refusals(tmp_path):
+        argv = ["worker", "--backend", "tiny", "--role", "trainer", "--job-id", "9",
+                "--handoff-dir", str(path)]
+        result = CliRunner().invoke(cli, argv, env={SECRET_ENV: mint_secret()})
+        assert result.exit_code == 2, result.output
+        assert "--handoff-dir" in result.output and message in result.output
+        assert str(path) in result.output.replace("\n", "")

@@ -50,6 +50,43 @@ def test_tracked_set_cannot_change_while_offloaded() -> None:
         off.refresh([t, torch.ones(3)])
 
 
+def test_released_host_buffers_hold_nothing_until_refreshed() -> None:
+    t = torch.ones(6)
+    off = Offloader(torch.device("cpu"))
+    off.refresh([t])
+    off.offload(keep_host_copy=False)
+    off.release_host()
+    assert off.host_bytes() == 0 and off.shape_of(t) == torch.Size([6])
+    with pytest.raises(ValueError, match="host buffers were released"):
+        off.write_host([(t, torch.ones(6))])
+    off.onload(restore=False)
+    assert torch.equal(t, torch.zeros(6))
+    off.refresh([t])  # the next park has its buffer again
+    assert off.host_bytes() == 6 * 4
+
+
+def test_a_failed_onload_stays_offloaded_and_can_be_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # e.g. the device is out of memory: nothing half-allocated stays, the state stays
+    a, b = torch.randn(4), torch.randn(3)
+    keep = (a.clone(), b.clone())
+    off = Offloader(torch.device("cpu"))
+    off.refresh([a, b])
+    off.offload()
+
+    def out_of_memory(tensors: object, to_host: bool) -> None:
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(off, "_copy", out_of_memory)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        off.onload()
+    assert off.offloaded and a.numel() == 0 and b.numel() == 0
+    monkeypatch.undo()
+    off.onload()
+    assert torch.equal(a, keep[0]) and torch.equal(b, keep[1])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (none here)")
 def test_cuda_offload_frees_gpu_memory_and_restores() -> None:

@@ -4,12 +4,15 @@ vLLM cannot run on this machine (no GPU, not installed), so `FakeEngine` stands 
 `vllm.LLM` and only records the calls the backend makes; nothing here shows vLLM itself
 behaves. What it does check is the backend's own logic: weights imported while asleep
 reach the engine only at activation, in the order vLLM's sleep mode needs (wake the
-weights' memory, load, wake the KV cache, reset the prefix cache), and not before.
+weights' memory, load, wake the KV cache, reset the prefix cache), and not before; and
+that it refuses to hand its state to another copy (floating pools) without touching the
+engine.
 """
 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,3 +94,14 @@ def test_a_blob_that_is_not_a_state_dict_is_refused_while_asleep() -> None:
     assert not b.staged
     b.activate()
     assert engine.calls == [("sleep", 1), ("wake_up", None)]
+
+
+def test_vllm_cannot_hand_its_state_to_another_copy(tmp_path: Path) -> None:
+    b, engine = _backend()
+    for call in (b.hand_off, b.take_over):
+        with pytest.raises(BackendError, match=r"vllm backend cannot hand its state to "
+                           r"another copy.*floating pools need a backend that can "
+                           r"\(torch or tiny\)"):
+            call(tmp_path / "rollout.state")
+    assert engine.calls == [] and list(tmp_path.iterdir()) == []
+    assert b.residency is Residency.ACTIVE and not b.handed_off and b.generation == 0

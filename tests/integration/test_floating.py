@@ -1,0 +1,200 @@
+"""A floating pool on the real local Slurm (4 fake GPUs): three RL jobs of 2 GPUs share
+two windows, each window its own Slurm allocation, and each job's state follows it from
+window to window through the node's memory.
+
+The controller runs with `slurm.floating_pools` on and a site policy that places the
+jobs as the default policy would place such a group (the first opens a floating pool,
+the second adds a window, the third joins the two), so that the test does not hang on
+the default policy's predictions of three tiny drivers. The drivers train with non-zero
+advantages and sync every round: a trainer whose state did not follow it to another
+window would report a step count that restarts, and a rollout that missed a sync would
+hold other weights than the trainer exported.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurmrl.leases.invariants import check_history
+from tests.integration.test_pools import _environ, _pool_controller, _wait, read
+
+FLOAT_POLICY = '''
+from policies.base import Action, Placement, PoolMode
+
+
+class FloatTwo:
+    """Floating pools of up to two windows: open one, add a window, then join."""
+
+    name = "float-test"
+    mode = PoolMode.LEASE
+
+    def place(self, snapshot):
+        out, pool = [], next((p for p in snapshot.pools if p.floating), None)
+        size, pid = (pool.gpus, pool.pool_id) if pool is not None else (0, None)
+        for job in snapshot.waiting:
+            g = job.request.gpus
+            if pid is None:
+                pid, size = -1, g
+                out.append(Placement(job.job_id, Action.OPEN, pid, g, floating=True))
+                continue
+            size = min(size + g, 2 * g)
+            action = Action.JOIN if pid > 0 else Action.OPEN
+            out.append(Placement(job.job_id, action, pid, size, floating=True))
+        return out
+'''
+
+FLOAT_DRIVER = '''#!{python}
+"""Rollout, train (non-zero advantages) and sync every round, on whatever window."""
+import json, sys, time, slurmrl
+job = slurmrl.connect(url=sys.argv[1])
+ro, tr = job.service("rollout"), job.service("trainer")
+prompts = ["1+2=", "3*4=", "9-7=", "5+5="]
+synced = None
+try:
+    for i in range(100000):
+        with job.phase("rollout") as lease:
+            out = ro.generate(prompts, max_tokens=8, seed=11)
+            # the rollout holds the weights of the last sync, whichever window it is on
+            same = synced is None or ro.export_weights() == synced
+            where = sorted(lease.pool_gpus)
+        with job.phase("train") as lease:
+            st = tr.train_step([{{"prompt_ids": list(s.prompt_ids),
+                                 "completion_ids": list(s.completion_ids),
+                                 "advantage": 1.0 if k % 2 else -1.0}}
+                                for k, s in enumerate(out.samples)])
+            train_on = sorted(lease.pool_gpus)
+        with job.phase("sync"):
+            synced = tr.export_weights()
+            tr.sync_weights_to(ro)
+        print(json.dumps({{"round": i, "same": same, "step": st["step"],
+                          "rollout_on": where, "train_on": train_on}}), flush=True)
+        time.sleep(0.05)
+except Exception as exc:
+    print("ERROR", type(exc).__name__, exc, flush=True)
+    sys.exit(3)
+'''
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="slurmrl-svc-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _rounds(path: Path) -> list[dict[str, object]]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")]
+
+
+def test_floating_pool_members_take_whichever_window_is_free_and_keep_their_state(
+    shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
+) -> None:
+    from slurmrl.db import Store
+    from tests.integration.controller_harness import VENV_PY
+
+    (shared_tmp / "floattest.py").write_text(FLOAT_POLICY)
+    ctl = _pool_controller(shared_tmp, slurm_env, run_dir,
+                           SLURMRL_POLICIES__PAIRING="floattest:FloatTwo",
+                           SLURMRL_SLURM__FLOATING_POOLS="true",
+                           SLURMRL_LIMITS__MAX_JOBS_PER_POOL="3",
+                           PYTHONPATH=str(shared_tmp))
+    driver = shared_tmp / "float_driver.py"
+    driver.write_text(FLOAT_DRIVER.format(python=VENV_PY))
+    driver.chmod(0o755)
+    ids: list[int] = []
+    outs: list[Path] = []
+    store = Store(ctl.db)
+    try:
+        for k, user in enumerate(("rlalice", "rlbob", "rlalice")):
+            outs.append(shared_tmp / f"float-{k}.out")
+            sub = jobs.sbatch(["--rl-gpus=2", "--rl-model=tiny", "--rl-max-slowdown=3",
+                               f"--output={outs[-1]}", "--time=15",
+                               f"--wrap={driver} {ctl.url}"], user=user)  # type: ignore[attr-defined]
+            assert sub.returncode == 0 and sub.job_id, sub.stderr
+            ids.append(sub.job_id)
+            # one at a time: each placement sees the pool the last one left
+            _wait(lambda: (j := store.job(ids[-1])) is not None and j.pool_id is not None,
+                  120, f"job {ids[-1]} to be placed", lambda: read(ctl.log)[-4000:])
+
+        def evidence() -> str:
+            return "\n".join(read(o)[-1500:] for o in outs) + read(ctl.log)[-6000:]
+
+        _wait(lambda: all(len(_rounds(o)) >= 6 for o in outs), 240,
+              "every driver to run 6 rounds", evidence)
+        pools = {store.job(i).pool_id for i in ids}  # type: ignore[union-attr]
+        assert len(pools) == 1 and None not in pools, "the three jobs share one pool"
+        pool = store.pool(pools.pop() or 0)
+        assert pool is not None and pool.floating and pool.gpus == 4
+        windows = store.windows(pool.pool_id)
+        assert [w.window for w in windows] == [0, 1]
+        assert len({w.slurm_job_id for w in windows}) == 2, "a Slurm allocation per window"
+        for w in windows:
+            assert jobs.state(w.slurm_job_id) == "RUNNING"  # type: ignore[attr-defined]
+        # every job has a rollout and a trainer on each window, pinned to its GPUs
+        from slurmrl.worker.handle import ServiceHandle
+        for s in store.services(pool_id=pool.pool_id, live_only=True):
+            job = store.job(s.job_id)
+            assert job is not None
+            st = ServiceHandle(s.address, job.secret, str(job.job_id), s.role).status()
+            win = windows[min(s.gpus) // 2]
+            assert _environ(int(st["pid"]))["CUDA_VISIBLE_DEVICES"] == \
+                ",".join(map(str, win.gpu_indices))
+        live = store.services(pool_id=pool.pool_id, live_only=True)
+        assert sorted((s.job_id, s.role, tuple(s.gpus)) for s in live) == sorted(
+            (j, r, g) for j in ids for r in ("rollout", "trainer") for g in ((0, 1), (2, 3))), \
+            store.services(pool_id=pool.pool_id)
+
+        # three jobs on two windows: phases changed windows, and every job's state
+        # followed it: its trainer's steps count on, its rollout has the synced weights
+        _wait(lambda: any(len({tuple(r["train_on"]) for r in _rounds(o)}) == 2  # type: ignore[arg-type]
+                          for o in outs), 120, "a job to train on both windows", evidence)
+        for out in outs:
+            rounds = _rounds(out)
+            assert [r["step"] for r in rounds] == [i + 1.0 for i in range(len(rounds))], \
+                read(out)
+            assert all(r["same"] for r in rounds), read(out)
+            assert "ERROR" not in read(out)
+        assert "handoff to job" in read(ctl.log)
+        check_history(store.intervals(pool.pool_id))  # no GPU ever held twice
+        for le in store.leases(pool_id=pool.pool_id):  # every lease is one whole window
+            assert tuple(le.gpus) in ((), (0, 1), (2, 3)), le
+
+        # two jobs end: one member left on two windows gives one back to Slurm
+        for jid in ids[:2]:
+            jobs.run(["scancel", str(jid)])  # type: ignore[attr-defined]
+        _wait(lambda: len(store.windows(pool.pool_id)) == 1, 90,
+              "the pool to give a window back", evidence)
+        gone = windows[1].slurm_job_id
+        _wait(lambda: jobs.state(gone) in (None, "CANCELLED", "COMPLETED"), 60,  # type: ignore[attr-defined]
+              f"window 1's allocation (Slurm job {gone}) to end")
+        n = len(_rounds(outs[2]))
+        _wait(lambda: len(_rounds(outs[2])) >= n + 3, 90, "the last job to go on alone",
+              evidence)
+        rounds = _rounds(outs[2])
+        assert [r["step"] for r in rounds] == [i + 1.0 for i in range(len(rounds))]
+        assert all(r["same"] and r["train_on"] == [0, 1] for r in rounds[n + 1:]), \
+            read(outs[2])
+    finally:
+        for jid in ids:
+            jobs.run(["scancel", str(jid)])  # type: ignore[attr-defined]
+        if ctl.db.exists():
+            s = Store(ctl.db)
+            for p in s.pools():
+                for w in s.windows(p.pool_id, open_only=False):
+                    jobs.run(["scancel", str(w.slurm_job_id)])  # type: ignore[attr-defined]
+                if p.slurm_job_id is not None:
+                    jobs.run(["scancel", str(p.slurm_job_id)])  # type: ignore[attr-defined]
+        ctl.stop()
+        print("controller log:\n", read(ctl.log)[-20000:])
+        for out in outs:
+            print(out.name, read(out)[-1500:])
+        for path in run_dir.glob("*.log"):
+            print(path.name, path.read_text()[-1500:])

@@ -1,0 +1,412 @@
+"""Floating pools in the controller: windows as allocations, services on every window,
+leases on whichever window is free, the job's state handed between windows.
+
+A real Controller, Store, LeaseScheduler and `SlurmPools` run on one event loop; Slurm,
+the pool allocator and the service launcher are fakes (no daemons, no processes: the
+dev-cluster test in tests/integration/test_floating.py runs the real ones). Pairing is a
+test policy that says where each job goes: the first opens a floating pool, each later
+one joins it adding a window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _loop import run
+
+from policies.base import Action, ClusterSnapshot, Placement, PoolMode
+from slurmrl.config import Config, ConfigError, load
+from slurmrl.config.schema import LimitsConfig, SlurmConfig
+from slurmrl.controller.core import Controller
+from slurmrl.controller.pools import PoolError, SlurmPool, SlurmPools
+from slurmrl.controller.services import ServiceSpec
+from slurmrl.db import JobRecord, Store
+from slurmrl.leases import LeaseError
+from slurmrl.model import Identity, JobState, Phase
+from slurmrl.slurm import JobInfo, NodeInfo, SlurmJobState
+
+ALICE = Identity(1001, 1001, "alice")
+BOB = Identity(1002, 1002, "bob")
+CAROL = Identity(1003, 1003, "carol")
+DAVE = Identity(1004, 1004, "dave")
+ENV = {"SLURMRL_GPUS": "2", "SLURMRL_MODEL": "tiny"}
+FLOATING = Config(slurm=SlurmConfig(floating_pools=True),
+                  limits=LimitsConfig(max_jobs_per_pool=4))
+
+
+class FakeSlurm:
+    def __init__(self) -> None:
+        self.running: dict[int, JobInfo] = {}
+
+    def add(self, job_id: int, who: Identity) -> None:
+        self.running[job_id] = JobInfo(job_id, f"job{job_id}", who.user, who.uid,
+                                       SlurmJobState.RUNNING, partition="drivers",
+                                       nodes=("n1",))
+
+    def job(self, job_id: int) -> JobInfo | None:
+        return self.running.get(job_id)
+
+    def jobs(self, job_ids: list[int] | None = None, user: str | None = None) -> list[JobInfo]:
+        return [j for j in self.running.values() if job_ids is None or j.job_id in job_ids]
+
+    def nodes(self) -> list[NodeInfo]:
+        return [NodeInfo("n1", "IDLE", 8, 16, 64000, ("pools",))]
+
+
+class FakeAllocator:
+    """Allocations 101, 102, ... on node n1, each on the next free GPUs;
+    `refuse_on_node` makes a request for a named node fail as a full node would."""
+
+    def __init__(self) -> None:
+        self.next, self.next_gpu = 101, 0
+        self.opened: list[tuple[int, int, str | None]] = []  #: (job id, GPUs, node asked)
+        self.closed: list[int] = []
+        self.refuse_on_node = False
+
+    def open(self, gpus: int, label: str = "", node: str | None = None) -> SlurmPool:
+        if self.refuse_on_node and node is not None:
+            raise PoolError("pool job 999 not running after 60 s (PENDING, Resources)")
+        self.next += 1
+        self.next_gpu += gpus
+        self.opened.append((self.next - 1, gpus, node))
+        return SlurmPool(self.next - 1, "pools", "n1", ("n1",),
+                         tuple(range(self.next_gpu - gpus, self.next_gpu)))
+
+    def close(self, slurm_job_id: int) -> None:
+        self.closed.append(slurm_job_id)
+
+    def losses(self, slurm_job_ids: list[int]) -> list[Any]:
+        return []
+
+
+@dataclass
+class FakeHandle:
+    """A service's control plane: records what the controller asked of it."""
+
+    spec: ServiceSpec
+    calls: list[tuple[str, bool]] = field(default_factory=list)  #: (park|activate, handoff)
+
+    def activate(self, timeout_s: float | None = None, *,
+                 handoff: bool = False) -> dict[str, Any]:
+        self.calls.append(("activate", handoff))
+        return {"residency": "active"}
+
+    def park(self, level: int = 1, timeout_s: float | None = None, *,
+             handoff: bool = False) -> dict[str, Any]:
+        self.calls.append(("park", handoff))
+        return {"residency": "parked"}
+
+    def status(self) -> dict[str, Any]:
+        return {}
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class FakeRunning:
+    spec: ServiceSpec
+    pool_job_id: int
+    handle: FakeHandle
+    step_id: str = "0"
+    address: str = "127.0.0.1:1"
+    control_secret: str = "c" * 64
+
+
+class FakeLauncher:
+    def __init__(self) -> None:
+        self.launched: list[FakeRunning] = []
+        self.stopped: list[FakeRunning] = []
+
+    def launch(self, pool_job_id: int, node: str, spec: ServiceSpec,
+               secret: str) -> FakeRunning:
+        svc = FakeRunning(spec, pool_job_id, FakeHandle(spec))
+        self.launched.append(svc)
+        return svc
+
+    def stop(self, svc: FakeRunning) -> None:
+        self.stopped.append(svc)
+
+    def of(self, job_id: int, role: str, alloc: int) -> FakeRunning:
+        """The live service of `job_id`'s `role` in allocation `alloc`."""
+        (svc,) = [s for s in self.launched if s.spec.job_id == job_id
+                  and s.spec.role == role and s.pool_job_id == alloc and s not in self.stopped]
+        return svc
+
+
+class FloatFirst:
+    """The first job opens a floating pool; each later one joins it with a window more,
+    up to three windows."""
+
+    name = "float-first"
+    mode = PoolMode.LEASE
+
+    def place(self, snap: ClusterSnapshot) -> list[Placement]:
+        out = []
+        pool = next((p for p in snap.pools if p.floating), None)
+        for j in snap.waiting:
+            g = j.request.gpus
+            if pool is None:
+                out.append(Placement(j.job_id, Action.OPEN, -1, g, floating=True))
+            else:
+                out.append(Placement(j.job_id, Action.JOIN, pool.pool_id,
+                                     min(pool.gpus + g, 3 * g), floating=True))
+        return out
+
+
+@dataclass
+class Site:
+    c: Controller
+    pools: SlurmPools
+    slurm: FakeSlurm
+    allocator: FakeAllocator
+    launcher: FakeLauncher
+
+    async def settle(self) -> None:
+        while self.pools._tasks:
+            await asyncio.gather(*list(self.pools._tasks), return_exceptions=True)
+
+    async def until(self, cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not cond():
+            assert time.monotonic() < deadline, "timed out"
+            await asyncio.sleep(0.01)
+
+    def job(self, job_id: int) -> JobRecord:
+        job = self.c.store.job(job_id)
+        assert job is not None
+        return job
+
+    async def register(self, who: Identity, job_id: int) -> None:
+        self.slurm.add(job_id, who)
+        await self.c.register(who, job_id, ENV)
+        await self.settle()
+
+    async def grant(self, job_id: int, phase: Phase) -> frozenset[int]:
+        """Request `phase` for the job; wait for the grant and its handoff; its GPUs."""
+        ticket = self.c.scheduler.request(self.job(job_id), phase)
+        lease = ticket.lease or await self.c.scheduler.wait(ticket.request_id, 5.0)
+        assert lease is not None, f"job {job_id}'s {phase} was not granted"
+        await self.pools.before_answer(self.job(job_id), lease)
+        return lease.gpus
+
+    def release(self, job_id: int, gpus: frozenset[int]) -> None:
+        table = self.c.scheduler.tables[self.job(job_id).pool_id]  # type: ignore[index]
+        (lease,) = [x for x in table.leases if x.job_id == job_id and x.gpus == gpus]
+        self.c.scheduler.release(self.job(job_id), lease.lease_id, {})
+
+
+async def _site(store: Store, cfg: Config = FLOATING) -> Site:
+    slurm, allocator, launcher = FakeSlurm(), FakeAllocator(), FakeLauncher()
+    pools = SlurmPools(allocator=allocator, launcher=launcher)  # type: ignore[arg-type]
+    c = Controller(cfg, store, slurm, pools=pools)  # type: ignore[arg-type]
+    c.policies = replace(c.policies, pairing=FloatFirst())
+    await c.start()
+    return Site(c, pools, slurm, allocator, launcher)
+
+
+@run
+async def test_a_join_adds_a_window_with_every_members_services_on_it(tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"))
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+
+    a, b = site.job(7), site.job(8)
+    assert a.pool_id == b.pool_id is not None
+    pool = site.c.store.pool(a.pool_id)
+    assert pool is not None and pool.floating and pool.gpus == 4
+    # two allocations of 2 GPUs; the second on the first's node
+    assert site.allocator.opened == [(101, 2, None), (102, 2, "n1")]
+    assert [(w.window, w.slurm_job_id) for w in site.c.store.windows(pool.pool_id)] == \
+        [(0, 101), (1, 102)]
+    assert site.c.scheduler.tables[pool.pool_id].gpus == frozenset(range(4))
+    for job in (7, 8):  # a rollout and a trainer on each window, in its allocation
+        for role in ("rollout", "trainer"):
+            for alloc, devices in ((101, (0, 1)), (102, (2, 3))):
+                svc = site.launcher.of(job, role, alloc)
+                assert svc.spec.cuda_devices == devices
+                assert svc.spec.handoff_dir is not None
+                # handed off at once: no copy holds the job's state until a grant
+                assert svc.handle.calls == [("park", True)]
+    # one private directory per job, the same on every window
+    dirs = {s.spec.job_id: s.spec.handoff_dir for s in site.launcher.launched}
+    assert dirs[7] != dirs[8] and all(d and d.startswith("/dev/shm/") for d in dirs.values())
+    await site.c.stop()
+
+
+@run
+async def test_a_phase_takes_the_free_window_and_the_jobs_state_follows(
+        tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"))
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    for s in site.launcher.launched:
+        s.handle.calls.clear()
+    roll7_0, roll7_1 = (site.launcher.of(7, "rollout", a) for a in (101, 102))
+    roll8_0 = site.launcher.of(8, "rollout", 101)
+
+    first = await site.grant(7, Phase.ROLLOUT)
+    assert first == {0, 1}
+    assert roll7_0.handle.calls == [("activate", True)]  # takes the state over
+    site.release(7, first)
+    # job 8 has no window of its own: it takes the free window 0, parking job 7's copy
+    assert await site.grant(8, Phase.ROLLOUT) == {0, 1}
+    assert roll7_0.handle.calls[-1] == ("park", True)  # hands job 7's state over
+    assert roll8_0.handle.calls == [("activate", True)]
+    # job 7's next phase runs on window 1, where its copy takes its state over
+    assert await site.grant(7, Phase.ROLLOUT) == {2, 3}
+    assert roll7_1.handle.calls == [("activate", True)]
+    lease = next(x for x in site.c.scheduler.tables[site.job(7).pool_id].leases  # type: ignore[index]
+             if x.job_id == 7)
+    assert lease.gpus == {2, 3}
+    await site.c.stop()
+
+
+@run
+async def test_a_job_moving_windows_parks_its_copy_on_the_old_one_first(
+        tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"))
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    await site.register(CAROL, 9)
+    t7 = {a: site.launcher.of(7, "trainer", a) for a in (101, 102, 103)}
+    for s in site.launcher.launched:
+        s.handle.calls.clear()
+
+    w = await site.grant(7, Phase.TRAIN)
+    site.release(7, w)
+    # the others take windows 0 and 1; job 7's copy on window 0 stays active until then
+    held8 = await site.grant(8, Phase.TRAIN)
+    held9 = await site.grant(9, Phase.TRAIN)
+    assert {min(held8), min(held9)} == {0, 2}
+    assert t7[101].handle.calls == [("activate", True), ("park", True)]
+    assert await site.grant(7, Phase.TRAIN) == {4, 5}
+    assert t7[103].handle.calls == [("activate", True)]
+    await site.c.stop()
+
+
+@run
+async def test_a_window_more_than_the_members_is_given_back_once_free(tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"))
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    pool_id = site.job(7).pool_id
+    assert pool_id is not None
+    held = await site.grant(8, Phase.TRAIN)
+    held = await site.grant(7, Phase.TRAIN)
+    assert held == {2, 3}  # job 7 holds the last window
+
+    await site.c.end_job(8, JobState.COMPLETED, "done")
+    await site.settle()
+    # the last window is held: it stays
+    assert len(site.c.store.windows(pool_id)) == 2 and site.allocator.closed == []
+    site.release(7, held)
+    await site.pools.reconcile()
+    await site.settle()
+    assert [w.window for w in site.c.store.windows(pool_id)] == [0]
+    assert site.allocator.closed == [102]
+    assert site.c.scheduler.tables[pool_id].gpus == {0, 1}
+    pool = site.c.store.pool(pool_id)
+    assert pool is not None and (pool.gpus, pool.gpu_indices) == (2, (0, 1))
+    # job 7's copies there handed its state off before they stopped
+    t7 = site.launcher.of(7, "trainer", 101)
+    gone = [s for s in site.launcher.stopped if s.pool_job_id == 102 and s.spec.job_id == 7]
+    assert sorted(s.spec.role for s in gone) == ["rollout", "trainer"]
+    assert next(s for s in gone if s.spec.role == "trainer").handle.calls[-1] == ("park", True)
+    assert await site.grant(7, Phase.TRAIN) == {0, 1}
+    assert t7.handle.calls[-1] == ("activate", True)
+    # the pool's last member ends: every allocation goes
+    await site.c.end_job(7, JobState.COMPLETED, "done")
+    await site.settle()
+    assert site.allocator.closed == [102, 101]
+    await site.c.stop()
+
+
+@run
+async def test_a_join_whose_window_slurm_refuses_opens_its_own_pool(tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"))
+    await site.register(ALICE, 7)
+    site.allocator.refuse_on_node = True  # the pool's node is full; others are not
+    await site.register(BOB, 8)
+    a, b = site.job(7), site.job(8)
+    assert b.state is JobState.RUNNING and b.pool_id not in (None, a.pool_id)
+    assert a.pool_id is not None and len(site.c.store.windows(a.pool_id)) == 1
+    pool = site.c.store.pool(b.pool_id)  # type: ignore[arg-type]
+    assert pool is not None and pool.floating and pool.gpus == 2
+    # nothing of job 8's was left on the refused window, nor of job 7's
+    assert {s.pool_job_id for s in site.launcher.launched} == {101, 102}
+    await site.c.stop()
+
+
+@run
+async def test_leases_in_a_floating_pool_are_whole_windows(tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"))
+    await site.register(ALICE, 7)
+    with pytest.raises(LeaseError, match="whole windows"):
+        site.c.scheduler.request(site.job(7), Phase.ROLLOUT, min_gpus=1)
+    w = await site.grant(7, Phase.ROLLOUT)
+    (lease,) = site.c.scheduler.tables[site.job(7).pool_id].leases  # type: ignore[index]
+    with pytest.raises(LeaseError, match="whole windows"):
+        site.c.scheduler.shrink(site.job(7), lease.lease_id, keep=1)
+    with pytest.raises(LeaseError, match="whole windows"):
+        site.c.scheduler.grow(site.job(7), lease.lease_id, [0])
+    assert lease.gpus == w
+    await site.c.stop()
+
+
+@run
+async def test_without_the_site_setting_pools_do_not_float(tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"), Config())
+    await site.register(ALICE, 7)
+    pool = site.c.store.pool(site.job(7).pool_id)  # type: ignore[arg-type]
+    assert pool is not None and not pool.floating
+    assert site.c.store.windows(pool.pool_id) == []
+    await site.c.stop()
+
+
+@run
+async def test_a_restart_keeps_a_floating_pools_windows_and_waiters(tmp_path: Path) -> None:
+    store = Store(tmp_path / "c.db")
+    site = await _site(store)
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    await site.register(CAROL, 9)
+    pool_id = site.job(7).pool_id
+    assert pool_id is not None
+    await site.register(DAVE, 10)  # a fourth member on the three windows
+    assert len(site.c.store.windows(pool_id)) == 3
+    for job in (7, 8, 9):
+        await site.grant(job, Phase.TRAIN)
+    waiting = site.c.scheduler.request(site.job(10), Phase.ROLLOUT)  # all three held
+    assert waiting.lease is None
+    await site.c.stop()
+
+    slurm = site.slurm
+    site2 = await _site(store)
+    site2.slurm.running.update(slurm.running)
+    table = site2.c.scheduler.tables[pool_id]
+    assert table.gpus == frozenset(range(6))
+    (req,) = table.waiting
+    assert req.job_id == 10 and len(req.options) == 3
+    # it is granted whichever window frees first
+    (held,) = [x for x in table.leases if x.job_id == 8]
+    site2.c.scheduler.release(site2.job(8), held.lease_id, {})
+    (got,) = [x for x in table.leases if x.job_id == 10]
+    assert got.gpus == held.gpus
+    await site2.c.stop()
+
+
+def test_the_site_config_refuses_floating_pools_with_vllm(tmp_path: Path) -> None:
+    cfg = tmp_path / "slurmrl.toml"
+    cfg.write_text('[slurm]\nfloating_pools = true\n[services]\nrollout_backend = "vllm"\n')
+    with pytest.raises(ConfigError, match=r"floating_pools.*vllm"):
+        load(cfg, env={})

@@ -1,0 +1,176 @@
+"""Hand-off over HTTP: two copies of one service, served for real on loopback, pass the
+job's state through their shared private directory as the controller would ask them to."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _worker_service import Running, start
+
+from slurmrl.auth.tokens import mint_secret, sign
+from slurmrl.worker.handle import ServiceError, ServiceHandle, ServiceParked
+from slurmrl.worker.handoff import prepare_dir
+from slurmrl.worker.protocol import Role
+
+PROMPTS = ["1+2=", "30*4="]
+
+
+def _handle(svc: Running) -> ServiceHandle:
+    return ServiceHandle(svc.address, svc.secret, "42", "trainer", timeout_s=30)
+
+
+@pytest.fixture
+def copies(tmp_path: Path) -> Iterator[tuple[ServiceHandle, ServiceHandle, Path]]:
+    """Two trainer copies of one job sharing a handoff directory."""
+    secret = mint_secret()
+    shared = prepare_dir(tmp_path / "slurmrl-job42-abc")
+    a, stop_a = start(Role.TRAINER, secret, handoff_dir=shared)
+    b, stop_b = start(Role.TRAINER, secret, handoff_dir=shared)
+    yield _handle(a), _handle(b), shared
+    stop_a()
+    stop_b()
+
+
+def _batch(rollout: Running) -> list[Any]:
+    h = ServiceHandle(rollout.address, rollout.secret, "42", "rollout", timeout_s=30)
+    out = h.generate(PROMPTS, seed=1, max_tokens=6)
+    return [s.with_advantage(1.0) for s in out.samples]
+
+
+def test_the_state_moves_to_the_other_copy_and_back(
+    copies: tuple[ServiceHandle, ServiceHandle, Path], rollout_service: Running
+) -> None:
+    a, b, shared = copies
+    batch = _batch(rollout_service)
+    a.train_step(batch)
+    a.train_step(batch)
+    weights = a.export_weights()
+
+    st = a.park(handoff=True)
+    assert st["residency"] == "parked" and st["handed_off"] is True
+    assert st["memory"] == {"device_bytes": 0, "host_bytes": 0}
+    assert st["generation"] == 1
+    assert (shared / "trainer.state").is_file()
+    with pytest.raises(ServiceParked):
+        a.train_step(batch)
+
+    st = b.activate(handoff=True)  # b was active with its own fresh state: replaced
+    assert st["residency"] == "active" and st["handed_off"] is False
+    assert st["generation"] == 1
+    assert b.export_weights() == weights
+    assert b.train_step(batch)["step"] == 3.0
+
+    trained = b.export_weights()
+    b.park(handoff=True)
+    st = a.activate(handoff=True)
+    assert st["residency"] == "active" and st["generation"] == 2
+    assert a.export_weights() == trained
+    assert a.train_step(batch)["step"] == 4.0
+
+
+def test_activate_with_handoff_keeps_a_copys_own_current_state(
+    copies: tuple[ServiceHandle, ServiceHandle, Path], rollout_service: Running
+) -> None:
+    a, b, _ = copies
+    batch = _batch(rollout_service)
+    a.train_step(batch)
+    weights = a.export_weights()
+    # no state file yet: a plainly parked copy comes back with its own state
+    a.park(level=1)
+    assert a.activate(handoff=True)["residency"] == "active"
+    assert a.export_weights() == weights
+    # the file holds a's state (generation 1); b takes it; parked plainly at the same
+    # generation, b keeps its own newer training
+    a.park(handoff=True)
+    b.activate(handoff=True)
+    b.train_step(batch)
+    trained = b.export_weights()
+    b.park(level=1)
+    st = b.activate(handoff=True)
+    assert st["generation"] == 1 and b.export_weights() == trained
+
+
+def test_a_handed_off_copy_needs_handoff_to_wake_and_a_parked_one_cannot_hand_off(
+    copies: tuple[ServiceHandle, ServiceHandle, Path],
+) -> None:
+    a, b, _ = copies
+    a.park(handoff=True)
+    with pytest.raises(ServiceParked, match="activate it with handoff"):
+        a.activate()
+    assert a.status()["handed_off"] is True
+    b.park(level=1)  # only the active copy holds the state to hand off
+    with pytest.raises(ServiceParked, match="only an active service"):
+        b.park(handoff=True)
+    assert b.status()["handed_off"] is False
+
+
+def _raw_post(svc: Running, path: str, obj: dict[str, Any]) -> tuple[int, str]:
+    body = json.dumps(obj).encode()
+    headers = sign(svc.secret, "POST", path, body)
+    host, port = svc.address.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("POST", path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, str(json.loads(resp.read())["error"])
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("route", ["/v1/park", "/v1/activate"])
+def test_handoff_without_a_handoff_dir_is_a_400(rollout_service: Running, route: str) -> None:
+    status, error = _raw_post(rollout_service, route, {"handoff": True})
+    assert status == 400
+    assert "needs a worker started with --handoff-dir" in error
+    assert ServiceHandle(rollout_service.address, rollout_service.secret, "42",
+                         "rollout").status()["residency"] == "active"
+
+
+@pytest.mark.parametrize("route", ["/v1/park", "/v1/activate"])
+@pytest.mark.parametrize(("obj", "message"), [
+    ({"handoff": "yes"}, "handoff must be true or false, got 'yes'"),
+    ({"handoff": 1}, "handoff must be true or false, got 1"),
+    ({"handoff": True, "force": True}, r"unknown field(s) ['force']"),
+])
+def test_a_malformed_handoff_is_a_400(tmp_path: Path, route: str, obj: dict[str, Any],
+                                      message: str) -> None:
+    svc, stop = start(Role.ROLLOUT, mint_secret(), handoff_dir=prepare_dir(tmp_path / "h"))
+    try:
+        status, error = _raw_post(svc, route, obj)
+        assert status == 400 and message in error
+    finally:
+        stop()
+
+
+def test_the_handle_sends_handoff_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a server from before hand-off refuses unknown fields: plain calls must not send it
+    sent: list[tuple[str, Any]] = []
+
+    def record(self: ServiceHandle, call: str, method: str, path: str, obj: Any,
+               timeout_s: float | None, whole: bool = False) -> dict[str, Any]:
+        sent.append((path, obj))
+        return {}
+
+    monkeypatch.setattr(ServiceHandle, "_json", record)
+    h = ServiceHandle("127.0.0.1:1", mint_secret(), "42", "rollout")
+    h.park()
+    h.activate()
+    h.park(2, handoff=True)
+    h.activate(handoff=True)
+    assert sent == [("/v1/park", {"level": 1}), ("/v1/activate", {}),
+                    ("/v1/park", {"level": 2, "handoff": True}),
+                    ("/v1/activate", {"handoff": True})]
+
+
+def test_status_of_a_plain_service_says_it_holds_its_state(rollout_service: Running) -> None:
+    st = ServiceHandle(rollout_service.address, rollout_service.secret, "42",
+                       "rollout").status()
+    assert st["handed_off"] is False and st["generation"] == 0
+    with pytest.raises(ServiceError, match="--handoff-dir"):
+        ServiceHandle(rollout_service.address, rollout_service.secret, "42",
+                      "rollout").park(handoff=True)
