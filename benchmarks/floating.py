@@ -221,7 +221,7 @@ class FloatingGroups:
                 gpus[0] = want
                 m.append(job)
                 out.append(Placement(job.job_id, Action.JOIN if is_open else Action.OPEN,
-                                     pid, want, reason="floating group"))
+                                     pid, want, reason="floating group", floating=True))
                 placed = True
                 break
             if placed:
@@ -233,7 +233,8 @@ class FloatingGroups:
             pid = -1 - len(out)
             if shareable(job) and job.request.rollout_gpus is None:
                 pools[pid] = ([g], [job], False)
-                out.append(Placement(job.job_id, Action.OPEN, pid, g, reason="alone"))
+                out.append(Placement(job.job_id, Action.OPEN, pid, g, reason="alone",
+                                     floating=True))
             else:
                 out.append(Placement(job.job_id, Action.DEDICATED, pid, g, reason="alone"))
         return out
@@ -255,11 +256,14 @@ def _cell(sim: Simulation, limits: Sequence[float]) -> tuple[float, float, float
             100 * m.shared_fraction)
 
 
-def cluster(wnames: Sequence[str], seeds: int, jobs: int, move_s: float) -> str:
+def cluster(wnames: Sequence[str], seeds: int, jobs: int, move_s: float,
+            held: bool = False) -> str:
     """Each workload's jobs under arrivals (steady and bursty): the default policy at
     the suite's limits, then the same where pools may float (`SimConfig.floating`, tails
     packed; at most the workload's `max_jobs_per_pool` jobs a pool, then each of
-    `POOL_CAPS`), then `FloatingGroups` of each fixed shape, all on the same jobs."""
+    `POOL_CAPS`), then `FloatingGroups` of each fixed shape, all on the same jobs. With
+    `held`, the floating rows are the controller's floating pools instead (a rollout
+    keeps its window through its tail) and the fixed shapes are left out."""
     rows = ["| workload | placed by | savings % | p95 slowdown | jobs within their limit "
             "| shared % |", "| --- | --- | ---: | ---: | ---: | ---: |"]
     for wname in wnames:
@@ -274,13 +278,14 @@ def cluster(wnames: Sequence[str], seeds: int, jobs: int, move_s: float) -> str:
             cells.setdefault("complementary (default)", []).append(
                 _cell(run_jobs(drawn, base).sim, lim))
             for most in (base.limits.max_jobs_per_pool, *POOL_CAPS):
-                cfg = replace(base, floating=True, pack_tails=True, tail_move_s=move_s,
+                cfg = replace(base, floating=True, pack_tails=not held, tail_move_s=move_s,
                               limits=replace(base.limits, max_jobs_per_pool=most))
                 params = {"complementary": {"floating_members": most}}
-                cells.setdefault(f"complementary, floating pools of at most {most} jobs",
+                how = ", tails held" if held else ""
+                cells.setdefault(f"complementary, floating pools of at most {most} jobs{how}",
                                  []).append(_cell(run_jobs(drawn, cfg, params=params).sim,
                                                   lim))
-            for n, k, pack in CLUSTER_SHAPES:
+            for n, k, pack in () if held else CLUSTER_SHAPES:
                 cfg = replace(base, floating=True, pack_tails=pack, tail_move_s=move_s,
                               limits=replace(base.limits, max_jobs_per_pool=n))
                 sim = Simulation(drawn, cfg, FloatingGroups(n, k),
@@ -374,6 +379,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pool-cap", type=int, default=5,
                     help="--curve: at most this many jobs a floating pool (the site's "
                          "max_jobs_per_pool and the policy's floating_members)")
+    ap.add_argument("--held-tails", action="store_true",
+                    help="--cluster: floating pools as the controller runs them (a rollout "
+                         "keeps its window through its tail), without the fixed shapes")
     ap.add_argument("--concurrency", action="store_true",
                     help="also say how much of a job's life others of its size run beside it")
     a = ap.parse_args(argv)
@@ -400,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--seeds must be in 1..100 and --jobs in 2..100000")
     if a.cluster:
         print()
-        print(cluster(wnames, a.seeds, a.jobs, a.move_s))
+        print(cluster(wnames, a.seeds, a.jobs, a.move_s, a.held_tails))
     return 0
 
 

@@ -122,6 +122,10 @@ class ClusterSnapshot:
     #: GPUs anywhere in the pool. Offered by the simulator (`SimConfig.floating`) and by
     #: the controller where the site turns it on (`slurm.floating_pools`)
     floating: Mapping[str, bool] = field(default_factory=dict)
+    #: partition -> whether a floating pool's rollout tails pack onto the fewest GPUs
+    #: anywhere in the pool (the simulator's `SimConfig.pack_tails`); absent or False: a
+    #: rollout keeps its whole window through its tail, as the controller runs them
+    packs_tails: Mapping[str, bool] = field(default_factory=dict)
 
 
 class Action(StrEnum):

@@ -408,19 +408,21 @@ FIXED_SWITCH_S = 1.0
 
 
 def predict_floating(members: Sequence[JobSnapshot], windows: int,
-                     steps: int = 6) -> GroupPrediction:
+                     steps: int = 6, pack_tails: bool = True) -> GroupPrediction:
     """Colocated members of one GPU count G in a floating pool of `windows` windows
-    (`policies.floatsim`, tails packed): each repeats its profile's step for about
-    `steps` periods of the longest, its rollout's tail on one GPU as `simulate_group`
-    scores it; every member's slowdown at the first one's end, the worse of the members
-    started out of phase and all at once. A switch costs a park and an activate of the
-    larger state."""
+    (`policies.floatsim`): each repeats its profile's step for about `steps` periods of
+    the longest, its rollout's tail on one GPU as `simulate_group` scores it where tails
+    pack (`pack_tails`), else on its whole window; every member's slowdown at the first
+    one's end, the worse of the members started out of phase and all at once. A switch
+    costs a park and an activate of the larger state."""
     fs = [_facts(m) for m in members]
     g = members[0].request.gpus
     horizon = steps * max(x.period for x in fs)
     moved = [host_bytes(m) / g for m in members]
-    # one step per member as (seconds, GPUs needed): a tail on one GPU, a gap on none
-    steps_of = [[(d, 0 if not NEEDS_GPU[ph] else (1 if ph == TAIL else g))
+    tail = 1 if pack_tails else g
+    # one step per member as (seconds, GPUs needed): a tail on one GPU (packed) or its
+    # window (held), a gap on none
+    steps_of = [[(d, 0 if not NEEDS_GPU[ph] else (tail if ph == TAIL else g))
                  for ph, d in x.segs if d > 0] for x in fs]
     reps = [max(1, min(200, int(horizon / max(x.period, 1e-9)) + 1)) for x in fs]
     outs = []
@@ -431,7 +433,7 @@ def predict_floating(members: Sequence[JobSnapshot], windows: int,
         plans = [_rotated(step, i / len(fs) if spread else 0.0) * r
                  for i, (step, r) in enumerate(zip(steps_of, reps, strict=True))]
         run = floatsim.simulate(
-            plans, g, windows, pack=True,
+            plans, g, windows, pack=pack_tails,
             switch_s=lambda i, j: FIXED_SWITCH_S + max(moved[i], moved[j]) / PCIE_BPS)
         outs.append(run.shared_slowdowns)
     sl = tuple(max(v) for v in zip(*outs, strict=True))

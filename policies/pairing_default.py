@@ -302,7 +302,8 @@ class ComplementaryPairing:
                 for w in (windows, windows + 1):
                     if w > len(group) or (w - windows) * g > free[part]:
                         break
-                    pred = predict_floating(seen, w)
+                    pred = predict_floating(seen, w,
+                                            pack_tails=snapshot.packs_tails.get(part, False))
                     whole = floating_lifetime(group, pred.slowdowns)
                     if all(x <= lim for x, lim in zip(whole, lims, strict=True)):
                         # no window added: the fullest pool; one added: the emptiest,

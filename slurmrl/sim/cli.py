@@ -95,9 +95,12 @@ def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
                    "on an NVL72 rack); a staggered pool must fit one (default: the "
                    "workload's, 8)")
 @click.option("--floating", is_flag=True,
-              help="what-if: pools may float (members of one GPU count take whichever "
-                   "whole window is free, rollout tails pack onto the fewest GPUs); the "
-                   "controller does not run floating pools yet")
+              help="pools may float: members of one GPU count take whichever whole "
+                   "window is free, and (a what-if the controller does not run) rollout "
+                   "tails pack onto the fewest GPUs of the pool")
+@click.option("--held-tails", is_flag=True,
+              help="with --floating: a rollout keeps its window through its tail, as the "
+                   "controller runs floating pools (site config slurm.floating_pools)")
 @click.option("--max-jobs-per-pool", "max_jobs_per_pool", type=click.IntRange(1, 1000),
               default=None, help="what-if: the site's max_jobs_per_pool (default: the "
                                  "workload's)")
@@ -116,8 +119,8 @@ def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
 def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
              admission: str,
              seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
-             gpus_per_node: int | None, floating: bool, max_jobs_per_pool: int | None,
-             declare_steps: bool, assume_profiles: bool,
+             gpus_per_node: int | None, floating: bool, held_tails: bool,
+             max_jobs_per_pool: int | None, declare_steps: bool, assume_profiles: bool,
              replay_path: str | None, param_args: tuple[str, ...], no_check: bool,
              as_json: bool) -> None:
     """Simulate RL jobs multiplexed on a cluster; report GPU-hours saved and slowdowns."""
@@ -146,6 +149,8 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
             raise click.UsageError("--replay runs a trace's jobs as recorded, in their "
                                    "recorded pools (only --slice applies); to place them by "
                                    "a pairing policy use -w FILE.jsonl --pairing NAME")
+        if held_tails and not floating:
+            raise click.UsageError("--held-tails describes floating pools: add --floating")
         if assume_profiles and (replay_path is not None or not workload.endswith(".jsonl")):
             raise click.UsageError("--assume-profiles applies to a recorded trace given "
                                    "as -w FILE.jsonl")
@@ -176,7 +181,7 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
                                            seed, n_jobs, load_scale, max_slowdown,
                                            gpus_per_node, declare_steps, assume_profiles,
                                            not no_check, as_json, params, floating,
-                                           max_jobs_per_pool)
+                                           max_jobs_per_pool, held_tails)
         meta["wall_s"] = f"{time.perf_counter() - t0:.3f}"
     except SliceConflict as exc:
         raise click.UsageError(str(exc)) from None
@@ -206,7 +211,7 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
          seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
          gpus_per_node: int | None, declare_steps: bool, assume_profiles: bool, check: bool,
          quiet: bool, params: dict[str, dict[str, Any]], floating: bool = False,
-         max_jobs_per_pool: int | None = None,
+         max_jobs_per_pool: int | None = None, held_tails: bool = False,
          ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     from slurmrl.sim.runner import config_for, run_jobs, trace_config, with_max_slowdown
     from slurmrl.sim.workload import generate, load
@@ -228,13 +233,15 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
         jobs, cfg = with_max_slowdown(jobs, cfg, max_slowdown)
     cfg = replace(cfg, declare_steps=declare_steps,
                   gpus_per_node=cfg.gpus_per_node if gpus_per_node is None else gpus_per_node,
-                  floating=floating, pack_tails=floating)
+                  floating=floating, pack_tails=floating and not held_tails)
     if max_jobs_per_pool is not None:
         cfg = replace(cfg, limits=replace(cfg.limits, max_jobs_per_pool=max_jobs_per_pool))
     meta.update({"pairing": pairing, "slice": slice_name, "admission": admission,
                  "jobs": len(jobs), "cluster_gpus": cfg.gpus, "gpus_per_node": cfg.gpus_per_node,
                  "max_slowdown": max_slowdown, "rl_steps": declare_steps,
-                 "floating": floating, "max_jobs_per_pool": cfg.limits.max_jobs_per_pool,
+                 "floating": floating, "tails": None if not floating
+                 else "held" if held_tails else "packed",
+                 "max_jobs_per_pool": cfg.limits.max_jobs_per_pool,
                  **({"params": params} if params else {})})
     if quiet or not sys.stderr.isatty():
         result = run_jobs(jobs, cfg, pairing, slice_name, admission, params)

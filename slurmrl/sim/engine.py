@@ -374,7 +374,8 @@ class Simulation:
                                {PARTITION: self.free}, self.cfg.limits,
                                {PARTITION: self.cfg.gpus_per_node},
                                {PARTITION: self.cfg.gpu_mem_bytes},
-                               {PARTITION: self.cfg.floating and self.cfg.pack_tails})
+                               {PARTITION: self.cfg.floating},
+                               {PARTITION: self.cfg.pack_tails})
         jobs = {j.job_id: j for j in itertools.chain(snap.waiting, *(p.members for p in pools))}
         placements = self.pairing.place(snap)
         if sorted(p.job_id for p in placements) != sorted(r.job.job_id for r in self.waiting):
@@ -408,7 +409,8 @@ class Simulation:
                 if self.free < size:
                     still.append(run)  # the policy over-allocated: Slurm would queue it
                     continue
-                pool = self._open(size, pl.action is Action.DEDICATED or run.dedicated, run)
+                pool = self._open(size, pl.action is Action.DEDICATED or run.dedicated, run,
+                                  pl.floating)
                 if pl.action is Action.OPEN and pl.pool_id is not None:
                     new[pl.pool_id] = pool
             if not 0 <= pl.gpu_offset <= pool.gpus - run.job.gpus:
@@ -465,13 +467,17 @@ class Simulation:
         cap = self.cfg.host_mem_per_pool_bytes
         return None if cap is None else cap - sum(costs.host_bytes(m.job) for m in pool.members)
 
-    def _open(self, gpus: int, dedicated: bool, run: JobRun | None = None) -> Pool:
+    def _open(self, gpus: int, dedicated: bool, run: JobRun | None = None,
+              floating: bool = False) -> Pool:
+        """A new pool of `gpus` GPUs; a floating one (whole windows of the job's GPU
+        count) where the placement asks for one (`Placement.floating`) and the run lets
+        pools float (`SimConfig.floating`)."""
         pid = next(self._pool_ids)
         table = LeaseTable(pid, range(gpus), self.slice_factory(), lease_timeout_s=1e15)
         pool = Pool(pid, gpus, table, self.mode, dedicated, self.now, sized_at=self.now,
                     next_gpu=gpus)
         g = run.job.gpus if run is not None else 0
-        if (self.cfg.floating and self.mode is PoolMode.LEASE and not dedicated
+        if (self.cfg.floating and floating and self.mode is PoolMode.LEASE and not dedicated
                 and run is not None and run.job.rollout_gpus == g and gpus % g == 0):
             node = self.cfg.gpus_per_node
             if g % node and node % g:

@@ -31,8 +31,9 @@ class Windows:
         if snapshot.pools:
             pid = snapshot.pools[0].pool_id
             size = None if self.grow_to is None else self.grow_to * G
-            return [Placement(j.job_id, Action.JOIN, pid, size) for j in snapshot.waiting]
-        return [Placement(j.job_id, Action.OPEN, -1, self.windows * G)
+            return [Placement(j.job_id, Action.JOIN, pid, size, floating=True)
+                    for j in snapshot.waiting]
+        return [Placement(j.job_id, Action.OPEN, -1, self.windows * G, floating=True)
                 for j in snapshot.waiting]
 
 

@@ -185,6 +185,23 @@ def test_cli_floating_pools_share_more_of_the_pools_within_users_limits() -> Non
     assert res.exit_code == 2 and "--max-jobs-per-pool" in res.output
     res = CliRunner().invoke(simulate, ["--replay", __file__, "--floating"])
     assert res.exit_code == 2 and "--replay runs a trace's jobs as recorded" in res.output
+    res = CliRunner().invoke(simulate, ["--held-tails"])
+    assert res.exit_code == 2 and "add --floating" in res.output
+
+
+def test_cli_floating_pools_as_the_controller_runs_them_hold_their_tails() -> None:
+    # long-cot's rollouts are long tails: held on their windows, few jobs fit fewer
+    # windows than members, and the pools save less than where tails pack
+    got = {}
+    for extra in (["--held-tails"], []):
+        res = CliRunner().invoke(simulate, ["-w", "long-cot", "--jobs", "24", "--json",
+                                            "--floating", "--max-jobs-per-pool", "5", *extra])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.output)
+        got[out["meta"]["tails"]] = out["metrics"]
+    assert set(got) == {"held", "packed"}
+    assert got["held"]["savings"] < got["packed"]["savings"]
+    assert got["held"]["slowdown_max"] <= 1.15 + 1e-9
 
 
 def test_cli_json_envelope_and_bad_policy() -> None:

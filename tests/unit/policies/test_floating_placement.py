@@ -99,3 +99,29 @@ def test_the_predictors_switch_costs_are_the_simulators() -> None:
 
     assert complementarity.PCIE_BPS == costs.PCIE_BPS
     assert complementarity.FIXED_SWITCH_S == costs.FIXED_SWITCH_S
+
+
+def long_tail(jid: int) -> JobSnapshot:
+    """Rollout 70% of a step, through a tail that holds 0.4 of its set on average."""
+    from slurmrl.model import Phase
+    from slurmrl.profiles import profile_from_segments
+
+    p = profile_from_segments([(Phase.ROLLOUT, 70), (Phase.TRAIN, 10), (Phase.REWARD, 20)])
+    phases = dict(p.phases)
+    phases[Phase.ROLLOUT] = replace(phases[Phase.ROLLOUT], gpu_share=0.4)
+    return replace(job(jid, busy=80, gap=20), profile=replace(p, phases=phases))
+
+
+def test_where_tails_hold_their_window_a_long_tail_job_brings_its_own() -> None:
+    # three long-tail jobs fit two windows only where their tails pack onto one GPU
+    members = [long_tail(i) for i in (1, 2)]
+    new = long_tail(3)
+    packed = predict_floating([*members, new], 2, pack_tails=True).max_slowdown
+    held = predict_floating([*members, new], 2, pack_tails=False).max_slowdown
+    assert packed <= 1.15 < held
+    pol = registry.load("pairing", "complementary")
+    where = floating_snap([new], (pool(members, 2),))
+    (p,) = pol.place(replace(where, packs_tails={"pools": True}))  # the simulator's what-if
+    assert (p.action, p.gpus, p.floating) == (Action.JOIN, 16, True)
+    (p,) = pol.place(where)  # tails held: as the controller runs floating pools
+    assert (p.action, p.gpus, p.floating) == (Action.JOIN, 24, True)
