@@ -23,10 +23,11 @@ policy on the profiles where a formula does not hold) and places jobs:
   network. (Jobs of whole nodes shifted by a node, in a pool of G + node GPUs, were
   measured and lost GPU-hours: docs/benchmarks.md.)
 
-- where the cluster offers floating pools (`ClusterSnapshot.floating`: the simulator's
-  what-if, `SimConfig.floating`; the controller offers none), a colocated job that may
-  share goes to one instead (`_place_floating`): it joins the pool where every member is
-  predicted within its limit (`predict_floating`, whole-run credit from
+- where the cluster offers floating pools (`ClusterSnapshot.floating`: the controller
+  where the site sets `slurm.floating_pools`, the simulator's `SimConfig.floating`), a
+  colocated job that may share goes to one instead (`_place_floating`): it joins the
+  pool where every member is predicted within its limit (`predict_floating`, tails held
+  on their window unless `ClusterSnapshot.packs_tails`; whole-run credit from
   `floating_lifetime`) without adding a window, the fullest first; else one where it
   adds a window (never more windows than members); else it opens one of one window.
   At most `floating_members` jobs a pool, capped by the site's `max_jobs_per_pool`.

@@ -71,6 +71,9 @@ POOL_FIELDS: dict[str, Field] = {
     "pool": ("POOL", 5, True, lambda p: f"p{p['pool_id']}"),
     "st": ("STATE", 6, False, lambda p: p["state"]),
     "gpus": ("GPUS", 4, True, lambda p: str(p["gpus"])),
+    # a floating pool's windows (each a Slurm allocation), "-" for one of fixed windows
+    "windows": ("WINDOWS", 7, True, lambda p: str(p["windows"])
+                if p.get("windows") is not None else "-"),
     "partition": ("PARTITION", 9, False, lambda p: p["partition"] or "-"),
     "nodes": ("NODES", 12, False, lambda p: ",".join(p["nodes"]) or "-"),
     "slurmjob": ("SLURMJOB", 8, True, lambda p: str(p.get("slurm_job_id") or "-")),
@@ -91,7 +94,7 @@ LEASE_FIELDS: dict[str, Field] = {
 }
 DEFAULTS = {
     "jobs": "jobid,user,name,pool,gpus,st,phase,gpuh,dedic,saved,slowdn,reason",
-    "pools": "pool,st,gpus,partition,nodes,slurmjob,members,reason",
+    "pools": "pool,st,gpus,windows,partition,nodes,slurmjob,members,reason",
     "leases": "lease,jobid,pool,phase,st,ngpus,gpus,held,expires",
 }
 

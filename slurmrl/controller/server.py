@@ -437,7 +437,8 @@ class Api:
         out = []
         for p in self.c.store.pools(open_only=True):
             members = [j.job_id for j in self.c.store.jobs(active=True, pool_id=p.pool_id)]
-            out.append(pool_view(p, members, admin=admin))
+            out.append(pool_view(p, members, admin=admin,
+                                 windows=self.c.store.windows(p.pool_id) if p.floating else ()))
         return out
 
     async def list_pools(self, request: web.Request) -> web.Response:

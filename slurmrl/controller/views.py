@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from slurmrl.db import JobRecord, LeaseRecord, PoolRecord, ServiceRecord
+from slurmrl.db import JobRecord, LeaseRecord, PoolRecord, ServiceRecord, WindowRecord
 from slurmrl.leases.types import Lease
 from slurmrl.model import LeaseState
 
@@ -125,13 +125,18 @@ def lease_view(lease: Lease | LeaseRecord, pool_id: int, job: JobRecord | None,
     return out
 
 
-def pool_view(pool: PoolRecord, members: list[int], *, admin: bool) -> dict[str, Any]:
+def pool_view(pool: PoolRecord, members: list[int], *, admin: bool,
+              windows: Sequence[WindowRecord] = ()) -> dict[str, Any]:
+    """`windows`: a floating pool's open windows (each a Slurm allocation)."""
     out: dict[str, Any] = {
         "pool_id": pool.pool_id, "state": pool.state, "gpus": pool.gpus,
         "partition": pool.partition, "nodes": list(pool.nodes), "members": members,
         "dedicated": pool.dedicated, "reason": pool.reason, "opened_at": pool.opened_at,
         "closed_at": pool.closed_at, "floating": pool.floating,
+        "windows": len(windows) if pool.floating else None,
     }
     if admin:
         out.update({"slurm_job_id": pool.slurm_job_id, "gpu_indices": list(pool.gpu_indices)})
+        if pool.floating:
+            out["window_slurm_job_ids"] = [w.slurm_job_id for w in windows]
     return out

@@ -44,9 +44,11 @@ shared/research/prior-art.md).
 Nodes: a staggered pool either fits one node or has every window on whole nodes
 (`SimConfig.gpus_per_node`, checked at every placement); no window straddles a node.
 
-Floating pools, a what-if (`SimConfig.floating`; benchmarks/floating.py): the controller
-does not run them; the snapshot offers them to the pairing policy
-(`ClusterSnapshot.floating`, with `pack_tails`). A pool of whole windows of its members'
+Floating pools (`SimConfig.floating`; benchmarks/floating.py), as the controller runs
+them (site config `slurm.floating_pools`) and, with `pack_tails`, a what-if it does not
+run: the snapshot offers them to the pairing policy (`ClusterSnapshot.floating`,
+`packs_tails`), and a pool floats where a placement asks (`Placement.floating`). A pool
+of whole windows of its members'
 GPU count G (colocated jobs, one G) lets each GPU phase take whichever window is wholly
 free (`LeaseTable.request` options, the window the job used last first); a rollout starts
 on a whole window and does not grow; with `SimConfig.pack_tails` a tail point moves its

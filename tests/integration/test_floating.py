@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -138,6 +140,14 @@ def test_floating_pool_members_take_whichever_window_is_free_and_keep_their_stat
         assert len({w.slurm_job_id for w in windows}) == 2, "a Slurm allocation per window"
         for w in windows:
             assert jobs.state(w.slurm_job_id) == "RUNNING"  # type: ignore[attr-defined]
+        # `slurmrl status --pools` shows the pool's windows
+        from tests.integration.controller_harness import env_for_controller
+        shown = subprocess.run(
+            [sys.executable, "-m", "slurmrl.cli.main", "status", "--controller", ctl.url,
+             "--pools", "-h", "-o", "pool,gpus,windows"], capture_output=True, text=True,
+            env=env_for_controller(slurm_env), timeout=60, check=False)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.split() == [f"p{pool.pool_id}", "4", "2"], shown.stdout
         # every job has a rollout and a trainer on each window, pinned to its GPUs
         from slurmrl.worker.handle import ServiceHandle
         for s in store.services(pool_id=pool.pool_id, live_only=True):

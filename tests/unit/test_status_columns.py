@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from slurmrl.cli.status import JOB_FIELDS, status
+from slurmrl.cli.status import JOB_FIELDS, POOL_FIELDS, status
 
 
 def _saved(view: dict[str, object]) -> str:
@@ -49,3 +49,10 @@ def test_an_interval_not_in_range_is_a_usage_error_naming_iterate(secs: str) -> 
     res = CliRunner().invoke(status, ["--controller", "http://127.0.0.1:1", "-i", secs])
     assert res.exit_code == 2, res.output
     assert "Invalid value for '-i' / '--iterate'" in res.output
+
+
+def test_a_floating_pool_shows_its_windows_and_a_fixed_one_a_dash() -> None:
+    windows = POOL_FIELDS["windows"][3]
+    assert windows({"windows": 3, "floating": True}) == "3"
+    assert windows({"windows": None, "floating": False}) == "-"
+    assert windows({}) == "-"  # a controller from before floating pools
