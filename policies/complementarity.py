@@ -408,13 +408,14 @@ FIXED_SWITCH_S = 1.0
 
 
 def predict_floating(members: Sequence[JobSnapshot], windows: int,
-                     steps: int = 6, pack_tails: bool = True) -> GroupPrediction:
+                     steps: int = 6, pack_tails: bool = True,
+                     in_step: bool = True) -> GroupPrediction:
     """Colocated members of one GPU count G in a floating pool of `windows` windows
     (`policies.floatsim`): each repeats its profile's step for about `steps` periods of
     the longest, its rollout's tail on one GPU as `simulate_group` scores it where tails
     pack (`pack_tails`), else on its whole window; every member's slowdown at the first
-    one's end, the worse of the members started out of phase and all at once. A switch
-    costs a park and an activate of the larger state."""
+    one's end, the worse of the members started out of phase and (`in_step`) all at
+    once. A switch costs a park and an activate of the larger state."""
     fs = [_facts(m) for m in members]
     g = members[0].request.gpus
     horizon = steps * max(x.period for x in fs)
@@ -429,7 +430,7 @@ def predict_floating(members: Sequence[JobSnapshot], windows: int,
     # members out of phase (each from i/n of its step, as members that joined at
     # different times), and all from their step's start at once: the worse of the two,
     # since identical steps spread evenly interleave better than noisy ones keep doing
-    for spread in (True, False):
+    for spread in (True, False) if in_step else (True,):
         plans = [_rotated(step, i / len(fs) if spread else 0.0) * r
                  for i, (step, r) in enumerate(zip(steps_of, reps, strict=True))]
         run = floatsim.simulate(

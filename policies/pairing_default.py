@@ -29,8 +29,11 @@ policy on the profiles where a formula does not hold) and places jobs:
   pool where every member is predicted within its limit (`predict_floating`, tails held
   on their window unless `ClusterSnapshot.packs_tails`; whole-run credit from
   `floating_lifetime`) without adding a window, the fullest first; else one where it
-  adds a window (never more windows than members); else it opens one of one window.
-  At most `floating_members` jobs a pool, capped by the site's `max_jobs_per_pool`.
+  adds a window (never more windows than members); else it opens one of one window,
+  except where tails are held and three jobs like it would not share two windows
+  within its limit (`_floating_pays`): such a floating pool would only ever grow a
+  window per member, so the job is placed as with fixed windows instead. At most
+  `floating_members` jobs a pool, capped by the site's `max_jobs_per_pool`.
 
 A group is accepted only if every member's slowdown stays under its limit (its
 --rl-max-slowdown, capped by the site's) divided by `margin`, the parked state fits host
@@ -268,9 +271,19 @@ class ComplementaryPairing:
 
     def floats(self, job: JobSnapshot, snapshot: ClusterSnapshot) -> bool:
         """Whether the job goes to a floating pool: a colocated job that may share, in a
-        partition whose pools may float, with `floating` on."""
+        partition whose pools may float, with `floating` on, where a pool may hold three
+        jobs or more (with two, it holds them on one window, as a fixed pool would, or
+        on two, sharing nothing)."""
         return (self.floating and snapshot.floating.get(job.partition, False)
+                and min(self.floating_members, snapshot.limits.max_jobs_per_pool) >= 3
                 and shareable(job) and job.request.layout is Layout.COLOCATED)
+
+    def _floating_pays(self, job: JobSnapshot, limits: SiteLimits) -> bool:
+        """Whether three jobs like this one, out of phase, would share two windows within
+        its limit with their tails held (`predict_floating`): a floating pool of its
+        kind could then ever hold more jobs than windows."""
+        pred = predict_floating([job, job, job], 2, pack_tails=False, in_step=False)
+        return max(pred.slowdowns) <= limit_of(job, limits) / self.margin
 
     def _place_floating(self, jobs: Sequence[JobSnapshot], snapshot: ClusterSnapshot,
                         free: defaultdict[str, int], out: dict[int, Placement]) -> None:
@@ -324,6 +337,9 @@ class ComplementaryPairing:
                     pred.slowdowns[-1], f"joins a floating pool: {len(members)} jobs on "
                     f"{w} window{'s' if w > 1 else ''} of {g} GPUs", floating=True)
                 continue
+            if not snapshot.packs_tails.get(part, False) and not self._floating_pays(job,
+                                                                                   limits):
+                continue  # placed as with fixed windows (`_place`)
             if free[part] < g:
                 out[job.job_id] = Placement(job.job_id, Action.WAIT, reason="no free GPUs")
                 continue

@@ -384,6 +384,12 @@ def _check_cross_fields(config: Config, sources: Mapping[str, str]) -> None:
             where("slurm.floating_pools", "services.rollout_backend"), "slurm.floating_pools",
             "floating pools hand a job's state between windows, which the vllm backend "
             "cannot do; use rollout_backend = \"tiny\" or turn floating_pools off")
+    if config.slurm.floating_pools and lim.max_jobs_per_pool < 3:
+        raise ConfigError(
+            where("slurm.floating_pools", "limits.max_jobs_per_pool"), "slurm.floating_pools",
+            f"floating pools share windows among more jobs than windows, which needs "
+            f"limits.max_jobs_per_pool >= 3 (got {lim.max_jobs_per_pool}); a dozen or more "
+            f"is where they pay (docs/site-policies.md)")
     if lim.default_max_slowdown > lim.max_slowdown:
         raise ConfigError(
             where("limits.default_max_slowdown", "limits.max_slowdown"),

@@ -405,8 +405,15 @@ async def test_a_restart_keeps_a_floating_pools_windows_and_waiters(tmp_path: Pa
     await site2.c.stop()
 
 
-def test_the_site_config_refuses_floating_pools_with_vllm(tmp_path: Path) -> None:
+def test_the_site_config_refuses_floating_pools_with_vllm_or_two_jobs_a_pool(
+        tmp_path: Path) -> None:
     cfg = tmp_path / "slurmrl.toml"
-    cfg.write_text('[slurm]\nfloating_pools = true\n[services]\nrollout_backend = "vllm"\n')
+    cfg.write_text('[slurm]\nfloating_pools = true\n[services]\nrollout_backend = "vllm"\n'
+                   '[limits]\nmax_jobs_per_pool = 5\n')
     with pytest.raises(ConfigError, match=r"floating_pools.*vllm"):
         load(cfg, env={})
+    cfg.write_text('[slurm]\nfloating_pools = true\n')  # max_jobs_per_pool: 2
+    with pytest.raises(ConfigError, match=r"max_jobs_per_pool >= 3 \(got 2\)"):
+        load(cfg, env={})
+    cfg.write_text('[slurm]\nfloating_pools = true\n[limits]\nmax_jobs_per_pool = 12\n')
+    assert load(cfg, env={}).slurm.floating_pools

@@ -125,3 +125,26 @@ def test_where_tails_hold_their_window_a_long_tail_job_brings_its_own() -> None:
     assert (p.action, p.gpus, p.floating) == (Action.JOIN, 16, True)
     (p,) = pol.place(where)  # tails held: as the controller runs floating pools
     assert (p.action, p.gpus, p.floating) == (Action.JOIN, 24, True)
+
+
+def test_with_tails_held_a_job_whose_kind_never_shares_windows_opens_no_floating_pool(
+) -> None:
+    # three long-tail jobs never fit two windows with their tails held: a floating pool
+    # opened for one would only grow a window per member, so it is placed as with fixed
+    # windows (and stays open to a fixed-window partner); a light job opens one
+    pol = registry.load("pairing", "complementary")
+    (p,) = pol.place(floating_snap([long_tail(1)]))
+    assert p.action is Action.OPEN and not p.floating
+    (p,) = pol.place(replace(floating_snap([long_tail(1)]), packs_tails={"pools": True}))
+    assert p.action is Action.OPEN and p.floating
+    (p,) = pol.place(floating_snap([job(2, busy=40, gap=60)]))
+    assert p.action is Action.OPEN and p.floating
+
+
+def test_where_a_pool_may_hold_two_jobs_none_floats() -> None:
+    # two jobs share one window as a fixed pool does, or two windows and nothing
+    pol = registry.load("pairing", "complementary")
+    two = replace(floating_snap([job(2, busy=40, gap=60)]),
+                  limits=replace(LIMITS, max_jobs_per_pool=2))
+    (p,) = pol.place(two)
+    assert p.action is Action.OPEN and not p.floating
