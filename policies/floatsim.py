@@ -38,6 +38,7 @@ def simulate(plans: Sequence[Plan], g: int, windows: int, pack: bool = False,
     """Run every member's plan from t = 0 on `windows` windows of `g` GPUs."""
     n = len(plans)
     owner: list[list[int | None]] = [[None] * g for _ in range(windows)]
+    nfree = [g] * windows  #: free GPUs of each window (the hot path's question)
     last: list[int | None] = [None] * windows  #: who held the whole window last
     held: list[tuple[int, tuple[int, ...]] | None] = [None] * n
     active = set(range(windows))
@@ -53,20 +54,23 @@ def simulate(plans: Sequence[Plan], g: int, windows: int, pack: bool = False,
         return [s for s in range(g) if owner[w][s] is None]
 
     def take(i: int, w: int, slots: Sequence[int]) -> None:
-        for s in slots:
+        got = tuple(slots)
+        for s in got:
             owner[w][s] = i
-        held[i] = (w, tuple(slots))
+        held[i] = (w, got)
+        nfree[w] -= len(got)
 
     def drop(i: int) -> None:
         h = held[i]
         if h is not None:
             for s in h[1]:
                 owner[h[0]][s] = None
+            nfree[h[0]] += len(h[1])
             held[i] = None
 
     def serve(t: float) -> None:
         while queue:
-            whole = [w for w in sorted(active) if len(free(w)) == g]
+            whole = [w for w in sorted(active) if nfree[w] == g]
             if not whole:
                 return
             i = queue.pop(0)
@@ -78,7 +82,7 @@ def simulate(plans: Sequence[Plan], g: int, windows: int, pack: bool = False,
             began[i] = t + cost
             heapq.heappush(events, (t + cost + plans[i][pos[i]][0], next(seq), i))
         while len(active) > max(alive, 1):  # spare windows go back to Slurm
-            spare = [w for w in active if len(free(w)) == g]
+            spare = [w for w in active if nfree[w] == g]
             if not spare:
                 return
             active.discard(spare[-1])
@@ -98,7 +102,7 @@ def simulate(plans: Sequence[Plan], g: int, windows: int, pack: bool = False,
             # tie); a whole-set phase, or a part-set one with no room, waits for a window
             drop(i)
             mine = h[0] if h is not None else -1
-            fits = [(len(free(w)), w != mine, w) for w in sorted(active) if len(free(w)) >= need]
+            fits = [(nfree[w], w != mine, w) for w in sorted(active) if nfree[w] >= need]
             if need >= g or not fits:
                 began[i] = None
                 queue.append(i)

@@ -177,6 +177,25 @@ def test_floating_pool_members_take_whichever_window_is_free_and_keep_their_stat
         for le in store.leases(pool_id=pool.pool_id):  # every lease is one whole window
             assert tuple(le.gpus) in ((), (0, 1), (2, 3)), le
 
+        # the controller is kill -9ed and restarted: the pool, its windows and every
+        # service carry on (re-attached, not relaunched), and so does every job's state
+        steps_then = {(x.job_id, x.role, tuple(x.gpus)): x.step_id for x in live}
+        ctl.kill9()
+        ctl.start()
+        n = [len(_rounds(o)) for o in outs]
+        _wait(lambda: all(len(_rounds(o)) >= k + 3 for o, k in zip(outs, n, strict=True)),
+              120, "every driver to run 3 rounds past the restart", evidence)
+        assert [(w.window, w.slurm_job_id) for w in store.windows(pool.pool_id)] == \
+            [(w.window, w.slurm_job_id) for w in windows]
+        assert {(x.job_id, x.role, tuple(x.gpus)): x.step_id for x in store.services(
+            pool_id=pool.pool_id, live_only=True)} == steps_then
+        for out in outs:
+            rounds = _rounds(out)
+            assert [r["step"] for r in rounds] == [i + 1.0 for i in range(len(rounds))], \
+                read(out)
+            assert all(r["same"] for r in rounds), read(out)
+        check_history(store.intervals(pool.pool_id))  # across the restart too
+
         # two jobs end: one member left on two windows gives one back to Slurm
         for jid in ids[:2]:
             jobs.run(["scancel", str(jid)])  # type: ignore[attr-defined]

@@ -642,7 +642,9 @@ try:
                               "most": max(most), "slow": bool(slow),
                               "handle": type(ro).__name__}}), flush=True)
             last = out
-            if os.path.exists(on0):
+            # only rlalice's slow rollouts mark it; rlbob may not remove her file (a
+            # rollout of his that began before `grow` appeared ends after it did)
+            if slow and os.path.exists(on0):
                 os.remove(on0)
         if slow:
             continue  # rollouts only: a training would wait for rlbob's GPU 1 each time
