@@ -327,6 +327,37 @@ def curve(wnames: Sequence[str], seeds: int, jobs: int, limits: Sequence[float],
     return "\n".join(rows)
 
 
+def pairing_speed(cap: int = 5) -> str:
+    """The speed benchmark's batch (benchmarks/policies.py `speed`: 1,000 waiting
+    polytrace-mix jobs profiled from a simulated month, as newcomers, no open pool)
+    placed in one round by the default policy where pools may float (at most `cap` jobs
+    a pool), tails held (the controller's) and packed (the what-if); seconds each."""
+    import time
+
+    from policies import complementarity
+
+    w = load("polytrace-mix")
+    jobs = generate(w, 0, "steady", 1000, load_scale=(1000 / (30 * 24)) / 0.8)
+    cfg = replace(config_for(w, check_invariants=False), gpus=640)
+    r = run_jobs(jobs, cfg, "complementary")
+    snaps = tuple(replace(s, request=replace(s.request, steps=None), running_s=0.0)
+                  for s in (r.sim._snapshot(run) for run in list(r.sim.runs.values())[:1000]))
+    limits = replace(cfg.limits, max_jobs_per_pool=cap)
+    out = []
+    for pack in (False, True):
+        snap = ClusterSnapshot(0.0, (), snaps, {"pools": 10**6}, limits,
+                               floating={"pools": True}, packs_tails={"pools": pack})
+        pol = registry.load("pairing", "complementary", {"floating_members": cap})
+        complementarity.clear_caches()
+        t = time.perf_counter()
+        placed = pol.place(snap)
+        took = time.perf_counter() - t
+        floating = sum(p.floating for p in placed)
+        out.append(f"tails {'packed' if pack else 'held'}: {took:.2f} s "
+                   f"({floating} of {len(placed)} placed in floating pools)")
+    return "\n".join(out)
+
+
 def calibrate(wnames: Sequence[str], pairs: int, seed: int) -> str:
     """The model against the simulator on one window: two members, no tail, FIFO."""
     import importlib.util
@@ -382,6 +413,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--held-tails", action="store_true",
                     help="--cluster: floating pools as the controller runs them (a rollout "
                          "keeps its window through its tail), without the fixed shapes")
+    ap.add_argument("--pairing-speed", action="store_true",
+                    help="time one round placing 1,000 waiting jobs where pools may float "
+                         "(at most --pool-cap jobs a pool)")
     ap.add_argument("--concurrency", action="store_true",
                     help="also say how much of a job's life others of its size run beside it")
     a = ap.parse_args(argv)
@@ -409,6 +443,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.cluster:
         print()
         print(cluster(wnames, a.seeds, a.jobs, a.move_s, a.held_tails))
+    if a.pairing_speed:
+        print()
+        print(pairing_speed(a.pool_cap))
     return 0
 
 

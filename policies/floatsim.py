@@ -41,7 +41,7 @@ def simulate(plans: Sequence[Plan], g: int, windows: int, pack: bool = False,
     nfree = [g] * windows  #: free GPUs of each window (the hot path's question)
     last: list[int | None] = [None] * windows  #: who held the whole window last
     held: list[tuple[int, tuple[int, ...]] | None] = [None] * n
-    active = set(range(windows))
+    active = list(range(windows))  #: the windows the pool holds, ascending
     pos, done_s, finished = [0] * n, [0.0] * n, [0.0] * n
     began: list[float | None] = [None] * n  #: when the current segment's work began
     queue: list[int] = []
@@ -70,7 +70,7 @@ def simulate(plans: Sequence[Plan], g: int, windows: int, pack: bool = False,
 
     def serve(t: float) -> None:
         while queue:
-            whole = [w for w in sorted(active) if nfree[w] == g]
+            whole = [w for w in active if nfree[w] == g]
             if not whole:
                 return
             i = queue.pop(0)
@@ -85,7 +85,7 @@ def simulate(plans: Sequence[Plan], g: int, windows: int, pack: bool = False,
             spare = [w for w in active if nfree[w] == g]
             if not spare:
                 return
-            active.discard(spare[-1])
+            active.remove(spare[-1])  # the highest wholly free window
 
     def start(i: int, t: float) -> None:
         seconds, need = plans[i][pos[i]]
@@ -102,7 +102,7 @@ def simulate(plans: Sequence[Plan], g: int, windows: int, pack: bool = False,
             # tie); a whole-set phase, or a part-set one with no room, waits for a window
             drop(i)
             mine = h[0] if h is not None else -1
-            fits = [(nfree[w], w != mine, w) for w in sorted(active) if nfree[w] >= need]
+            fits = [(nfree[w], w != mine, w) for w in active if nfree[w] >= need]
             if need >= g or not fits:
                 began[i] = None
                 queue.append(i)
