@@ -8,36 +8,84 @@ and frees it (`ServiceBackend.hand_off`), and the copy on the new window loads i
 owned by the worker's uid, not a symlink: `prepare_dir` checks it at start) and meant to
 be node-local shared memory (`/dev/shm/...`), so the file never leaves the node.
 
-The file is a `torch.save`d dict read back with `weights_only=True` (no code runs on
-load); its header (`format`, `generation`) is checked here, its contents by the backend
-that reads it. It is written atomically: a temp file in the same directory, then
-`os.replace`, so a reader sees the old state or the new one, never half of one. Each
-hand-off writes a `generation` one above the writer's own, unless the file already holds
-that generation or a later one: then the newer state is kept and nothing is written (a
-copy that comes up fresh beside a handed-off state hands off nothing). A copy refuses to
-take over a generation older than the one it holds. So stale state never replaces newer
-state, in either direction.
+The file holds a tree of dicts, lists, tuples, scalars and tensors (the backend's
+state) in a raw layout, with no pickle anywhere, so reading it runs no code:
+
+    b"slurmrl-handoff\\n"   16 bytes of magic
+    <u64 little-endian>     the header's length in bytes
+    header                  JSON, UTF-8 (below)
+    zero padding            to a multiple of 64 bytes: the data section starts here
+    data                    each tensor's raw bytes (C order, this host's byte order),
+                            at its offset from the data section's start (a multiple of 64)
+
+The header is `{"format": "slurmrl-handoff/2", "generation": int, "byteorder": "little",
+"data_bytes": int, "tensors": [...], "state": tree}`. Each entry of `tensors` is
+`{"key": [path in the tree], "dtype": "float32", "shape": [...], "offset": int,
+"nbytes": int}`. In `state`, a tensor is `{"$tensor": index into tensors}`, a tuple
+`{"$tuple": [...]}`, a dict whose keys are not all strings (an optimizer's parameter
+indices), or has a key starting with `$`, `{"$dict": [[key, value], ...]}`; any other
+dict is a JSON object, and lists, strings, numbers (floats exactly, NaN and infinities
+included), booleans and null are themselves. The file must be exactly as long as the
+header says (`data_bytes` after the padded header), every tensor inside it, its bytes
+the size its dtype and shape make, each entry used once, at the path its `key` names:
+anything else is refused as corrupt or truncated (BackendError), as is an unknown
+`format` (another version's file: the old `torch.save` format included).
+
+`read_state` maps the file (copy-on-write) and gives its tensors as CPU views of that
+mapping, nothing copied: the reader copies each into its own tensors (the model's
+`load_state_dict`, device copies included). It is written atomically: a temp file in
+the same directory, then `os.replace`, so a reader sees the old state or the new one,
+never half of one. Each hand-off writes a `generation` one above the writer's own,
+unless the file already holds that generation or a later one: then the newer state is
+kept and nothing is written (a copy that comes up fresh beside a handed-off state hands
+off nothing). A copy refuses to take over a generation older than the one it holds. So
+stale state never replaces newer state, in either direction.
 
 Limits: the file stays after a take-over (it is replaced by the next hand-off, and goes
 with the directory); in `/dev/shm` it costs host memory the size of the state. One file
-per role: two services of one role (rollout replicas) need a directory each. Taking
-over reads the whole file into host memory before copying it to the device.
+per role: two services of one role (rollout replicas) need a directory each. The
+tensors' bytes carry no checksum (nor did the `torch.save` format's, as read here): a
+flipped byte inside a tensor loads as a different value; the size and layout checks
+catch truncation and a damaged header. A file truncated *in place* while a reader copies
+from its mapping would kill the reader (SIGBUS); writers here never change a published
+file, they replace it. Tensors are written from CPU copies, one tensor at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
+import math
+import mmap
 import os
 import stat
+import struct
+import sys
 import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from slurmrl.worker.protocol import BackendError
 
+if TYPE_CHECKING:
+    import torch
+
 #: the `format` field of a state file; another value is refused
-FORMAT = "slurmrl-handoff/1"
+FORMAT = "slurmrl-handoff/2"
+#: the first bytes of a state file
+MAGIC = b"slurmrl-handoff\n"
+#: magic, then the header's length
+_PREFIX = struct.Struct(f"<{len(MAGIC)}sQ")
+#: alignment of the data section and of each tensor in it
+ALIGN = 64
+#: dtypes a state file holds, by the name the header gives them
+_DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
+                "complex64", "complex128", "int64", "int32", "int16", "int8", "uint64",
+                "uint32", "uint16", "uint8", "bool")
+_TENSOR_FIELDS = {"key", "dtype", "shape", "offset", "nbytes"}
+_Path = list[str | int]  # where a value sits in the state tree
 
 
 def state_path(handoff_dir: Path, role: str) -> Path:
@@ -79,19 +127,18 @@ def prepare_dir(path: Path) -> Path:
 
 
 def write_state(path: Path, state: dict[str, Any], generation: int) -> bool:
-    """`torch.save` `state` to `path` as `generation`, atomically, unless `path` holds a
-    newer one; True when written, False when a newer state was kept.
+    """Write `state` to `path` as `generation`, atomically, unless `path` holds a newer
+    one; True when written, False when a newer state was kept.
 
     "Newer" is a generation of `generation` or above: the writer holds the state of
     `generation - 1` (or older), so such a file was handed off after it — e.g. by a copy
     that took over and went on — and must not be overwritten with older state. A file
     that cannot be read is overwritten. The check and the write hold an exclusive lock
     on the directory (`flock`), so copies handing off at once cannot interleave. The
-    write goes to a temp file in the same directory, then `os.replace`: a failure
-    (BackendError) leaves `path` as it was and no temp file behind.
+    write goes to a temp file (mode 0600) in the same directory, then `os.replace`: a
+    failure (BackendError; also a value the format cannot hold) leaves `path` as it was
+    and no temp file behind.
     """
-    import torch
-
     try:
         dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
@@ -110,7 +157,7 @@ def write_state(path: Path, state: dict[str, Any], generation: int) -> bool:
                                f"{exc.strerror}") from exc
         try:
             with os.fdopen(fd, "wb") as out:
-                torch.save({**state, "format": FORMAT, "generation": generation}, out)
+                _write(out, state, generation)
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, path)
@@ -119,7 +166,8 @@ def write_state(path: Path, state: dict[str, Any], generation: int) -> bool:
                 os.unlink(tmp)
             if not isinstance(exc, Exception):
                 raise
-            # a full /dev/shm reaches here as OSError or as torch's RuntimeError
+            # a full /dev/shm reaches here as OSError, a device copy's failure as torch's
+            # RuntimeError, a value the format cannot hold as TypeError
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise BackendError(f"cannot write the handoff state to {path}: {why}") from exc
         return True
@@ -127,36 +175,293 @@ def write_state(path: Path, state: dict[str, Any], generation: int) -> bool:
         os.close(dir_fd)  # and with it the lock
 
 
-def read_state(path: Path, *, mmap: bool = False) -> dict[str, Any]:
-    """Load a state file (weights only); BackendError if missing, corrupt or foreign.
+def read_state(path: Path) -> dict[str, Any]:
+    """The state in a state file; BackendError if missing, corrupt, truncated or foreign.
 
-    The dict returned has an integer `generation` >= 0; the rest is the writer's.
-    `mmap` maps the tensors instead of reading them (for a look at the header).
+    The dict returned is the writer's state with `format` and an integer `generation`
+    >= 0 added; its tensors are CPU views of a copy-on-write mapping of the file (kept
+    open while any of them lives), to be copied from, not kept.
     """
     import torch
 
+    with _open(path) as fd:
+        header, data_start, size = _read_header(fd, path)
+        table = header.get("tensors")
+        if not isinstance(table, list):
+            raise BackendError(f"handoff state {path} is corrupt: its header has no "
+                               "tensor table")
+        entries = [_check_entry(e, i, header["data_bytes"], path) for i, e in enumerate(table)]
+        views: list[torch.Tensor] = []
+        if entries:
+            try:
+                mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+            except (OSError, ValueError) as exc:
+                raise BackendError(f"handoff state {path} cannot be mapped: {exc}") from exc
+            if len(mapping) != size:
+                raise BackendError(f"handoff state {path} changed size while being read")
+            data = torch.frombuffer(mapping, dtype=torch.uint8)
+            for key, dtype, shape, offset, nbytes in entries:
+                begin = data_start + offset
+                try:
+                    views.append(data[begin : begin + nbytes].view(dtype).view(shape))
+                except RuntimeError as exc:
+                    raise BackendError(f"handoff state {path} is corrupt: tensor "
+                                       f"{_name(key)}: {exc}") from exc
+    decoder = _Decoder(path, [e[0] for e in entries], views)
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except FileNotFoundError:
-        raise BackendError(f"no handoff state at {path}: no copy of this service has "
-                           "handed its state off there") from None
-    except Exception as exc:  # torch raises several types for a corrupt file
-        raise BackendError(f"handoff state {path} is corrupt or not a state file: "
-                           f"{exc}") from exc
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-        raise BackendError(f"handoff state {path} is not a {FORMAT} state file")
-    gen = obj.get("generation")
-    if isinstance(gen, bool) or not isinstance(gen, int) or gen < 0:
-        raise BackendError(f"handoff state {path} has no valid generation: {gen!r}")
-    return obj
+        state = decoder.decode(header.get("state"), [])
+    except RecursionError:
+        raise BackendError(f"handoff state {path} is corrupt: its state is nested too "
+                           "deeply") from None
+    unused = [_name(entries[i][0]) for i in range(len(entries)) if i not in decoder.used]
+    if not isinstance(state, dict) or unused:
+        raise BackendError(f"handoff state {path} is corrupt: "
+                           + (f"tensors {unused} are not in its state" if unused
+                              else "its state is not a JSON object"))
+    return {**state, "format": FORMAT, "generation": header["generation"]}
 
 
 def peek_generation(path: Path) -> int | None:
     """The generation of the state file at `path`; None when there is no file.
 
     A file that exists but is not a state file is an error (BackendError): whether it
-    holds newer state than a copy's own cannot be told.
+    holds newer state than a copy's own cannot be told. Reads the header only.
     """
     if not os.path.lexists(path):
         return None
-    return int(read_state(path, mmap=True)["generation"])
+    with _open(path) as fd:
+        return int(_read_header(fd, path)[0]["generation"])
+
+
+# --- writing ---------------------------------------------------------------------------
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+class _Encoder:
+    """The state tree as JSON, its tensors laid out in the data section in tree order."""
+
+    def __init__(self) -> None:
+        self.table: list[dict[str, Any]] = []
+        self.tensors: list[torch.Tensor] = []
+        self.end = 0  # of the data section so far
+
+    def encode(self, value: Any, path: _Path) -> Any:
+        import torch
+
+        if value is None or isinstance(value, bool | int | float | str):
+            return value
+        if isinstance(value, torch.Tensor):
+            return {"$tensor": self._tensor(value, path)}
+        if isinstance(value, list):
+            return [self.encode(v, [*path, i]) for i, v in enumerate(value)]
+        if isinstance(value, tuple):
+            return {"$tuple": [self.encode(v, [*path, i]) for i, v in enumerate(value)]}
+        if isinstance(value, dict):
+            if all(isinstance(k, str) and not k.startswith("$") for k in value):
+                return {k: self.encode(v, [*path, k]) for k, v in value.items()}
+            bad = [k for k in value if isinstance(k, bool) or not isinstance(k, str | int)]
+            if bad:
+                raise TypeError(f"{_name(path)} has a key {bad[0]!r} that a state file "
+                                "cannot hold (only strings and integers)")
+            return {"$dict": [[k, self.encode(v, [*path, k])] for k, v in value.items()]}
+        raise TypeError(f"{_name(path)} is a {type(value).__name__}, which a state file "
+                        "cannot hold")
+
+    def _tensor(self, value: torch.Tensor, path: _Path) -> int:
+        import torch
+
+        name = str(value.dtype).removeprefix("torch.")
+        if (value.layout is not torch.strided or value.is_quantized or value.is_meta
+                or name not in _DTYPE_NAMES):
+            raise TypeError(f"{_name(path)} is a {value.layout} {value.dtype} tensor on "
+                            f"{value.device}; a state file holds dense tensors of "
+                            f"{', '.join(_DTYPE_NAMES)}")
+        offset = _align(self.end)
+        nbytes = value.numel() * value.element_size()
+        self.table.append({"key": path, "dtype": name, "shape": list(value.shape),
+                           "offset": offset, "nbytes": nbytes})
+        self.tensors.append(value)
+        self.end = offset + nbytes
+        return len(self.table) - 1
+
+
+def _write(out: Any, state: dict[str, Any], generation: int) -> None:
+    """The whole file, through the buffered `out` (which writes each buffer in full)."""
+    import torch
+
+    enc = _Encoder()
+    tree = enc.encode(state, [])
+    header = json.dumps({"format": FORMAT, "generation": generation,
+                         "byteorder": sys.byteorder, "data_bytes": enc.end,
+                         "tensors": enc.table, "state": tree},
+                        separators=(",", ":")).encode()
+    head = _PREFIX.pack(MAGIC, len(header)) + header
+    out.write(head)
+    out.write(bytes(_align(len(head)) - len(head)))
+    pos = 0
+    for entry, value in zip(enc.table, enc.tensors, strict=True):
+        out.write(bytes(entry["offset"] - pos))
+        if entry["nbytes"]:
+            # one tensor at a time on the host (a device tensor's copy is freed after it)
+            host = value.detach().to("cpu").contiguous().resolve_conj().resolve_neg()
+            out.write(host.reshape(-1).view(torch.uint8).numpy())
+        pos = entry["offset"] + entry["nbytes"]
+
+
+# --- reading ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _open(path: Path) -> Iterator[int]:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise BackendError(f"no handoff state at {path}: no copy of this service has "
+                           "handed its state off there") from None
+    except OSError as exc:
+        raise BackendError(f"handoff state {path} cannot be read: {exc.strerror}") from exc
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _read_header(fd: int, path: Path) -> tuple[dict[str, Any], int, int]:
+    """The checked header, where the data section starts, and the file's size."""
+    bad = f"handoff state {path}"
+    try:
+        size = os.fstat(fd).st_size
+        prefix = os.pread(fd, _PREFIX.size, 0)
+    except OSError as exc:
+        raise BackendError(f"{bad} cannot be read: {exc.strerror}") from exc
+    if len(prefix) < _PREFIX.size or not prefix.startswith(MAGIC):
+        raise BackendError(f"{bad} is not a {FORMAT} state file (it does not start with "
+                           f"{MAGIC!r})")
+    length = _PREFIX.unpack(prefix)[1]
+    if length > size - _PREFIX.size:
+        raise BackendError(f"{bad} is corrupt: truncated in its header ({size} bytes, "
+                           f"the header alone needs {_PREFIX.size + length})")
+    try:
+        raw = os.pread(fd, length, _PREFIX.size)
+    except OSError as exc:
+        raise BackendError(f"{bad} cannot be read: {exc.strerror}") from exc
+    try:
+        if len(raw) != length:
+            raise ValueError(f"{len(raw)} of {length} bytes read")
+        header = json.loads(raw, object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError) as exc:  # a UnicodeDecodeError is a ValueError
+        raise BackendError(f"{bad} is corrupt: its header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise BackendError(f"{bad} is corrupt: its header is not a JSON object")
+    if header.get("format") != FORMAT:
+        raise BackendError(f"{bad} is {header.get('format')!r}, not a {FORMAT} state file "
+                           "(written by another version of slurmrl?)")
+    gen = header.get("generation")
+    if not _is_count(gen):
+        raise BackendError(f"{bad} has no valid generation: {gen!r}")
+    if header.get("byteorder") != sys.byteorder:
+        raise BackendError(f"{bad} was written {header.get('byteorder')}-endian; this "
+                           f"host is {sys.byteorder}-endian")
+    data_bytes = header.get("data_bytes")
+    data_start = _align(_PREFIX.size + length)
+    if not _is_count(data_bytes) or size != data_start + data_bytes:
+        raise BackendError(f"{bad} is corrupt or truncated: {size} bytes, its header "
+                           f"accounts for {data_start} + data_bytes {data_bytes!r}")
+    return header, data_start, size
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("a key is repeated in an object")
+    return out
+
+
+def _is_count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_key(value: Any) -> bool:
+    """A dict key or list index in the state tree: a string or an integer."""
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _name(path: Sequence[Any]) -> str:
+    return "/".join(map(str, path)) or "the state"
+
+
+def _check_entry(entry: Any, index: int, data_bytes: int,
+                 path: Path) -> tuple[_Path, torch.dtype, list[int], int, int]:
+    """One `tensors` entry as (key, dtype, shape, offset, nbytes), or BackendError."""
+    import torch
+
+    bad = f"handoff state {path} is corrupt: tensor entry {index}"
+    if not isinstance(entry, dict) or set(entry) != _TENSOR_FIELDS:
+        raise BackendError(f"{bad} is not {{{', '.join(sorted(_TENSOR_FIELDS))}}}")
+    key, name, shape = entry["key"], entry["dtype"], entry["shape"]
+    offset, nbytes = entry["offset"], entry["nbytes"]
+    if (not isinstance(key, list) or not key
+            or not all(_is_key(k) for k in key)):
+        raise BackendError(f"{bad} has no valid key: {key!r}")
+    bad = f"handoff state {path} is corrupt: tensor {_name(key)}"
+    if name not in _DTYPE_NAMES:
+        raise BackendError(f"{bad} has an unknown dtype {name!r}")
+    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+        raise BackendError(f"{bad} has no valid shape: {shape!r}")
+    if not _is_count(offset) or not _is_count(nbytes) or offset % ALIGN:
+        raise BackendError(f"{bad} has no valid offset and length: {offset!r}, {nbytes!r}")
+    dtype = getattr(torch, name)
+    if nbytes != math.prod(shape) * dtype.itemsize:
+        raise BackendError(f"{bad} has {nbytes} bytes; {name} of shape {tuple(shape)} "
+                           f"takes {math.prod(shape) * dtype.itemsize}")
+    if offset + nbytes > data_bytes:
+        raise BackendError(f"{bad} runs past the end of the data ({offset} + {nbytes} > "
+                           f"{data_bytes} bytes)")
+    return key, dtype, shape, offset, nbytes
+
+
+class _Decoder:
+    """The state tree from its JSON, each `$tensor` replaced by its view."""
+
+    def __init__(self, path: Path, keys: list[_Path], views: list[torch.Tensor]) -> None:
+        self.bad = f"handoff state {path} is corrupt"
+        self.keys, self.views = keys, views
+        self.used: set[int] = set()
+
+    def decode(self, obj: Any, path: _Path) -> Any:
+        if isinstance(obj, list):
+            return [self.decode(v, [*path, i]) for i, v in enumerate(obj)]
+        if not isinstance(obj, dict):
+            return obj  # JSON's scalars are the state's
+        tags = [k for k in obj if k.startswith("$")]
+        if not tags:
+            return {k: self.decode(v, [*path, k]) for k, v in obj.items()}
+        if len(obj) != 1:
+            raise BackendError(f"{self.bad}: {_name(path)} mixes {tags[0]} with other keys")
+        tag, value = next(iter(obj.items()))
+        if tag == "$tensor":
+            return self._tensor(value, path)
+        if tag == "$tuple" and isinstance(value, list):
+            return tuple(self.decode(v, [*path, i]) for i, v in enumerate(value))
+        if tag == "$dict" and isinstance(value, list):
+            out: dict[Any, Any] = {}
+            for item in value:
+                if (not isinstance(item, list) or len(item) != 2
+                        or not _is_key(item[0])
+                        or item[0] in out):
+                    raise BackendError(f"{self.bad}: {_name(path)} has a bad $dict item")
+                out[item[0]] = self.decode(item[1], [*path, item[0]])
+            return out
+        raise BackendError(f"{self.bad}: {_name(path)} is an unknown {tag}")
+
+    def _tensor(self, index: Any, path: _Path) -> torch.Tensor:
+        if not _is_count(index) or index >= len(self.views):
+            raise BackendError(f"{self.bad}: {_name(path)} names no tensor ({index!r})")
+        if index in self.used or self.keys[index] != path:
+            raise BackendError(f"{self.bad}: {_name(path)} is tensor {index}, whose key is "
+                               f"{_name(self.keys[index])}")
+        self.used.add(index)
+        return self.views[index]

@@ -18,16 +18,19 @@ Hand-off (floating pools, see `handoff.py`): `hand_off(path)` writes the whole s
 model state_dict and non-persistent buffers, the optimizer's state_dict (a trainer's
 Adam moments and step counts), `steps`, `weights_version`, whether the weights are valid
 and a generation number — to a node-local file (unless it holds a newer generation,
-which is kept), then frees the device copies and the host buffers
-(`Offloader.offload(keep_host_copy=False)`, `release_host()`): the copy is PARKED,
-`handed_off`, and holds nothing. `take_over(path)` on another copy of the same
-service (same class, model and role) checks the file against its model (names and
-shapes, as `load_state_dict(strict=True)` would; the optimizer's groups and moment
-shapes), reallocates device storage (`onload(restore=False)`) and loads it: training and
-sampling continue as if one process had done it all (bit for bit on CPU, where the unit
-tests check it; the CUDA path has not run here either). A refused file (older
-generation, missing, corrupt, not fitting) changes nothing. A handed-off copy refuses a
-plain `activate` and weight imports: its state is in the file.
+which is kept; the file is a JSON header and the tensors' raw bytes, no pickle), then
+frees the device copies and the host buffers (`Offloader.offload(keep_host_copy=False)`,
+`release_host()`): the copy is PARKED, `handed_off`, and holds nothing.
+`take_over(path)` on another copy of the same service (same class, model and role) maps
+the file and checks it against its model (names, shapes and dtypes, where
+`load_state_dict(strict=True)` checks names and shapes; the optimizer's groups, moment
+shapes and dtypes), reallocates device storage (`onload(restore=False)`) and copies
+each tensor from the mapping into its own (the optimizer's into its existing state
+tensors where it has them): training and sampling continue as if one process had done it
+all (bit for bit on CPU, where the unit tests check it; the CUDA path has not run here
+either). A refused file (older generation, missing, corrupt or truncated, not fitting)
+changes nothing. A handed-off copy refuses a plain `activate` and weight imports: its
+state is in the file.
 
 Limits: one device per service (no FSDP/TP sharding here); generation is not offered by
 this backend (a rollout engine is `vllm`, or `tiny` for tests). The CUDA path has NOT
@@ -211,7 +214,7 @@ class TorchModelBackend:
         """Load the state another copy handed off to `path`; afterwards ACTIVE."""
         if self._residency is Residency.STOPPED or self._model is None:
             raise NotReady("service is stopped: take_over needs a loaded model")
-        state = handoff.read_state(path)
+        state = handoff.read_state(path)  # tensors: views of the file's mapping
         self._check_state(state, path)
         model, opt = self._model, self._opt
         # device storage for the state, nothing copied up; a failure (out of device
@@ -219,11 +222,12 @@ class TorchModelBackend:
         self._offloader.onload(restore=False)
         try:
             with torch.no_grad():
+                # each tensor straight from the mapping into the model's own
                 model.load_state_dict(state["model"], strict=True)
                 for name, value in state["buffers"].items():
                     model.get_buffer(name).copy_(value)
-            if opt is not None:
-                opt.load_state_dict(state["optimizer"])
+                if opt is not None:
+                    opt.load_state_dict(self._own_optimizer_state(state["optimizer"]))
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:
             # half loaded (what the checks did not foresee): hold nothing, say so
             self._offloader.refresh(self._tensors())
@@ -239,6 +243,37 @@ class TorchModelBackend:
         self._staged = False
         self._handed_off = False
         self._residency = Residency.ACTIVE
+
+    def _own_optimizer_state(self, got: dict[str, Any]) -> dict[str, Any]:
+        """The file's optimizer state_dict with its tensors copied out of the mapping:
+        into this optimizer's own state tensors where they fit (a copy that held state
+        before: `onload` gave them storage again), else into new ones on the parameter's
+        device (a 0-dim `step` on the CPU, where Adam keeps it unless capturable or fused;
+        `load_state_dict` puts every tensor where its policy wants it)."""
+        assert self._opt is not None
+        params = self._optimizer_params()
+        state: dict[int, dict[str, Any]] = {}
+        for idx, entry in got["state"].items():
+            mine = self._opt.state.get(params[idx], {})
+            state[idx] = {}
+            for key, value in entry.items():
+                if isinstance(value, torch.Tensor):
+                    have = mine.get(key)
+                    if (isinstance(have, torch.Tensor) and have.shape == value.shape
+                            and have.dtype == value.dtype):
+                        value = have.copy_(value)
+                    else:
+                        device = params[idx].device if value.dim() else torch.device("cpu")
+                        value = value.to(device, copy=True)
+                state[idx][key] = value
+        return {"state": state, "param_groups": got["param_groups"]}
+
+    def _optimizer_params(self) -> dict[int, torch.Tensor]:
+        """This optimizer's parameters by their index in its state_dict."""
+        assert self._opt is not None
+        mine = self._opt.state_dict()["param_groups"]
+        return {i: p for m, g in zip(mine, self._opt.param_groups, strict=True)
+                for i, p in zip(m["params"], g["params"], strict=True)}
 
     def _check_state(self, state: dict[str, Any], path: Path) -> None:
         """Refuse (BackendError) a state file this copy must not load; changes nothing."""
@@ -269,12 +304,18 @@ class TorchModelBackend:
         if missing or unexpected:
             raise BackendError(f"{what}: missing keys {missing}, unexpected keys {unexpected}")
         for key, target in want.items():
-            value = got[key]
-            if not isinstance(value, torch.Tensor):
-                raise BackendError(f"{what}: {key} is not a tensor")
-            if value.shape != self._shape(target):
-                raise BackendError(f"{what}: {key} has shape {tuple(value.shape)}, the "
-                                   f"model's is {tuple(self._shape(target))}")
+            self._check_tensor(got[key], target, f"{what}: {key}")
+
+    def _check_tensor(self, value: Any, target: torch.Tensor, what: str,
+                      whose: str = "the model's") -> None:
+        """`value` loads into `target` as it is: a tensor of its shape and dtype."""
+        if not isinstance(value, torch.Tensor):
+            raise BackendError(f"{what} is not a tensor")
+        if value.shape != self._shape(target):
+            raise BackendError(f"{what} has shape {tuple(value.shape)}, {whose} is "
+                               f"{tuple(self._shape(target))}")
+        if value.dtype != target.dtype:
+            raise BackendError(f"{what} has dtype {value.dtype}, {whose} is {target.dtype}")
 
     def _check_optimizer(self, got: Any, bad: str) -> None:
         if self._opt is None:
@@ -290,17 +331,15 @@ class TorchModelBackend:
                        for g, m in zip(groups, mine, strict=True))):
             raise BackendError(f"{bad}: its optimizer state does not fit this optimizer "
                                "(parameter groups differ)")
-        params = {i: p for m, g in zip(mine, self._opt.param_groups, strict=True)
-                  for i, p in zip(m["params"], g["params"], strict=True)}
+        params = self._optimizer_params()
         for idx, entry in state.items():
             if idx not in params or not isinstance(entry, dict):
                 raise BackendError(f"{bad}: optimizer state for an unknown parameter {idx!r}")
-            shape = self._shape(params[idx])
             for key, value in entry.items():
-                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != shape:
-                    raise BackendError(f"{bad}: optimizer state {key} of parameter {idx} has "
-                                       f"shape {tuple(value.shape)}, the parameter's is "
-                                       f"{tuple(shape)}")
+                # Adam's moments are the parameter's shape and dtype; its `step` is 0-dim
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    self._check_tensor(value, params[idx], f"{bad}: optimizer state {key} "
+                                       f"of parameter {idx}", "the parameter's")
 
     def _shape(self, tensor: torch.Tensor) -> torch.Size:
         """A tensor's shape on the device, also while offloaded."""

@@ -106,6 +106,31 @@ def test_a_trainer_handed_to_another_copy_trains_on_bit_identically(
     assert not _same(_params(weights_only), _params(reference))
 
 
+@pytest.mark.parametrize("make", [_tiny_trainer, _torch_trainer], ids=["tiny", "torch"])
+def test_a_trainer_moved_back_and_forth_trains_on_bit_identically(
+    tmp_path: Path, make: Callable[[], TorchModelBackend]
+) -> None:
+    batches = _batches(5)
+    reference = _loaded_after(make, batches)
+    path = tmp_path / "trainer.state"
+    a, b = _loaded(make), _loaded(make)
+    a.train_step(batches[0])
+    for batch in batches[1:]:
+        # the second move onwards lands in a copy that holds Adam state of its own
+        a.hand_off(path)
+        b.take_over(path)
+        b.train_step(batch)
+        a, b = b, a
+    assert _same(_params(a), _params(reference))
+    assert (a.steps, a.generation) == (5, 4)
+    assert a._opt is not None and reference._opt is not None
+    mine, ref = a._opt.state_dict(), reference._opt.state_dict()
+    assert mine["param_groups"] == ref["param_groups"]
+    for idx, entry in ref["state"].items():
+        assert mine["state"][idx].keys() == entry.keys()
+        assert all(torch.equal(mine["state"][idx][k], v) for k, v in entry.items())
+
+
 def test_a_rollout_handed_to_another_copy_samples_what_it_would_have(
     tmp_path: Path,
 ) -> None:
