@@ -534,10 +534,7 @@ class SlurmPools:
         members = self.c.store.jobs(active=True, pool_id=pool.pool_id)
         if len(members) >= self.c.config.limits.max_jobs_per_pool:
             return None
-        me = self._bare(job)
-        why = next((w for m in members if (w := compatible(me, self._bare(m)))), None)
-        if why is not None:
-            log.info("job %d cannot join pool %d: %s", job.job_id, pool.pool_id, why)
+        if self._incompatible(job, members, pool.pool_id):
             return None
         # memory as on one window: each member's state is in one copy at a time
         g = job.request.gpus
@@ -635,10 +632,7 @@ class SlurmPools:
             return None
         # the pairwise constraints every pairing policy checks (`--rl-group`, GPU count,
         # split): a site's own policy that ignores one gains nothing, as in the simulator
-        me = self._bare(job)
-        why = next((w for m in members if (w := compatible(me, self._bare(m)))), None)
-        if why is not None:
-            log.info("job %d cannot join pool %d: %s", job.job_id, pool.pool_id, why)
+        if self._incompatible(job, members, pool.pool_id):
             return None
         reason = admit(mine, self._members_fp(pool.pool_id), self._capacity(pool),
                        self.c.config.limits.parked_host_mem_per_node)
@@ -646,6 +640,14 @@ class SlurmPools:
             log.info("job %d cannot join pool %d: %s", job.job_id, pool.pool_id, reason)
             return None
         return pool
+
+    def _incompatible(self, job: JobRecord, members: Sequence[JobRecord], pool_id: int) -> bool:
+        """Whether a member may not share with the job (`compatible`), logged."""
+        me = self._bare(job)
+        why = next((w for m in members if (w := compatible(me, self._bare(m)))), None)
+        if why is not None:
+            log.info("job %d cannot join pool %d: %s", job.job_id, pool_id, why)
+        return why is not None
 
     def _bare(self, job: JobRecord) -> JobSnapshot:
         """The job as `compatible` sees it (no profile: it compares requests only)."""

@@ -236,18 +236,8 @@ def plan_grant(
         (f for f in services if f.key not in needed and f.gpus & touched
          and state[f.key] is Residency.ACTIVE),
         key=lambda f: (f.job_id == job_id, -f.active_bytes, f.key))
-    parked: list[ServiceKey] = []
-    while (over := _fits(touched, state, by_key, cap)) is not None:
-        victim = next((f for f in cands if over in f.gpus
-                       and state[f.key] is Residency.ACTIVE), None)
-        if victim is None:
-            need = sum(by_key[k].device_bytes(Residency.ACTIVE) for k in needed
-                       if over in by_key[k].gpus)
-            raise ResidencyError(
-                f"job {job_id}'s {phase} services need {_gib(need)} on pool GPU {over}, "
-                f"which has {_gib(cap[over])} usable with everything else parked")
-        state[victim.key] = Residency.PARKED
-        parked.append(victim.key)
+    parked = _park_until_fits(touched, state, by_key, cap, cands, needed,
+                              f"job {job_id}'s {phase} services")
     park, drop = _fit_host(by_key, state, parked, host_budget_bytes)
     if park_others:
         scope = touched if held is None else held
@@ -289,19 +279,32 @@ def plan_floating_grant(services: Sequence[Footprint], capacity: Sequence[GpuCap
     cap = {c.index: c.usable_bytes for c in capacity}
     idle = sorted((f for f in mine if f.key not in needed and f.gpus & held
                    and state[f.key] is Residency.ACTIVE), key=lambda f: -f.active_bytes)
-    while held <= cap.keys() and (over := _fits(held, state, by_key, cap)) is not None:
-        victim = next((f for f in idle if over in f.gpus
+    if held <= cap.keys():
+        park += _park_until_fits(held, state, by_key, cap, idle, needed,
+                                 f"job {job_id}'s {phase} services")
+    activate = [k for k in needed if by_key[k].residency is not Residency.ACTIVE]
+    return ResidencyPlan(park=tuple(park), activate=tuple(activate))
+
+
+def _park_until_fits(gpus: frozenset[int], state: dict[ServiceKey, Residency],
+                     by_key: Mapping[ServiceKey, Footprint], cap: Mapping[int, int],
+                     candidates: Sequence[Footprint], needed: Sequence[ServiceKey],
+                     what: str) -> list[ServiceKey]:
+    """Park `candidates` in order (updating `state`) until every GPU of `gpus` fits;
+    returns what it parked, or raises naming the GPU that cannot fit `what`."""
+    parked: list[ServiceKey] = []
+    while (over := _fits(gpus, state, by_key, cap)) is not None:
+        victim = next((f for f in candidates if over in f.gpus
                        and state[f.key] is Residency.ACTIVE), None)
         if victim is None:
             need = sum(by_key[k].device_bytes(Residency.ACTIVE) for k in needed
                        if over in by_key[k].gpus)
             raise ResidencyError(
-                f"job {job_id}'s {phase} services need {_gib(need)} on pool GPU {over}, "
-                f"which has {_gib(cap[over])} usable with everything else parked")
+                f"{what} need {_gib(need)} on pool GPU {over}, which has "
+                f"{_gib(cap[over])} usable with everything else parked")
         state[victim.key] = Residency.PARKED
-        park.append(victim.key)
-    activate = [k for k in needed if by_key[k].residency is not Residency.ACTIVE]
-    return ResidencyPlan(park=tuple(park), activate=tuple(activate))
+        parked.append(victim.key)
+    return parked
 
 
 def _host(by_key: Mapping[ServiceKey, Footprint], state: Mapping[ServiceKey, Residency]) -> int:

@@ -10,15 +10,14 @@ one joins it adding a window.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _loop import run
+from test_pool_manager import FakeSlurm
+from test_pool_manager import Site as BaseSite
 
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode
 from slurmrl.config import Config, ConfigError, load
@@ -26,10 +25,9 @@ from slurmrl.config.schema import LimitsConfig, SlurmConfig
 from slurmrl.controller.core import Controller
 from slurmrl.controller.pools import PoolError, SlurmPool, SlurmPools
 from slurmrl.controller.services import ServiceSpec
-from slurmrl.db import JobRecord, Store
+from slurmrl.db import Store
 from slurmrl.leases import LeaseError
 from slurmrl.model import Identity, JobState, Phase
-from slurmrl.slurm import JobInfo, NodeInfo, SlurmJobState
 
 ALICE = Identity(1001, 1001, "alice")
 BOB = Identity(1002, 1002, "bob")
@@ -38,25 +36,6 @@ DAVE = Identity(1004, 1004, "dave")
 ENV = {"SLURMRL_GPUS": "2", "SLURMRL_MODEL": "tiny"}
 FLOATING = Config(slurm=SlurmConfig(floating_pools=True),
                   limits=LimitsConfig(max_jobs_per_pool=4))
-
-
-class FakeSlurm:
-    def __init__(self) -> None:
-        self.running: dict[int, JobInfo] = {}
-
-    def add(self, job_id: int, who: Identity) -> None:
-        self.running[job_id] = JobInfo(job_id, f"job{job_id}", who.user, who.uid,
-                                       SlurmJobState.RUNNING, partition="drivers",
-                                       nodes=("n1",))
-
-    def job(self, job_id: int) -> JobInfo | None:
-        return self.running.get(job_id)
-
-    def jobs(self, job_ids: list[int] | None = None, user: str | None = None) -> list[JobInfo]:
-        return [j for j in self.running.values() if job_ids is None or j.job_id in job_ids]
-
-    def nodes(self) -> list[NodeInfo]:
-        return [NodeInfo("n1", "IDLE", 8, 16, 64000, ("pools",))]
 
 
 class FakeAllocator:
@@ -164,27 +143,11 @@ class FloatFirst:
 
 
 @dataclass
-class Site:
-    c: Controller
-    pools: SlurmPools
-    slurm: FakeSlurm
-    allocator: FakeAllocator
-    launcher: FakeLauncher
+class Site(BaseSite):
+    """The fixed-pool tests' site, with this file's allocator and launcher."""
 
-    async def settle(self) -> None:
-        while self.pools._tasks:
-            await asyncio.gather(*list(self.pools._tasks), return_exceptions=True)
-
-    async def until(self, cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not cond():
-            assert time.monotonic() < deadline, "timed out"
-            await asyncio.sleep(0.01)
-
-    def job(self, job_id: int) -> JobRecord:
-        job = self.c.store.job(job_id)
-        assert job is not None
-        return job
+    allocator: FakeAllocator  # type: ignore[assignment]
+    launcher: FakeLauncher  # type: ignore[assignment]
 
     async def register(self, who: Identity, job_id: int) -> None:
         self.slurm.add(job_id, who)
