@@ -59,6 +59,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps per job")
     ap.add_argument("--out", type=Path, default=None, help="where runs, trace and JSON go")
+    ap.add_argument("--floating", action="store_true",
+                    help="also run the jobs multiplexed where pools may float "
+                         "(slurm.floating_pools, up to 4 jobs a pool)")
     args = ap.parse_args()
     state = Path(os.environ.get("SLURMRL_DEV_STATE", "/var/lib/slurmrl-dev"))
     out = args.out or state / "bench-e2e"
@@ -68,6 +71,12 @@ def main() -> int:
     ded = run("dedicated", "off", out / "dedicated", state, steps=args.steps)
     mux = run("multiplexed", "auto", out / "multiplexed", state, steps=args.steps)
     print(table(ded, mux), flush=True)
+    flo = None
+    if args.floating:
+        flo = run("floating", "auto", out / "floating", state, steps=args.steps,
+                  floating=True)
+        print("\nwhere pools may float (slurm.floating_pools, up to 4 jobs a pool):")
+        print(table(ded, flo), flush=True)
     preview = _preview(ded, mux, out / "dedicated-trace.jsonl")
     trace = out / "multiplexed-trace.jsonl"
     n = write_trace(mux, trace)
@@ -84,7 +93,7 @@ def main() -> int:
     else:
         print(f"\nslurmrl simulate --replay failed: {sim.stderr.strip()}")
     summary = {"dedicated": _res(ded), "multiplexed": _res(mux), "replay": replay,
-               "preview": preview}
+               "preview": preview, **({"floating": _res(flo)} if flo is not None else {})}
     (out / "e2e.json").write_text(json.dumps(summary, indent=2))
     print(f"\nwrote {out / 'e2e.json'}")
     return 0

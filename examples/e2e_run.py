@@ -98,7 +98,10 @@ def slurm_env(state_dir: Path) -> dict[str, str]:
     return env
 
 
-def write_site_config(path: Path, port: int, db: Path, slurm_conf: str) -> None:
+def write_site_config(path: Path, port: int, db: Path, slurm_conf: str,
+                      floating: bool = False) -> None:
+    """`floating`: pools may float (up to 4 jobs a pool, so the four jobs may share)."""
+    most = 4 if floating else 2
     path.write_text(f"""# written by examples/e2e_run.py for one run on the dev cluster
 [controller]
 host = "127.0.0.1"
@@ -111,22 +114,23 @@ reconcile_interval_s = 2.0
 [slurm]
 pool_partition = "pools"
 slurm_conf = "{slurm_conf}"
+floating_pools = {"true" if floating else "false"}
 
 [limits]
-max_jobs_per_pool = 2
+max_jobs_per_pool = {most}
 """)
 
 
 class Controller:
     """`slurmrl controller` as a child process; `stop()` is safe to call twice."""
 
-    def __init__(self, run_dir: Path, env: dict[str, str]) -> None:
+    def __init__(self, run_dir: Path, env: dict[str, str], floating: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.db = run_dir / "controller.db"
         self.config = run_dir / "slurmrl.toml"
         self.log = run_dir / "controller.log"
-        write_site_config(self.config, self.port, self.db, env["SLURM_CONF"])
+        write_site_config(self.config, self.port, self.db, env["SLURM_CONF"], floating)
         self.env = dict(env)
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -206,12 +210,13 @@ def run(
     label: str, mux: str, run_dir: Path, state_dir: Path, *, steps: int | None = None,
     tick: Callable[[str, list[tuple[str, str, int]]], None] | None = None,
     tick_s: float = 5.0, timeout_s: float = 600.0,
-    jobs: tuple[tuple[str, str], ...] = JOBS,
+    jobs: tuple[tuple[str, str], ...] = JOBS, floating: bool = False,
 ) -> RunResult:
-    """Run `jobs` with `--rl-mux=<mux>` ("auto" multiplexes, "off" is dedicated)."""
+    """Run `jobs` with `--rl-mux=<mux>` ("auto" multiplexes, "off" is dedicated);
+    `floating`: the site lets pools float (`slurm.floating_pools`)."""
     prepare_dir(run_dir)
     env = slurm_env(state_dir)
-    ctl = Controller(run_dir, env)
+    ctl = Controller(run_dir, env, floating)
     submitted: list[tuple[str, str, int]] = []
     t0 = time.time()
     try:
@@ -286,7 +291,7 @@ def _collect(label: str, mux: str, db: Path, submitted: list[tuple[str, str, int
                                      None if rec is None else rec.pool_id, out))
         now = time.time()
         pools = store.pools()
-        pool_gpu_s = sum(p.gpus * ((p.closed_at or now) - p.opened_at) for p in pools)
+        pool_gpu_s = sum(store.pool_gpu_seconds(p, now) for p in pools)
         leased = sum(store.gpu_seconds([j for _, _, j in submitted]).values())
         return RunResult(label, mux, db, results, makespan, pool_gpu_s, leased, len(pools))
     finally:

@@ -318,6 +318,16 @@ class Store:
                              closed_at=r["closed_at"])
                 for r in self._q(sql + " ORDER BY window, window_id", (pool_id,))]
 
+    def pool_gpu_seconds(self, pool: PoolRecord, now: float) -> float:
+        """GPU-seconds Slurm allocated to the pool until it closed (or `now`): its GPUs
+        times its life, or for a floating pool each window's GPUs times that window's."""
+        end = pool.closed_at if pool.closed_at is not None else now
+        if not pool.floating:
+            return pool.gpus * max(0.0, end - pool.opened_at)
+        return sum(len(w.gpu_indices) * max(0.0, (w.closed_at if w.closed_at is not None
+                                                  else end) - w.opened_at)
+                   for w in self.windows(pool.pool_id, open_only=False))
+
     def close_window(self, window_id: int, at: float) -> None:
         self._x("UPDATE pool_windows SET closed_at = ? WHERE window_id = ?", (at, window_id))
 

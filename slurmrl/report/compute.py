@@ -60,6 +60,9 @@ class PoolInfo:
     opened_at: float
     closed_at: float | None = None
     dedicated: bool = False
+    #: GPU-seconds Slurm allocated to it, where its size changed (a floating pool's
+    #: windows); None: `gpus` for its whole life
+    gpu_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -283,7 +286,7 @@ def compute(
     pool_total = 0.0
     for p in sorted(data.pools, key=lambda p: p.pool_id):
         open_s = max(0.0, (p.closed_at if p.closed_at is not None else now) - p.opened_at)
-        cap = p.gpus * open_s
+        cap = p.gpu_s if p.gpu_s is not None else p.gpus * open_s
         pool_total += cap
         pools.append(PoolReport(
             pool_id=p.pool_id, gpus=p.gpus, open_s=open_s,

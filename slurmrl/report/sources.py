@@ -85,7 +85,8 @@ def from_store(store: Any, ids: Sequence[int] | None, now: float) -> ReportInput
         jobs=tuple(JobInfo(j.job_id, j.user, j.request.gpus, j.registered_at, j.name,
                            str(j.state), j.ended_at, j.pool_id,
                            str(j.request.mux) == "off") for j in jobs),
-        pools=tuple(PoolInfo(p.pool_id, p.gpus, p.opened_at, p.closed_at, p.dedicated)
+        pools=tuple(PoolInfo(p.pool_id, p.gpus, p.opened_at, p.closed_at, p.dedicated,
+                             store.pool_gpu_seconds(p, now) if p.floating else None)
                     for p in pools if not ids or p.pool_id in used_pools),
         holds=tuple(holds), requests=tuple(requests), rewards=tuple(rewards), now=now,
     )

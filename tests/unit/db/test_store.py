@@ -180,3 +180,25 @@ def test_a_version_3_db_upgrades_and_keeps_each_services_control_secret(
     store.close()
     (_, new) = Store(path).services(job_id=7)  # from the file alone
     assert new.control_secret == "c" * 64 and "c" * 64 not in repr(new)
+
+
+def test_a_floating_pool_is_charged_each_window_for_the_time_it_was_held(
+        tmp_path: Path) -> None:
+    s = Store(tmp_path / "c.db")
+    fixed = s.add_pool(gpus=2, opened_at=0.0, slurm_job_id=100, gpu_indices=(0, 1))
+    pid = s.add_pool(gpus=2, opened_at=0.0, slurm_job_id=101, gpu_indices=(2, 3),
+                     floating=True)
+    s.add_window(pool_id=pid, window=0, slurm_job_id=101, gpu_indices=(2, 3), opened_at=0.0)
+    w1 = s.add_window(pool_id=pid, window=1, slurm_job_id=102, gpu_indices=(4, 5),
+                      opened_at=10.0)
+    s.update_pool(pid, gpus=4, gpu_indices=(2, 3, 4, 5))
+    s.close_window(w1, 40.0)  # given back: the pool has 2 GPUs again
+    s.update_pool(pid, gpus=2, gpu_indices=(2, 3))
+    pool = s.pool(pid)
+    assert pool is not None and pool.floating
+    assert [w.window for w in s.windows(pid)] == [0]
+    assert [w.window for w in s.windows(pid, open_only=False)] == [0, 1]
+    # 2 GPUs for 100 s, and 2 more for the 30 s window 1 was held: not 2 x 100 s
+    assert s.pool_gpu_seconds(pool, now=100.0) == 2 * 100 + 2 * 30
+    f = s.pool(fixed)
+    assert f is not None and s.pool_gpu_seconds(f, now=100.0) == 200.0
