@@ -532,8 +532,10 @@ class SlurmPools:
                 or pool.slurm_job_id is None or pool.pool_id in self._closing):
             return None
         members = self.c.store.jobs(active=True, pool_id=pool.pool_id)
-        if len(members) >= self.c.config.limits.max_jobs_per_pool:
-            return None
+        wins = self.c.store.windows(pool.pool_id)
+        if (len(members) >= self.c.config.limits.max_jobs_per_pool or not wins
+                or len(wins[0].gpu_indices) != job.request.gpus):
+            return None  # full, or windows of another GPU count
         if self._incompatible(job, members, pool.pool_id):
             return None
         # memory as on one window: each member's state is in one copy at a time
@@ -623,8 +625,8 @@ class SlurmPools:
                   gpus: tuple[int, ...]) -> PoolRecord | None:
         """`pool` if the job may join it now (the controller's own guard), else None."""
         if (pool is None or pool.state != "open" or pool.slurm_job_id is None or pool.dedicated
-                or pool.pool_id in self._closing):
-            return None
+                or pool.floating or pool.pool_id in self._closing):
+            return None  # (a floating pool takes floating members only)
         members = self.c.store.jobs(active=True, pool_id=pool.pool_id)
         alone = job.request.mux is Mux.OFF or any(m.request.mux is Mux.OFF for m in members)
         if (pool.gpus <= max(gpus)

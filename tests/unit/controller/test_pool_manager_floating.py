@@ -380,3 +380,29 @@ def test_the_site_config_refuses_floating_pools_with_vllm_or_two_jobs_a_pool(
         load(cfg, env={})
     cfg.write_text('[slurm]\nfloating_pools = true\n[limits]\nmax_jobs_per_pool = 12\n')
     assert load(cfg, env={}).slurm.floating_pools
+
+
+class JoinAnyhow:
+    """A site policy that joins the open pool without asking for a floating member."""
+
+    name = "join-anyhow"
+    mode = PoolMode.LEASE
+
+    def place(self, snap: ClusterSnapshot) -> list[Placement]:
+        pool = next((p.pool_id for p in snap.pools), None)
+        return [Placement(j.job_id, Action.JOIN, pool) if pool is not None
+                else Placement(j.job_id, Action.OPEN, -1, j.request.gpus, floating=True)
+                for j in snap.waiting]
+
+
+@run
+async def test_a_floating_pool_takes_no_fixed_member(tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"))
+    site.c.policies = replace(site.c.policies, pairing=JoinAnyhow())
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    a, b = site.job(7), site.job(8)
+    assert b.state is JobState.RUNNING and b.pool_id not in (None, a.pool_id)
+    pool = site.c.store.pool(b.pool_id)  # type: ignore[arg-type]
+    assert pool is not None and not pool.floating
+    await site.c.stop()
