@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from policies.base import Action, JobSnapshot, Placement
 from policies.complementarity import compatible
-from slurmrl.controller.placement import controller_snapshot
+from slurmrl.controller.placement import controller_snapshot, free_gpus
 from slurmrl.controller.residency import (
     Footprint,
     GpuCapacity,
@@ -557,6 +557,12 @@ class SlurmPools:
         c = self.c
         wins = c.store.windows(pool.pool_id)
         g, node = len(wins[0].gpu_indices), (pool.nodes[0] if pool.nodes else None)
+        if node is not None and await self._free_on(node) < g:
+            # fail fast: Slurm would keep the window pending until the start timeout,
+            # and every placement waits for this one meanwhile
+            log.info("pool %d: node %s has fewer than %d GPUs free for a window",
+                     pool.pool_id, node, g)
+            return False
         try:
             opened = await asyncio.to_thread(self.allocator.open, g,
                                              f"window of pool {pool.pool_id}", node)
@@ -578,6 +584,18 @@ class SlurmPools:
             return False
         c.add_window(pool.pool_id, opened.slurm_job_id, opened.gpu_indices)
         return True
+
+    async def _free_on(self, node: str) -> int:
+        """GPUs Slurm could still allocate on `node` in the pool partition (as the
+        pairing snapshot counts them); unknown (Slurm unreachable): as if enough."""
+        c = self.c
+        try:
+            nodes, running = await asyncio.to_thread(lambda: (c.slurm.nodes(), c.slurm.jobs()))
+        except SlurmError:
+            return 1 << 30
+        part = c.config.slurm.pool_partition
+        return free_gpus([n for n in nodes if n.name == node], running,
+                         c.store.pools(open_only=True), part)[part]
 
     async def _launch_on_windows(self, job: JobRecord, pool: PoolRecord,
                                  windows: Sequence[WindowRecord]) -> None:

@@ -28,6 +28,7 @@ from slurmrl.controller.services import ServiceSpec
 from slurmrl.db import Store
 from slurmrl.leases import LeaseError
 from slurmrl.model import Identity, JobState, Phase
+from slurmrl.slurm import NodeInfo
 
 ALICE = Identity(1001, 1001, "alice")
 BOB = Identity(1002, 1002, "bob")
@@ -405,4 +406,18 @@ async def test_a_floating_pool_takes_no_fixed_member(tmp_path: Path) -> None:
     assert b.state is JobState.RUNNING and b.pool_id not in (None, a.pool_id)
     pool = site.c.store.pool(b.pool_id)  # type: ignore[arg-type]
     assert pool is not None and not pool.floating
+    await site.c.stop()
+
+
+@run
+async def test_a_node_without_room_for_a_window_is_not_asked_for_one(tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"))
+    # the pool's node has 2 GPUs in all, held by the pool's first window: Slurm would
+    # keep a second window pending until the start timeout, so none is asked for
+    site.slurm.nodes = lambda: [NodeInfo("n1", "MIXED", 2, 8, 64000, ("pools",))]  # type: ignore[method-assign]
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    a, b = site.job(7), site.job(8)
+    assert b.state is JobState.RUNNING and b.pool_id not in (None, a.pool_id)
+    assert [node for _, _, node in site.allocator.opened] == [None, None]
     await site.c.stop()
