@@ -152,7 +152,8 @@ class LeaseScheduler:
             if pool.state != "open":
                 continue
             members = self.store.jobs(active=True, pool_id=pool.pool_id)
-            size = members[0].request.gpus if pool.floating and members else None
+            recorded = self.store.windows(pool.pool_id) if pool.floating else []
+            size = len(recorded[0].gpu_indices) if recorded else None  # its window size
             self.open_pool(pool.pool_id, pool.gpus, size)
             held, waiting = self.store.open_state(pool.pool_id)
             if size is not None:  # a request's options are not stored: its windows now
