@@ -124,6 +124,16 @@ class Lease:
         self._update(lease)
         return tuple(added)
 
+    def pack(self, gpus: Iterable[int]) -> None:
+        """A floating pool's rollout tail: keep only as many GPUs as the job-local `gpus`
+        of its window (its replicas still generating), wherever the controller packs
+        them (the fullest window with room, so that a whole window frees; or exactly
+        those on its own). Returns once the job's replicas there are active; read
+        `pool_gpus` for where the lease is now."""
+        self.check()
+        ans = self._post("pack", {"gpus": sorted(set(gpus))})
+        self._update(need(ans, "lease", dict))
+
     def release(self, timing: Mapping[str, float] | None = None) -> None:
         if self.released or self.revoked_reason is not None:
             return

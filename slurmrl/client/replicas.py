@@ -38,7 +38,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -195,10 +195,21 @@ class ReplicatedRollout:
             raise errors[0]
         return _merge(results, back, traces)
 
+    @property
+    def _set_size(self) -> int:
+        """How many replicas the job's whole rollout set runs."""
+        return len(self.replicas)
+
     def _held(self, lease: Lease) -> list[int]:
         """The replicas whose GPUs the lease holds, in order."""
         held = set(lease.gpus)
         return [i for i, g in enumerate(self.gpus) if set(g) <= held]
+
+    def _give_back(self, lease: Lease, active: list[int]) -> list[int]:
+        """Before a round: the lease keeps the `active` replicas' GPUs only; the
+        replicas the round runs on."""
+        lease.shrink(gpus={g for i in active for g in self.gpus[i]})
+        return active
 
     def _grow(self, lease: Lease, mine: list[int], want: int) -> list[int]:
         """Ask the lease for lacking replicas' GPUs, in order, a few at a time, until it
@@ -229,7 +240,7 @@ class ReplicatedRollout:
         of every continued sequence per round, small where it stays (vLLM's prefix cache)
         and whole where it moves.
         """
-        n, fair = len(prompts), -(-len(prompts) // len(self.replicas))
+        n, fair = len(prompts), -(-len(prompts) // self._set_size)
         have: list[tuple[int, ...]] = [()] * n
         final: dict[int, Sample] = {}
         ended: list[tuple[int, int, int]] = []  # (round, finish step in round, index)
@@ -247,7 +258,7 @@ class ReplicatedRollout:
                 per = -(-len(todo) // min(want, len(mine)))
                 active = mine[:-(-len(todo) // per)]
                 if give_back and ours:
-                    lease.shrink(gpus={g for i in active for g in self.gpus[i]})
+                    active = self._give_back(lease, active)
                 budget = min(round_tokens, max_tokens - done_tokens)
                 shares = _deal(todo, active, per, where)
                 where = {k: i for i, share in zip(active, shares, strict=True) for k in share}
@@ -335,3 +346,82 @@ def _sum_traces(traces: Iterable[Sequence[int]]) -> list[int]:
     ts = list(traces)
     width = max((len(t) for t in ts), default=0)
     return [sum(t[n] for t in ts if n < len(t)) for n in range(width)]
+
+
+class FloatingRollout(ReplicatedRollout):
+    """The rollout replicas of a floating pool's member: a copy of each replica on every
+    window of the pool (`replicas[i]` on pool GPUs `gpus[i]`), the job's state in those
+    on its lease's window. A call goes to the replicas the lease holds. In rounds, a
+    tail that needs fewer replicas *packs* (`Lease.pack`): the controller moves the
+    lease onto that many GPUs of the fullest window that has them free, beside another
+    member's tail, so that a whole window frees for a waiting phase (or shrinks it on
+    its own window, to the replicas the tail keeps); the unfinished sequences continue
+    there from the tokens they have (`Continuation`), so on `tiny` the outputs are one
+    engine's wherever they ran. The copies are asked for again with each new lease:
+    the pool may have taken or given back a window since. Without rounds, a rollout
+    keeps its whole window (no shrink, no grow in a floating pool)."""
+
+    def __init__(self, job: Job, per_window: int, found: Sequence[Mapping[str, Any]]) -> None:
+        self._per_window = per_window
+        self._lease_id: int | None = None
+        super().__init__(job, *self._copies(job, found))
+
+    @staticmethod
+    def _copies(job: Job, found: Sequence[Mapping[str, Any]]
+                ) -> tuple[list[LeasedService], list[tuple[int, ...]]]:
+        from slurmrl.client.services import LeasedService
+        from slurmrl.worker.handle import ServiceHandle
+
+        ordered = sorted(found, key=lambda s: min(s["gpus"]))
+        return ([LeasedService(job, ServiceHandle(s["address"], job.secret, str(job.job_id),
+                                                  "rollout")) for s in ordered],
+                [tuple(s["gpus"]) for s in ordered])
+
+    def _learn(self, lease: Lease) -> None:
+        if lease.lease_id == self._lease_id:
+            return
+        found = [s for s in self._job.status().get("services", []) if s["role"] == "rollout"]
+        if found and all(s["address"] for s in found):
+            self.replicas, self.gpus = self._copies(self._job, found)
+        self._lease_id = lease.lease_id
+
+    def _lease(self) -> Lease:
+        lease = super()._lease()
+        self._learn(lease)
+        return lease
+
+    @property
+    def _set_size(self) -> int:
+        return self._per_window
+
+    def _held(self, lease: Lease) -> list[int]:
+        held = set(lease.pool_gpus)
+        return [i for i, g in enumerate(self.gpus) if set(g) <= held]
+
+    def _give_back(self, lease: Lease, active: list[int]) -> list[int]:
+        if len(active) == len(self._held(lease)):
+            return active
+        window = len(self.gpus[0]) * self._per_window  # the job's GPU count G
+        lease.pack(g % window for i in active for g in self.gpus[i])
+        return self._held(lease)[:len(active)]
+
+    def generate(self, prompts: Sequence[str], **kw: Any) -> GenerateResult:
+        if kw.get("round_tokens") is None:
+            kw["give_back"] = False  # no shrink in a floating pool: tails pack in rounds
+        kw["grow"] = False
+        return super().generate(prompts, **kw)
+
+    def _on_window(self) -> list[LeasedService]:
+        lease = self._lease()
+        return [self.replicas[i] for i in self._held(lease)]
+
+    def import_weights(self, blob: bytes, timeout_s: float | None = None) -> dict[str, Any]:
+        """Load `blob` into the replicas on the lease's window (those holding the state)."""
+        answers = [r.import_weights(blob, timeout_s) for r in self._on_window()]
+        return {"replicas": answers, "staged": any(a.get("staged") for a in answers)}
+
+    def export_weights(self, timeout_s: float | None = None) -> bytes:
+        return bytes(self._on_window()[0].export_weights(timeout_s))
+
+    def status(self, timeout_s: float | None = None) -> dict[str, Any]:
+        return {"replicas": [r.status(timeout_s) for r in self._on_window()]}

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from slurmrl.client.job import NoLease
-from slurmrl.client.replicas import ReplicatedRollout
+from slurmrl.client.replicas import FloatingRollout, ReplicatedRollout
 from slurmrl.worker.handle import ServiceUnreachable
 
 if TYPE_CHECKING:
@@ -40,6 +40,10 @@ class LeasedService:
             # placed only once every service of the job is up; each has its address then
             if st.get("pool_id") is not None and found and all(s["address"] for s in found):
                 if st.get("floating"):  # a copy on every window the pool has, or will have
+                    g = len(st.get("pool_gpus", ()))
+                    size = len(found[0]["gpus"])
+                    if role == "rollout" and 0 < size < g:  # replicas: its tail can pack
+                        return FloatingRollout(job, g // size, found)
                     return WindowedService(job, role, backend, found)
                 handles = [cls(job, ServiceHandle(s["address"], job.secret, str(job.job_id),
                                                   role)) for s in found]

@@ -211,13 +211,15 @@ def cluster_snapshot(now: float, pools: Sequence[PoolSnapshot],
                      waiting: Sequence[JobSnapshot], free: dict[str, int],
                      limits: SiteLimits, nodes: dict[str, int] | None = None,
                      gpu_mem: dict[str, int] | None = None,
-                     floating: dict[str, bool] | None = None) -> ClusterSnapshot:
+                     floating: dict[str, bool] | None = None,
+                     packs_tails: dict[str, bool] | None = None) -> ClusterSnapshot:
     """`waiting` oldest first, as the policies expect; `nodes`: GPUs per node;
-    `gpu_mem`: memory per GPU, in bytes; `floating`: whether pools may float (all by
-    partition)."""
+    `gpu_mem`: memory per GPU, in bytes; `floating`: whether pools may float;
+    `packs_tails`: whether floating pools pack rollout tails (all by partition)."""
     order = sorted(waiting, key=lambda j: (j.submitted_at, j.job_id))
     return ClusterSnapshot(now, tuple(pools), tuple(order), dict(free), limits, nodes or {},
-                           gpu_mem or {}, floating=floating or {})
+                           gpu_mem or {}, floating=floating or {},
+                           packs_tails=packs_tails or {})
 
 
 async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
@@ -252,4 +254,13 @@ async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
         per_node = {}
     return cluster_snapshot(now, pools, [snap(j) for j in waiting], free, limits, per_node,
                             None if gpu_mem_bytes is None else {part: gpu_mem_bytes},
-                            {part: True} if c.config.slurm.floating_pools else None)
+                            {part: True} if c.config.slurm.floating_pools else None,
+                            {part: True} if packs_tails(c.config) else None)
+
+
+def packs_tails(config: Config) -> bool:
+    """Whether the controller packs floating pools' rollout tails at the one-GPU grain
+    the predictor models (`predict_floating(pack_tails=)`): pools float and rollouts
+    run as one-GPU replicas. Replicas of more GPUs pack too, a replica at a time, and
+    the policy is then told tails are held (it predicts less sharing than happens)."""
+    return config.slurm.floating_pools and config.services.rollout_replica_gpus == 1

@@ -335,22 +335,26 @@ class SlurmPools:
 
     def _window_footprints(self, job: JobRecord, pool: PoolRecord,
                            windows: Sequence[WindowRecord] | None = None) -> list[Footprint]:
-        """A floating pool member's services: one rollout engine and one trainer per
-        window (`windows`, default the pool's open ones)."""
+        """A floating pool member's services: its rollout (one engine, or replicas of
+        `services.rollout_replica_gpus`, whose tail can pack beside another's) and its
+        trainer, on every window (`windows`, default the pool's open ones)."""
         g = job.request.gpus
         return [f for w in (self.c.store.windows(pool.pool_id) if windows is None else windows)
                 for f in footprints_for_job(job.job_id, job.request,
-                                            range(w.window * g, w.window * g + g), 0,
+                                            range(w.window * g, w.window * g + g),
+                                            self.c.config.services.rollout_replica_gpus,
                                             window=w.window)]
 
-    def _handoff_dir(self, job: JobRecord) -> str:
+    def _handoff_dir(self, job: JobRecord, replica: int | None = None) -> str:
         """Where a floating member's services hand its state over on the pool's node: a
         directory private to the job (created by its services, mode 0700), named so that
         no other user can guess it and squat it (the worker refuses a directory it does
-        not own)."""
+        not own). Rollout replica i's copies have one of their own (`-r<i>`): each
+        replica's state moves between its copies, whichever window they are on."""
         tag = hashlib.sha256(f"slurmrl-handoff:{job.secret}".encode()).hexdigest()[:16]
+        mine = "" if replica is None else f"-r{replica}"
         return os.path.join(self.c.config.services.handoff_dir,
-                            f"slurmrl-job{job.job_id}-{tag}")
+                            f"slurmrl-job{job.job_id}-{tag}{mine}")
 
     async def stop(self) -> None:
         for t in list(self._tasks):
@@ -694,7 +698,7 @@ class SlurmPools:
                                backend=backend[fp.role], model=job.request.model,
                                replica=fp.replica, uid=job.uid,
                                handoff_dir=None if fp.window is None
-                               else self._handoff_dir(job))
+                               else self._handoff_dir(job, fp.replica))
             rid = self.c.store.add_service(job_id=job.job_id, role=fp.role,
                                            started_at=self.c.clock(), pool_id=pool.pool_id,
                                            backend=spec.backend, gpus=sorted(fp.gpus))

@@ -30,7 +30,7 @@ from slurmrl.controller.metrics import Metrics
 from slurmrl.db import JobRecord, Store
 from slurmrl.leases import LeaseError, LeaseTable
 from slurmrl.leases.invariants import check_table
-from slurmrl.leases.types import Event, Grant, Grown, Lease, Released, Revoke, Shrunk
+from slurmrl.leases.types import Event, Grant, Grown, Lease, Moved, Released, Revoke, Shrunk
 from slurmrl.model import LeaseState, Phase
 
 log = logging.getLogger(__name__)
@@ -298,7 +298,11 @@ class LeaseScheduler:
         if phase is lease.phase:
             raise LeaseError(f"lease {lease_id} is a {phase} lease already")
         # a floating member's next phase runs on the window its lease holds
-        wanted = lease.gpus if self._options(job) else job.pool_gpus_for(phase)
+        options = self._options(job)
+        if options and lease.gpus not in options:
+            raise LeaseError(f"lease {lease_id} holds part of a window ({sorted(lease.gpus)}: "
+                             f"a packed rollout tail); release it and acquire {phase}")
+        wanted = lease.gpus if options else job.pool_gpus_for(phase)
         if wanted != lease.gpus:
             raise LeaseError(
                 f"job {job.job_id}'s {phase} phase runs on pool GPUs {sorted(wanted)}, and "
@@ -342,6 +346,41 @@ class LeaseScheduler:
         lease = table.lease(lease_id)
         assert lease is not None
         return lease
+
+    def pack(self, job: JobRecord, lease_id: int, local_gpus: Sequence[int],
+             unit: int = 1) -> Lease:
+        """A floating member's rollout tail, down to the replicas on its window's
+        job-local `local_gpus`, packs: it moves to that many GPUs of the fullest window
+        that has them free in blocks of `unit` (a replica's GPUs;
+        `LeaseTable.pack_target`), so that a whole window frees for a waiting phase;
+        where its own window is among the fullest it shrinks to exactly those GPUs.
+        Returns the lease (its new GPUs)."""
+        table = self._table_of(job, lease_id)
+        g = self._window_size.get(table.pool_id)
+        if g is None:
+            raise LeaseError(f"job {job.job_id} is not in a floating pool: only a floating "
+                             "pool's rollout tails pack (shrink instead)")
+        lease = table.lease(lease_id)
+        assert lease is not None
+        if lease.phase is not Phase.ROLLOUT:
+            raise LeaseError(f"lease {lease_id} is a {lease.phase} lease: only a rollout's "
+                             "tail packs")
+        base = min(lease.gpus) // g * g  # its window's first GPU
+        bad = sorted(i for i in local_gpus if not 0 <= i < g)
+        kept = frozenset(base + i for i in local_gpus)
+        if bad or not kept or not kept <= lease.gpus:
+            raise LeaseError(f"a pack keeps a non-empty subset of the lease's GPUs "
+                             f"{sorted(i - base for i in lease.gpus)} (job-local), got "
+                             f"{sorted(local_gpus)}")
+        target = table.pack_target(lease_id, len(kept), self.windows(table.pool_id), unit)
+        now = self.clock()
+        with self.store.transaction():
+            events = (table.shrink(lease_id, None, now, gpus=kept) if target is None
+                      else table.move(lease_id, target, now))
+            self._apply(table.pool_id, events, now)
+        moved = table.lease(lease_id)
+        assert moved is not None
+        return moved
 
     def grow(self, job: JobRecord, lease_id: int,
              local_gpus: Sequence[int]) -> tuple[Lease, frozenset[int]]:
@@ -461,6 +500,11 @@ class LeaseScheduler:
             elif isinstance(ev, Grown):
                 self.store.lease_grown(pool_id, ev.lease, ev.added, now)
                 self._whole.discard(ev.lease.lease_id)
+            elif isinstance(ev, Moved):  # a floating pool's tail packed onto another window
+                self.store.lease_shrunk(ev.lease, ev.freed, now)
+                self.store.lease_grown(pool_id, ev.lease, ev.added, now)
+                self._whole.discard(ev.lease.lease_id)
+                self._last_window[(pool_id, ev.lease.job_id)] = min(ev.lease.gpus)
             elif isinstance(ev, Released):
                 self._ended(pool_id, ev.lease, LeaseState.RELEASED, release_reason, ev.at,
                             timing)

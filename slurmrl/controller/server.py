@@ -38,6 +38,7 @@ from slurmrl.controller.scheduler import RequestEnded
 from slurmrl.controller.validate import (
     ACQUIRE,
     GROW,
+    PACK,
     RELEASE,
     SHRINK,
     SWITCH,
@@ -408,6 +409,26 @@ class Api:
         return _json({"lease": self._lease(lease, job.pool_id or 0),
                       "added": sorted(pool_gpus.index(g) for g in added)})
 
+    async def pack(self, request: web.Request) -> web.Response:
+        """A floating member's rollout tail moves onto the fullest window with room for
+        its replicas still generating (or shrinks to them on its own window); answers
+        the lease once the job's replicas on its new GPUs are active."""
+        b = _body(request, PACK)
+        job = self.c.active_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
+        lease_id = parse_id(request.match_info["lease_id"], "lease id")
+        before = self.c.scheduler.tables.get(job.pool_id or -1)
+        held = before.lease(lease_id) if before is not None else None
+        n = self.c.config.services.rollout_replica_gpus
+        g = job.request.gpus
+        if not 0 < n < g or g % n:
+            raise RpcError(409, "cannot-pack", f"job {job.job_id}'s rollout is one engine over "
+                           f"its {g} GPUs (services.rollout_replica_gpus = {n}): its tail "
+                           "cannot leave part of its window")
+        lease = self.c.scheduler.pack(job, lease_id, b["gpus"], unit=n)
+        if held is not None and not lease.gpus <= held.gpus:
+            await self.c.pools.before_answer(job, lease)
+        return _json({"lease": self._lease(lease, job.pool_id or 0, job=job)})
+
     async def observe(self, request: web.Request) -> web.Response:
         b = _body(request, {"phase": F("str", True, choices=("reward", "idle")),
                             "started_at": F("num", True, 0, 2**40),
@@ -508,6 +529,7 @@ def make_app(c: Controller) -> web.Application:
     r.add_post("/v1/jobs/{job_id}/leases/{lease_id}/release", a.release)
     r.add_post("/v1/jobs/{job_id}/leases/{lease_id}/shrink", a.shrink)
     r.add_post("/v1/jobs/{job_id}/leases/{lease_id}/grow", a.grow)
+    r.add_post("/v1/jobs/{job_id}/leases/{lease_id}/pack", a.pack)
     r.add_post("/v1/jobs/{job_id}/leases/{lease_id}/switch", a.switch)
     r.add_post("/v1/jobs/{job_id}/observations", a.observe)
     r.add_get("/v1/jobs/{job_id}/observations", a.observations)

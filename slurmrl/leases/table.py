@@ -300,6 +300,35 @@ class LeaseTable:
         self._leases[lease_id] = moved
         return [Moved(moved, lease.gpus - new, new - lease.gpus), *self._schedule(now)]
 
+    def pack_target(self, lease_id: int, keep: int, windows: Sequence[Iterable[int]],
+                    unit: int = 1) -> frozenset[int] | None:
+        """Where a floating pool's rollout tail of `keep` GPUs goes (`move` it there):
+        `keep` GPUs of the window with the fewest GPUs free that has them, in free
+        aligned blocks of `unit` GPUs (a rollout replica's), the lowest first, so that
+        tails share windows and whole windows free for the other members' phases.
+        None: the lease's own window is among the fullest, and the tail stays on it
+        (a `shrink`, to the GPUs it chooses). Pure: changes nothing."""
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise LeaseError(f"lease {lease_id} is not held")
+        if unit < 1 or keep < 1 or keep % unit or keep > len(lease.gpus):
+            raise LeaseError(f"a tail keeps 1 to {len(lease.gpus)} GPUs in blocks of {unit}, "
+                             f"got {keep}")
+        taken: set[int] = set().union(*(x.gpus for x in self._leases.values()
+                                        if x.lease_id != lease_id))
+        fits = []
+        for w in windows:
+            gpus = sorted(w)
+            blocks = [gpus[i:i + unit] for i in range(0, len(gpus) - unit + 1, unit)]
+            free = [b for b in blocks if not taken.intersection(b)]
+            if len(free) * unit >= keep:
+                own = bool(lease.gpus.intersection(gpus))
+                fits.append((len(free), not own, gpus[0], free))
+        if not fits:
+            return None
+        _, moves, _, free = min(fits)
+        return frozenset(g for b in free[:keep // unit] for g in b) if moves else None
+
     def add_gpus(self, gpus: Iterable[int], now: float) -> list[Event]:
         """The pool grew (a floating pool took another window from Slurm)."""
         new = frozenset(gpus)

@@ -177,17 +177,11 @@ def pack(sim: Simulation, pool: Pool, run: JobRun, lease_id: int, keep: int) -> 
     move idles it for `SimConfig.tail_move_s` plus the park and activate of whoever
     held those GPUs last."""
     assert pool.windows is not None
-    lease = pool.table.lease(lease_id)
-    assert lease is not None
-    others: set[int] = set().union(*(le.gpus for le in pool.table.leases
-                                     if le.lease_id != lease_id))
-    fits = [(len(set(w) - others), not lease.gpus & set(w), w.start, w)
-            for w in pool.windows if len(set(w) - others) >= keep]
-    *_, w = min(fits)
-    if lease.gpus & set(w):
+    found = pool.table.pack_target(lease_id, keep, pool.windows)
+    if found is None:  # its own window is among the fullest: it just shrinks there
         sim._handle(pool, pool.table.shrink(lease_id, keep, sim.now))
         return
-    target = sorted(set(w) - others)[:keep]
+    target = sorted(found)
     jid = run.job.job_id
     prev = {pool.last_holder.get(g) for g in target} - {None, jid}
     cost = sim.cfg.tail_move_s

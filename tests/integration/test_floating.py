@@ -227,3 +227,147 @@ def test_floating_pool_members_take_whichever_window_is_free_and_keep_their_stat
             print(out.name, read(out)[-1500:])
         for path in run_dir.glob("*.log"):
             print(path.name, path.read_text()[-1500:])
+
+
+PACK_DRIVER = '''#!{python}
+"""Rollouts in rounds on one-GPU replicas, their tails packed; train and sync every
+round. Each rollout is generated again on the replicas its tail ended on, without
+rounds: one engine's outputs, which the packed rollout must have returned."""
+import json, sys, time, slurmrl
+job = slurmrl.connect(url=sys.argv[1])
+ro, tr = job.service("rollout"), job.service("trainer")
+prompts = [f"{{k}}+{{k}}=" for k in range(48)]
+synced = None
+try:
+    for i in range(100000):
+        with job.phase("rollout") as lease:
+            seen = [sorted(lease.pool_gpus)]
+
+            def tail(left):  # after each round: the GPUs it ran on; a slow reward check
+                seen.append(sorted(lease.pool_gpus))
+                time.sleep(0.3)
+
+            out = ro.generate(prompts, max_tokens=16, seed=11, round_tokens=4, on_tail=tail)
+            again = ro.generate(prompts, max_tokens=16, seed=11)
+            same_out = ([s.completion_ids for s in out.samples]
+                        == [s.completion_ids for s in again.samples])
+            same = synced is None or ro.export_weights() == synced
+        with job.phase("train") as lease:
+            st = tr.train_step([{{"prompt_ids": list(s.prompt_ids),
+                                 "completion_ids": list(s.completion_ids),
+                                 "advantage": 1.0 if k % 2 else -1.0}}
+                                for k, s in enumerate(out.samples[:8])])
+        with job.phase("sync"):
+            synced = tr.export_weights()
+            tr.sync_weights_to(ro)
+        print(json.dumps({{"round": i, "same": same, "same_out": same_out,
+                          "step": st["step"], "rollout_on": seen}}), flush=True)
+except Exception as exc:
+    print("ERROR", type(exc).__name__, exc, flush=True)
+    sys.exit(3)
+'''
+
+
+def _moved_leases(store: object, pool_id: int) -> dict[int, list[tuple[float, int]]]:
+    """Rollout leases that held GPUs of both windows: lease id -> its holds (start, GPU)."""
+    holds: dict[int, list[tuple[float, int]]] = {}
+    for iv in store.intervals(pool_id):  # type: ignore[attr-defined]
+        holds.setdefault(iv.lease_id, []).append((iv.start, iv.gpu))
+    return {lid: sorted(h) for lid, h in holds.items() if len({g // 2 for _, g in h}) == 2}
+
+
+def test_a_floating_pools_rollout_tail_packs_beside_anothers_and_frees_a_window(
+    shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
+) -> None:
+    """Three jobs of 2 GPUs on two windows, rollouts as one-GPU replicas in rounds: a
+    tail down to one replica moves onto the free GPU of the window where another job's
+    tail runs, and the window it left goes to a waiting phase while it still runs."""
+    from slurmrl.db import Store
+    from tests.integration.controller_harness import VENV_PY
+
+    (shared_tmp / "floattest.py").write_text(FLOAT_POLICY)
+    ctl = _pool_controller(shared_tmp, slurm_env, run_dir,
+                           SLURMRL_POLICIES__PAIRING="floattest:FloatTwo",
+                           SLURMRL_SLURM__FLOATING_POOLS="true",
+                           SLURMRL_SERVICES__ROLLOUT_REPLICA_GPUS="1",
+                           SLURMRL_LIMITS__MAX_JOBS_PER_POOL="3",
+                           PYTHONPATH=str(shared_tmp))
+    driver = shared_tmp / "pack_driver.py"
+    driver.write_text(PACK_DRIVER.format(python=VENV_PY))
+    driver.chmod(0o755)
+    ids: list[int] = []
+    outs: list[Path] = []
+    store = Store(ctl.db)
+    try:
+        for k, user in enumerate(("rlalice", "rlbob", "rlalice")):
+            outs.append(shared_tmp / f"pack-{k}.out")
+            sub = jobs.sbatch(["--rl-gpus=2", "--rl-model=tiny", "--rl-max-slowdown=3",
+                               f"--output={outs[-1]}", "--time=15",
+                               f"--wrap={driver} {ctl.url}"], user=user)  # type: ignore[attr-defined]
+            assert sub.returncode == 0 and sub.job_id, sub.stderr
+            ids.append(sub.job_id)
+            _wait(lambda: (j := store.job(ids[-1])) is not None and j.pool_id is not None,
+                  120, f"job {ids[-1]} to be placed", lambda: read(ctl.log)[-4000:])
+
+        def evidence() -> str:
+            return "\n".join(read(o)[-1500:] for o in outs) + read(ctl.log)[-6000:]
+
+        pool_id = store.job(ids[0]).pool_id  # type: ignore[union-attr]
+        assert pool_id is not None
+
+        def freed_for_another() -> bool:
+            """A packed tail's lease left a window that another lease got while the
+            tail still ran."""
+            ivs = store.intervals(pool_id)
+            for lid, holds in _moved_leases(store, pool_id).items():
+                moved_at = max(t for t, _ in holds)
+                left = {g // 2 for t, g in holds if t < moved_at}
+                ends = [iv.end for iv in ivs if iv.lease_id == lid]
+                end = None if None in ends else max(e for e in ends if e is not None)
+                if any(iv.lease_id != lid and iv.gpu // 2 in left
+                       and moved_at <= iv.start < (end if end is not None else 1e18)
+                       for iv in ivs):
+                    return True
+            return False
+
+        _wait(freed_for_another, 300, "a packed tail to free a window for another phase",
+              evidence)
+        _wait(lambda: all(len(_rounds(o)) >= 3 for o in outs), 120,
+              "every driver to run 3 rounds", evidence)
+        # every job runs a one-GPU rollout replica on each GPU of each window, and a
+        # trainer on each window
+        live = store.services(pool_id=pool_id, live_only=True)
+        assert sorted((s.job_id, s.role, tuple(s.gpus)) for s in live) == sorted(
+            [(j, "rollout", (g,)) for j in ids for g in range(4)]
+            + [(j, "trainer", w) for j in ids for w in ((0, 1), (2, 3))])
+        moved = _moved_leases(store, pool_id)
+        leases = {le.lease_id: le for le in store.leases(pool_id=pool_id)}
+        assert all(str(leases[lid].phase) == "rollout" for lid in moved)
+        for out in outs:
+            rounds = _rounds(out)
+            assert "ERROR" not in read(out), read(out)
+            assert [r["step"] for r in rounds] == [i + 1.0 for i in range(len(rounds))], \
+                read(out)
+            # the packed rollout's outputs are one engine's, and the replica its tail
+            # ended on holds the weights last synced
+            assert all(r["same_out"] and r["same"] for r in rounds), read(out)
+        # a driver saw its rollout lease change windows between rounds
+        assert any(len({g // 2 for on in r["rollout_on"] for g in on}) == 2  # type: ignore[union-attr, attr-defined]
+                   for o in outs for r in _rounds(o)), evidence()
+        check_history(store.intervals(pool_id))  # no GPU ever held twice
+    finally:
+        for jid in ids:
+            jobs.run(["scancel", str(jid)])  # type: ignore[attr-defined]
+        if ctl.db.exists():
+            s = Store(ctl.db)
+            for p in s.pools():
+                for w in s.windows(p.pool_id, open_only=False):
+                    jobs.run(["scancel", str(w.slurm_job_id)])  # type: ignore[attr-defined]
+                if p.slurm_job_id is not None:
+                    jobs.run(["scancel", str(p.slurm_job_id)])  # type: ignore[attr-defined]
+        ctl.stop()
+        print("controller log:\n", read(ctl.log)[-20000:])
+        for out in outs:
+            print(out.name, read(out)[-1500:])
+        for path in run_dir.glob("*.log"):
+            print(path.name, path.read_text()[-1500:])

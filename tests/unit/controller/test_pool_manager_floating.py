@@ -421,3 +421,79 @@ async def test_a_node_without_room_for_a_window_is_not_asked_for_one(tmp_path: P
     assert b.state is JobState.RUNNING and b.pool_id not in (None, a.pool_id)
     assert [node for _, _, node in site.allocator.opened] == [None, None]
     await site.c.stop()
+
+
+PACKING = replace(FLOATING, services=replace(FLOATING.services, rollout_replica_gpus=1))
+
+
+@run
+async def test_a_rollout_tail_packs_beside_anothers_and_its_replica_there_takes_over(
+        tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"), PACKING)
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+
+    def replica(job: int, gpu: int) -> FakeRunning:
+        (svc,) = [s for s in site.launcher.launched if s.spec.job_id == job
+                  and s.spec.role == "rollout" and s.spec.cuda_devices == (gpu,)]
+        return svc
+
+    # every job runs a one-GPU replica on each GPU of each window; replica i's copies
+    # share a hand-off directory of their own, whichever window they are on
+    for job in (7, 8):
+        dirs = [replica(job, g).spec.handoff_dir for g in range(4)]
+        assert dirs[0] == dirs[2] != dirs[1] == dirs[3]
+        assert dirs[0].endswith("-r0") and dirs[1].endswith("-r1")  # type: ignore[union-attr]
+    assert await site.grant(7, Phase.ROLLOUT) == {0, 1}
+    assert await site.grant(8, Phase.ROLLOUT) == {2, 3}
+    for s in site.launcher.launched:
+        s.handle.calls.clear()
+    table = site.c.scheduler.tables[site.job(7).pool_id]  # type: ignore[index]
+    lease7, lease8 = (next(x for x in table.leases if x.job_id == j) for j in (7, 8))
+    # job 8's tail first: the other window is full, so it stays on its own, on GPU 2
+    kept = site.c.scheduler.pack(site.job(8), lease8.lease_id, [0])
+    assert kept.gpus == {2}
+    # job 7's tail then packs beside it, on GPU 3: window 0 is wholly free
+    moved = site.c.scheduler.pack(site.job(7), lease7.lease_id, [0])
+    assert moved.gpus == {3}
+    await site.pools.before_answer(site.job(7), moved)
+    # its replicas on window 0 hand the state off, its replica on GPU 3 takes it over,
+    # after job 8's finished replica there has handed off job 8's
+    assert replica(7, 0).handle.calls == [("park", True)]
+    assert replica(7, 1).handle.calls == [("park", True)]
+    assert replica(7, 3).handle.calls == [("activate", True)]
+    assert replica(8, 3).handle.calls == [("park", True)]
+    assert replica(8, 2).handle.calls == []  # job 8's tail runs on
+    assert table.gpus - {g for x in table.leases for g in x.gpus} == {0, 1}
+    # the ledger holds job 7's holds of GPUs 0 and 1, then of GPU 3
+    holds = sorted((iv.gpu, iv.end is None) for iv in site.c.store.intervals()
+                   if iv.lease_id == lease7.lease_id)
+    assert holds == [(0, False), (1, False), (3, True)]
+    # a packed tail's lease holds part of a window: its next phase is acquired anew
+    with pytest.raises(LeaseError, match="part of a window"):
+        site.c.scheduler.switch(site.job(7), lease7.lease_id, Phase.TRAIN, {})
+    await site.c.stop()
+
+
+@run
+async def test_only_a_floating_pools_rollout_leases_pack(tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"), PACKING)
+    await site.register(ALICE, 7)
+    w = await site.grant(7, Phase.TRAIN)
+    (lease,) = site.c.scheduler.tables[site.job(7).pool_id].leases  # type: ignore[index]
+    with pytest.raises(LeaseError, match="only a rollout"):
+        site.c.scheduler.pack(site.job(7), lease.lease_id, [0])
+    site.release(7, w)
+    await site.grant(7, Phase.ROLLOUT)
+    (lease,) = site.c.scheduler.tables[site.job(7).pool_id].leases  # type: ignore[index]
+    with pytest.raises(LeaseError, match="non-empty subset"):
+        site.c.scheduler.pack(site.job(7), lease.lease_id, [2])
+    assert lease.gpus == {0, 1}
+    await site.c.stop()
+    fixed = await _site(Store(tmp_path / "d.db"), replace(PACKING, slurm=SlurmConfig()))
+    await fixed.register(ALICE, 7)
+    await fixed.grant(7, Phase.ROLLOUT)
+    (lease,) = fixed.c.scheduler.tables[fixed.job(7).pool_id].leases  # type: ignore[index]
+    with pytest.raises(LeaseError, match="not in a floating pool"):
+        fixed.c.scheduler.pack(fixed.job(7), lease.lease_id, [0])
+    await fixed.c.stop()

@@ -106,3 +106,40 @@ def test_retiring_gpus_a_waiter_cannot_do_without_is_refused_and_changes_nothing
     with pytest.raises(LeaseError, match="waits for"):
         t.retire(W1, 2.0)
     assert t.gpus == frozenset(range(8)) and len(t.waiting) == 1
+
+
+def _rollout(t: LeaseTable, job: int, gpus: frozenset[int]) -> int:
+    _, ev = t.request(job, Phase.ROLLOUT, gpus, 0.0)
+    return next(e.lease.lease_id for e in ev if isinstance(e, Grant))
+
+
+def test_a_tail_packs_onto_the_fullest_window_that_has_room_lowest_gpus_first() -> None:
+    t = LeaseTable(1, range(12), FifoSlice(), lease_timeout_s=100.0)
+    w2 = frozenset(range(8, 12))
+    a = _rollout(t, 1, W0)
+    b = _rollout(t, 2, W1)
+    t.shrink(b, 3, 1.0, gpus=[5, 6, 7])  # window 1: GPU 4 free; window 2: all free
+    # job 1 down to one GPU: window 1 has one free, the fewest of those with room
+    assert t.pack_target(a, 1, [W0, W1, w2]) == frozenset({4})
+    # down to two: only its own and window 2 have room; its own wins the tie of 4 free
+    assert t.pack_target(a, 2, [W0, W1, w2]) is None
+    assert t.lease(a).gpus == W0  # pure: nothing changed
+    t.shrink(a, 2, 2.0, gpus=[2, 3])
+    c = _rollout(t, 3, w2)
+    t.shrink(c, 2, 3.0, gpus=[10, 11])  # window 0: 0,1 free; window 2: 8,9 free
+    # job 3's two-GPU tail: window 0 (2 free) is fuller than its own (4 counting its
+    # GPUs) and window 1 has one: it moves to GPUs 0 and 1
+    assert t.pack_target(c, 2, [W0, W1, w2]) == frozenset({0, 1})
+
+
+def test_a_tail_of_multi_gpu_replicas_packs_in_aligned_blocks() -> None:
+    t = table()
+    a = _rollout(t, 1, W0)
+    b = _rollout(t, 2, W1)
+    t.shrink(b, 1, 1.0, gpus=[5])  # window 1: GPUs 4, 6, 7 free, but only 6-7 aligned
+    assert t.pack_target(a, 2, [W0, W1], unit=2) == frozenset({6, 7})
+    assert t.pack_target(a, 4, [W0, W1], unit=2) is None  # only its own has four
+    with pytest.raises(LeaseError, match="blocks of 2"):
+        t.pack_target(a, 3, [W0, W1], unit=2)
+    with pytest.raises(LeaseError, match="not held"):
+        t.pack_target(99, 1, [W0, W1])
