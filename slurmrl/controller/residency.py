@@ -254,9 +254,10 @@ def plan_grant(
 
 def plan_floating_grant(services: Sequence[Footprint], capacity: Sequence[GpuCapacity], *,
                         job_id: int, phase: Phase, gpus: Iterable[int]) -> ResidencyPlan:
-    """A floating pool's grant of window `gpus` to job `job_id`'s `phase`: its copies of
-    the phase's services on that window are activated (taking the job's state over from
-    the node's memory). First every other job's active service on the window is parked,
+    """A floating pool's grant of window `gpus` to job `job_id`'s `phase`, or of the GPUs
+    its rollout tail packed onto (part of a window): its copies of the phase's services
+    there are activated (taking the job's state over from the node's memory; a rollout
+    replica's copies share a state of their own). First every other job's active service on the window is parked,
     and so is every active copy of the job's own of those roles on another window:
     parking hands the state over, so one copy of a job's service holds it at a time.
     The job's other services on the window stay active while memory allows, as in a
