@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-from e2e_run import PYTHON, Controller, slurm_env  # noqa: E402
+from e2e_run import PYTHON, Controller, slurm_env
 
 POLICY = '''
 from policies.base import Action, Placement, PoolMode

@@ -117,14 +117,14 @@ class ClusterSnapshot:
     #: group opened this round must fit, where it has no pool to read it from yet
     gpu_mem_bytes: Mapping[str, int] = field(default_factory=dict)
     #: partition -> whether its pools may float: members of one GPU count take whichever
-    #: whole window is free, and a join may add a window (Placement.gpus); in the
-    #: simulator's what-if (`SimConfig.floating`) rollout tails also pack onto the fewest
-    #: GPUs anywhere in the pool. Offered by the simulator (`SimConfig.floating`) and by
-    #: the controller where the site turns it on (`slurm.floating_pools`)
+    #: whole window is free, and a join may add a window (Placement.gpus). Offered by the
+    #: simulator (`SimConfig.floating`) and by the controller where the site turns it on
+    #: (`slurm.floating_pools`)
     floating: Mapping[str, bool] = field(default_factory=dict)
     #: partition -> whether a floating pool's rollout tails pack onto the fewest GPUs
-    #: anywhere in the pool (the simulator's `SimConfig.pack_tails`); absent or False: a
-    #: rollout keeps its whole window through its tail, as the controller runs them
+    #: anywhere in the pool (the simulator's `SimConfig.pack_tails`; the controller's
+    #: with one-GPU rollout replicas, `services.rollout_replica_gpus = 1`); absent or
+    #: False: a rollout keeps its whole window through its tail
     packs_tails: Mapping[str, bool] = field(default_factory=dict)
 
 

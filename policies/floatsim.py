@@ -1,6 +1,6 @@
 """Members floating over a pool's whole windows: a small event model, for predicting and
 estimating floating pools (the default policy's `predict_floating`, benchmarks/floating.py;
-the controller runs them with tails held, `pack=False`).
+the controller packs tails, `pack=True`, where rollouts run as one-GPU replicas).
 
 Each member is a plan of segments (seconds, GPUs needed): 0 for a gap, the window size G
 for a whole-set phase, fewer for a rollout's tail. A whole-set phase waits in FIFO order

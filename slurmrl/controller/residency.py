@@ -257,12 +257,12 @@ def plan_floating_grant(services: Sequence[Footprint], capacity: Sequence[GpuCap
     """A floating pool's grant of window `gpus` to job `job_id`'s `phase`, or of the GPUs
     its rollout tail packed onto (part of a window): its copies of the phase's services
     there are activated (taking the job's state over from the node's memory; a rollout
-    replica's copies share a state of their own). First every other job's active service on the window is parked,
-    and so is every active copy of the job's own of those roles on another window:
-    parking hands the state over, so one copy of a job's service holds it at a time.
-    The job's other services on the window stay active while memory allows, as in a
-    pool of fixed windows. Parked copies keep their state in the node's memory, one per
-    job and role, which admission counted (`admit` on one window)."""
+    replica's copies share a state of their own). First every other job's active service on
+    the window is parked, and so is every active copy of the job's own of those roles on
+    another window: parking hands the state over, so one copy of a job's service holds it at
+    a time. The job's other services on the window stay active while memory allows, as in a
+    pool of fixed windows. Parked copies keep their state in the node's memory, one per job
+    and role, which admission counted (`admit` on one window)."""
     held = frozenset(gpus)
     by_key = {f.key: f for f in services}
     mine = [f for f in services if f.job_id == job_id]

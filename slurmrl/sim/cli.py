@@ -95,12 +95,13 @@ def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
                    "on an NVL72 rack); a staggered pool must fit one (default: the "
                    "workload's, 8)")
 @click.option("--floating", is_flag=True,
-              help="pools may float: members of one GPU count take whichever whole "
-                   "window is free, and (a what-if the controller does not run) rollout "
-                   "tails pack onto the fewest GPUs of the pool")
+              help="pools may float (site config slurm.floating_pools): members of one "
+                   "GPU count take whichever whole window is free, and rollout tails pack "
+                   "onto the fewest GPUs of the pool (as the controller packs tails of "
+                   "one-GPU rollout replicas, services.rollout_replica_gpus = 1)")
 @click.option("--held-tails", is_flag=True,
               help="with --floating: a rollout keeps its window through its tail, as the "
-                   "controller runs floating pools (site config slurm.floating_pools)")
+                   "controller runs floating pools whose rollouts are one engine")
 @click.option("--max-jobs-per-pool", "max_jobs_per_pool", type=click.IntRange(1, 1000),
               default=None, help="what-if: the site's max_jobs_per_pool (default: the "
                                  "workload's)")

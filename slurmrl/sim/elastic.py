@@ -16,7 +16,7 @@ GPUs of the pool free; it never queues. Known limits: requests move to grown GPU
 once (no rebalancing cost beyond the handoff; the controller moves them at its next
 round). `SimConfig.grow = False` turns growing off.
 
-In a floating pool (`SimConfig.floating`, a what-if) a rollout holds a whole window and
+In a floating pool (`SimConfig.floating`) a rollout holds a whole window and
 does not grow; with `SimConfig.pack_tails` a tail point moves it to the fewest GPUs it
 needs, best fit over the pool's windows (`pack`), idle while the move lasts.
 """

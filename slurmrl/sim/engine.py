@@ -45,18 +45,19 @@ Nodes: a staggered pool either fits one node or has every window on whole nodes
 (`SimConfig.gpus_per_node`, checked at every placement); no window straddles a node.
 
 Floating pools (`SimConfig.floating`; benchmarks/floating.py), as the controller runs
-them (site config `slurm.floating_pools`) and, with `pack_tails`, a what-if it does not
-run: the snapshot offers them to the pairing policy (`ClusterSnapshot.floating`,
-`packs_tails`), and a pool floats where a placement asks (`Placement.floating`). A pool
-of whole windows of its members'
-GPU count G (colocated jobs, one G) lets each GPU phase take whichever window is wholly
-free (`LeaseTable.request` options, the window the job used last first); a rollout starts
-on a whole window and does not grow; with `SimConfig.pack_tails` a tail point moves its
+them (site config `slurm.floating_pools`; with `pack_tails`, as it runs them with
+one-GPU rollout replicas, `services.rollout_replica_gpus = 1`): the snapshot offers them to
+the pairing policy (`ClusterSnapshot.floating`, `packs_tails`), and a pool floats where
+a placement asks (`Placement.floating`). A pool of whole windows of its members' GPU
+count G (colocated jobs, one G) lets each GPU phase take whichever window is wholly free
+(`LeaseTable.request` options, the window the job used last first); a rollout starts on
+a whole window and does not grow; with `SimConfig.pack_tails` a tail point moves its
 sequences to the fewest GPUs they need, best fit anywhere in the pool
-(`LeaseTable.move`), working again after `tail_move_s` plus the park and activate of
-whoever held those GPUs last. A join whose placement asks for more GPUs than the pool
-has adds whole windows (Slurm allocations beside it); windows wholly free while the pool
-has more windows than members go back (`LeaseTable.retire`). Pool GPU-seconds are
+(`LeaseTable.pack_target`, then `move`: the controller's choice), working again after
+`tail_move_s` plus the park and activate of whoever held those GPUs last. A join whose
+placement asks for more GPUs than the pool has adds whole windows (Slurm allocations
+beside it); windows wholly free while the pool has more windows than members go back
+(`LeaseTable.retire`). Pool GPU-seconds are
 accounted through the changes of size (`Pool.allocated_gpu_s`).
 
 Known limits: nodes are not placed (a pool is interchangeable GPUs; no fragmentation of
@@ -216,9 +217,9 @@ class SimConfig:
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     #: every job declares its step count (`--rl-steps`); False: none does
     declare_steps: bool = True
-    #: a what-if, not the designed system: pools of whole windows of their members' GPU
-    #: count float (see the module's docstring); with `pack_tails` rollout tails pack
-    #: onto the fewest GPUs anywhere in the pool, `tail_move_s` for the sequences' move
+    #: pools of whole windows of their members' GPU count float (see the module's
+    #: docstring); with `pack_tails` rollout tails pack onto the fewest GPUs anywhere in
+    #: the pool, `tail_move_s` for the sequences' move
     floating: bool = False
     pack_tails: bool = False
     tail_move_s: float = 1.0

@@ -1,6 +1,6 @@
-"""The shrink body: `keep` (how many GPUs) or `gpus` (which job-local ones), and the grow
-body (`gpus`), checked before anything changes; every malformed body is an RpcError naming
-the field."""
+"""The shrink body: `keep` (how many GPUs) or `gpus` (which job-local ones), and the grow and pack
+bodies (`gpus`), checked before anything changes; every malformed body is an RpcError naming the
+field."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmrl.controller.validate import GROW, SHRINK, RpcError, fields
+from slurmrl.controller.validate import GROW, PACK, SHRINK, RpcError, fields
 
 
 def test_keep_or_gpus_parse() -> None:
@@ -53,8 +53,10 @@ def test_any_gpu_list_parses_or_is_refused(gpus: list[object]) -> None:
     ({"gpus": [1024]}, "'gpus' must be between 0 and 1023"),
     ({"gpus": [0], "keep": 1}, "unknown field"),
 ])
-def test_malformed_grow_bodies_are_refused_by_name(body: dict[str, object], says: str) -> None:
-    assert fields({"gpus": [2, 3]}, GROW) == {"gpus": [2, 3]}
+@pytest.mark.parametrize("schema", [GROW, PACK], ids=["grow", "pack"])
+def test_malformed_grow_and_pack_bodies_are_refused_by_name(
+        body: dict[str, object], says: str, schema: dict[str, object]) -> None:
+    assert fields({"gpus": [2, 3]}, schema) == {"gpus": [2, 3]}  # type: ignore[arg-type]
     with pytest.raises(RpcError, match=says) as err:
-        fields(body, GROW)
+        fields(body, schema)  # type: ignore[arg-type]
     assert err.value.status == 400
