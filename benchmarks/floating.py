@@ -257,13 +257,16 @@ def _cell(sim: Simulation, limits: Sequence[float]) -> tuple[float, float, float
 
 
 def cluster(wnames: Sequence[str], seeds: int, jobs: int, move_s: float,
-            held: bool = False) -> str:
+            held: bool = False, across: bool = False, node: int | None = None) -> str:
     """Each workload's jobs under arrivals (steady and bursty): the default policy at
     the suite's limits, then the same where pools may float (`SimConfig.floating`, tails
     packed; at most the workload's `max_jobs_per_pool` jobs a pool, then each of
     `POOL_CAPS`), then `FloatingGroups` of each fixed shape, all on the same jobs. With
     `held`, the floating rows are the controller's floating pools instead (a rollout
-    keeps its window through its tail) and the fixed shapes are left out."""
+    keeps its window through its tail) and the fixed shapes are left out. A floating
+    pool holds at most one node's GPUs (`node`, default the workload's), as the controller
+    keeps one, unless `across` (a what-if: windows across nodes); the fixed shapes are
+    what-ifs across nodes."""
     rows = ["| workload | placed by | savings % | p95 slowdown | jobs within their limit "
             "| shared % |", "| --- | --- | ---: | ---: | ---: | ---: |"]
     for wname in wnames:
@@ -272,6 +275,7 @@ def cluster(wnames: Sequence[str], seeds: int, jobs: int, move_s: float,
         for seed, arrivals in itertools.product(range(seeds), ("steady", "bursty")):
             drawn = generate(w, seed, arrivals, jobs)
             base = config_for(w, check_invariants=True)
+            base = replace(base, gpus_per_node=node or base.gpus_per_node)
             lim = [min(base.limits.max_slowdown, j.max_slowdown or
                        base.limits.default_max_slowdown) for j in drawn]
 
@@ -279,6 +283,7 @@ def cluster(wnames: Sequence[str], seeds: int, jobs: int, move_s: float,
                 _cell(run_jobs(drawn, base).sim, lim))
             for most in (base.limits.max_jobs_per_pool, *POOL_CAPS):
                 cfg = replace(base, floating=True, pack_tails=not held, tail_move_s=move_s,
+                              floating_across_nodes=across,
                               limits=replace(base.limits, max_jobs_per_pool=most))
                 params = {"complementary": {"floating_members": most}}
                 how = ", tails held" if held else ""
@@ -287,6 +292,7 @@ def cluster(wnames: Sequence[str], seeds: int, jobs: int, move_s: float,
                                                   lim))
             for n, k, pack in () if held else CLUSTER_SHAPES:
                 cfg = replace(base, floating=True, pack_tails=pack, tail_move_s=move_s,
+                              floating_across_nodes=True,
                               limits=replace(base.limits, max_jobs_per_pool=n))
                 sim = Simulation(drawn, cfg, FloatingGroups(n, k),
                                  lambda: registry.load("slice", "fifo"),
@@ -301,7 +307,7 @@ def cluster(wnames: Sequence[str], seeds: int, jobs: int, move_s: float,
 
 
 def curve(wnames: Sequence[str], seeds: int, jobs: int, limits: Sequence[float],
-          cap: int = 5) -> str:
+          cap: int = 5, across: bool = False, node: int | None = None) -> str:
     """The default policy where pools may float (at most `cap` jobs a pool), every job's
     limit set to L (`runner.with_max_slowdown`, as benchmarks/frontier.py), for each L:
     savings and p95 to read beside frontier.py's baselines (the same jobs: 60 jobs,
@@ -318,6 +324,8 @@ def curve(wnames: Sequence[str], seeds: int, jobs: int, limits: Sequence[float],
                 drawn, cfg = with_max_slowdown(generate(w, seed, arrivals, jobs),
                                                config_for(w, check_invariants=True), limit)
                 cfg = replace(cfg, floating=True, pack_tails=True,
+                              floating_across_nodes=across,
+                              gpus_per_node=node or cfg.gpus_per_node,
                               limits=replace(cfg.limits, max_jobs_per_pool=cap))
                 m = run_jobs(drawn, cfg,
                              params={"complementary": {"floating_members": cap}}).metrics
@@ -413,6 +421,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--held-tails", action="store_true",
                     help="--cluster: floating pools as the controller runs them (a rollout "
                          "keeps its window through its tail), without the fixed shapes")
+    ap.add_argument("--across-nodes", action="store_true",
+                    help="--cluster, --curve: a what-if: a floating pool's windows may span "
+                         "nodes (the controller keeps them on one node)")
+    ap.add_argument("--gpus-per-node", type=int, default=None,
+                    help="--cluster, --curve: GPUs per node (default: the workload's)")
     ap.add_argument("--pairing-speed", action="store_true",
                     help="time one round placing 1,000 waiting jobs where pools may float "
                          "(at most --pool-cap jobs a pool)")
@@ -437,12 +450,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         if not 1 <= a.pool_cap <= 1000:
             ap.error("--pool-cap must be in 1..1000")
-        print(curve(wnames, a.seeds, a.jobs, a.curve, a.pool_cap))
+        print(curve(wnames, a.seeds, a.jobs, a.curve, a.pool_cap, a.across_nodes,
+                    a.gpus_per_node))
     if not (1 <= a.seeds <= 100 and 2 <= a.jobs <= 100_000):
         ap.error("--seeds must be in 1..100 and --jobs in 2..100000")
     if a.cluster:
         print()
-        print(cluster(wnames, a.seeds, a.jobs, a.move_s, a.held_tails))
+        print(cluster(wnames, a.seeds, a.jobs, a.move_s, a.held_tails, a.across_nodes,
+                      a.gpus_per_node))
     if a.pairing_speed:
         print()
         print(pairing_speed(a.pool_cap))

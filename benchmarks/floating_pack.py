@@ -163,8 +163,10 @@ def run(label: str, base: Path, state: Path, args: argparse.Namespace) -> Result
                  f"--output={out_dir / f'job{k}.out'}", f"--wrap={wrap}"],
                 cwd=run_dir, env=env, capture_output=True, text=True, timeout=60, check=True)
             ids.append(int(sub.stdout.strip().split(";")[0]))
+            # one at a time into the floating pool (dedicated: the 4 GPUs hold two
+            # jobs' pools, and the third waits in Slurm for one to end)
             deadline = time.monotonic() + 120
-            while (j := store.job(ids[-1])) is None or j.pool_id is None:  # one at a time
+            while floating and ((j := store.job(ids[-1])) is None or j.pool_id is None):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{label}: job {ids[-1]} not placed; see {ctl.log}")
                 time.sleep(0.5)

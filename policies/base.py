@@ -126,6 +126,11 @@ class ClusterSnapshot:
     #: with one-GPU rollout replicas, `services.rollout_replica_gpus = 1`); absent or
     #: False: a rollout keeps its whole window through its tail
     packs_tails: Mapping[str, bool] = field(default_factory=dict)
+    #: partition -> the most GPUs one floating pool may hold: the controller keeps a
+    #: floating pool's windows on one node (a job's state moves between its copies
+    #: through that node's memory), so its node's GPUs; absent: no bound (the
+    #: simulator's what-if of windows across nodes, `SimConfig.floating_across_nodes`)
+    floating_max_gpus: Mapping[str, int] = field(default_factory=dict)
 
 
 class Action(StrEnum):

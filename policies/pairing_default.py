@@ -273,9 +273,13 @@ class ComplementaryPairing:
         """Whether the job goes to a floating pool: a colocated job that may share, in a
         partition whose pools may float, with `floating` on, where a pool may hold three
         jobs or more (with two, it holds them on one window, as a fixed pool would, or
-        on two, sharing nothing)."""
+        on two, sharing nothing), and where two of its windows fit the most GPUs a
+        floating pool may hold (`ClusterSnapshot.floating_max_gpus`: one node's, in the
+        controller)."""
+        bound = snapshot.floating_max_gpus.get(job.partition)
         return (self.floating and snapshot.floating.get(job.partition, False)
                 and min(self.floating_members, snapshot.limits.max_jobs_per_pool) >= 3
+                and (bound is None or 2 * job.request.gpus <= bound)
                 and shareable(job) and job.request.layout is Layout.COLOCATED)
 
     def _floating_pays(self, job: JobSnapshot, limits: SiteLimits) -> bool:
@@ -302,6 +306,7 @@ class ComplementaryPairing:
         next_pool = min([-1, *(pid - 1 for pid in pools)])
         for job in jobs:
             g, part = job.request.gpus, job.partition
+            bound = snapshot.floating_max_gpus.get(part)
             best: tuple[tuple[int, int], int, int, GroupPrediction] | None = None
             for pid, (size, members, snap) in pools.items():
                 if (len(members) >= cap or members[0].request.gpus != g
@@ -314,7 +319,8 @@ class ComplementaryPairing:
                 lims = [limit_of(m, limits) / self.margin for m in group]
                 windows = size[0] // g
                 for w in (windows, windows + 1):
-                    if w > len(group) or (w - windows) * g > free[part]:
+                    if (w > len(group) or (w - windows) * g > free[part]
+                            or (bound is not None and w * g > bound)):
                         break
                     pred = predict_floating(seen, w,
                                             pack_tails=snapshot.packs_tails.get(part, False))

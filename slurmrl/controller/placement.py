@@ -212,14 +212,17 @@ def cluster_snapshot(now: float, pools: Sequence[PoolSnapshot],
                      limits: SiteLimits, nodes: dict[str, int] | None = None,
                      gpu_mem: dict[str, int] | None = None,
                      floating: dict[str, bool] | None = None,
-                     packs_tails: dict[str, bool] | None = None) -> ClusterSnapshot:
+                     packs_tails: dict[str, bool] | None = None,
+                     floating_max_gpus: dict[str, int] | None = None) -> ClusterSnapshot:
     """`waiting` oldest first, as the policies expect; `nodes`: GPUs per node;
     `gpu_mem`: memory per GPU, in bytes; `floating`: whether pools may float;
-    `packs_tails`: whether floating pools pack rollout tails (all by partition)."""
+    `packs_tails`: whether floating pools pack rollout tails; `floating_max_gpus`: the
+    most GPUs a floating pool may hold (all by partition)."""
     order = sorted(waiting, key=lambda j: (j.submitted_at, j.job_id))
     return ClusterSnapshot(now, tuple(pools), tuple(order), dict(free), limits, nodes or {},
                            gpu_mem or {}, floating=floating or {},
-                           packs_tails=packs_tails or {})
+                           packs_tails=packs_tails or {},
+                           floating_max_gpus=floating_max_gpus or {})
 
 
 async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
@@ -255,7 +258,9 @@ async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
     return cluster_snapshot(now, pools, [snap(j) for j in waiting], free, limits, per_node,
                             None if gpu_mem_bytes is None else {part: gpu_mem_bytes},
                             {part: True} if c.config.slurm.floating_pools else None,
-                            {part: True} if packs_tails(c.config) else None)
+                            {part: True} if packs_tails(c.config) else None,
+                            # a floating pool's windows share one node (`_grow`)
+                            per_node if c.config.slurm.floating_pools else None)
 
 
 def packs_tails(config: Config) -> bool:

@@ -102,6 +102,10 @@ def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
 @click.option("--held-tails", is_flag=True,
               help="with --floating: a rollout keeps its window through its tail, as the "
                    "controller runs floating pools whose rollouts are one engine")
+@click.option("--floating-across-nodes", is_flag=True,
+              help="with --floating, a what-if: a floating pool's windows may span nodes "
+                   "(the controller keeps them on one node, so a pool holds at most "
+                   "--gpus-per-node GPUs)")
 @click.option("--max-jobs-per-pool", "max_jobs_per_pool", type=click.IntRange(1, 1000),
               default=None, help="what-if: the site's max_jobs_per_pool (default: the "
                                  "workload's)")
@@ -121,7 +125,8 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
              admission: str,
              seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
              gpus_per_node: int | None, floating: bool, held_tails: bool,
-             max_jobs_per_pool: int | None, declare_steps: bool, assume_profiles: bool,
+             floating_across_nodes: bool, max_jobs_per_pool: int | None,
+             declare_steps: bool, assume_profiles: bool,
              replay_path: str | None, param_args: tuple[str, ...], no_check: bool,
              as_json: bool) -> None:
     """Simulate RL jobs multiplexed on a cluster; report GPU-hours saved and slowdowns."""
@@ -150,8 +155,9 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
             raise click.UsageError("--replay runs a trace's jobs as recorded, in their "
                                    "recorded pools (only --slice applies); to place them by "
                                    "a pairing policy use -w FILE.jsonl --pairing NAME")
-        if held_tails and not floating:
-            raise click.UsageError("--held-tails describes floating pools: add --floating")
+        if (held_tails or floating_across_nodes) and not floating:
+            raise click.UsageError("--held-tails and --floating-across-nodes describe "
+                                   "floating pools: add --floating")
         if assume_profiles and (replay_path is not None or not workload.endswith(".jsonl")):
             raise click.UsageError("--assume-profiles applies to a recorded trace given "
                                    "as -w FILE.jsonl")
@@ -182,7 +188,8 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
                                            seed, n_jobs, load_scale, max_slowdown,
                                            gpus_per_node, declare_steps, assume_profiles,
                                            not no_check, as_json, params, floating,
-                                           max_jobs_per_pool, held_tails)
+                                           max_jobs_per_pool, held_tails,
+                                           floating_across_nodes)
         meta["wall_s"] = f"{time.perf_counter() - t0:.3f}"
     except SliceConflict as exc:
         raise click.UsageError(str(exc)) from None
@@ -213,7 +220,7 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
          gpus_per_node: int | None, declare_steps: bool, assume_profiles: bool, check: bool,
          quiet: bool, params: dict[str, dict[str, Any]], floating: bool = False,
          max_jobs_per_pool: int | None = None, held_tails: bool = False,
-         ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+         across_nodes: bool = False) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     from slurmrl.sim.runner import config_for, run_jobs, trace_config, with_max_slowdown
     from slurmrl.sim.workload import generate, load
 
@@ -234,7 +241,8 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
         jobs, cfg = with_max_slowdown(jobs, cfg, max_slowdown)
     cfg = replace(cfg, declare_steps=declare_steps,
                   gpus_per_node=cfg.gpus_per_node if gpus_per_node is None else gpus_per_node,
-                  floating=floating, pack_tails=floating and not held_tails)
+                  floating=floating, pack_tails=floating and not held_tails,
+                  floating_across_nodes=across_nodes)
     if max_jobs_per_pool is not None:
         cfg = replace(cfg, limits=replace(cfg.limits, max_jobs_per_pool=max_jobs_per_pool))
     meta.update({"pairing": pairing, "slice": slice_name, "admission": admission,
@@ -242,6 +250,7 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
                  "max_slowdown": max_slowdown, "rl_steps": declare_steps,
                  "floating": floating, "tails": None if not floating
                  else "held" if held_tails else "packed",
+                 "floating_across_nodes": across_nodes if floating else None,
                  "max_jobs_per_pool": cfg.limits.max_jobs_per_pool,
                  **({"params": params} if params else {})})
     if quiet or not sys.stderr.isatty():

@@ -223,6 +223,11 @@ class SimConfig:
     floating: bool = False
     pack_tails: bool = False
     tail_move_s: float = 1.0
+    #: a what-if: a floating pool's windows may span nodes (each job's state moving
+    #: between nodes when its window changes, which nothing here prices beyond a park
+    #: and an activate); False: a floating pool holds at most one node's GPUs
+    #: (`gpus_per_node`), as the controller runs them
+    floating_across_nodes: bool = False
 
 
 class Simulation:
@@ -378,7 +383,9 @@ class Simulation:
                                {PARTITION: self.cfg.gpus_per_node},
                                {PARTITION: self.cfg.gpu_mem_bytes},
                                {PARTITION: self.cfg.floating},
-                               {PARTITION: self.cfg.pack_tails})
+                               {PARTITION: self.cfg.pack_tails},
+                               {} if self.cfg.floating_across_nodes
+                               else {PARTITION: self.cfg.gpus_per_node})
         jobs = {j.job_id: j for j in itertools.chain(snap.waiting, *(p.members for p in pools))}
         placements = self.pairing.place(snap)
         if sorted(p.job_id for p in placements) != sorted(r.job.job_id for r in self.waiting):
@@ -486,6 +493,10 @@ class Simulation:
             if g % node and node % g:
                 raise SimError(f"floating windows of {g} GPUs would straddle nodes of "
                                f"{node} GPUs")
+            if not self.cfg.floating_across_nodes and gpus > node:
+                raise SimError(f"a floating pool of {gpus} GPUs would span nodes of {node} "
+                               "GPUs (its windows share one node; "
+                               "SimConfig.floating_across_nodes lifts that)")
             pool.windows = [range(i, i + g) for i in range(0, gpus, g)]
         self.pools[pid] = pool
         self.free -= gpus
@@ -504,6 +515,10 @@ class Simulation:
         if gpus % g:
             raise SimError(f"pool {pool.pool_id} grows by whole windows of {g} GPUs, "
                            f"asked {gpus}")
+        if not self.cfg.floating_across_nodes and pool.gpus + gpus > self.cfg.gpus_per_node:
+            raise SimError(f"floating pool {pool.pool_id} would hold {pool.gpus + gpus} GPUs, "
+                           f"more than a node's {self.cfg.gpus_per_node} (its windows share "
+                           "one node; SimConfig.floating_across_nodes lifts that)")
         if self.free < gpus:
             return False
         new = [range(pool.next_gpu + i, pool.next_gpu + i + g) for i in range(0, gpus, g)]

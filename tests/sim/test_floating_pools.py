@@ -1,16 +1,19 @@
-"""Floating pools in the simulator (`SimConfig.floating`, a what-if no registered policy
-forms): members of one GPU count take whichever whole window is free, tails pack beside
-each other, and the pool takes and gives back windows as members come and go."""
+"""Floating pools in the simulator (`SimConfig.floating`), placed here by a test policy:
+members of one GPU count take whichever whole window is free, tails pack beside each
+other, and the pool takes and gives back windows as members come and go. The nodes hold
+64 GPUs, so that every pool here fits one, as the controller's floating pools must."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from policies import registry
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode, SiteLimits
 from slurmrl.leases.invariants import check_table
 from slurmrl.model import Layout, Phase
-from slurmrl.sim.engine import SimConfig, Simulation
+from slurmrl.sim.engine import SimConfig, SimError, Simulation
 from slurmrl.sim.metrics import compute
 from slurmrl.sim.workload import Segment, SimJob
 
@@ -45,6 +48,7 @@ def job(jid: int, segs: list[tuple[Phase, float]], steps: int = 5, submit: float
 
 
 def run(jobs: list[SimJob], policy: Windows, **config: object) -> Simulation:
+    config.setdefault("gpus_per_node", 64)
     cfg = SimConfig(gpus=64, floating=True, limits=SiteLimits(max_jobs_per_pool=5),
                     **config)  # type: ignore[arg-type]
     return Simulation(jobs, cfg, policy, lambda: registry.load("slice", "fifo"),
@@ -97,3 +101,11 @@ def test_packed_tails_share_a_window_so_a_third_member_trains_beside_them() -> N
     assert compute(packed).savings > compute(held).savings
     for sim in (held, packed):
         check_table(sim.closed[0].table)
+
+
+def test_a_floating_pool_past_one_node_is_refused_unless_windows_may_span_nodes() -> None:
+    jobs = [job(i, [(Phase.TRAIN, 100.0), (Phase.REWARD, 100.0)]) for i in (1, 2, 3)]
+    with pytest.raises(SimError, match="would span nodes of 8 GPUs"):
+        run(jobs, Windows(2), gpus_per_node=8)
+    sim = run(jobs, Windows(2), gpus_per_node=8, floating_across_nodes=True)
+    assert all(r.finished_at is not None for r in sim.runs.values())

@@ -170,7 +170,7 @@ def test_cli_gpus_per_node_decides_whether_staggered_pools_can_form() -> None:
 def test_cli_floating_pools_share_more_of_the_pools_within_users_limits() -> None:
     # the what-if: long-cot jobs in pools of up to 5 on fewer windows than members
     got = {}
-    for extra in ([], ["--floating", "--max-jobs-per-pool", "5"]):
+    for extra in ([], ["--floating", "--floating-across-nodes", "--max-jobs-per-pool", "5"]):
         res = CliRunner().invoke(simulate, ["-w", "long-cot", "--jobs", "24", "--json",
                                             *extra])
         assert res.exit_code == 0, res.output
@@ -185,8 +185,25 @@ def test_cli_floating_pools_share_more_of_the_pools_within_users_limits() -> Non
     assert res.exit_code == 2 and "--max-jobs-per-pool" in res.output
     res = CliRunner().invoke(simulate, ["--replay", __file__, "--floating"])
     assert res.exit_code == 2 and "--replay runs a trace's jobs as recorded" in res.output
-    res = CliRunner().invoke(simulate, ["--held-tails"])
-    assert res.exit_code == 2 and "add --floating" in res.output
+    for flag in ("--held-tails", "--floating-across-nodes"):
+        res = CliRunner().invoke(simulate, [flag])
+        assert res.exit_code == 2 and "add --floating" in res.output
+
+
+def test_cli_floating_pools_as_the_controller_runs_them_fit_one_node() -> None:
+    # the controller keeps a floating pool's windows on one node: long-cot's jobs of 8
+    # and 16 GPUs never float on the suite's 8-GPU nodes (placed as with fixed windows,
+    # GPU for GPU), and those of 8 do on nodes of 32 GPUs, in pools of at most 32
+    got = {}
+    for extra in ([], ["--floating"], ["--floating", "--gpus-per-node", "32"]):
+        res = CliRunner().invoke(simulate, ["-w", "long-cot", "--jobs", "24", "--json",
+                                            "--max-jobs-per-pool", "5", *extra])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.output)
+        got[(out["meta"]["floating"], out["meta"]["gpus_per_node"])] = out["metrics"]
+    fixed, one_node = got[(False, 8)], got[(True, 8)]
+    assert one_node["used_gpu_h"] == fixed["used_gpu_h"]
+    assert got[(True, 32)]["shared_fraction"] > fixed["shared_fraction"]
 
 
 def test_cli_floating_pools_as_the_controller_runs_them_hold_their_tails() -> None:
@@ -195,7 +212,8 @@ def test_cli_floating_pools_as_the_controller_runs_them_hold_their_tails() -> No
     got = {}
     for extra in (["--held-tails"], []):
         res = CliRunner().invoke(simulate, ["-w", "long-cot", "--jobs", "24", "--json",
-                                            "--floating", "--max-jobs-per-pool", "5", *extra])
+                                            "--floating", "--floating-across-nodes",
+                                            "--max-jobs-per-pool", "5", *extra])
         assert res.exit_code == 0, res.output
         out = json.loads(res.output)
         got[out["meta"]["tails"]] = out["metrics"]

@@ -129,8 +129,10 @@ class FloatFirst:
 
     name = "float-first"
     mode = PoolMode.LEASE
+    seen: ClusterSnapshot | None = None  #: the last snapshot it was given
 
     def place(self, snap: ClusterSnapshot) -> list[Placement]:
+        self.seen = snap
         out = []
         pool = next((p for p in snap.pools if p.floating), None)
         for j in snap.waiting:
@@ -497,3 +499,16 @@ async def test_only_a_floating_pools_rollout_leases_pack(tmp_path: Path) -> None
     with pytest.raises(LeaseError, match="not in a floating pool"):
         fixed.c.scheduler.pack(fixed.job(7), lease.lease_id, [0])
     await fixed.c.stop()
+
+
+@run
+async def test_the_policy_is_told_tails_pack_and_a_floating_pool_fits_one_node(
+        tmp_path: Path) -> None:
+    for cfg, packs in ((FLOATING, {}), (PACKING, {"pools": True})):
+        site = await _site(Store(tmp_path / f"{bool(packs)}.db"), cfg)
+        await site.register(ALICE, 7)
+        seen = site.c.policies.pairing.seen  # type: ignore[attr-defined]
+        assert seen is not None and seen.floating == {"pools": True}
+        assert seen.packs_tails == packs  # one-GPU rollout replicas: tails pack
+        assert seen.floating_max_gpus == {"pools": 8}  # the node's GPUs (FakeSlurm's n1)
+        await site.c.stop()

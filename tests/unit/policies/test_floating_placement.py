@@ -1,7 +1,9 @@
 """The default policy's floating pools, offered only where the cluster says pools may
-float (the simulator's what-if; the controller offers none): a job joins the pool where
-every member stays within its limit without another window, else adds one, else opens
-a pool of one window; and where pools may not float, nothing changes."""
+float (the controller with `slurm.floating_pools`, the simulator's `SimConfig.floating`):
+a job joins the pool where every member stays within its limit without another window,
+else adds one, else opens a pool of one window, never past the most GPUs a floating pool
+may hold (one node's, in the controller); and where pools may not float, nothing
+changes."""
 
 from __future__ import annotations
 
@@ -148,3 +150,19 @@ def test_where_a_pool_may_hold_two_jobs_none_floats() -> None:
                   limits=replace(LIMITS, max_jobs_per_pool=2))
     (p,) = pol.place(two)
     assert p.action is Action.OPEN and not p.floating
+
+
+def test_a_floating_pool_holds_no_more_gpus_than_the_bound_says() -> None:
+    # the controller keeps a floating pool on one node: of 16 GPUs here, two windows
+    heavy = [job(i, busy=90, gap=10) for i in (1, 2)]
+    new = job(3, busy=90, gap=10)  # would bring a third window (as in the test above)
+    bound = replace(floating_snap([new], (pool(heavy, 2),)), floating_max_gpus={"pools": 16})
+    (p,) = registry.load("pairing", "complementary").place(bound)
+    assert p.pool_id != 7 and p.gpus == 8  # a pool of its own, not a third window
+    # where two windows do not fit the bound, a job does not float at all
+    lone = job(4, busy=40, gap=60)
+    (q,) = registry.load("pairing", "complementary").place(
+        replace(floating_snap([lone]), floating_max_gpus={"pools": 8}))
+    assert not q.floating
+    (r,) = registry.load("pairing", "complementary").place(floating_snap([lone]))
+    assert r.floating  # unbounded, it opens a floating pool of one window
