@@ -72,7 +72,7 @@ import json, sys, time, slurmrl
 url, steps, pack = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "pack"
 round_s, train_s, reward_s = map(float, sys.argv[4:7])
 job = slurmrl.connect(url=url)
-ro, tr = job.service("rollout"), job.service("trainer")
+ro, tr = job.service("rollout", timeout_s=1800), job.service("trainer", timeout_s=1800)
 prompts = [f"{{k}}+{{k}}=" for k in range(48)]
 t0 = time.time()
 for step in range(steps):
@@ -178,16 +178,18 @@ def run(label: str, base: Path, state: Path, args: argparse.Namespace) -> Result
         makespan = time.time() - t0
         time.sleep(3.0)  # the controller sees the ends and closes the pool
         states = list(_states(env, ids).values())
-    finally:
+    finally:  # nothing of the run may hold the dev cluster's GPUs after it
         ctl.stop()
         if ids:
             subprocess.run(["scancel", *map(str, ids)], env=env, capture_output=True,
                            timeout=30, check=False)
+        if ctl.db.exists():
+            store = Store(str(ctl.db))
+            for p in store.pools():
+                left = {w.slurm_job_id for w in store.windows(p.pool_id, open_only=False)}
+                subprocess.run(["scancel", *map(str, {*left, p.slurm_job_id} - {None})],
+                               env=env, capture_output=True, timeout=30, check=False)
     store = Store(str(ctl.db))
-    for p in store.pools():
-        left = [w.slurm_job_id for w in store.windows(p.pool_id, open_only=False)]
-        subprocess.run(["scancel", *map(str, {*left, p.slurm_job_id} - {None})], env=env,
-                       capture_output=True, timeout=30, check=False)
     now = time.time()
     walls = []
     for k in range(len(USERS)):
