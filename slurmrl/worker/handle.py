@@ -139,6 +139,11 @@ class ServiceHandle:
     def export_weights(self, timeout_s: float | None = None) -> bytes:
         return self._call("export_weights", "GET", "/v1/weights", b"", None, timeout_s)
 
+    def handoff_state(self, timeout_s: float | None = None) -> bytes:
+        """This copy's handoff state file as it is (a floating pool's copy on another
+        node fetches it to take the job's state over)."""
+        return self._call("handoff_state", "GET", "/v1/handoff", b"", None, timeout_s)
+
     def import_weights(self, blob: bytes, timeout_s: float | None = None) -> dict[str, Any]:
         """Load `blob` into this service; the answer says `staged: true` when it was
         parked (the weights are applied when the controller next activates it)."""
@@ -175,10 +180,13 @@ class ServiceHandle:
         return self._json("park", "POST", "/v1/park", body, timeout_s, whole=True)
 
     def activate(self, timeout_s: float | None = None, *,
-                 handoff: bool = False) -> dict[str, Any]:
+                 handoff: bool = False, source: str | None = None) -> dict[str, Any]:
         """Activate; with `handoff`, take over the handoff file's state when this copy
-        handed its own off or the file holds a newer generation."""
+        handed its own off or the file holds a newer generation; with `source` too (a
+        copy on another node, `host:port`), fetch that copy's state file first."""
         body: dict[str, Any] = {"handoff": True} if handoff else {}
+        if source is not None:
+            body["source"] = source
         return self._json("activate", "POST", "/v1/activate", body, timeout_s, whole=True)
 
     def stop(self, timeout_s: float | None = None) -> None:

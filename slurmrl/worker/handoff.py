@@ -175,6 +175,52 @@ def write_state(path: Path, state: dict[str, Any], generation: int) -> bool:
         os.close(dir_fd)  # and with it the lock
 
 
+def store_copy(path: Path, blob: bytes) -> bool:
+    """Store `blob`, a state file another copy handed off on another node (fetched from
+    it, `GET /v1/handoff`), at `path`, unless `path` holds that generation or a newer
+    one; True when stored. The blob is checked as a state file first (whole: header,
+    size and every tensor's place, as `read_state` checks a file; BackendError naming
+    what is wrong, and `path` is left as it was); then written as `write_state` writes:
+    under the directory's lock, to a temp file, `os.replace`d into place."""
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise BackendError(f"cannot store the handoff state at {path}: {exc.strerror}") from exc
+    try:
+        fcntl.flock(dir_fd, fcntl.LOCK_EX)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".fetched",
+                                       dir=path.parent)
+        except OSError as exc:
+            raise BackendError(f"cannot store the handoff state at {path}: "
+                               f"{exc.strerror}") from exc
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(blob)
+                out.flush()
+                os.fsync(out.fileno())
+            got = int(read_state(Path(tmp))["generation"])  # the whole file checked
+            with contextlib.suppress(BackendError):  # unreadable: nothing worth keeping
+                kept = peek_generation(path)
+                if kept is not None and kept >= got:
+                    os.unlink(tmp)
+                    return False
+            os.replace(tmp, path)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if isinstance(exc, BackendError):
+                raise BackendError(str(exc).replace(tmp, f"the state fetched for {path}")
+                                   ) from None
+            if not isinstance(exc, Exception):
+                raise
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise BackendError(f"cannot store the handoff state at {path}: {why}") from exc
+        return True
+    finally:
+        os.close(dir_fd)
+
+
 def read_state(path: Path) -> dict[str, Any]:
     """The state in a state file; BackendError if missing, corrupt, truncated or foreign.
 

@@ -22,7 +22,13 @@ Hand-off (floating pools; the worker needs `--handoff-dir`): `park` with
 takes that file over (`take_over`) when this copy handed its own state off or the file
 holds a newer generation than its own, and otherwise activates as usual. `status`
 reports `handed_off` and `generation`. Without `--handoff-dir`, `"handoff": true` is a
-400.
+400. Across nodes (a floating pool whose windows are on several nodes), `activate` with
+`"source": "host:port"` first fetches the state file from the copy at that address
+(`GET /v1/handoff`, signed with the job's secret, which every copy holds) and stores it
+in this node's directory unless this one holds that generation or a newer one
+(`handoff.store_copy`), then goes on as above. `GET /v1/handoff` answers this copy's
+state file as it is (404 when there is none): the job's own state, to its own services
+and driver.
 
 Backend calls run one at a time on a worker thread, so `status` (and with it the count
 of active sequences during a long generate) stays answerable while a call runs. A park
@@ -105,6 +111,7 @@ class ServiceServer:
         self.backend = backend
         self.info = info
         self.handoff_dir = handoff_dir
+        self._secret = secret  #: to fetch the job's state from a copy on another node
         self._verifier = Verifier(secret)
         #: the controller's: every route; without it the job's secret opens every route
         self._control = None if control_secret is None else Verifier(control_secret)
@@ -133,6 +140,7 @@ class ServiceServer:
                 web.post("/v1/train_step", self._train_step),
                 web.get("/v1/weights", self._export),
                 web.put("/v1/weights", self._import),
+                web.get("/v1/handoff", self._handoff_state),
             ]
         )
         return app
@@ -262,11 +270,17 @@ class ServiceServer:
 
     async def _activate(self, request: web.Request) -> web.Response:
         obj = await self._json(request)
-        self._only(obj, {"handoff"}, "activate")
+        self._only(obj, {"handoff", "source"}, "activate")
         path = self._handoff_path(obj, "activate")
+        source = obj.get("source")
+        if source is not None and (path is None or not isinstance(source, str)):
+            raise HttpError(400, "activate: source must be a copy's host:port, with "
+                            f"handoff true; got {source!r}")
         if path is None:
             await self.run_backend(self.backend.activate)
             return await self._status(request)
+        if source is not None:
+            await self._fetch(source, path)
 
         def wake(state: Path) -> None:  # on the backend thread: no park in between
             b = self.backend
@@ -279,6 +293,35 @@ class ServiceServer:
 
         await self.run_backend(wake, path)
         return await self._status(request)
+
+    async def _fetch(self, source: str, path: Path) -> None:
+        """Fetch the job's state from the copy at `source` (another node) into `path`."""
+        from slurmrl.worker.handle import ServiceError, ServiceHandle
+
+        def fetch() -> None:
+            try:
+                peer = ServiceHandle(source, self._secret, self.info.job_id, self.info.role)
+            except ValueError as exc:
+                raise HttpError(400, f"activate: source: {exc}") from None
+            try:
+                blob = peer.handoff_state()
+            except ServiceError as exc:
+                raise BackendError(f"cannot fetch the handoff state from {source}: "
+                                   f"{exc}") from None
+            finally:
+                peer.close()
+            handoff.store_copy(path, blob)
+
+        await asyncio.get_running_loop().run_in_executor(None, fetch)
+
+    async def _handoff_state(self, request: web.Request) -> web.StreamResponse:
+        if self.handoff_dir is None:
+            raise HttpError(404, "this service has no --handoff-dir: no handoff state")
+        path = handoff.state_path(self.handoff_dir, self.info.role)
+        if not path.exists():
+            raise HttpError(404, f"no handoff state here ({path.name}): no copy on this "
+                            "node has handed its state off")
+        return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
 
     def _handoff_path(self, obj: Mapping[str, Any], call: str) -> Path | None:
         """The state file when the call asks for a hand-off, else None; 400 if it can't."""

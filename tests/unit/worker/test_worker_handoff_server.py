@@ -174,3 +174,63 @@ def test_status_of_a_plain_service_says_it_holds_its_state(rollout_service: Runn
     with pytest.raises(ServiceError, match="--handoff-dir"):
         ServiceHandle(rollout_service.address, rollout_service.secret, "42",
                       "rollout").park(handoff=True)
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path) -> Iterator[tuple[ServiceHandle, ServiceHandle, Path, Path]]:
+    """Two trainer copies of one job, each with a directory of its own: as on two nodes,
+    whose node-local memory the other cannot read."""
+    secret = mint_secret()
+    dir_a = prepare_dir(tmp_path / "node-a")
+    dir_b = prepare_dir(tmp_path / "node-b")
+    a, stop_a = start(Role.TRAINER, secret, handoff_dir=dir_a)
+    b, stop_b = start(Role.TRAINER, secret, handoff_dir=dir_b)
+    yield _handle(a), _handle(b), dir_a, dir_b
+    stop_a()
+    stop_b()
+
+
+def test_across_nodes_the_state_is_fetched_from_the_copy_that_handed_it_off(
+    two_nodes: tuple[ServiceHandle, ServiceHandle, Path, Path], rollout_service: Running
+) -> None:
+    a, b, dir_a, dir_b = two_nodes
+    batch = _batch(rollout_service)
+    a.train_step(batch)
+    a.train_step(batch)
+    weights = a.export_weights()
+    a.park(handoff=True)
+    with pytest.raises(ServiceError, match="404"):
+        b.handoff_state()  # b's node holds no state
+    assert a.handoff_state() == (dir_a / "trainer.state").read_bytes()
+    st = b.activate(handoff=True, source=a.address)
+    assert st["residency"] == "active" and st["generation"] == 1
+    assert (dir_b / "trainer.state").read_bytes() == (dir_a / "trainer.state").read_bytes()
+    assert b.export_weights() == weights
+    assert b.train_step(batch)["step"] == 3.0
+    # and back: a's own file is older than b's hand-off, so it fetches b's
+    trained = b.export_weights()
+    b.park(handoff=True)
+    st = a.activate(handoff=True, source=b.address)
+    assert st["generation"] == 2 and a.export_weights() == trained
+    assert a.train_step(batch)["step"] == 4.0
+
+
+def test_a_fetch_that_fails_changes_nothing_and_says_why(
+    two_nodes: tuple[ServiceHandle, ServiceHandle, Path, Path], rollout_service: Running
+) -> None:
+    a, b, dir_a, dir_b = two_nodes
+    a.train_step(_batch(rollout_service))
+    a.park(handoff=True)
+    b.park(level=1)
+    with pytest.raises(ServiceError, match="cannot fetch the handoff state from"):
+        b.activate(handoff=True, source="127.0.0.1:1")  # nobody there
+    assert b.status()["residency"] == "parked" and not (dir_b / "trainer.state").exists()
+    with pytest.raises(ServiceError, match="source must be"):
+        b.activate(handoff=False, source=a.address)
+    # a truncated state file at the source is refused before it replaces anything
+    whole = (dir_a / "trainer.state").read_bytes()
+    (dir_a / "trainer.state").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ServiceError, match="fetched for .*truncated|fetched for .*corrupt"):
+        b.activate(handoff=True, source=a.address)
+    assert b.status()["residency"] == "parked"
+    assert [p.name for p in dir_b.iterdir()] == []  # nor a temp file left behind
