@@ -384,6 +384,11 @@ def _check_cross_fields(config: Config, sources: Mapping[str, str]) -> None:
             where("slurm.floating_pools", "services.rollout_backend"), "slurm.floating_pools",
             "floating pools hand a job's state between windows, which the vllm backend "
             "cannot do; use rollout_backend = \"tiny\" or turn floating_pools off")
+    if config.slurm.floating_across_nodes and not config.slurm.floating_pools:
+        raise ConfigError(
+            where("slurm.floating_across_nodes", "slurm.floating_pools"),
+            "slurm.floating_across_nodes",
+            "describes floating pools, which are off: set floating_pools = true too")
     if config.slurm.floating_pools and lim.max_jobs_per_pool < 3:
         raise ConfigError(
             where("slurm.floating_pools", "limits.max_jobs_per_pool"), "slurm.floating_pools",

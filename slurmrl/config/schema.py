@@ -129,6 +129,11 @@ class SlurmConfig:
         "count, each its own allocation on the pool's node, every GPU phase of a member "
         "on whichever window is free, its state handed between windows through the "
         "node's memory (services.handoff_dir); needs backends that hand off (tiny, torch)")
+    floating_across_nodes: bool = opt(
+        False, "with floating_pools: a floating pool may take a window on another node "
+        "of the pool partition when its own is full; a job's state then moves between "
+        "nodes, a copy fetching the file the last copy handed off over the network "
+        "(the services' port); off: a floating pool holds at most its node's GPUs")
 
 
 def _empty_params() -> Mapping[str, Mapping[str, Any]]:

@@ -250,7 +250,7 @@ class Controller:
         return pool
 
     def add_window(self, pool_id: int, slurm_job_id: int,
-                   gpu_indices: tuple[int, ...]) -> WindowRecord:
+                   gpu_indices: tuple[int, ...], node: str | None = None) -> WindowRecord:
         """A floating pool took another window (an allocation of its window size on its
         node): record it and schedule its GPUs."""
         pool = self.store.pool(pool_id)
@@ -264,7 +264,8 @@ class Controller:
         w = wins[-1].window + 1
         with self.store.transaction():
             wid = self.store.add_window(pool_id=pool_id, window=w, slurm_job_id=slurm_job_id,
-                                        gpu_indices=gpu_indices, opened_at=self.clock())
+                                        gpu_indices=gpu_indices, opened_at=self.clock(),
+                                        node=node)
             self.store.update_pool(pool_id, gpus=pool.gpus + g,
                                    gpu_indices=(*pool.gpu_indices, *gpu_indices))
         self.scheduler.add_gpus(pool_id, range(w * g, w * g + g))

@@ -259,8 +259,10 @@ async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
                             None if gpu_mem_bytes is None else {part: gpu_mem_bytes},
                             {part: True} if c.config.slurm.floating_pools else None,
                             {part: True} if packs_tails(c.config) else None,
-                            # a floating pool's windows share one node (`_grow`)
-                            per_node if c.config.slurm.floating_pools else None)
+                            # a floating pool's windows share one node (`_grow`),
+                            # unless they may span nodes
+                            per_node if c.config.slurm.floating_pools
+                            and not c.config.slurm.floating_across_nodes else None)
 
 
 def packs_tails(config: Config) -> bool:

@@ -38,6 +38,7 @@ from slurmrl.controller.residency import (
     Footprint,
     GpuCapacity,
     ResidencyError,
+    ServiceKey,
     admit,
     footprints_for_job,
     phase_roles,
@@ -564,17 +565,24 @@ class SlurmPools:
         if node is not None and await self._free_on(node) < g:
             # fail fast: Slurm would keep the window pending until the start timeout,
             # and every placement waits for this one meanwhile
-            log.info("pool %d: node %s has fewer than %d GPUs free for a window",
-                     pool.pool_id, node, g)
-            return False
+            other = (await self._node_with(g) if c.config.slurm.floating_across_nodes
+                     else None)
+            if other is None:
+                log.info("pool %d: node %s has fewer than %d GPUs free for a window",
+                         pool.pool_id, node, g)
+                return False
+            node = other
         try:
             opened = await asyncio.to_thread(self.allocator.open, g,
                                              f"window of pool {pool.pool_id}", node)
         except PoolError as exc:
             log.warning("pool %d: no window of %d GPUs on %s: %s", pool.pool_id, g, node, exc)
             return False
+        home = pool.nodes[0] if pool.nodes else None
+        there = opened.nodes[0] if opened.nodes else node
         win = WindowRecord(-1, pool.pool_id, wins[-1].window + 1, opened.slurm_job_id,
-                           opened.gpu_indices, c.clock())
+                           opened.gpu_indices, c.clock(),
+                           node=None if there == home else there)
         try:
             for m in c.store.jobs(active=True, pool_id=pool.pool_id):
                 await self._launch_on_windows(m, pool, [win])
@@ -586,8 +594,70 @@ class SlurmPools:
             with contextlib.suppress(SlurmError):
                 await asyncio.to_thread(self.allocator.close, opened.slurm_job_id)
             return False
-        c.add_window(pool.pool_id, opened.slurm_job_id, opened.gpu_indices)
+        c.add_window(pool.pool_id, opened.slurm_job_id, opened.gpu_indices, node=win.node)
         return True
+
+    async def _node_with(self, gpus: int) -> str | None:
+        """A node of the pool partition with `gpus` GPUs free for another window of a
+        floating pool (`slurm.floating_across_nodes`): the one with the fewest free that
+        has them (best fit); None if none has."""
+        c = self.c
+        try:
+            nodes, running = await asyncio.to_thread(lambda: (c.slurm.nodes(), c.slurm.jobs()))
+        except SlurmError:
+            return None
+        part = c.config.slurm.pool_partition
+        open_pools = c.store.pools(open_only=True)
+        free = {n.name: free_gpus([n], running, open_pools, part)[part]
+                for n in nodes if part in n.partitions}
+        fits = sorted((f, name) for name, f in free.items() if f >= gpus)
+        return fits[0][1] if fits else None
+
+    def _nodes_of(self, pool: PoolRecord) -> dict[int, str]:
+        """The node each open window of a floating pool is on."""
+        home = pool.nodes[0] if pool.nodes else "localhost"
+        return {w.window: w.node or home for w in self.c.store.windows(pool.pool_id)}
+
+    async def _sources(self, pool_id: int, keys: Sequence[ServiceKey]) -> dict[ServiceKey, str]:
+        """For each copy to activate in a floating pool whose windows are on several
+        nodes: the address of the job's copy of that service on another node holding
+        the newest state (the highest generation its status reports), where that is
+        newer than any on the copy's own node. The copy fetches it from there
+        (`activate` with `source`); the worker keeps its own file if that is as new."""
+        pool = self.c.store.pool(pool_id)
+        where = self._nodes_of(pool) if pool is not None else {}
+        if len(set(where.values())) < 2:
+            return {}
+        out: dict[ServiceKey, str] = {}
+        for key in keys:
+            me = self._live.get(key)
+            if me is None or me.footprint.window not in where:
+                continue
+            base = me.footprint.name.rpartition("@")[0]
+            peers = [lv for lv in self._live.values()  # itself too: its node's file
+                     if lv.job_id == me.job_id and lv.pool_id == pool_id
+                     and lv.footprint.window in where
+                     and lv.footprint.name.rpartition("@")[0] == base]
+            gens = await asyncio.gather(*(self._generation(lv) for lv in peers))
+            best: dict[str, tuple[int, str]] = {}  # node -> (generation, address)
+            for lv, gen in zip(peers, gens, strict=True):
+                node = where[lv.footprint.window]  # type: ignore[index]
+                if gen is not None and gen > best.get(node, (-1, ""))[0]:
+                    best[node] = (gen, lv.handle.address)
+            mine = best.pop(where[me.footprint.window], (-1, ""))[0]
+            top = max(best.values(), default=None)
+            if top is not None and top[0] > mine:
+                out[key] = top[1]
+        return out
+
+    @staticmethod
+    async def _generation(live: _Live) -> int | None:
+        try:
+            ans = await asyncio.to_thread(live.handle.status)
+        except (ServiceError, OSError):
+            return None
+        gen = ans.get("generation")
+        return gen if isinstance(gen, int) and not isinstance(gen, bool) else None
 
     async def _free_on(self, node: str) -> int:
         """GPUs Slurm could still allocate on `node` in the pool partition (as the
@@ -611,7 +681,7 @@ class SlurmPools:
         for w in windows:
             fps = self._window_footprints(job, pool, [w])
             devices = {w.window * job.request.gpus + i: d for i, d in enumerate(w.gpu_indices)}
-            await self._launch_services(job, pool, fps, w.slurm_job_id, devices)
+            await self._launch_services(job, pool, fps, w.slurm_job_id, devices, w.node)
             await asyncio.gather(*(self._set(f.key, Residency.PARKED, handoff=True)
                                    for f in fps))
 
@@ -680,12 +750,14 @@ class SlurmPools:
 
     async def _launch_services(self, job: JobRecord, pool: PoolRecord,
                                fps: list[Footprint], slurm_job_id: int | None = None,
-                               devices: dict[int, int] | None = None) -> None:
+                               devices: dict[int, int] | None = None,
+                               node: str | None = None) -> None:
         """Launch `fps` as steps of the pool's allocation (or of `slurm_job_id`, a
-        floating pool's window, whose pool GPUs are Slurm's `devices`)."""
+        floating pool's window on `node` (default the pool's), whose pool GPUs are
+        Slurm's `devices`)."""
         alloc = pool.slurm_job_id if slurm_job_id is None else slurm_job_id
         assert self.launcher is not None and alloc is not None
-        node = pool.nodes[0] if pool.nodes else "localhost"
+        node = node or (pool.nodes[0] if pool.nodes else "localhost")
         backend = {"rollout": self.c.config.services.rollout_backend,
                    "trainer": self.c.config.services.trainer_backend}
         # pool GPU i is Slurm's GPU pool.gpu_indices[i] on the node
@@ -764,8 +836,10 @@ class SlurmPools:
         await asyncio.gather(*(self._set(k, Residency.PARKED, handoff=floating) for k in park),
                              *(self._set(k, Residency.DROPPED) for k in plan.drop))
         t2 = time.perf_counter()
-        await asyncio.gather(*(self._set(k, Residency.ACTIVE, handoff=floating)
-                               for k in plan.activate))
+        sources = (await self._sources(pool_id, plan.activate) if floating
+                   else dict[ServiceKey, str]())
+        await asyncio.gather(*(self._set(k, Residency.ACTIVE, handoff=floating,
+                                         source=sources.get(k)) for k in plan.activate))
         t3 = time.perf_counter()
         self.handoffs = [*self.handoffs[-99:], HandoffTiming(
             job.job_id, lease.lease_id, t1 - t0, t2 - t1, t3 - t2,
@@ -803,16 +877,17 @@ class SlurmPools:
         return self._capacity(pool) if pool is not None else []
 
     async def _set(self, key: tuple[int, str], residency: Residency,
-                   handoff: bool = False) -> None:
+                   handoff: bool = False, source: str | None = None) -> None:
         """Park, drop or activate one service; with `handoff` (a floating pool's copy),
-        a park hands the job's state over and an activation takes it over."""
+        a park hands the job's state over and an activation takes it over (fetched from
+        the copy at `source` first, where that is on another node)."""
         live = self._live.get(key)
         if live is None:
             return
         try:
             if residency is Residency.ACTIVE:
                 ans = await asyncio.to_thread(
-                    lambda: live.handle.activate(handoff=True) if handoff
+                    lambda: live.handle.activate(handoff=True, source=source) if handoff
                     else live.handle.activate())
             else:
                 level = 2 if residency is Residency.DROPPED else 1

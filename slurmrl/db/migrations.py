@@ -166,6 +166,11 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX pool_windows_open ON pool_windows(pool_id) WHERE closed_at IS NULL;
     """,
+    # 6: a floating pool's window may be on another node than the pool's own
+    # (`slurm.floating_across_nodes`); NULL: the pool's node
+    """
+    ALTER TABLE pool_windows ADD COLUMN node TEXT;
+    """,
 )
 
 LATEST = len(MIGRATIONS)

@@ -110,8 +110,9 @@ class PoolRecord:
 
 @dataclass(frozen=True)
 class WindowRecord:
-    """One window of a floating pool: a Slurm allocation of G GPUs on the pool's node,
-    pool GPUs `window * G` .. `window * G + G - 1`."""
+    """One window of a floating pool: a Slurm allocation of G GPUs on one node (the
+    pool's, or with `slurm.floating_across_nodes` another), pool GPUs `window * G` ..
+    `window * G + G - 1`."""
 
     window_id: int
     pool_id: int
@@ -120,6 +121,7 @@ class WindowRecord:
     gpu_indices: tuple[int, ...]
     opened_at: float
     closed_at: float | None = None
+    node: str | None = None  #: the node it is on; None: the pool's node
 
 
 @dataclass(frozen=True)

@@ -301,12 +301,13 @@ class Store:
         self._x(f"UPDATE pools SET {sets} WHERE pool_id = ?", (*values, pool_id))
 
     def add_window(self, *, pool_id: int, window: int, slurm_job_id: int,
-                   gpu_indices: Sequence[int], opened_at: float) -> int:
-        """Record an open window of a floating pool."""
+                   gpu_indices: Sequence[int], opened_at: float,
+                   node: str | None = None) -> int:
+        """Record an open window of a floating pool (`node`: where, if not the pool's)."""
         return self._x(
-            "INSERT INTO pool_windows (pool_id, window, slurm_job_id, gpu_indices, opened_at)"
-            " VALUES (?,?,?,?,?)",
-            (pool_id, window, slurm_job_id, json.dumps(list(gpu_indices)), opened_at))
+            "INSERT INTO pool_windows (pool_id, window, slurm_job_id, gpu_indices, opened_at,"
+            " node) VALUES (?,?,?,?,?,?)",
+            (pool_id, window, slurm_job_id, json.dumps(list(gpu_indices)), opened_at, node))
 
     def windows(self, pool_id: int, *, open_only: bool = True) -> list[WindowRecord]:
         """A floating pool's windows, by window number (open ones only by default)."""
@@ -315,7 +316,7 @@ class Store:
         return [WindowRecord(window_id=r["window_id"], pool_id=r["pool_id"],
                              window=r["window"], slurm_job_id=r["slurm_job_id"],
                              gpu_indices=ints(r["gpu_indices"]), opened_at=r["opened_at"],
-                             closed_at=r["closed_at"])
+                             closed_at=r["closed_at"], node=r["node"])
                 for r in self._q(sql + " ORDER BY window, window_id", (pool_id,))]
 
     def pool_gpu_seconds(self, pool: PoolRecord, now: float) -> float:

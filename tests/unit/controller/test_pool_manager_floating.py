@@ -55,7 +55,8 @@ class FakeAllocator:
         self.next += 1
         self.next_gpu += gpus
         self.opened.append((self.next - 1, gpus, node))
-        return SlurmPool(self.next - 1, "pools", "n1", ("n1",),
+        where = node or "n1"
+        return SlurmPool(self.next - 1, "pools", where, (where,),
                          tuple(range(self.next_gpu - gpus, self.next_gpu)))
 
     def close(self, slurm_job_id: int) -> None:
@@ -71,19 +72,24 @@ class FakeHandle:
 
     spec: ServiceSpec
     calls: list[tuple[str, bool]] = field(default_factory=list)  #: (park|activate, handoff)
+    sources: list[str | None] = field(default_factory=list)  #: each activation's source
+    address: str = "127.0.0.1:1"
+    generation: int = 0  #: as a worker counts its hand-offs (`status`)
 
     def activate(self, timeout_s: float | None = None, *,
-                 handoff: bool = False) -> dict[str, Any]:
+                 handoff: bool = False, source: str | None = None) -> dict[str, Any]:
         self.calls.append(("activate", handoff))
+        self.sources.append(source)
         return {"residency": "active"}
 
     def park(self, level: int = 1, timeout_s: float | None = None, *,
              handoff: bool = False) -> dict[str, Any]:
         self.calls.append(("park", handoff))
+        self.generation += handoff
         return {"residency": "parked"}
 
     def status(self) -> dict[str, Any]:
-        return {}
+        return {"generation": self.generation}
 
     def stop(self, timeout_s: float | None = None) -> None:
         pass
@@ -106,11 +112,15 @@ class FakeLauncher:
     def __init__(self) -> None:
         self.launched: list[FakeRunning] = []
         self.stopped: list[FakeRunning] = []
+        self.nodes: list[str] = []  #: the node each launch was on
 
     def launch(self, pool_job_id: int, node: str, spec: ServiceSpec,
                secret: str) -> FakeRunning:
-        svc = FakeRunning(spec, pool_job_id, FakeHandle(spec))
+        address = f"{node}:{5000 + len(self.launched)}"
+        svc = FakeRunning(spec, pool_job_id, FakeHandle(spec, address=address),
+                          address=address)
         self.launched.append(svc)
+        self.nodes.append(node)
         return svc
 
     def stop(self, svc: FakeRunning) -> None:
@@ -512,3 +522,58 @@ async def test_the_policy_is_told_tails_pack_and_a_floating_pool_fits_one_node(
         assert seen.packs_tails == packs  # one-GPU rollout replicas: tails pack
         assert seen.floating_max_gpus == {"pools": 8}  # the node's GPUs (FakeSlurm's n1)
         await site.c.stop()
+
+
+ACROSS = replace(FLOATING, slurm=replace(FLOATING.slurm, floating_across_nodes=True))
+
+
+@run
+async def test_across_nodes_a_full_node_sends_a_window_elsewhere_and_the_state_follows(
+        tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"), ACROSS)
+    await site.register(ALICE, 7)
+
+    async def full(node: str) -> int:  # Slurm's view: the pool's node has no GPU left
+        return 0
+
+    async def elsewhere(gpus: int) -> str:
+        return "n2"
+
+    site.pools._free_on = full  # type: ignore[method-assign]
+    site.pools._node_with = elsewhere  # type: ignore[method-assign]
+    await site.register(BOB, 8)
+    pool_id = site.job(7).pool_id
+    assert pool_id is not None and site.job(8).pool_id == pool_id
+    assert site.allocator.opened[-1][2] == "n2"  # the window asked for on n2
+    wins = site.c.store.windows(pool_id)
+    assert [(w.window, w.node) for w in wins] == [(0, None), (1, "n2")]
+    # every member's services on window 1 run on n2
+    on = {(s.spec.job_id, s.pool_job_id): n for s, n in zip(site.launcher.launched,
+                                                           site.launcher.nodes, strict=True)}
+    assert {n for (j, alloc), n in on.items() if alloc == wins[1].slurm_job_id} == {"n2"}
+    assert {n for (j, alloc), n in on.items() if alloc == wins[0].slurm_job_id} == {"n1"}
+    # job 7 trains on window 0 (n1), then job 8 takes it; job 7's next train is on
+    # window 1 (n2), whose copy fetches job 7's state from the copy on n1
+    t7 = {a: site.launcher.of(7, "trainer", a) for a in (101, 102)}
+    w = await site.grant(7, Phase.TRAIN)
+    assert w == {0, 1}
+    site.release(7, w)
+    assert await site.grant(8, Phase.TRAIN) == {0, 1}
+    assert await site.grant(7, Phase.TRAIN) == {2, 3}
+    assert t7[102].handle.calls[-1] == ("activate", True)
+    assert t7[102].handle.sources[-1] == t7[101].address
+    # within one node nothing is fetched: job 8's copy on window 0 took its state there
+    t8 = site.launcher.of(8, "trainer", 101)
+    assert t8.handle.sources == [None]
+    # the policy is told floating pools are not bounded by a node
+    seen = site.c.policies.pairing.seen  # type: ignore[attr-defined]
+    assert seen is not None and seen.floating_max_gpus == {}
+    await site.c.stop()
+
+
+def test_the_site_config_refuses_floating_across_nodes_without_floating_pools(
+        tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[slurm]\nfloating_across_nodes = true\n')
+    with pytest.raises(ConfigError, match=r"floating_across_nodes.*floating_pools = true"):
+        load(cfg, env={})
