@@ -15,7 +15,10 @@ trainer copies run the `torch` backend on CPU with `TinyLM` at the width asked
 (`bench_model` below), the rollout copies the `tiny` backend, whose width is fixed at
 48, so the HTTP rollout runs at 48 only. On CPU both paths copy within the same RAM; the
 move also writes and reads a file in tmpfs: these figures are the protocol and the copy
-through node memory, not PCIe.
+through node memory, not PCIe. "Across nodes": the two copies have a directory each, and
+the one taking the state over fetches the file from the other (`activate` with
+`source`, as a floating pool's copy on another node does), here over loopback: the
+protocol and one more copy, not a network.
 
 Usage: python benchmarks/park_activate.py [--cycles 50] [--dim 48] [--wide-dim 512]
        [--threads N]
@@ -200,19 +203,26 @@ def move_in_process(role: Role, dim: int, cycles: int, tmp: Path,
 
 
 def move_over_http(role: Role, dim: int, cycles: int, tmp: Path,
-                   samples: Sequence[TrainSample]) -> None:
+                   samples: Sequence[TrainSample], across: bool = False) -> None:
+    """`across`: each copy with a directory of its own, as on two nodes; the taking copy
+    fetches the file from the other over HTTP (`activate` with `source`), here over
+    loopback."""
     secret = mint_secret()
-    handoff_dir = tmp / f"handoff-{role}-{dim}"
+    tag = "x" if across else ""
+    handoff_dir = tmp / f"handoff-{role}-{dim}{tag}"
     if role is Role.TRAINER:
         args = ["--backend", "torch", "--device", "cpu", "--model",
                 "benchmarks.park_activate:bench_model"]
     else:
         args = ["--backend", "tiny"]
-    args += ["--handoff-dir", str(handoff_dir)]
     env = {DIM_ENV: str(dim)}
     with contextlib.ExitStack() as stack:
-        a = stack.enter_context(running_worker(tmp, f"{role}-{dim}-a", secret, role, args, env))
-        b = stack.enter_context(running_worker(tmp, f"{role}-{dim}-b", secret, role, args, env))
+        a = stack.enter_context(running_worker(
+            tmp, f"{role}-{dim}{tag}-a", secret, role,
+            [*args, "--handoff-dir", str(handoff_dir) + ("-a" if across else "")], env))
+        b = stack.enter_context(running_worker(
+            tmp, f"{role}-{dim}{tag}-b", secret, role,
+            [*args, "--handoff-dir", str(handoff_dir) + ("-b" if across else "")], env))
         if role is Role.TRAINER:
             a.train_step(samples)  # Adam state exists from here on
         tensor_bytes = int(a.status()["memory"]["device_bytes"])
@@ -228,13 +238,16 @@ def move_over_http(role: Role, dim: int, cycles: int, tmp: Path,
         src, dst = a, b
         for k in range(cycles + 2):  # two untimed moves there and back first
             g = timed(functools.partial(src.park, handoff=True), 1)
-            t = timed(functools.partial(dst.activate, handoff=True), 1)
+            t = timed(functools.partial(dst.activate, handoff=True,
+                                        source=src.address if across else None), 1)
             if k >= 2:
                 give += g
                 take += t
             src, dst = dst, src
-        file_bytes = state_path(handoff_dir, str(role)).stat().st_size
-    report("over HTTP", str(role), dim, file_bytes, tensor_bytes, (park, act), (give, take))
+        file_bytes = state_path(Path(str(handoff_dir) + ("-a" if across else "")),
+                                str(role)).stat().st_size
+    report("over HTTP, across nodes (a fetch over loopback)" if across else "over HTTP",
+           str(role), dim, file_bytes, tensor_bytes, (park, act), (give, take))
 
 
 def window_moves(cycles: int, dims: Sequence[int]) -> None:
@@ -257,6 +270,7 @@ def window_moves(cycles: int, dims: Sequence[int]) -> None:
                           f"width is {TINY_DIM}; the torch backend has no rollout role)")
                     continue
                 move_over_http(role, dim, cycles, tmp, samples)
+                move_over_http(role, dim, cycles, tmp, samples, across=True)
 
 
 def main() -> None:
