@@ -63,9 +63,9 @@ import stat
 import struct
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeGuard
 
 from slurmrl.worker.protocol import BackendError
 
@@ -139,40 +139,8 @@ def write_state(path: Path, state: dict[str, Any], generation: int) -> bool:
     failure (BackendError; also a value the format cannot hold) leaves `path` as it was
     and no temp file behind.
     """
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError as exc:
-        raise BackendError(f"cannot write the handoff state to {path}: {exc.strerror}") from exc
-    try:
-        fcntl.flock(dir_fd, fcntl.LOCK_EX)
-        with contextlib.suppress(BackendError):  # unreadable: nothing worth keeping
-            kept = peek_generation(path)
-            if kept is not None and kept >= generation:
-                return False
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
-                                       dir=path.parent)
-        except OSError as exc:
-            raise BackendError(f"cannot write the handoff state to {path}: "
-                               f"{exc.strerror}") from exc
-        try:
-            with os.fdopen(fd, "wb") as out:
-                _write(out, state, generation)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            if not isinstance(exc, Exception):
-                raise
-            # a full /dev/shm reaches here as OSError, a device copy's failure as torch's
-            # RuntimeError, a value the format cannot hold as TypeError
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            raise BackendError(f"cannot write the handoff state to {path}: {why}") from exc
-        return True
-    finally:
-        os.close(dir_fd)  # and with it the lock
+    return _publish(path, lambda out: _write(out, state, generation), generation,
+                    f"cannot write the handoff state to {path}")
 
 
 def store_copy(path: Path, blob: bytes) -> bool:
@@ -180,45 +148,63 @@ def store_copy(path: Path, blob: bytes) -> bool:
     it, `GET /v1/handoff`), at `path`, unless `path` holds that generation or a newer
     one; True when stored. The blob is checked as a state file first (whole: header,
     size and every tensor's place, as `read_state` checks a file; BackendError naming
-    what is wrong, and `path` is left as it was); then written as `write_state` writes:
-    under the directory's lock, to a temp file, `os.replace`d into place."""
+    what is wrong, and `path` is left as it was); then published as `write_state`
+    publishes: under the directory's lock, from a temp file, `os.replace`d into place."""
+    return _publish(path, lambda out: out.write(blob), None,
+                    f"cannot store the handoff state at {path}")
+
+
+def _publish(path: Path, fill: Callable[[BinaryIO], object], generation: int | None,
+             failed: str) -> bool:
+    """Under an exclusive lock on `path`'s directory, unless `path` holds `generation`
+    or a newer one: `fill` a temp file (mode 0600) there and `os.replace` it onto
+    `path`; True when replaced. `generation` None: the temp file's own, read back and
+    checked whole first. A failure is a BackendError starting with `failed` (or naming
+    what is wrong with the temp file's state), and leaves no temp file behind."""
+
+    def kept_newer(gen: int) -> bool:
+        with contextlib.suppress(BackendError):  # unreadable: nothing worth keeping
+            kept = peek_generation(path)
+            return kept is not None and kept >= gen
+        return False
+
     try:
         dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
-        raise BackendError(f"cannot store the handoff state at {path}: {exc.strerror}") from exc
+        raise BackendError(f"{failed}: {exc.strerror}") from exc
     try:
         fcntl.flock(dir_fd, fcntl.LOCK_EX)
+        if generation is not None and kept_newer(generation):
+            return False
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".fetched",
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
                                        dir=path.parent)
         except OSError as exc:
-            raise BackendError(f"cannot store the handoff state at {path}: "
-                               f"{exc.strerror}") from exc
+            raise BackendError(f"{failed}: {exc.strerror}") from exc
         try:
             with os.fdopen(fd, "wb") as out:
-                out.write(blob)
+                fill(out)
                 out.flush()
                 os.fsync(out.fileno())
-            got = int(read_state(Path(tmp))["generation"])  # the whole file checked
-            with contextlib.suppress(BackendError):  # unreadable: nothing worth keeping
-                kept = peek_generation(path)
-                if kept is not None and kept >= got:
-                    os.unlink(tmp)
-                    return False
+            # a fetched file (no generation given) is checked whole before it counts
+            if generation is None and kept_newer(int(read_state(Path(tmp))["generation"])):
+                os.unlink(tmp)
+                return False
             os.replace(tmp, path)
         except BaseException as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             if isinstance(exc, BackendError):
-                raise BackendError(str(exc).replace(tmp, f"the state fetched for {path}")
-                                   ) from None
+                raise BackendError(str(exc).replace(tmp, f"the state for {path}")) from None
             if not isinstance(exc, Exception):
                 raise
+            # a full /dev/shm reaches here as OSError, a device copy's failure as torch's
+            # RuntimeError, a value the format cannot hold as TypeError
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            raise BackendError(f"cannot store the handoff state at {path}: {why}") from exc
+            raise BackendError(f"{failed}: {why}") from exc
         return True
     finally:
-        os.close(dir_fd)
+        os.close(dir_fd)  # and with it the lock
 
 
 def read_state(path: Path) -> dict[str, Any]:

@@ -19,12 +19,19 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+from slurmrl.db import Store
 from slurmrl.leases.invariants import check_history
 from tests.integration.test_pools import _environ, _pool_controller, _wait, read
+
+if TYPE_CHECKING:
+    from tests.integration.controller_harness import ControllerProc
 
 FLOAT_POLICY = '''
 from policies.base import Action, Placement, PoolMode
@@ -96,10 +103,27 @@ def _rounds(path: Path) -> list[dict[str, object]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")]
 
 
-def test_floating_pool_members_take_whichever_window_is_free_and_keep_their_state(
-    shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
-) -> None:
-    from slurmrl.db import Store
+@dataclass
+class FloatRun:
+    """Three jobs of 2 GPUs submitted one at a time into one floating pool."""
+
+    ctl: ControllerProc
+    store: Store
+    ids: list[int]
+    outs: list[Path]
+
+    def evidence(self) -> str:
+        return "\n".join(read(o)[-1500:] for o in self.outs) + read(self.ctl.log)[-6000:]
+
+
+@contextmanager
+def _three_floating_jobs(shared_tmp: Path, slurm_env: dict[str, str], jobs: object,
+                         run_dir: Path, driver_text: str, tag: str,
+                         **env: str) -> Iterator[FloatRun]:
+    """A controller with floating pools and the test's placement policy, three drivers
+    running `driver_text` (rlalice, rlbob, rlalice), each placed before the next is
+    submitted (each placement sees the pool the last one left); everything of theirs
+    is cancelled and the controller stopped after, pass or fail."""
     from tests.integration.controller_harness import VENV_PY
 
     (shared_tmp / "floattest.py").write_text(FLOAT_POLICY)
@@ -107,27 +131,47 @@ def test_floating_pool_members_take_whichever_window_is_free_and_keep_their_stat
                            SLURMRL_POLICIES__PAIRING="floattest:FloatTwo",
                            SLURMRL_SLURM__FLOATING_POOLS="true",
                            SLURMRL_LIMITS__MAX_JOBS_PER_POOL="3",
-                           PYTHONPATH=str(shared_tmp))
-    driver = shared_tmp / "float_driver.py"
-    driver.write_text(FLOAT_DRIVER.format(python=VENV_PY))
+                           PYTHONPATH=str(shared_tmp), **env)
+    driver = shared_tmp / f"{tag}_driver.py"
+    driver.write_text(driver_text.format(python=VENV_PY))
     driver.chmod(0o755)
-    ids: list[int] = []
-    outs: list[Path] = []
-    store = Store(ctl.db)
+    run = FloatRun(ctl, Store(ctl.db), [], [])
     try:
         for k, user in enumerate(("rlalice", "rlbob", "rlalice")):
-            outs.append(shared_tmp / f"float-{k}.out")
+            run.outs.append(shared_tmp / f"{tag}-{k}.out")
             sub = jobs.sbatch(["--rl-gpus=2", "--rl-model=tiny", "--rl-max-slowdown=3",
-                               f"--output={outs[-1]}", "--time=15",
+                               f"--output={run.outs[-1]}", "--time=15",
                                f"--wrap={driver} {ctl.url}"], user=user)  # type: ignore[attr-defined]
             assert sub.returncode == 0 and sub.job_id, sub.stderr
-            ids.append(sub.job_id)
-            # one at a time: each placement sees the pool the last one left
-            _wait(lambda: (j := store.job(ids[-1])) is not None and j.pool_id is not None,
-                  120, f"job {ids[-1]} to be placed", lambda: read(ctl.log)[-4000:])
+            run.ids.append(sub.job_id)
+            _wait(lambda: (j := run.store.job(run.ids[-1])) is not None
+                  and j.pool_id is not None,
+                  120, f"job {run.ids[-1]} to be placed", lambda: read(ctl.log)[-4000:])
+        yield run
+    finally:
+        for jid in run.ids:
+            jobs.run(["scancel", str(jid)])  # type: ignore[attr-defined]
+        if ctl.db.exists():
+            s = Store(ctl.db)
+            for p in s.pools():
+                for w in s.windows(p.pool_id, open_only=False):
+                    jobs.run(["scancel", str(w.slurm_job_id)])  # type: ignore[attr-defined]
+                if p.slurm_job_id is not None:
+                    jobs.run(["scancel", str(p.slurm_job_id)])  # type: ignore[attr-defined]
+        ctl.stop()
+        print("controller log:\n", read(ctl.log)[-20000:])
+        for out in run.outs:
+            print(out.name, read(out)[-1500:])
+        for path in run_dir.glob("*.log"):
+            print(path.name, path.read_text()[-1500:])
 
-        def evidence() -> str:
-            return "\n".join(read(o)[-1500:] for o in outs) + read(ctl.log)[-6000:]
+
+def test_floating_pool_members_take_whichever_window_is_free_and_keep_their_state(
+    shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
+) -> None:
+    with _three_floating_jobs(shared_tmp, slurm_env, jobs, run_dir, FLOAT_DRIVER,
+                              "float") as run:
+        ctl, store, ids, outs, evidence = run.ctl, run.store, run.ids, run.outs, run.evidence
 
         _wait(lambda: all(len(_rounds(o)) >= 6 for o in outs), 240,
               "every driver to run 6 rounds", evidence)
@@ -211,22 +255,6 @@ def test_floating_pool_members_take_whichever_window_is_free_and_keep_their_stat
         assert [r["step"] for r in rounds] == [i + 1.0 for i in range(len(rounds))]
         assert all(r["same"] and r["train_on"] == [0, 1] for r in rounds[n + 1:]), \
             read(outs[2])
-    finally:
-        for jid in ids:
-            jobs.run(["scancel", str(jid)])  # type: ignore[attr-defined]
-        if ctl.db.exists():
-            s = Store(ctl.db)
-            for p in s.pools():
-                for w in s.windows(p.pool_id, open_only=False):
-                    jobs.run(["scancel", str(w.slurm_job_id)])  # type: ignore[attr-defined]
-                if p.slurm_job_id is not None:
-                    jobs.run(["scancel", str(p.slurm_job_id)])  # type: ignore[attr-defined]
-        ctl.stop()
-        print("controller log:\n", read(ctl.log)[-20000:])
-        for out in outs:
-            print(out.name, read(out)[-1500:])
-        for path in run_dir.glob("*.log"):
-            print(path.name, path.read_text()[-1500:])
 
 
 PACK_DRIVER = '''#!{python}
@@ -282,35 +310,10 @@ def test_a_floating_pools_rollout_tail_packs_beside_anothers_and_frees_a_window(
     """Three jobs of 2 GPUs on two windows, rollouts as one-GPU replicas in rounds: a
     tail down to one replica moves onto the free GPU of the window where another job's
     tail runs, and the window it left goes to a waiting phase while it still runs."""
-    from slurmrl.db import Store
-    from tests.integration.controller_harness import VENV_PY
-
-    (shared_tmp / "floattest.py").write_text(FLOAT_POLICY)
-    ctl = _pool_controller(shared_tmp, slurm_env, run_dir,
-                           SLURMRL_POLICIES__PAIRING="floattest:FloatTwo",
-                           SLURMRL_SLURM__FLOATING_POOLS="true",
-                           SLURMRL_SERVICES__ROLLOUT_REPLICA_GPUS="1",
-                           SLURMRL_LIMITS__MAX_JOBS_PER_POOL="3",
-                           PYTHONPATH=str(shared_tmp))
-    driver = shared_tmp / "pack_driver.py"
-    driver.write_text(PACK_DRIVER.format(python=VENV_PY))
-    driver.chmod(0o755)
-    ids: list[int] = []
-    outs: list[Path] = []
-    store = Store(ctl.db)
-    try:
-        for k, user in enumerate(("rlalice", "rlbob", "rlalice")):
-            outs.append(shared_tmp / f"pack-{k}.out")
-            sub = jobs.sbatch(["--rl-gpus=2", "--rl-model=tiny", "--rl-max-slowdown=3",
-                               f"--output={outs[-1]}", "--time=15",
-                               f"--wrap={driver} {ctl.url}"], user=user)  # type: ignore[attr-defined]
-            assert sub.returncode == 0 and sub.job_id, sub.stderr
-            ids.append(sub.job_id)
-            _wait(lambda: (j := store.job(ids[-1])) is not None and j.pool_id is not None,
-                  120, f"job {ids[-1]} to be placed", lambda: read(ctl.log)[-4000:])
-
-        def evidence() -> str:
-            return "\n".join(read(o)[-1500:] for o in outs) + read(ctl.log)[-6000:]
+    with _three_floating_jobs(shared_tmp, slurm_env, jobs, run_dir, PACK_DRIVER,
+                              "pack",
+                              SLURMRL_SERVICES__ROLLOUT_REPLICA_GPUS="1") as run:
+        store, ids, outs, evidence = run.store, run.ids, run.outs, run.evidence
 
         pool_id = store.job(ids[0]).pool_id  # type: ignore[union-attr]
         assert pool_id is not None
@@ -355,19 +358,3 @@ def test_a_floating_pools_rollout_tail_packs_beside_anothers_and_frees_a_window(
         assert any(len({g // 2 for on in r["rollout_on"] for g in on}) == 2  # type: ignore[union-attr, attr-defined]
                    for o in outs for r in _rounds(o)), evidence()
         check_history(store.intervals(pool_id))  # no GPU ever held twice
-    finally:
-        for jid in ids:
-            jobs.run(["scancel", str(jid)])  # type: ignore[attr-defined]
-        if ctl.db.exists():
-            s = Store(ctl.db)
-            for p in s.pools():
-                for w in s.windows(p.pool_id, open_only=False):
-                    jobs.run(["scancel", str(w.slurm_job_id)])  # type: ignore[attr-defined]
-                if p.slurm_job_id is not None:
-                    jobs.run(["scancel", str(p.slurm_job_id)])  # type: ignore[attr-defined]
-        ctl.stop()
-        print("controller log:\n", read(ctl.log)[-20000:])
-        for out in outs:
-            print(out.name, read(out)[-1500:])
-        for path in run_dir.glob("*.log"):
-            print(path.name, path.read_text()[-1500:])

@@ -230,7 +230,7 @@ def test_a_fetch_that_fails_changes_nothing_and_says_why(
     # a truncated state file at the source is refused before it replaces anything
     whole = (dir_a / "trainer.state").read_bytes()
     (dir_a / "trainer.state").write_bytes(whole[: len(whole) // 2])
-    with pytest.raises(ServiceError, match=r"fetched for .*(truncated|corrupt)"):
+    with pytest.raises(ServiceError, match=r"the state for .*trainer.state is (truncated|corrupt)"):
         b.activate(handoff=True, source=a.address)
     assert b.status()["residency"] == "parked"
     assert [p.name for p in dir_b.iterdir()] == []  # nor a temp file left behind
