@@ -12,7 +12,8 @@ run the same steps three ways on the dev cluster, each under a fresh controller:
 
 Placement is forced by a small site policy (the three jobs into one floating pool, as
 in tests/integration/test_floating.py): this measures the mechanism, not the default
-policy's choices. It prints pool GPU-seconds (what Slurm allocated: each window's GPUs
+policy's choices. `--only policy` runs a fourth way (not run by default): pools may
+float and tails pack, and the site's default pairing policy places the three. It prints pool GPU-seconds (what Slurm allocated: each window's GPUs
 times its life), makespan and each job's wall time and slowdown against dedicated.
 
     SLURMRL_DEV_STATE=/var/lib/slurmrl-dev benchmarks/floating_pack.py [--steps N]
@@ -112,11 +113,13 @@ class Result:
     states: list[str]
 
 
-def _config(ctl: Controller, floating: bool) -> None:
-    """The run's site config: one-GPU rollout replicas; a floating pool for the three."""
+def _config(ctl: Controller, floating: bool, forced: bool) -> None:
+    """The run's site config: one-GPU rollout replicas; pools may float, and with
+    `forced` the three go to one floating pool (else the default policy places them)."""
     text = ctl.config.read_text()
     if floating:
         text = text.replace("max_jobs_per_pool = 4", "max_jobs_per_pool = 3")
+    if forced:
         text += '\n[policies]\npairing = "floatbench:FloatTwo"\n'
     text += "\n[services]\nrollout_replica_gpus = 1\n"
     ctl.config.write_text(text)
@@ -147,14 +150,15 @@ def run(label: str, base: Path, state: Path, args: argparse.Namespace) -> Result
     env = slurm_env(state)
     floating = label != "dedicated"
     ctl = Controller(run_dir, {**env, "PYTHONPATH": str(run_dir)}, floating)
-    _config(ctl, floating)
+    _config(ctl, floating, forced=label in ("held", "packed"))
     ids: list[int] = []
     t0 = time.time()
     try:
         ctl.start()
         store = Store(str(ctl.db))
         for k, user in enumerate(USERS):
-            wrap = (f"{driver} {ctl.url} {args.steps} {'pack' if label == 'packed' else 'hold'}"
+            mode = "hold" if label in ("dedicated", "held") else "pack"
+            wrap = (f"{driver} {ctl.url} {args.steps} {mode}"
                     f" {args.round_s} {args.train_s} {args.reward_s}")
             sub = subprocess.run(
                 ["runuser", "-u", user, "--", "sbatch", "--parsable", "--partition=drivers",
@@ -209,7 +213,9 @@ def main() -> int:
     ap.add_argument("--train-s", type=float, default=0.5, help="modelled train time")
     ap.add_argument("--reward-s", type=float, default=1.0, help="modelled reward check")
     ap.add_argument("--timeout-s", type=float, default=900.0)
-    ap.add_argument("--only", choices=("dedicated", "held", "packed"), action="append")
+    ap.add_argument("--only", choices=("dedicated", "held", "packed", "policy"),
+                    action="append", help="run only these (repeatable); `policy`: pools may "
+                    "float and tails pack, the default policy placing the three")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     state = Path(os.environ.get("SLURMRL_DEV_STATE", "/var/lib/slurmrl-dev"))
