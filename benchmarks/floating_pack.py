@@ -10,11 +10,12 @@ run the same steps three ways on the dev cluster, each under a fresh controller:
 - `packed`: the same pool, a tail that needs one replica packing beside another job's
   tail (`Lease.pack`), so that a whole window frees for a waiting phase.
 
-Placement is forced by a small site policy (the three jobs into one floating pool, as
-in tests/integration/test_floating.py): this measures the mechanism, not the default
+Placement is forced by a small site policy (the three jobs into one floating pool, as in
+tests/integration/test_floating.py): this measures the mechanism, not the default
 policy's choices. `--only policy` runs a fourth way (not run by default): pools may
-float and tails pack, and the site's default pairing policy places the three. It prints pool GPU-seconds (what Slurm allocated: each window's GPUs
-times its life), makespan and each job's wall time and slowdown against dedicated.
+float and tails pack, and the site's default pairing policy places the three. It prints
+pool GPU-seconds (what Slurm allocated: each window's GPUs times its life), makespan and
+each job's wall time and slowdown against dedicated.
 
     SLURMRL_DEV_STATE=/var/lib/slurmrl-dev benchmarks/floating_pack.py [--steps N]
 

@@ -15,7 +15,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -212,3 +212,37 @@ def test_metrics_count_gpu_seconds_by_pool_and_name_no_job(tmp_path: Path) -> No
     (line,) = [x for x in text.splitlines() if x.startswith("slurmrl_gpu_seconds_total{")]
     assert line.startswith('slurmrl_gpu_seconds_total{pool="') and float(line.split()[-1]) > 0
     assert 'job="' not in text
+
+
+def test_a_pack_outside_a_floating_pool_is_refused_by_name_and_changes_nothing(
+        tmp_path: Path) -> None:
+    # `POST .../pack` (a floating pool's rollout tail): here a fixed pool, whose rollout
+    # is one engine (services.rollout_replica_gpus 0), so nothing can pack
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            _, ans = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases", _acquire("rollout"))
+            lease = ans["lease"]["lease_id"]
+            before = await r.leases()
+            path = f"/v1/jobs/{A}/leases/{lease}/pack"
+            status, ans = await r.call(ALICE, "POST", path, {"gpus": [0]})
+            assert (status, ans["error"]["code"]) == (409, "cannot-pack"), ans
+            assert "one engine" in ans["error"]["message"]
+            status, ans = await r.call(ALICE, "POST", path, {"gpus": []})
+            assert (status, ans["error"]["code"]) == (400, "bad-value"), ans
+            assert "'gpus'" in ans["error"]["message"]
+            status, ans = await r.call(BOB, "POST", path, {"gpus": [0]})
+            assert (status, ans["error"]["code"]) == (403, "not-your-job"), ans
+            assert await r.leases() == before
+        async with rig(tmp_path / "replicas") as r:  # replicas, but a fixed pool
+            r.c.config = replace(r.c.config, services=replace(r.c.config.services,
+                                                              rollout_replica_gpus=1))
+            _, ans = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases", _acquire("rollout"))
+            lease = ans["lease"]["lease_id"]
+            before = await r.leases()
+            status, ans = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases/{lease}/pack",
+                                       {"gpus": [0]})
+            assert (status, ans["error"]["code"]) == (409, "lease-conflict"), ans
+            assert "not in a floating pool" in ans["error"]["message"]
+            assert await r.leases() == before
+
+    asyncio.run(main())
