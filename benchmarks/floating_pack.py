@@ -151,7 +151,8 @@ def run(label: str, base: Path, state: Path, args: argparse.Namespace) -> Result
     env = slurm_env(state)
     floating = label != "dedicated"
     ctl = Controller(run_dir, {**env, "PYTHONPATH": str(run_dir)}, floating)
-    _config(ctl, floating, forced=label in ("held", "packed"))
+    forced = label in ("held", "packed")
+    _config(ctl, floating, forced)
     ids: list[int] = []
     t0 = time.time()
     try:
@@ -169,9 +170,10 @@ def run(label: str, base: Path, state: Path, args: argparse.Namespace) -> Result
                 cwd=run_dir, env=env, capture_output=True, text=True, timeout=60, check=True)
             ids.append(int(sub.stdout.strip().split(";")[0]))
             # one at a time into the floating pool (dedicated: the 4 GPUs hold two
-            # jobs' pools, and the third waits in Slurm for one to end)
+            # jobs' pools, and the third waits in Slurm for one to end; `policy`: the
+            # default policy may keep one waiting too)
             deadline = time.monotonic() + 120
-            while floating and ((j := store.job(ids[-1])) is None or j.pool_id is None):
+            while forced and ((j := store.job(ids[-1])) is None or j.pool_id is None):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{label}: job {ids[-1]} not placed; see {ctl.log}")
                 time.sleep(0.5)
