@@ -202,3 +202,25 @@ def test_a_floating_pool_is_charged_each_window_for_the_time_it_was_held(
     assert s.pool_gpu_seconds(pool, now=100.0) == 2 * 100 + 2 * 30
     f = s.pool(fixed)
     assert f is not None and s.pool_gpu_seconds(f, now=100.0) == 200.0
+
+
+def test_a_version_5_db_upgrades_and_its_windows_are_on_the_pools_node(
+        tmp_path: Path) -> None:
+    # migration 6: a window's node (`slurm.floating_across_nodes`); one written before
+    # it has none, read as the pool's own node
+    path = tmp_path / "c.db"
+    conn = sqlite3.connect(path)
+    conn.executescript("".join(MIGRATIONS[:5]) + "PRAGMA user_version = 5;")
+    conn.execute("INSERT INTO pools (gpus, opened_at, state, floating) VALUES (2, 0, 'open', 1)")
+    conn.execute("INSERT INTO pool_windows (pool_id, window, slurm_job_id, gpu_indices,"
+                 " opened_at) VALUES (1, 0, 101, '[0, 1]', 0)")
+    conn.commit()
+    conn.close()
+    store = Store(path)
+    assert store.version == LATEST
+    (old,) = store.windows(1)
+    assert old.node is None and old.slurm_job_id == 101
+    store.add_window(pool_id=1, window=1, slurm_job_id=102, gpu_indices=(0, 1),
+                     opened_at=5.0, node="n2")
+    store.close()
+    assert [(w.window, w.node) for w in Store(path).windows(1)] == [(0, None), (1, "n2")]
