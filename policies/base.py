@@ -128,8 +128,9 @@ class ClusterSnapshot:
     packs_tails: Mapping[str, bool] = field(default_factory=dict)
     #: partition -> the most GPUs one floating pool may hold: the controller keeps a
     #: floating pool's windows on one node (a job's state moves between its copies
-    #: through that node's memory), so its node's GPUs; absent: no bound (the
-    #: simulator's what-if of windows across nodes, `SimConfig.floating_across_nodes`)
+    #: through that node's memory), so its node's GPUs; absent: no bound (windows may
+    #: span nodes: the controller's `slurm.floating_across_nodes`, the simulator's
+    #: `SimConfig.floating_across_nodes`)
     floating_max_gpus: Mapping[str, int] = field(default_factory=dict)
 
 

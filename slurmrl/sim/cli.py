@@ -103,9 +103,9 @@ def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
               help="with --floating: a rollout keeps its window through its tail, as the "
                    "controller runs floating pools whose rollouts are one engine")
 @click.option("--floating-across-nodes", is_flag=True,
-              help="with --floating, a what-if: a floating pool's windows may span nodes "
-                   "(the controller keeps them on one node, so a pool holds at most "
-                   "--gpus-per-node GPUs)")
+              help="with --floating: a floating pool's windows may span nodes, as the "
+                   "controller's with slurm.floating_across_nodes (without, a pool holds "
+                   "at most --gpus-per-node GPUs)")
 @click.option("--max-jobs-per-pool", "max_jobs_per_pool", type=click.IntRange(1, 1000),
               default=None, help="what-if: the site's max_jobs_per_pool (default: the "
                                  "workload's)")

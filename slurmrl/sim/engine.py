@@ -223,10 +223,10 @@ class SimConfig:
     floating: bool = False
     pack_tails: bool = False
     tail_move_s: float = 1.0
-    #: a what-if: a floating pool's windows may span nodes (each job's state moving
-    #: between nodes when its window changes, which nothing here prices beyond a park
-    #: and an activate); False: a floating pool holds at most one node's GPUs
-    #: (`gpus_per_node`), as the controller runs them
+    #: a floating pool's windows may span nodes, as the controller's with
+    #: `slurm.floating_across_nodes` (each job's state moving between nodes when its
+    #: window changes, priced here as a park and an activate only); False: a floating
+    #: pool holds at most one node's GPUs (`gpus_per_node`), the controller's default
     floating_across_nodes: bool = False
 
 
