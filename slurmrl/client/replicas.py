@@ -202,8 +202,13 @@ class ReplicatedRollout:
 
     def _held(self, lease: Lease) -> list[int]:
         """The replicas whose GPUs the lease holds, in order."""
-        held = set(lease.gpus)
+        held = set(self._lease_gpus(lease))
         return [i for i, g in enumerate(self.gpus) if set(g) <= held]
+
+    @staticmethod
+    def _lease_gpus(lease: Lease) -> tuple[int, ...]:
+        """The lease's GPUs as `gpus` names them: job-local."""
+        return lease.gpus
 
     def _give_back(self, lease: Lease, active: list[int]) -> list[int]:
         """Before a round: the lease keeps the `active` replicas' GPUs only; the
@@ -394,9 +399,9 @@ class FloatingRollout(ReplicatedRollout):
     def _set_size(self) -> int:
         return self._per_window
 
-    def _held(self, lease: Lease) -> list[int]:
-        held = set(lease.pool_gpus)
-        return [i for i, g in enumerate(self.gpus) if set(g) <= held]
+    @staticmethod
+    def _lease_gpus(lease: Lease) -> tuple[int, ...]:
+        return lease.pool_gpus  # its copies span windows: pool GPUs
 
     def _give_back(self, lease: Lease, active: list[int]) -> list[int]:
         if len(active) == len(self._held(lease)):

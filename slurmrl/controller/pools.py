@@ -562,16 +562,18 @@ class SlurmPools:
         c = self.c
         wins = c.store.windows(pool.pool_id)
         g, node = len(wins[0].gpu_indices), (pool.nodes[0] if pool.nodes else None)
-        if node is not None and await self._free_on(node) < g:
+        free = await self._free_by_node()
+        if node is not None and free is not None and free.get(node, 0) < g:
             # fail fast: Slurm would keep the window pending until the start timeout,
-            # and every placement waits for this one meanwhile
-            other = (await self._node_with(g) if c.config.slurm.floating_across_nodes
-                     else None)
-            if other is None:
+            # and every placement waits for this one meanwhile. Across nodes: the
+            # node with the fewest GPUs free that has them (best fit)
+            fits = sorted((f, n) for n, f in free.items()
+                          if f >= g and c.config.slurm.floating_across_nodes)
+            if not fits:
                 log.info("pool %d: node %s has fewer than %d GPUs free for a window",
                          pool.pool_id, node, g)
                 return False
-            node = other
+            node = fits[0][1]
         try:
             opened = await asyncio.to_thread(self.allocator.open, g,
                                              f"window of pool {pool.pool_id}", node)
@@ -597,35 +599,19 @@ class SlurmPools:
         c.add_window(pool.pool_id, opened.slurm_job_id, opened.gpu_indices, node=win.node)
         return True
 
-    async def _node_with(self, gpus: int) -> str | None:
-        """A node of the pool partition with `gpus` GPUs free for another window of a
-        floating pool (`slurm.floating_across_nodes`): the one with the fewest free that
-        has them (best fit); None if none has."""
-        c = self.c
-        try:
-            nodes, running = await asyncio.to_thread(lambda: (c.slurm.nodes(), c.slurm.jobs()))
-        except SlurmError:
-            return None
-        part = c.config.slurm.pool_partition
-        open_pools = c.store.pools(open_only=True)
-        free = {n.name: free_gpus([n], running, open_pools, part)[part]
-                for n in nodes if part in n.partitions}
-        fits = sorted((f, name) for name, f in free.items() if f >= gpus)
-        return fits[0][1] if fits else None
-
     def _nodes_of(self, pool: PoolRecord) -> dict[int, str]:
         """The node each open window of a floating pool is on."""
         home = pool.nodes[0] if pool.nodes else "localhost"
         return {w.window: w.node or home for w in self.c.store.windows(pool.pool_id)}
 
-    async def _sources(self, pool_id: int, keys: Sequence[ServiceKey]) -> dict[ServiceKey, str]:
+    async def _sources(self, pool: PoolRecord,
+                       keys: Sequence[ServiceKey]) -> dict[ServiceKey, str]:
         """For each copy to activate in a floating pool whose windows are on several
         nodes: the address of the job's copy of that service on another node holding
         the newest state (the highest generation its status reports), where that is
         newer than any on the copy's own node. The copy fetches it from there
         (`activate` with `source`); the worker keeps its own file if that is as new."""
-        pool = self.c.store.pool(pool_id)
-        where = self._nodes_of(pool) if pool is not None else {}
+        where = self._nodes_of(pool)
         if len(set(where.values())) < 2:
             return {}
         out: dict[ServiceKey, str] = {}
@@ -635,7 +621,7 @@ class SlurmPools:
                 continue
             base = me.footprint.name.rpartition("@")[0]
             peers = [lv for lv in self._live.values()  # itself too: its node's file
-                     if lv.job_id == me.job_id and lv.pool_id == pool_id
+                     if lv.job_id == me.job_id and lv.pool_id == pool.pool_id
                      and lv.footprint.window in where
                      and lv.footprint.name.rpartition("@")[0] == base]
             gens = await asyncio.gather(*(self._generation(lv) for lv in peers))
@@ -659,17 +645,16 @@ class SlurmPools:
         gen = ans.get("generation")
         return gen if isinstance(gen, int) and not isinstance(gen, bool) else None
 
-    async def _free_on(self, node: str) -> int:
-        """GPUs Slurm could still allocate on `node` in the pool partition (as the
-        pairing snapshot counts them); unknown (Slurm unreachable): as if enough."""
+    async def _free_by_node(self) -> dict[str, int] | None:
+        """GPUs Slurm could still allocate on each node of the pool partition (as the
+        pairing snapshot counts them); None when Slurm is unreachable."""
         c = self.c
         try:
             nodes, running = await asyncio.to_thread(lambda: (c.slurm.nodes(), c.slurm.jobs()))
         except SlurmError:
-            return 1 << 30
-        part = c.config.slurm.pool_partition
-        return free_gpus([n for n in nodes if n.name == node], running,
-                         c.store.pools(open_only=True), part)[part]
+            return None
+        part, pools = c.config.slurm.pool_partition, c.store.pools(open_only=True)
+        return {n.name: free_gpus([n], running, pools, part)[part] for n in nodes}
 
     async def _launch_on_windows(self, job: JobRecord, pool: PoolRecord,
                                  windows: Sequence[WindowRecord]) -> None:
@@ -836,7 +821,7 @@ class SlurmPools:
         await asyncio.gather(*(self._set(k, Residency.PARKED, handoff=floating) for k in park),
                              *(self._set(k, Residency.DROPPED) for k in plan.drop))
         t2 = time.perf_counter()
-        sources = (await self._sources(pool_id, plan.activate) if floating
+        sources = (await self._sources(pool, plan.activate) if floating and pool is not None
                    else dict[ServiceKey, str]())
         await asyncio.gather(*(self._set(k, Residency.ACTIVE, handoff=floating,
                                          source=sources.get(k)) for k in plan.activate))

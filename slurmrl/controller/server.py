@@ -34,6 +34,7 @@ from slurmrl.auth import AuthCode, AuthError, sessions
 from slurmrl.auth.requests import verify_request
 from slurmrl.controller import stream
 from slurmrl.controller.core import Controller
+from slurmrl.controller.residency import replica_sets
 from slurmrl.controller.scheduler import RequestEnded
 from slurmrl.controller.validate import (
     ACQUIRE,
@@ -420,7 +421,7 @@ class Api:
         held = before.lease(lease_id) if before is not None else None
         n = self.c.config.services.rollout_replica_gpus
         g = job.request.gpus
-        if not 0 < n < g or g % n:
+        if len(replica_sets(range(g), n)) < 2:  # as its services were launched
             raise RpcError(409, "cannot-pack", f"job {job.job_id}'s rollout is one engine over "
                            f"its {g} GPUs (services.rollout_replica_gpus = {n}): its tail "
                            "cannot leave part of its window")

@@ -531,20 +531,17 @@ ACROSS = replace(FLOATING, slurm=replace(FLOATING.slurm, floating_across_nodes=T
 async def test_across_nodes_a_full_node_sends_a_window_elsewhere_and_the_state_follows(
         tmp_path: Path) -> None:
     site = await _site(Store(tmp_path / "c.db"), ACROSS)
+    # Slurm's view: n1 has 2 GPUs, all the pool's first window's; n2 has 4 free, n3 8
+    site.slurm.nodes = lambda: [  # type: ignore[method-assign]
+        NodeInfo("n1", "MIXED", 2, 8, 64000, ("pools",)),
+        NodeInfo("n3", "IDLE", 8, 8, 64000, ("pools",)),
+        NodeInfo("n2", "IDLE", 4, 8, 64000, ("pools",)),
+        NodeInfo("d1", "IDLE", 2, 8, 64000, ("drivers",))]
     await site.register(ALICE, 7)
-
-    async def full(node: str) -> int:  # Slurm's view: the pool's node has no GPU left
-        return 0
-
-    async def elsewhere(gpus: int) -> str:
-        return "n2"
-
-    site.pools._free_on = full  # type: ignore[method-assign]
-    site.pools._node_with = elsewhere  # type: ignore[method-assign]
     await site.register(BOB, 8)
     pool_id = site.job(7).pool_id
     assert pool_id is not None and site.job(8).pool_id == pool_id
-    assert site.allocator.opened[-1][2] == "n2"  # the window asked for on n2
+    assert site.allocator.opened[-1][2] == "n2"  # best fit: on n2, not on n3
     wins = site.c.store.windows(pool_id)
     assert [(w.window, w.node) for w in wins] == [(0, None), (1, "n2")]
     # every member's services on window 1 run on n2
