@@ -33,7 +33,10 @@ policy on the profiles where a formula does not hold) and places jobs:
   except where tails are held and three jobs like it would not share two windows
   within its limit (`_floating_pays`): such a floating pool would only ever grow a
   window per member, so the job is placed as with fixed windows instead. At most
-  `floating_members` jobs a pool, capped by the site's `max_jobs_per_pool`.
+  `floating_members` jobs a pool, capped by the site's `max_jobs_per_pool`. A job whose
+  floating pool is not predicted within its limit but whose staggered fixed pool fits
+  the node and is (`_prefers_staggered`) is placed as with fixed windows too: per job,
+  the kind of pool that suits its phases (gaps: floating; a long tail: staggered).
 
 A group is accepted only if every member's slowdown stays under its limit (its
 --rl-max-slowdown, capped by the site's) divided by `margin`, the parked state fits host
@@ -280,7 +283,29 @@ class ComplementaryPairing:
         return (self.floating and snapshot.floating.get(job.partition, False)
                 and min(self.floating_members, snapshot.limits.max_jobs_per_pool) >= 3
                 and (bound is None or 2 * job.request.gpus <= bound)
-                and shareable(job) and job.request.layout is Layout.COLOCATED)
+                and shareable(job) and job.request.layout is Layout.COLOCATED
+                and not self._prefers_staggered(job, snapshot))
+
+    def _prefers_staggered(self, job: JobSnapshot, snapshot: ClusterSnapshot) -> bool:
+        """Whether the job should take a staggered fixed pool rather than float: where
+        three jobs like it are not predicted within its own limit on two floating
+        windows, but two like it are within the site's cap in a staggered pool that fits
+        the node (`shift`). A job like it: its own profile, else that of a running job
+        of its model (`_as_peer`), else the model-size prior. The cap for the staggered
+        pair, as in `_alone_size`: a partner joins later only where both are predicted
+        within their own limits, on profiles observed by then."""
+        node = snapshot.node_gpus.get(job.partition)
+        g = job.request.gpus
+        s = self.shift(g, node)
+        if not (self.staggerable(job, job) and s):
+            return False
+        job = _as_peer(job, [m for p in snapshot.pools for m in p.members])
+        pred = predict_floating([job, job, job], 2,
+                                pack_tails=snapshot.packs_tails.get(job.partition, False))
+        if pred.max_slowdown <= limit_of(job, snapshot.limits) / self.margin:
+            return False
+        return self.accepts((job, job), snapshot.limits, offsets=(0, s), pool_gpus=g + s,
+                            limit=snapshot.limits.max_slowdown) is not None
 
     def _floating_pays(self, job: JobSnapshot, limits: SiteLimits) -> bool:
         """Whether three jobs like this one, out of phase, would share two windows within

@@ -166,3 +166,24 @@ def test_a_floating_pool_holds_no_more_gpus_than_the_bound_says() -> None:
     assert not q.floating
     (r,) = registry.load("pairing", "complementary").place(floating_snap([lone]))
     assert r.floating  # unbounded, it opens a floating pool of one window
+
+
+def test_a_job_that_would_not_float_within_its_limit_takes_a_staggered_pool() -> None:
+    # three long-tail jobs on two windows, tails packed: ~1.12 at worst. A user who
+    # accepts 1.15 floats; one who accepts 1.10 would not, and on 16-GPU nodes two
+    # such jobs are predicted within the site's cap in a staggered pool of 9 GPUs (each
+    # training beside the other's tail): it opens that. On 8-GPU nodes none fits: it
+    # floats. A job without a tail has no staggered pool: it floats
+    pol = registry.load("pairing", "complementary")
+    assert 1.10 < predict_floating([long_tail(1)] * 3, 2).max_slowdown <= 1.15
+    tight = replace(long_tail(1), request=replace(long_tail(1).request, max_slowdown=1.10))
+    for who, node, gpus, floats in ((tight, 16, 9, False), (tight, 8, 8, True),
+                                    (long_tail(1), 16, 8, True)):
+        where = replace(floating_snap([who]), packs_tails={"pools": True},
+                        node_gpus={"pools": node})
+        (p,) = pol.place(where)
+        assert (p.action, p.gpus, p.floating) == (Action.OPEN, gpus, floats), (node, who)
+    light = replace(floating_snap([job(2, busy=40, gap=60, max_slowdown=1.01)]),
+                    packs_tails={"pools": True}, node_gpus={"pools": 16})
+    (p,) = pol.place(light)
+    assert p.floating
