@@ -133,6 +133,10 @@ def render_slurm_conf(layout: ClusterLayout) -> str:
         "SlurmdParameters=config_overrides",
         # Short timeouts keep tests fast; a single loopback node needs no slack.
         "KillWait=5",
+        # Slurm drains a node whose step outlives SIGKILL by this long ("Kill task
+        # failed"; default 60 s). On a loaded 2-core CI machine a torch process's exit
+        # has taken that long, and a drained dev node fails every later test.
+        "UnkillableStepTimeout=180",
         "MessageTimeout=10",
         "InactiveLimit=0",
         "MinJobAge=300",
