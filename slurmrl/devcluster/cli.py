@@ -1,4 +1,4 @@
-"""`slurmrl dev-cluster up|down|status`: the local single-node Slurm for tests and the demo.
+"""`slurmrl dev-cluster up|down|status`: the local Slurm for tests and the demo.
 
 The only printing layer of slurmrl.devcluster. Errors go to stderr with exit 1.
 """
@@ -26,13 +26,14 @@ def _print_status(st: ClusterStatus) -> None:
         note = "" if d.owned else "  (not started by slurmrl; left running on down)"
         click.echo(f"{d.name:<10} {'running' if d.running else 'stopped':<8} pid {pid}{note}")
     click.echo(f"controller {'UP' if st.controller_up else 'DOWN'}")
-    click.echo(f"node       {st.node_state or '-'}")
+    for node, state in (st.node_states or {"localhost": st.node_state}).items():
+        click.echo(f"node       {node} {state or '-'}")
     click.echo(st.sinfo)
 
 
 @click.group("dev-cluster")
 def dev_cluster() -> None:
-    """A real single-node Slurm on localhost (root, Debian/Ubuntu)."""
+    """A real Slurm on localhost: node `localhost`, and two small nodes for `spread` (root)."""
 
 
 @dev_cluster.command()

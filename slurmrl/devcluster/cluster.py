@@ -1,8 +1,9 @@
-"""A real single-node Slurm on localhost for tests, CI and the demo: `DevCluster`.
+"""A real Slurm on localhost for tests, CI and the demo: `DevCluster`.
 
 `DevCluster(state_dir).up()` installs what is missing, writes slurm.conf/gres.conf/
 plugstack.conf under the state dir (never /etc/slurm), builds the SPANK plugin, starts
-munged, slurmctld and slurmd, and waits until the node is usable. It is idempotent: a
+munged, slurmctld and a slurmd per node (`localhost`, and the `spread` partition's
+small nodes, config.py), and waits until every node is usable. It is idempotent: a
 healthy cluster is left alone, a crashed one (stale pid files, stale munge socket) is
 restarted. `down()` cancels the queue and stops what it started by pid. Clients use
 `env()` (SLURM_CONF) to reach the cluster.
@@ -11,9 +12,9 @@ munged serves the system default socket (/run/munge/munge.socket.2) so every lib
 client works without configuration; a munged already running there (e.g. started by the
 package's postinst) is used and left running on `down`.
 
-Known limits: root on Debian/Ubuntu only; one node; the few Slurm queries here (scontrol
-ping, sinfo, squeue, scancel) are kept minimal on purpose, everything else about Slurm
-belongs to slurmrl.slurm.
+Known limits: root on Debian/Ubuntu only; every node is this machine; the few Slurm
+queries here (scontrol ping, sinfo, squeue, scancel) are kept minimal on purpose,
+everything else about Slurm belongs to slurmrl.slurm.
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ class ClusterStatus:
 
     daemons: tuple[DaemonStatus, ...]
     controller_up: bool  #: `scontrol ping` says UP
-    node_state: str | None  #: sinfo %T of the node, e.g. "idle"; None if unknown
+    node_state: str | None  #: sinfo %T of `localhost`, e.g. "idle"; None if unknown
     sinfo: str  #: sinfo's table, or the reason there is none
+    #: every node's sinfo %T (None: unknown)
+    node_states: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -55,6 +58,7 @@ class ClusterStatus:
             all(d.running for d in self.daemons)
             and self.controller_up
             and self.node_state in USABLE_STATES
+            and all(s in USABLE_STATES for s in self.node_states.values())
         )
 
 
@@ -107,9 +111,11 @@ class DevCluster:
         started = []
         if self._ensure_munged():
             started.append("munged")
-        for name in ("slurmctld", "slurmd"):
-            if self._ensure_slurm_daemon(name):
-                started.append(name)
+        if self._ensure_slurm_daemon("slurmctld"):
+            started.append("slurmctld")
+        for node in self.layout.nodes:
+            if self._ensure_slurmd(node):
+                started.append(self.layout.slurmd_label(node))
         self._wait_ready()
         return UpReport(
             installed=tuple(missing), users_created=tuple(created),
@@ -121,7 +127,7 @@ class DevCluster:
         lay = self.layout
         # The spool must be traversable: jobs exec their batch script from it as the user.
         for path in (lay.state_dir, lay.etc, lay.run, lay.log, lay.dev, lay.lib,
-                     lay.slurmd_spool.parent, lay.slurmd_spool):
+                     lay.slurmd_spool().parent, *map(lay.slurmd_spool, lay.nodes)):
             path.mkdir(parents=True, exist_ok=True)
             path.chmod(0o755)
         lay.ctld_state.mkdir(parents=True, exist_ok=True)
@@ -129,7 +135,7 @@ class DevCluster:
 
     def _make_gpu_devices(self) -> None:
         # Slurm only checks that the device files exist; the null device is harmless.
-        for i in range(self.layout.gpus):
+        for i in range(self.layout.total_gpus):
             dev = self.layout.gpu_device(i)
             if dev.exists() and not stat.S_ISCHR(dev.stat().st_mode):
                 dev.unlink()
@@ -198,47 +204,58 @@ class DevCluster:
         return self.layout.run / "munged.owned"
 
     def _ensure_slurm_daemon(self, name: str) -> bool:
-        pid_file = self.layout.pid_file(name)
+        return self._start(name, self.layout.pid_file(name), self.layout.log_file(name), [])
+
+    def _ensure_slurmd(self, node: str) -> bool:
+        return self._start("slurmd", self.layout.slurmd_pid_file(node),
+                           self.layout.slurmd_log_file(node), ["-N", node])
+
+    def _start(self, name: str, pid_file: Path, log: Path, args: list[str]) -> bool:
         if daemons.live_pid(pid_file, name) is not None:
             return False
         pid_file.unlink(missing_ok=True)
-        conf = str(self.layout.slurm_conf)
-        argv = [name, "-f", conf] if name == "slurmctld" else [name, "-f", conf, "-N", NODE_NAME]
+        argv = [name, "-f", str(self.layout.slurm_conf), *args]
         env = dict(os.environ, **self.env())
         # slurmctld may exit 0 after a fatal error: the pid file is the real answer.
-        host.run_checked(argv, timeout_s=30, what=f"start {name}", env=env)
+        host.run_checked(argv, timeout_s=30, what=f"start {' '.join([name, *args])}", env=env)
         if daemons.wait_for_pid(pid_file, name) is None:
-            raise DevClusterError(f"{name} did not start: {self._log_tail(name)}")
+            raise DevClusterError(f"{' '.join([name, *args])} did not start: "
+                                  f"{self._log_tail(log)}")
         return True
 
-    def _log_tail(self, name: str, lines: int = 5) -> str:
+    @staticmethod
+    def _log_tail(log: Path, lines: int = 5) -> str:
         try:
-            text = self.layout.log_file(name).read_text(errors="replace")
+            text = log.read_text(errors="replace")
         except OSError:
-            return f"no log at {self.layout.log_file(name)}"
+            return f"no log at {log}"
         return " | ".join(text.strip().splitlines()[-lines:])
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
-        resumed = False
-        state: str | None = None
+        resumed: set[str] = set()
+        states: dict[str, str | None] = {}
         while time.monotonic() < deadline:
             if self._controller_up():
-                state = self._node_state()
-                if state in USABLE_STATES:
+                states = self._node_states()
+                if all(states.get(n) in USABLE_STATES for n in self.layout.nodes):
                     return
-                if state is not None and not resumed and state.rstrip("*~#") in (
-                        "down", "drained", "draining", "drain"):
-                    # A node marked down before the restart stays down until resumed.
-                    self._query(["scontrol", "update", f"nodename={NODE_NAME}",
-                                 "state=resume"])
-                    resumed = True
-                if state == "inval":
+                for node, state in states.items():
+                    if state is not None and node not in resumed and state.rstrip("*~#") in (
+                            "down", "drained", "draining", "drain"):
+                        # A node marked down before the restart stays down until resumed.
+                        self._query(["scontrol", "update", f"nodename={node}",
+                                     "state=resume"])
+                        resumed.add(node)
+                if "inval" in states.values():
                     break
             time.sleep(0.2)
+        bad = next((n for n in self.layout.nodes if states.get(n) not in USABLE_STATES),
+                   NODE_NAME)
         raise DevClusterError(
-            f"node {NODE_NAME} not usable after {READY_TIMEOUT_S:g} s (state {state}); "
-            f"slurmctld: {self._log_tail('slurmctld')}; slurmd: {self._log_tail('slurmd')}"
+            f"node {bad} not usable after {READY_TIMEOUT_S:g} s (state {states.get(bad)}); "
+            f"slurmctld: {self._log_tail(self.layout.log_file('slurmctld'))}; slurmd: "
+            f"{self._log_tail(self.layout.slurmd_log_file(bad))}"
         )
 
     # ---- queries -----------------------------------------------------------------
@@ -259,32 +276,41 @@ class DevCluster:
         out = self._query(["scontrol", "ping"], timeout_s=5.0)
         return out is not None and "is UP" in out
 
-    def _node_state(self) -> str | None:
-        out = self._query(["sinfo", "-h", "-N", "-n", NODE_NAME, "-o", "%T"], timeout_s=5.0)
-        if not out or not out.strip():
-            return None
-        return out.split()[0].strip().lower()
+    def _node_states(self) -> dict[str, str | None]:
+        """sinfo %T of every node (lower case); {} where sinfo fails."""
+        out = self._query(["sinfo", "-h", "-N", "-o", "%N %T"], timeout_s=5.0)
+        states: dict[str, str | None] = {}
+        for line in (out or "").splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                states[parts[0]] = parts[1].strip().lower()
+        return states
 
     def daemon_statuses(self) -> tuple[DaemonStatus, ...]:
         munge_pid = daemons.live_pid(MUNGE_PID_FILE, "munged")
         owned_pid = daemons.read_pid(self._munge_owner_file)
         statuses = [DaemonStatus("munged", munge_pid, MUNGE_PID_FILE,
                                  owned=munge_pid is None or munge_pid == owned_pid)]
-        for name in ("slurmctld", "slurmd"):
-            pid_file = self.layout.pid_file(name)
-            statuses.append(DaemonStatus(name, daemons.live_pid(pid_file, name), pid_file))
+        ctld = self.layout.pid_file("slurmctld")
+        statuses.append(DaemonStatus("slurmctld", daemons.live_pid(ctld, "slurmctld"), ctld))
+        for node in self.layout.nodes:
+            pid_file = self.layout.slurmd_pid_file(node)
+            statuses.append(DaemonStatus(self.layout.slurmd_label(node),
+                                         daemons.live_pid(pid_file, "slurmd"), pid_file))
         return tuple(statuses)
 
     def status(self) -> ClusterStatus:
         """Daemon pids, controller health and sinfo; never raises for a stopped cluster."""
         statuses = self.daemon_statuses()
         up = self._controller_up()
-        node_state = self._node_state() if up else None
+        states = self._node_states() if up else {}
+        node_state = states.get(NODE_NAME)
         if up:
             sinfo = self._query(["sinfo", "-o", "%P %a %D %T %G %N"]) or "sinfo failed"
         else:
             sinfo = "slurmctld is not responding"
-        return ClusterStatus(statuses, up, node_state, sinfo.rstrip("\n"))
+        return ClusterStatus(statuses, up, node_state, sinfo.rstrip("\n"),
+                             {n: states.get(n) for n in self.layout.nodes})
 
     # ---- down --------------------------------------------------------------------
     def down(self, *, cancel_jobs: bool = True) -> tuple[str, ...]:
@@ -303,12 +329,16 @@ class DevCluster:
 
     def _stop_slurm_daemons(self) -> list[str]:
         stopped = []
-        for name in ("slurmd", "slurmctld"):
-            pid_file = self.layout.pid_file(name)
+        lay = self.layout
+        for label, name, pid_file in (
+                *((lay.slurmd_label(n), "slurmd", lay.slurmd_pid_file(n)) for n in lay.nodes),
+                # a cluster brought up before the spread nodes: one slurmd, this pid file
+                ("slurmd", "slurmd", lay.pid_file("slurmd")),
+                ("slurmctld", "slurmctld", lay.pid_file("slurmctld"))):
             pid = daemons.live_pid(pid_file, name)
             if pid is not None:
                 daemons.stop_pid(pid, name)
-                stopped.append(name)
+                stopped.append(label)
             pid_file.unlink(missing_ok=True)
         return stopped
 

@@ -1,14 +1,18 @@
-"""Configuration files of the single-node development cluster, rendered as text.
+"""Configuration files of the development cluster, rendered as text.
 
 Pure functions of a `ClusterLayout` (paths and sizes): no I/O here, so the rendered files
 can be checked in unit tests and diffed before a restart. The layout is the one checked on
-Debian 12 / Slurm 22.05 in docs (research/slurm.md): one node `localhost` on 127.0.0.1,
+Debian 12 / Slurm 22.05 in docs (research/slurm.md): node `localhost` on 127.0.0.1,
 no cgroups, no accounting daemon, jobcomp/filetxt for `sacct -c`, fake GPUs backed by
-character devices, two partitions (`drivers` default for CPU jobs, `pools` for GPU pools).
+character devices, two partitions (`drivers` default for CPU jobs, `pools` for GPU
+pools). Beside it, two small nodes `n2` and `n3` (one slurmd each, `slurmd -N`, on
+their own ports of 127.0.0.1) make a third partition, `spread`: a pool whose windows
+must go to two Slurm nodes (floating pools across nodes) runs there.
 
-Known limits: one node only; `config_overrides` makes the node advertise more CPUs and
-memory than the machine has, so the cluster is for functional tests, never for timing
-anything CPU-bound.
+Known limits: every node is this machine (`spread` emulates two nodes: their processes
+share one kernel and filesystem); `config_overrides` makes the nodes advertise more CPUs
+and memory than the machine has, so the cluster is for functional tests, never for
+timing anything CPU-bound.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ DEFAULT_CONTROLLER_URL = "http://127.0.0.1:6829"
 NODE_NAME = "localhost"
 DRIVERS_PARTITION = "drivers"
 POOLS_PARTITION = "pools"
+SPREAD_PARTITION = "spread"
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,31 @@ class ClusterLayout:
     controller_url: str = DEFAULT_CONTROLLER_URL
     slurmctld_port: int = 6817
     slurmd_port: int = 6818
+    spread_nodes: tuple[str, ...] = ("n2", "n3")  #: the `spread` partition's nodes
+    spread_gpus: int = 2  #: fake GPUs of each spread node
+    spread_cpus: int = 8
+    spread_memory_mb: int = 4000
+    spread_port: int = 6838  #: the first spread node's slurmd port; the next, +1, ...
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Every node's name, `localhost` first."""
+        return (NODE_NAME, *self.spread_nodes)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus + self.spread_gpus * len(self.spread_nodes)
+
+    def first_gpu(self, node: str) -> int:
+        """The index of the node's first fake GPU device (`gpu_device`)."""
+        if node == NODE_NAME:
+            return 0
+        return self.gpus + self.spread_gpus * self.spread_nodes.index(node)
+
+    def slurmd_label(self, node: str) -> str:
+        """The name the node's slurmd goes by in status and reports: `slurmd` for
+        `localhost`'s, `slurmd-<node>` for the others'."""
+        return "slurmd" if node == NODE_NAME else f"slurmd-{node}"
 
     @property
     def etc(self) -> Path:
@@ -76,9 +106,14 @@ class ClusterLayout:
     def ctld_state(self) -> Path:
         return self.state_dir / "state"
 
-    @property
-    def slurmd_spool(self) -> Path:
-        return self.state_dir / "spool" / "slurmd"
+    def slurmd_spool(self, node: str = NODE_NAME) -> Path:
+        return self.state_dir / "spool" / f"slurmd-{node}"
+
+    def slurmd_pid_file(self, node: str = NODE_NAME) -> Path:
+        return self.run / f"slurmd-{node}.pid"
+
+    def slurmd_log_file(self, node: str = NODE_NAME) -> Path:
+        return self.log / f"slurmd-{node}.log"
 
     @property
     def jobcomp_log(self) -> Path:
@@ -112,13 +147,14 @@ def render_slurm_conf(layout: ClusterLayout) -> str:
         "TaskPlugin=task/none",
         "ReturnToService=2",
         f"SlurmctldPidFile={layout.pid_file('slurmctld')}",
-        f"SlurmdPidFile={layout.pid_file('slurmd')}",
+        # one slurmd per node (`slurmd -N`): %n is its node (`slurmd_pid_file` and co.)
+        f"SlurmdPidFile={layout.run}/slurmd-%n.pid",
         f"SlurmctldLogFile={layout.log_file('slurmctld')}",
-        f"SlurmdLogFile={layout.log_file('slurmd')}",
+        f"SlurmdLogFile={layout.log}/slurmd-%n.log",
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
         f"StateSaveLocation={layout.ctld_state}",
-        f"SlurmdSpoolDir={layout.slurmd_spool}",
+        f"SlurmdSpoolDir={layout.state_dir}/spool/slurmd-%n",
         "SchedulerType=sched/backfill",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core_Memory",
@@ -141,9 +177,18 @@ def render_slurm_conf(layout: ClusterLayout) -> str:
         "InactiveLimit=0",
         "MinJobAge=300",
         "SlurmdTimeout=60",
+        *(
+            f"NodeName={node} NodeAddr=127.0.0.1 "
+            f"Port={layout.spread_port + i} CPUs={layout.spread_cpus} "
+            f"RealMemory={layout.spread_memory_mb} Gres=gpu:{layout.spread_gpus} State=UNKNOWN"
+            for i, node in enumerate(layout.spread_nodes)
+        ),
+        # after the others: Slurm 22.05 refuses a node defined after `localhost`
+        # ("Duplicated NodeHostName n2"), checked by hand
         (
-            f"NodeName={NODE_NAME} NodeAddr=127.0.0.1 CPUs={layout.cpus} "
-            f"RealMemory={layout.real_memory_mb} Gres=gpu:{layout.gpus} State=UNKNOWN"
+            f"NodeName={NODE_NAME} NodeAddr=127.0.0.1 Port={layout.slurmd_port} "
+            f"CPUs={layout.cpus} RealMemory={layout.real_memory_mb} Gres=gpu:{layout.gpus} "
+            "State=UNKNOWN"
         ),
         (
             f"PartitionName={DRIVERS_PARTITION} Nodes={NODE_NAME} Default=YES "
@@ -151,17 +196,22 @@ def render_slurm_conf(layout: ClusterLayout) -> str:
         ),
         f"PartitionName={POOLS_PARTITION} Nodes={NODE_NAME} MaxTime=INFINITE State=UP",
     ]
+    if layout.spread_nodes:
+        lines.append(f"PartitionName={SPREAD_PARTITION} Nodes={','.join(layout.spread_nodes)} "
+                     "MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
 
 
 def render_gres_conf(layout: ClusterLayout) -> str:
     """gres.conf: one fake GPU per device file (a count without files makes the node INVAL)."""
-    last = layout.gpus - 1
-    files = f"{layout.dev}/nvidia[0-{last}]" if last > 0 else str(layout.gpu_device(0))
-    return (
-        "# Written by `slurmrl dev-cluster up`. Fake GPUs: null character devices.\n"
-        f"NodeName={NODE_NAME} Name=gpu File={files}\n"
-    )
+    lines = ["# Written by `slurmrl dev-cluster up`. Fake GPUs: null character devices."]
+    for node in layout.nodes:
+        n = layout.gpus if node == NODE_NAME else layout.spread_gpus
+        first = layout.first_gpu(node)
+        files = (f"{layout.dev}/nvidia[{first}-{first + n - 1}]" if n > 1
+                 else str(layout.gpu_device(first)))
+        lines.append(f"NodeName={node} Name=gpu File={files}")
+    return "\n".join(lines) + "\n"
 
 
 def render_plugstack_conf(layout: ClusterLayout) -> str:

@@ -39,12 +39,15 @@ def test_up_twice_restarts_nothing(dev_cluster: DevCluster) -> None:
 def test_status_shows_daemons_and_both_partitions(dev_cluster: DevCluster) -> None:
     proc = _cli("status", "--state-dir", str(dev_cluster.layout.state_dir))
     assert proc.returncode == 0, proc.stderr
-    for name in ("munged", "slurmctld", "slurmd"):
+    for name in ("munged", "slurmctld", "slurmd", "slurmd-n2", "slurmd-n3"):
         pid = next(d.pid for d in dev_cluster.status().daemons if d.name == name)
         assert f"{name}" in proc.stdout and f"pid {pid}" in proc.stdout
     assert "controller UP" in proc.stdout
     assert "drivers*" in proc.stdout and "pools" in proc.stdout
     assert "gpu:4" in proc.stdout
+    assert "spread up 2 " in proc.stdout and "n[2-3]" in proc.stdout
+    for node in ("localhost", "n2", "n3"):
+        assert f"node       {node} " in proc.stdout
 
 
 def test_kill_9_of_every_daemon_then_up_brings_the_node_back(
@@ -61,7 +64,8 @@ def test_kill_9_of_every_daemon_then_up_brings_the_node_back(
         assert not crashed.healthy
         assert not crashed.controller_up
         report = dev_cluster.up()
-        assert set(report.started) == {"munged", "slurmctld", "slurmd"}
+        assert set(report.started) == {"munged", "slurmctld", "slurmd", "slurmd-n2",
+                                       "slurmd-n3"}
     finally:
         dev_cluster.up()  # whatever happened, leave the shared cluster up
         # slurmctld saves job state asynchronously, a few seconds behind: jobs that
@@ -85,6 +89,17 @@ def test_pool_partition_hands_out_the_four_fake_gpus(jobs: JobFactory) -> None:
     assert sub.job_id is not None, sub.stderr
     assert jobs.wait(sub.job_id) in ("COMPLETED", "GONE")
     assert out.read_text().strip() == "0,1,2,3"
+
+
+def test_spread_partition_is_two_slurm_nodes_of_two_gpus(jobs: JobFactory) -> None:
+    # one job over both spread nodes: a task on each, each given its node's two GPUs
+    out = jobs.workdir / "spread.txt"
+    sub = jobs.sbatch([f"--output={out}", "-p", "spread", "-N", "2", "--gres=gpu:2",
+                       "--wrap", "srun -l bash -c 'echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES'"])
+    assert sub.job_id is not None, sub.stderr
+    assert jobs.wait(sub.job_id) in ("COMPLETED", "GONE")
+    lines = sorted(line.split(":", 1)[1].strip() for line in out.read_text().splitlines())
+    assert lines == ["n2 0,1", "n3 0,1"]
 
 
 def test_test_users_exist_with_homes() -> None:
