@@ -203,7 +203,9 @@ class ServicesConfig:
         "whole rollout set", lo=0, hi=1024)
     handoff_dir: str = opt(
         "/dev/shm", "node-local directory (memory-backed) under which a floating pool's "
-        "services hand a job's state from one window to another", absolute_path=True)
+        "services hand a job's state from one window to another; it must exist on every "
+        "pool node, writable by the users; %n in it is the node's name (for nodes that "
+        "share one machine)", absolute_path=True)
 
 
 @dataclass(frozen=True)

@@ -346,15 +346,17 @@ class SlurmPools:
                                             self.c.config.services.rollout_replica_gpus,
                                             window=w.window)]
 
-    def _handoff_dir(self, job: JobRecord, replica: int | None = None) -> str:
-        """Where a floating member's services hand its state over on the pool's node: a
+    def _handoff_dir(self, job: JobRecord, node: str, replica: int | None = None) -> str:
+        """Where a floating member's services hand its state over on `node`: a
         directory private to the job (created by its services, mode 0700), named so that
         no other user can guess it and squat it (the worker refuses a directory it does
-        not own). Rollout replica i's copies have one of their own (`-r<i>`): each
-        replica's state moves between its copies, whichever window they are on."""
+        not own), under `services.handoff_dir` with `%n` there the node's name (nodes
+        that share a machine, as the dev cluster's `spread` nodes do). Rollout replica
+        i's copies have one of their own (`-r<i>`): each replica's state moves between
+        its copies, whichever window they are on."""
         tag = hashlib.sha256(f"slurmrl-handoff:{job.secret}".encode()).hexdigest()[:16]
         mine = "" if replica is None else f"-r{replica}"
-        return os.path.join(self.c.config.services.handoff_dir,
+        return os.path.join(self.c.config.services.handoff_dir.replace("%n", node),
                             f"slurmrl-job{job.job_id}-{tag}{mine}")
 
     async def stop(self) -> None:
@@ -755,7 +757,7 @@ class SlurmPools:
                                backend=backend[fp.role], model=job.request.model,
                                replica=fp.replica, uid=job.uid,
                                handoff_dir=None if fp.window is None
-                               else self._handoff_dir(job, fp.replica))
+                               else self._handoff_dir(job, node, fp.replica))
             rid = self.c.store.add_service(job_id=job.job_id, role=fp.role,
                                            started_at=self.c.clock(), pool_id=pool.pool_id,
                                            backend=spec.backend, gpus=sorted(fp.gpus))
@@ -869,6 +871,9 @@ class SlurmPools:
         live = self._live.get(key)
         if live is None:
             return
+        if source is not None:
+            log.info("job %d: %s takes over the state fetched from its copy at %s "
+                     "(on another node)", key[0], key[1], source)
         try:
             if residency is Residency.ACTIVE:
                 ans = await asyncio.to_thread(

@@ -188,6 +188,22 @@ class ServiceLauncher:
         self.step_retries = step_retries
         self.launch_attempts = launch_attempts
         self.poll_s = poll_s
+        self._addresses: dict[str, str] = {}  #: node -> its NodeAddr, once Slurm told it
+
+    def address_of(self, node: str) -> str:
+        """Where the controller and the drivers reach a service on `node`: Slurm's
+        NodeAddr for it (where Slurm itself reaches the node; node names need not
+        resolve), else the node's name (Slurm unreachable, or no address reported)."""
+        if node not in self._addresses:
+            try:
+                found = {n.name: n.address for n in self.slurm.nodes() if n.address}
+            except SlurmError as exc:
+                log.warning("no node addresses from Slurm (%s): advertising %s by name",
+                            exc, node)
+                return node
+            self._addresses.update(found)
+            self._addresses.setdefault(node, node)
+        return self._addresses[node]
 
     def launch(self, pool_job_id: int, node: str, spec: ServiceSpec,
                secret: str) -> RunningService:
@@ -243,7 +259,7 @@ class ServiceLauncher:
         finally:
             os.close(fd)
         argv = worker_argv(spec, ids, python=self.python, workdir=workdir,
-                           bind_host=self.bind_host, advertise_host=node)
+                           bind_host=self.bind_host, advertise_host=self.address_of(node))
         control = mint_secret()  # a fresh one per launch: the driver never sees it
         t0 = time.monotonic()
         step = self.slurm.launch_step(

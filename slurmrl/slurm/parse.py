@@ -253,6 +253,7 @@ def node_from_json(n: Mapping[str, Any]) -> NodeInfo:
         cpus=int(unwrap_number(n.get("cpus")) or 0),
         memory_mb=int(unwrap_number(n.get("real_memory")) or 0),
         partitions=tuple(str(p) for p in (n.get("partitions") or [])),
+        address=_str(n.get("address")),
     )
 
 
@@ -261,6 +262,9 @@ def nodes_from_sinfo_group(g: Mapping[str, Any]) -> list[NodeInfo]:
     node = g.get("node") or {}
     names_obj = g.get("nodes") or {}
     names = names_obj.get("nodes") or [] if isinstance(names_obj, Mapping) else []
+    addrs = names_obj.get("addresses") or [] if isinstance(names_obj, Mapping) else []
+    if len(addrs) != len(names):  # listed beside the names, or not at all
+        addrs = [""] * len(names)
     cpus = g.get("cpus") or {}
     mem = g.get("memory") or {}
     gres = g.get("gres") or {}
@@ -274,8 +278,9 @@ def nodes_from_sinfo_group(g: Mapping[str, Any]) -> list[NodeInfo]:
             cpus=int(unwrap_number(cpus.get("maximum")) or 0),
             memory_mb=int(unwrap_number(mem.get("maximum")) or 0),
             partitions=(part_name,) if part_name else (),
+            address=_str(addr),
         )
-        for name in names
+        for name, addr in zip(names, addrs, strict=True)
     ]
 
 
@@ -297,7 +302,8 @@ def nodes_from_json(doc: Any) -> list[NodeInfo]:
                 else:
                     parts = tuple(dict.fromkeys(old.partitions + n.partitions))
                     merged[n.name] = NodeInfo(
-                        old.name, old.state, old.gpus, old.cpus, old.memory_mb, parts
+                        old.name, old.state, old.gpus, old.cpus, old.memory_mb, parts,
+                        old.address or n.address,
                     )
         return list(merged.values())
     raise SlurmParseError("sinfo --json: neither a 'nodes' nor a 'sinfo' array")
@@ -424,6 +430,7 @@ def node_from_scontrol(line: str) -> NodeInfo:
         cpus=int(kv.get("CPUTot", "0") or 0),
         memory_mb=int(kv.get("RealMemory", "0") or 0),
         partitions=tuple(p for p in _str(kv.get("Partitions")).split(",") if p),
+        address=_str(kv.get("NodeAddr")),
     )
 
 

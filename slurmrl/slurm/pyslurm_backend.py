@@ -145,6 +145,7 @@ class PyslurmBackend:
                 name=n.name, state=str(n.state).upper(), gpus=gpus,
                 cpus=int(n.total_cpus or 0), memory_mb=int(n.real_memory or 0),
                 partitions=tuple(n.partitions or ()),
+                address=str(getattr(n, "address", "") or ""),
             ))
         return out
 

@@ -178,6 +178,8 @@ class NodeInfo:
     cpus: int
     memory_mb: int
     partitions: tuple[str, ...] = ()
+    #: NodeAddr: where Slurm itself reaches the node's slurmd ("" where not reported)
+    address: str = ""
 
 
 @dataclass(frozen=True)

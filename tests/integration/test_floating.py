@@ -358,3 +358,62 @@ def test_a_floating_pools_rollout_tail_packs_beside_anothers_and_frees_a_window(
         assert any(len({g // 2 for on in r["rollout_on"] for g in on}) == 2  # type: ignore[union-attr, attr-defined]
                    for o in outs for r in _rounds(o)), evidence()
         check_history(store.intervals(pool_id))  # no GPU ever held twice
+
+
+def test_a_floating_pools_windows_on_two_slurm_nodes_pass_each_jobs_state_between_them(
+    shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
+) -> None:
+    """On partition `spread` (Slurm nodes n2 and n3 of 2 GPUs, a slurmd each, both on
+    this machine) with `slurm.floating_across_nodes`: the pool's first window fills one
+    node, so its second is an allocation on the other; every job's services on a window
+    run as steps on that window's node, each node's copies hand off under that node's
+    own directory (`%n`), and a job whose next phase is granted the window on the other
+    node takes over the state fetched from its copy there: its trainer's steps count on
+    and its rollout holds the weights last synced."""
+    roots = {n: Path(f"/dev/shm/slurmrl-it-{n}") for n in ("n2", "n3")}
+    for root in roots.values():  # what an admin makes on each pool node: like /tmp
+        root.mkdir(exist_ok=True)
+        root.chmod(0o1777)
+    try:
+        with _three_floating_jobs(shared_tmp, slurm_env, jobs, run_dir, FLOAT_DRIVER,
+                                  "across",
+                                  SLURMRL_SLURM__POOL_PARTITION="spread",
+                                  SLURMRL_SLURM__FLOATING_ACROSS_NODES="true",
+                                  SLURMRL_SERVICES__HANDOFF_DIR="/dev/shm/slurmrl-it-%n",
+                                  ) as run:
+            ctl, store, ids, outs, evidence = (run.ctl, run.store, run.ids, run.outs,
+                                               run.evidence)
+            _wait(lambda: all(len(_rounds(o)) >= 4 for o in outs), 240,
+                  "every driver to run 4 rounds", evidence)
+            pool = store.pool(store.job(ids[0]).pool_id or 0)  # type: ignore[union-attr]
+            assert pool is not None and pool.floating and pool.nodes
+            windows = store.windows(pool.pool_id)
+            on = {w.window: w.node or pool.nodes[0] for w in windows}
+            assert sorted(on.values()) == ["n2", "n3"], (pool, windows)
+            # every service runs as a step on its window's node
+            from slurmrl.worker.handle import ServiceHandle
+            live = store.services(pool_id=pool.pool_id, live_only=True)
+            assert len(live) == 3 * 2 * 2  # three jobs, two roles, two windows
+            for s in live:
+                job = store.job(s.job_id)
+                assert job is not None
+                st = ServiceHandle(s.address, job.secret, str(job.job_id), s.role).status()
+                assert _environ(int(st["pid"]))["SLURMD_NODENAME"] == on[min(s.gpus) // 2]
+            # a job trained on both nodes' windows, its state fetched across
+            _wait(lambda: any(len({tuple(r["train_on"]) for r in _rounds(o)}) == 2  # type: ignore[arg-type]
+                              for o in outs), 180, "a job to train on both windows",
+                  evidence)
+            assert "takes over the state fetched from its copy at" in read(ctl.log)
+            for out in outs:
+                rounds = _rounds(out)
+                assert "ERROR" not in read(out), read(out)
+                assert [r["step"] for r in rounds] == [i + 1.0 for i in range(len(rounds))], \
+                    read(out)
+                assert all(r["same"] for r in rounds), read(out)
+            # each node's copies handed off under that node's own directory
+            for root in roots.values():
+                assert any(root.glob("slurmrl-job*")), f"no job directory under {root}"
+            check_history(store.intervals(pool.pool_id))  # no GPU ever held twice
+    finally:
+        for root in roots.values():
+            shutil.rmtree(root, ignore_errors=True)

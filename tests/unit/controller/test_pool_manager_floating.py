@@ -524,7 +524,8 @@ async def test_the_policy_is_told_tails_pack_and_a_floating_pool_fits_one_node(
         await site.c.stop()
 
 
-ACROSS = replace(FLOATING, slurm=replace(FLOATING.slurm, floating_across_nodes=True))
+ACROSS = replace(FLOATING, slurm=replace(FLOATING.slurm, floating_across_nodes=True),
+                 services=replace(FLOATING.services, handoff_dir="/dev/shm/rl-%n"))
 
 
 @run
@@ -549,6 +550,10 @@ async def test_across_nodes_a_full_node_sends_a_window_elsewhere_and_the_state_f
                                                            site.launcher.nodes, strict=True)}
     assert {n for (j, alloc), n in on.items() if alloc == wins[1].slurm_job_id} == {"n2"}
     assert {n for (j, alloc), n in on.items() if alloc == wins[0].slurm_job_id} == {"n1"}
+    # each node's copies hand off under that node's directory (`%n` in handoff_dir)
+    for svc, node in zip(site.launcher.launched, site.launcher.nodes, strict=True):
+        assert svc.spec.handoff_dir is not None
+        assert svc.spec.handoff_dir.startswith(f"/dev/shm/rl-{node}/slurmrl-job"), svc.spec
     # job 7 trains on window 0 (n1), then job 8 takes it; job 7's next train is on
     # window 1 (n2), whose copy fetches job 7's state from the copy on n1
     t7 = {a: site.launcher.of(7, "trainer", a) for a in (101, 102)}

@@ -99,3 +99,28 @@ def test_a_services_directory_others_may_write_to_is_refused(tmp_path: Path) -> 
     run_dir.chmod(0o755)
     work = launcher._prepare_dir(1, spec, UserIds.lookup(ME))
     assert work.parent == run_dir and oct(run_dir.stat().st_mode & 0o777) == "0o711"
+
+
+def test_services_are_advertised_at_the_nodes_slurm_address(tmp_path: Path) -> None:
+    # a node's name need not resolve (the dev cluster's n2 does not): a service is
+    # reached where Slurm reaches the node, its NodeAddr; by name where Slurm gives none
+    from slurmrl.slurm import NodeInfo, SlurmError
+
+    class Nodes:
+        calls = 0
+        fail = False
+
+        def nodes(self) -> list[NodeInfo]:
+            self.calls += 1
+            if self.fail:
+                raise SlurmError("slurmctld down")
+            return [NodeInfo("n2", "IDLE", 2, 8, 4000, ("spread",), "10.0.0.2"),
+                    NodeInfo("old", "IDLE", 2, 8, 4000, ("spread",))]
+
+    slurm = Nodes()
+    launcher = ServiceLauncher(slurm, tmp_path)  # type: ignore[arg-type]
+    assert launcher.address_of("n2") == "10.0.0.2"
+    assert launcher.address_of("old") == "old"
+    assert launcher.address_of("n2") == "10.0.0.2" and slurm.calls == 2  # kept
+    slurm.fail = True
+    assert launcher.address_of("n9") == "n9"  # Slurm unreachable: by name
