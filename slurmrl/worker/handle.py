@@ -22,7 +22,7 @@ import json
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 from slurmrl.auth.tokens import sign
 from slurmrl.worker.protocol import Continuation, GenerateResult, TrainSample
@@ -141,8 +141,15 @@ class ServiceHandle:
 
     def handoff_state(self, timeout_s: float | None = None) -> bytes:
         """This copy's handoff state file as it is (a floating pool's copy on another
-        node fetches it to take the job's state over)."""
+        node fetches it to take the job's state over: `handoff_state_into`)."""
         return self._call("handoff_state", "GET", "/v1/handoff", b"", None, timeout_s)
+
+    def handoff_state_into(self, out: BinaryIO, timeout_s: float | None = None) -> int:
+        """Stream this copy's handoff state file into `out` (from its start; a retried
+        call starts `out` over), `STREAM_CHUNK` bytes at a time, never the whole file
+        in memory; returns the bytes written."""
+        self._call("handoff_state", "GET", "/v1/handoff", b"", None, timeout_s, sink=out)
+        return out.tell()
 
     def import_weights(self, blob: bytes, timeout_s: float | None = None) -> dict[str, Any]:
         """Load `blob` into this service; the answer says `staged: true` when it was
@@ -226,11 +233,12 @@ class ServiceHandle:
 
     def _call(self, call: str, method: str, path: str, body: bytes,
               content_type: str | None, timeout_s: float | None,
-              whole: bool = False) -> bytes:
+              whole: bool = False, sink: BinaryIO | None = None) -> bytes:
         """One signed call. The timeout bounds each socket operation; with `whole`, the
         control plane's, it bounds the whole call: the controller makes these while
         other jobs wait on the pool, and a service (the job user's process) answering a
-        byte at a time must not hold them for longer."""
+        byte at a time must not hold them for longer. With `sink`, a 200 answer's body
+        is written there (b"" returned) instead of read into memory."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         expired = threading.Event()
         timer = threading.Timer(timeout, self._abort, (expired,)) if whole else None
@@ -240,7 +248,7 @@ class ServiceHandle:
         late = ServiceUnreachable(call, None, f"{self.address}: no whole answer within "
                                   f"{timeout:g} s")
         try:
-            data = self._call_once(call, method, path, body, content_type, timeout)
+            data = self._call_once(call, method, path, body, content_type, timeout, sink)
         except ServiceError as exc:
             if expired.is_set():
                 raise late from exc
@@ -263,9 +271,13 @@ class ServiceHandle:
                 sock.shutdown(socket.SHUT_RDWR)
 
     def _call_once(self, call: str, method: str, path: str, body: bytes,
-                   content_type: str | None, timeout: float) -> bytes:
+                   content_type: str | None, timeout: float,
+                   sink: BinaryIO | None = None) -> bytes:
         with self._lock:
             for attempt in (0, 1):
+                if sink is not None:  # a retry writes the answer from its start
+                    sink.seek(0)
+                    sink.truncate()
                 reused = self._conn is not None
                 if self._conn is None:
                     self._conn = http.client.HTTPConnection(self._host, self._port,
@@ -281,9 +293,18 @@ class ServiceHandle:
                 try:
                     conn.request(method, path, body=body, headers=headers)
                     resp = conn.getresponse()
+                    status = resp.status
+                    if sink is not None and status == 200:
+                        try:
+                            _copy(resp, sink, call, self.address)
+                        except ServiceError:
+                            conn.close()  # the rest is unread: this connection is done
+                            self._conn = None
+                            raise
+                        data = b""
+                        break
                     cap = self.max_answer_bytes
                     data = resp.read() if cap is None else resp.read(cap + 1)
-                    status = resp.status
                     if cap is not None and len(data) > cap:
                         conn.close()  # the rest is unread: this connection is done
                         self._conn = None
@@ -311,3 +332,33 @@ class ServiceHandle:
                 status, "error")
         cls = {409: ServiceParked, 401: ServiceUnauthorized}.get(status, ServiceError)
         raise cls(call, status, message)
+
+
+STREAM_CHUNK = 1 << 20  #: bytes read from the socket at a time when streaming an answer
+
+
+class _SinkFailed(Exception):
+    """Writing a streamed answer failed (not the connection: the local file)."""
+
+
+def _copy(resp: http.client.HTTPResponse, sink: BinaryIO, call: str, address: str) -> None:
+    """Copy `resp`'s body into `sink`; a body cut short of its Content-Length (or of a
+    chunk) is a ServiceUnreachable naming the address, a failed write a ServiceError
+    saying so."""
+    got = 0
+    try:
+        while chunk := resp.read(STREAM_CHUNK):
+            got += len(chunk)
+            try:
+                sink.write(chunk)
+            except OSError as exc:
+                raise _SinkFailed(exc.strerror or str(exc)) from exc
+    except _SinkFailed as exc:
+        raise ServiceError(call, 200, f"cannot write the answer of {address}: {exc}") from exc
+    except http.client.IncompleteRead as exc:
+        raise ServiceUnreachable(call, None, f"{address}: answer cut short after "
+                                 f"{got + len(exc.partial)} bytes") from exc
+    # read(n) ends quietly where the peer closes early: what is left says so
+    if resp.length:
+        raise ServiceUnreachable(call, None, f"{address}: answer cut short after {got} "
+                                 f"bytes, {resp.length} more announced")

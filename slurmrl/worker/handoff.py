@@ -144,14 +144,21 @@ def write_state(path: Path, state: dict[str, Any], generation: int) -> bool:
 
 
 def store_copy(path: Path, blob: bytes) -> bool:
-    """Store `blob`, a state file another copy handed off on another node (fetched from
-    it, `GET /v1/handoff`), at `path`, unless `path` holds that generation or a newer
-    one; True when stored. The blob is checked as a state file first (whole: header,
-    size and every tensor's place, as `read_state` checks a file; BackendError naming
-    what is wrong, and `path` is left as it was); then published as `write_state`
-    publishes: under the directory's lock, from a temp file, `os.replace`d into place."""
-    return _publish(path, lambda out: out.write(blob), None,
-                    f"cannot store the handoff state at {path}")
+    """`store_stream` of a state file held in memory."""
+    return store_stream(path, lambda out: out.write(blob))
+
+
+def store_stream(path: Path, fill: Callable[[BinaryIO], object],
+                 failed: str | None = None) -> bool:
+    """Store a state file another copy handed off on another node, written by `fill`
+    into a temp file as it arrives (`ServiceHandle.handoff_state_into`: never whole in
+    memory), at `path`, unless `path` holds that generation or a newer one; True when
+    stored. The file is checked as a state file first (whole: header, size and every
+    tensor's place, as `read_state` checks a file; BackendError naming what is wrong,
+    or starting with `failed` where `fill` fails, and `path` is left as it was); then
+    published as `write_state` publishes: under the directory's lock, from a temp file,
+    `os.replace`d into place."""
+    return _publish(path, fill, None, failed or f"cannot store the handoff state at {path}")
 
 
 def _publish(path: Path, fill: Callable[[BinaryIO], object], generation: int | None,

@@ -296,21 +296,18 @@ class ServiceServer:
 
     async def _fetch(self, source: str, path: Path) -> None:
         """Fetch the job's state from the copy at `source` (another node) into `path`."""
-        from slurmrl.worker.handle import ServiceError, ServiceHandle
+        from slurmrl.worker.handle import ServiceHandle
 
         def fetch() -> None:
             try:
                 peer = ServiceHandle(source, self._secret, self.info.job_id, self.info.role)
             except ValueError as exc:
                 raise HttpError(400, f"activate: source: {exc}") from None
-            try:
-                blob = peer.handoff_state()
-            except ServiceError as exc:
-                raise BackendError(f"cannot fetch the handoff state from {source}: "
-                                   f"{exc}") from None
+            try:  # streamed into a temp file beside the state, checked, then published
+                handoff.store_stream(path, peer.handoff_state_into,
+                                     f"cannot fetch the handoff state from {source}")
             finally:
                 peer.close()
-            handoff.store_copy(path, blob)
 
         await asyncio.get_running_loop().run_in_executor(None, fetch)
 

@@ -234,3 +234,59 @@ def test_a_fetch_that_fails_changes_nothing_and_says_why(
         b.activate(handoff=True, source=a.address)
     assert b.status()["residency"] == "parked"
     assert [p.name for p in dir_b.iterdir()] == []  # nor a temp file left behind
+
+
+def _one_answer_server(head: bytes, body: bytes) -> tuple[str, Any]:
+    """A socket that answers one request with `head` + `body` and closes: an HTTP
+    answer whose body may be shorter than its Content-Length (a source cut off)."""
+    import socket
+    import threading
+
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                buf += conn.recv(4096)
+            conn.sendall(head + body)
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return f"127.0.0.1:{srv.getsockname()[1]}", t
+
+
+def test_a_fetched_state_is_streamed_to_a_file_not_held_whole(tmp_path: Path) -> None:
+    # 5 MB arrive in chunks of at most STREAM_CHUNK into the file; a body cut short
+    # is an error naming the source, never a short file taken for the state
+    import io
+
+    from slurmrl.worker import handle as handle_mod
+    from slurmrl.worker.handle import ServiceUnreachable
+
+    body = bytes(range(256)) * (5 * 4096)
+    writes: list[int] = []
+
+    class Recording(io.BytesIO):
+        def write(self, b: Any) -> int:
+            writes.append(len(b))
+            return super().write(b)
+
+    head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body))
+    address, t = _one_answer_server(head, body)
+    out = Recording()
+    assert ServiceHandle(address, mint_secret(), "42", "trainer").handoff_state_into(out) \
+        == len(body)
+    t.join(5)
+    assert out.getvalue() == body
+    assert max(writes) <= handle_mod.STREAM_CHUNK and len(writes) >= 5
+    cut = (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+           % (len(body) + 100))
+    address, t = _one_answer_server(cut, body)
+    with pytest.raises(ServiceUnreachable, match="cut short"):
+        ServiceHandle(address, mint_secret(), "42", "trainer").handoff_state_into(
+            io.BytesIO())
+    t.join(5)
