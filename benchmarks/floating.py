@@ -335,11 +335,13 @@ def curve(wnames: Sequence[str], seeds: int, jobs: int, limits: Sequence[float],
     return "\n".join(rows)
 
 
-def pairing_speed(cap: int = 5) -> str:
+def pairing_speed(cap: int = 5, node: int | None = None) -> str:
     """The speed benchmark's batch (benchmarks/policies.py `speed`: 1,000 waiting
     polytrace-mix jobs profiled from a simulated month, as newcomers, no open pool)
     placed in one round by the default policy where pools may float (at most `cap` jobs
-    a pool), tails held (the controller's) and packed (the what-if); seconds each."""
+    a pool), tails held (the controller's) and packed (the what-if); seconds each. With
+    `node`, the policy is told nodes of that many GPUs (where a staggered pool fits,
+    each job is weighed for one against floating: `_prefers_staggered`)."""
     import time
 
     from policies import complementarity
@@ -354,6 +356,7 @@ def pairing_speed(cap: int = 5) -> str:
     out = []
     for pack in (False, True):
         snap = ClusterSnapshot(0.0, (), snaps, {"pools": 10**6}, limits,
+                               node_gpus={"pools": node} if node else {},
                                floating={"pools": True}, packs_tails={"pools": pack})
         pol = registry.load("pairing", "complementary", {"floating_members": cap})
         complementarity.clear_caches()
@@ -460,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       a.gpus_per_node))
     if a.pairing_speed:
         print()
-        print(pairing_speed(a.pool_cap))
+        print(pairing_speed(a.pool_cap, a.gpus_per_node))
     return 0
 
 

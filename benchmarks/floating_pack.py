@@ -18,6 +18,7 @@ pool GPU-seconds (what Slurm allocated: each window's GPUs times its life), make
 each job's wall time and slowdown against dedicated.
 
     SLURMRL_DEV_STATE=/var/lib/slurmrl-dev benchmarks/floating_pack.py [--steps N]
+        [--across-nodes]
 
 Caveats, printed with the numbers: the "GPUs" are fake and the tiny model decodes on
 the 2 CPU cores in milliseconds, so each round's decode time is modelled by a sleep
@@ -114,15 +115,29 @@ class Result:
     states: list[str]
 
 
-def _config(ctl: Controller, floating: bool, forced: bool) -> None:
+#: with --across-nodes: each spread node's hand-off directory (`%n`), made as an admin
+#: would make /dev/shm's: sticky, writable by the users
+ACROSS_ROOT = "/dev/shm/slurmrl-bench-%n"
+SPREAD_NODES = ("n2", "n3")
+
+
+def _config(ctl: Controller, floating: bool, forced: bool, across: bool) -> None:
     """The run's site config: one-GPU rollout replicas; pools may float, and with
-    `forced` the three go to one floating pool (else the default policy places them)."""
+    `forced` the three go to one floating pool (else the default policy places them);
+    with `across`, pools go to partition `spread` (two Slurm nodes of 2 GPUs), a
+    floating pool's second window to the other node, each job's state fetched there."""
     text = ctl.config.read_text()
     if floating:
         text = text.replace("max_jobs_per_pool = 4", "max_jobs_per_pool = 3")
+    if across:
+        text = text.replace('pool_partition = "pools"', 'pool_partition = "spread"')
+        text = text.replace("floating_pools = true",
+                            "floating_pools = true\nfloating_across_nodes = true")
     if forced:
         text += '\n[policies]\npairing = "floatbench:FloatTwo"\n'
     text += "\n[services]\nrollout_replica_gpus = 1\n"
+    if across:
+        text += f'handoff_dir = "{ACROSS_ROOT}"\n'
     ctl.config.write_text(text)
 
 
@@ -152,7 +167,13 @@ def run(label: str, base: Path, state: Path, args: argparse.Namespace) -> Result
     floating = label != "dedicated"
     ctl = Controller(run_dir, {**env, "PYTHONPATH": str(run_dir)}, floating)
     forced = label in ("held", "packed")
-    _config(ctl, floating, forced)
+    _config(ctl, floating, forced, args.across_nodes)
+    if args.across_nodes:
+        for node in SPREAD_NODES:
+            root = Path(ACROSS_ROOT.replace("%n", node))
+            subprocess.run(["rm", "-rf", str(root)], check=True)
+            root.mkdir()
+            root.chmod(0o1777)
     ids: list[int] = []
     t0 = time.time()
     try:
@@ -187,6 +208,9 @@ def run(label: str, base: Path, state: Path, args: argparse.Namespace) -> Result
         states = list(_states(env, ids).values())
     finally:  # nothing of the run may hold the dev cluster's GPUs after it
         ctl.stop()
+        if args.across_nodes:
+            for node in SPREAD_NODES:
+                subprocess.run(["rm", "-rf", ACROSS_ROOT.replace("%n", node)], check=False)
         if ids:
             subprocess.run(["scancel", *map(str, ids)], env=env, capture_output=True,
                            timeout=30, check=False)
@@ -220,10 +244,16 @@ def main() -> int:
                     action="append", help="run only these (repeatable); `policy`: pools may "
                     "float and tails pack, the default policy placing the three")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--across-nodes", action="store_true",
+                    help="pools on partition spread (two Slurm nodes of 2 GPUs, both this "
+                    "machine): a floating pool's windows on both, states fetched across")
     args = ap.parse_args()
     state = Path(os.environ.get("SLURMRL_DEV_STATE", "/var/lib/slurmrl-dev"))
-    base = args.out or state / "bench-floating-pack"
-    print(f"machine: {os.cpu_count()} CPU cores, no GPU (4 fake GPUs via GRES), tiny "
+    base = args.out or state / ("bench-floating-pack" + ("-across" if args.across_nodes
+                                                         else ""))
+    where = ("partition spread: nodes n2, n3 of 2 fake GPUs each, windows across them"
+             if args.across_nodes else "partition pools: one node of 4 fake GPUs")
+    print(f"{where}; machine: {os.cpu_count()} CPU cores, no GPU (fake GPUs via GRES), tiny "
           f"backend on CPU; 3 jobs x {args.steps} steps of 2 GPUs; modelled times: "
           f"{args.round_s} s a rollout round (4 rounds), {args.train_s} s train, "
           f"{args.reward_s} s reward", flush=True)

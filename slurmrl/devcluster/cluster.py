@@ -286,6 +286,24 @@ class DevCluster:
                 states[parts[0]] = parts[1].strip().lower()
         return states
 
+    def resume_kill_task_failed(self) -> list[str]:
+        """Resume the nodes Slurm drained as "Kill task failed" and return them. On this
+        machine that has been a slurmstepd hung at a step's cancel (its task gone, the
+        step daemon waiting in a futex until slurmd gives up on it): a Slurm fault, not
+        the step's, that would leave the node drained for every later job."""
+        out = self._query(["sinfo", "-h", "-N", "-o", "%N|%T|%E"], timeout_s=5.0) or ""
+        resumed = []
+        for line in out.splitlines():
+            node, _, rest = line.partition("|")
+            state, _, reason = rest.partition("|")
+            if (state.strip().lower().rstrip("*~#") in ("drained", "draining", "drain")
+                    and reason.strip().startswith("Kill task failed")
+                    and node not in resumed
+                    and self._query(["scontrol", "update", f"nodename={node}",
+                                     "state=resume"]) is not None):
+                resumed.append(node)
+        return resumed
+
     def daemon_statuses(self) -> tuple[DaemonStatus, ...]:
         munge_pid = daemons.live_pid(MUNGE_PID_FILE, "munged")
         owned_pid = daemons.read_pid(self._munge_owner_file)

@@ -170,9 +170,10 @@ def render_slurm_conf(layout: ClusterLayout) -> str:
         # Short timeouts keep tests fast; a single loopback node needs no slack.
         "KillWait=5",
         # Slurm drains a node whose step outlives SIGKILL by this long ("Kill task
-        # failed"; default 60 s). On a loaded 2-core CI machine a torch process's exit
-        # has taken that long, and a drained dev node fails every later test.
-        "UnkillableStepTimeout=180",
+        # failed"). Seen here: a slurmstepd hung in a futex at a pool's cancel, its task
+        # long gone; a node stays COMPLETING (no new job) until then, so keep it short.
+        # Tests resume such a node (tests/integration/conftest.py).
+        "UnkillableStepTimeout=60",
         "MessageTimeout=10",
         "InactiveLimit=0",
         "MinJobAge=300",

@@ -21,7 +21,9 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -55,10 +57,29 @@ def dev_cluster() -> Iterator[DevCluster]:
         cluster.up()
     except DevClusterError as exc:
         pytest.fail(f"the dev cluster did not come up: {exc}")
+    stop = threading.Event()
+    healer = threading.Thread(target=_heal, args=(cluster, stop), daemon=True)
     with pytest.MonkeyPatch.context() as mp:
         for key, value in cluster.env().items():
             mp.setenv(key, value)
-        yield cluster
+        healer.start()
+        try:
+            yield cluster
+        finally:
+            stop.set()
+            healer.join(10)
+
+
+def _heal(cluster: DevCluster, stop: threading.Event) -> None:
+    """Resume a node Slurm drains as "Kill task failed" (a slurmstepd that hung at a
+    pool's cancel on this loaded machine: DevCluster.resume_kill_task_failed), within
+    seconds, as a site's admin would: otherwise one hung step daemon fails every later
+    test that needs the node. Each resume is reported on stderr (shown with -s or on a
+    failure's captured output)."""
+    while not stop.wait(2.0):
+        for node in cluster.resume_kill_task_failed():
+            print(f"[dev cluster] resumed node {node}, drained as 'Kill task failed'",
+                  file=sys.stderr, flush=True)
 
 
 @pytest.fixture(scope="session")

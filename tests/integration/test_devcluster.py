@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,35 @@ def test_up_refuses_a_non_root_user_readably() -> None:
     assert proc.returncode == 1
     assert "must be managed as root" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_node_drained_as_kill_task_failed_is_resumed_and_no_other(
+    dev_cluster: DevCluster, slurm_env: dict[str, str],
+) -> None:
+    # the session's healer resumes a "Kill task failed" drain within seconds (a
+    # slurmstepd hung at a cancel must not fail every later test); an admin's drain
+    # for any other reason stays
+    def state(node: str) -> str:
+        out = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"],
+                             capture_output=True, text=True, env=slurm_env, timeout=30,
+                             check=False).stdout.split()
+        return out[0] if out else "?"
+
+    def drain(node: str, reason: str) -> None:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=drain",
+                        f"reason={reason}"], env=slurm_env, timeout=30, check=True)
+
+    drain("n3", "Kill task failed")
+    drain("n2", "maintenance")
+    try:
+        deadline = time.monotonic() + 20
+        while state("n3") != "idle" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert state("n3") == "idle"
+        assert state("n2") == "drained"
+        assert dev_cluster.resume_kill_task_failed() == []
+        assert state("n2") == "drained"
+    finally:
+        for node in ("n2", "n3"):
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"],
+                           env=slurm_env, timeout=30, check=False)
