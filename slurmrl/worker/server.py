@@ -26,9 +26,9 @@ reports `handed_off` and `generation`. Without `--handoff-dir`, `"handoff": true
 `"source": "host:port"` first fetches the state file from the copy at that address
 (`GET /v1/handoff`, signed with the job's secret, which every copy holds) and stores it
 in this node's directory unless this one holds that generation or a newer one
-(`handoff.store_copy`), then goes on as above. `GET /v1/handoff` answers this copy's
-state file as it is (404 when there is none): the job's own state, to its own services
-and driver.
+(streamed into a temp file there, `handoff.store_stream`), then goes on as above.
+`GET /v1/handoff` answers this copy's state file as it is (404 when there is none): the
+job's own state, to its own services and driver.
 
 Backend calls run one at a time on a worker thread, so `status` (and with it the count
 of active sequences during a long generate) stays answerable while a call runs. A park
