@@ -905,8 +905,21 @@ class SlurmPools:
         self._spawn(self._place_pending())
 
     async def _stop_job_services(self, job_id: int) -> None:
-        for key in [k for k in self._live if k[0] == job_id]:
+        """Stop the job's services; a floating member's copies first remove its state
+        from their nodes' hand-off directories (memory-backed: it would stay there)."""
+        keys = [k for k in self._live if k[0] == job_id]
+        await asyncio.gather(*(self._discard(self._live[k]) for k in keys
+                               if self._live[k].footprint.window is not None))
+        for key in keys:
             await self._stop_service(key)
+
+    @staticmethod
+    async def _discard(live: _Live) -> None:
+        try:
+            await asyncio.to_thread(live.handle.discard_handoff, 10.0)
+        except (ServiceError, OSError) as exc:  # best effort: the job has ended anyway
+            log.warning("job %d %s: its hand-off state was not removed: %s", live.job_id,
+                        live.footprint.name, exc)
 
     async def _stop_service(self, key: tuple[int, str]) -> None:
         assert self.launcher is not None

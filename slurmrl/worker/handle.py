@@ -196,6 +196,13 @@ class ServiceHandle:
             body["source"] = source
         return self._json("activate", "POST", "/v1/activate", body, timeout_s, whole=True)
 
+    def discard_handoff(self, timeout_s: float | None = None) -> bool:
+        """The job has ended: the copy removes the job's state of its role from its
+        node's hand-off directory (the controller's call); True if there was one."""
+        out = self._json("discard_handoff", "POST", "/v1/handoff/discard", {}, timeout_s,
+                         whole=True)
+        return out.get("discarded") is True
+
     def stop(self, timeout_s: float | None = None) -> None:
         self._json("stop", "POST", "/v1/stop", {}, timeout_s, whole=True)
         self.close()

@@ -28,7 +28,9 @@ reports `handed_off` and `generation`. Without `--handoff-dir`, `"handoff": true
 in this node's directory unless this one holds that generation or a newer one
 (streamed into a temp file there, `handoff.store_stream`), then goes on as above.
 `GET /v1/handoff` answers this copy's state file as it is (404 when there is none): the
-job's own state, to its own services and driver.
+job's own state, to its own services and driver. `POST /v1/handoff/discard` (the
+controller's, at the job's end) removes this role's state file from this node's
+directory, and the directory once empty.
 
 Backend calls run one at a time on a worker thread, so `status` (and with it the count
 of active sequences during a long generate) stays answerable while a call runs. A park
@@ -40,6 +42,7 @@ cluster's private network; the signature authenticates, it does not encrypt).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -70,7 +73,7 @@ log = logging.getLogger("slurmrl.worker")
 T = TypeVar("T")
 DATA_PLANE = ("/v1/generate", "/v1/train_step", "/v1/weights")
 #: the routes only the controller may call where the service has a control secret
-CONTROL_ONLY = ("/v1/park", "/v1/activate", "/v1/stop")
+CONTROL_ONLY = ("/v1/park", "/v1/activate", "/v1/stop", "/v1/handoff/discard")
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,7 @@ class ServiceServer:
                 web.get("/v1/weights", self._export),
                 web.put("/v1/weights", self._import),
                 web.get("/v1/handoff", self._handoff_state),
+                web.post("/v1/handoff/discard", self._discard_handoff),
             ]
         )
         return app
@@ -319,6 +323,27 @@ class ServiceServer:
             raise HttpError(404, f"no handoff state here ({path.name}): no copy on this "
                             "node has handed its state off")
         return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
+
+    async def _discard_handoff(self, request: web.Request) -> web.Response:
+        """The job has ended: remove its state file of this role from this node's
+        hand-off directory, and the directory once no other role's file is left (its
+        other services remove theirs). Memory-backed, it would otherwise hold a copy of
+        the job's state until the node reboots."""
+        self._only(await self._json(request), set(), "handoff/discard")
+        if self.handoff_dir is None:
+            return web.json_response({"discarded": False})
+
+        def discard(d: Path) -> bool:
+            path = handoff.state_path(d, self.info.role)
+            had = path.exists()
+            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # another role's file is still there
+                d.rmdir()
+            return had
+
+        had = await asyncio.get_running_loop().run_in_executor(None, discard,
+                                                               self.handoff_dir)
+        return web.json_response({"discarded": had})
 
     def _handoff_path(self, obj: Mapping[str, Any], call: str) -> Path | None:
         """The state file when the call asks for a hand-off, else None; 400 if it can't."""

@@ -414,6 +414,14 @@ def test_a_floating_pools_windows_on_two_slurm_nodes_pass_each_jobs_state_betwee
             for root in roots.values():
                 assert any(root.glob("slurmrl-job*")), f"no job directory under {root}"
             check_history(store.intervals(pool.pool_id))  # no GPU ever held twice
+            # the jobs end: every node's copy of their state goes with them (the
+            # directories are memory)
+            for jid in ids:
+                jobs.run(["scancel", str(jid)])  # type: ignore[attr-defined]
+            _wait(lambda: not any(p for r in roots.values() for p in r.glob("slurmrl-job*")),
+                  90, "the ended jobs' hand-off directories to be removed",
+                  lambda: str({n: sorted(p.name for p in r.iterdir())
+                               for n, r in roots.items()}) + evidence())
     finally:
         for root in roots.values():
             shutil.rmtree(root, ignore_errors=True)

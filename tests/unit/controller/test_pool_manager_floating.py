@@ -91,6 +91,10 @@ class FakeHandle:
     def status(self) -> dict[str, Any]:
         return {"generation": self.generation}
 
+    def discard_handoff(self, timeout_s: float | None = None) -> bool:
+        self.calls.append(("discard", True))
+        return True
+
     def stop(self, timeout_s: float | None = None) -> None:
         pass
 
@@ -283,6 +287,11 @@ async def test_a_window_more_than_the_members_is_given_back_once_free(tmp_path: 
 
     await site.c.end_job(8, JobState.COMPLETED, "done")
     await site.settle()
+    # job 8 ended: each of its copies removed its state from its node's hand-off
+    # directory, then stopped
+    mine = [s for s in site.launcher.launched if s.spec.job_id == 8]
+    assert len(mine) == 4 and all(s in site.launcher.stopped for s in mine)
+    assert all(s.handle.calls[-1] == ("discard", True) for s in mine)
     # the last window is held: it stays
     assert len(site.c.store.windows(pool_id)) == 2 and site.allocator.closed == []
     site.release(7, held)
@@ -298,6 +307,8 @@ async def test_a_window_more_than_the_members_is_given_back_once_free(tmp_path: 
     gone = [s for s in site.launcher.stopped if s.pool_job_id == 102 and s.spec.job_id == 7]
     assert sorted(s.spec.role for s in gone) == ["rollout", "trainer"]
     assert next(s for s in gone if s.spec.role == "trainer").handle.calls[-1] == ("park", True)
+    # a retired window's copies keep the job's state: the job goes on
+    assert all(("discard", True) not in s.handle.calls for s in gone)
     assert await site.grant(7, Phase.TRAIN) == {0, 1}
     assert t7.handle.calls[-1] == ("activate", True)
     # the pool's last member ends: every allocation goes

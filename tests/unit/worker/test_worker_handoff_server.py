@@ -290,3 +290,30 @@ def test_a_fetched_state_is_streamed_to_a_file_not_held_whole(tmp_path: Path) ->
         ServiceHandle(address, mint_secret(), "42", "trainer").handoff_state_into(
             io.BytesIO())
     t.join(5)
+
+
+def test_at_the_jobs_end_a_copy_discards_its_state_from_the_nodes_directory(
+    tmp_path: Path, rollout_service: Running,
+) -> None:
+    # memory-backed, the hand-off directory would keep the job's state after the job:
+    # the controller has a copy discard it (its call only, with its control secret)
+    secret, control = mint_secret(), mint_secret()
+    shared = prepare_dir(tmp_path / "slurmrl-job42-abc")
+    svc, stop = start(Role.TRAINER, secret, control_secret=control, handoff_dir=shared)
+    try:
+        ctl = ServiceHandle(svc.address, control, "42", "trainer", timeout_s=30)
+        driver = ServiceHandle(svc.address, secret, "42", "trainer", timeout_s=30)
+        driver.train_step(_batch(rollout_service))
+        ctl.park(handoff=True)
+        assert (shared / "trainer.state").exists()
+        with pytest.raises(ServiceError, match="401"):
+            driver.discard_handoff()  # the job's own secret does not open it
+        assert (shared / "trainer.state").exists()
+        (shared / "rollout.state").write_bytes(b"another role's")
+        assert ctl.discard_handoff() is True
+        assert [p.name for p in shared.iterdir()] == ["rollout.state"]  # its own only
+        (shared / "rollout.state").unlink()
+        assert ctl.discard_handoff() is False  # nothing left: the directory goes too
+        assert not shared.exists()
+    finally:
+        stop()
