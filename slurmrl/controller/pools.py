@@ -638,6 +638,33 @@ class SlurmPools:
                 out[key] = top[1]
         return out
 
+    async def _strands_state(self, pool: PoolRecord) -> bool:
+        """Whether giving back the pool's last window would strand a job's newest state:
+        the window is on a node none of the pool's other windows is on, and a copy there
+        is active (retiring would hand its state off there) or reports a newer
+        generation than any of the job's copies elsewhere (its state was last handed
+        off there): with the window's copies stopped, no copy could fetch it. Once the
+        job's next phase elsewhere has taken it over, the window goes."""
+        where = self._nodes_of(pool)
+        if len(where) < 2:
+            return False
+        last = max(where)
+        if where[last] in {n for w, n in where.items() if w != last}:
+            return False
+        mine = [lv for lv in self._live.values() if lv.pool_id == pool.pool_id
+                and lv.footprint.window in where]
+        gens = await asyncio.gather(*(self._generation(lv) for lv in mine))
+        newest: dict[tuple[int, str], tuple[int, int]] = {}  # (job, service) -> (there, else)
+        for lv, gen in zip(mine, gens, strict=True):
+            key = (lv.job_id, lv.footprint.name.rpartition("@")[0])
+            there, other = newest.get(key, (-1, -1))
+            g = -1 if gen is None else gen
+            if lv.footprint.window == last and lv.footprint.residency is Residency.ACTIVE:
+                return True
+            newest[key] = ((max(there, g), other) if lv.footprint.window == last
+                           else (there, max(other, g)))
+        return any(there > other for there, other in newest.values())
+
     @staticmethod
     async def _generation(live: _Live) -> int | None:
         try:
@@ -687,6 +714,8 @@ class SlurmPools:
                 members = c.store.jobs(active=True, pool_id=pool_id)
                 if len(c.store.windows(pool_id)) <= max(1, len(members)):
                     return
+                if await self._strands_state(pool):
+                    return  # retried at the next reconcile, once the state has moved
                 gone = c.retire_window(pool_id)
                 if gone is None:
                     return

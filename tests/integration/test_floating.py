@@ -13,6 +13,7 @@ hold other weights than the trainer exported.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -151,6 +152,11 @@ def _three_floating_jobs(shared_tmp: Path, slurm_env: dict[str, str], jobs: obje
     finally:
         for jid in run.ids:
             jobs.run(["scancel", str(jid)])  # type: ignore[attr-defined]
+        # let the controller see the ends, so that the jobs' copies remove their state
+        # from the nodes' memory-backed hand-off directories before it stops
+        with contextlib.suppress(AssertionError):
+            _wait(lambda: not any(run.store.services(job_id=i, live_only=True)
+                                  for i in run.ids), 30, "the jobs' services to stop")
         if ctl.db.exists():
             s = Store(ctl.db)
             for p in s.pools():

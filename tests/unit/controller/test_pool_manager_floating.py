@@ -581,6 +581,21 @@ async def test_across_nodes_a_full_node_sends_a_window_elsewhere_and_the_state_f
     # the policy is told floating pools are not bounded by a node
     seen = site.c.policies.pairing.seen  # type: ignore[attr-defined]
     assert seen is not None and seen.floating_max_gpus == {}
+    # job 8 ends: one member on two windows, but job 7's state is active on n2's
+    # window, the only one on n2: giving it back would strand the state there (its
+    # copies stopped, none could fetch it), so it stays
+    site.release(7, {2, 3})
+    await site.c.end_job(8, JobState.COMPLETED, "done")
+    await site.settle()
+    await site.pools.reconcile()
+    await site.settle()
+    assert [w.window for w in site.c.store.windows(pool_id)] == [0, 1]
+    assert site.allocator.closed == []
+    # job 7 ends: its copies on both nodes remove its state there, then both go
+    await site.c.end_job(7, JobState.COMPLETED, "done")
+    await site.settle()
+    assert all(s.handle.calls[-1] == ("discard", True) for s in site.launcher.launched
+               if s.spec.job_id == 7)
     await site.c.stop()
 
 
