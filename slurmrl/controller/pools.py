@@ -653,14 +653,15 @@ class SlurmPools:
             return False
         mine = [lv for lv in self._live.values() if lv.pool_id == pool.pool_id
                 and lv.footprint.window in where]
+        if any(lv.footprint.window == last and lv.footprint.residency is Residency.ACTIVE
+               for lv in mine):
+            return True  # known without asking anyone
         gens = await asyncio.gather(*(self._generation(lv) for lv in mine))
         newest: dict[tuple[int, str], tuple[int, int]] = {}  # (job, service) -> (there, else)
         for lv, gen in zip(mine, gens, strict=True):
             key = (lv.job_id, lv.footprint.name.rpartition("@")[0])
             there, other = newest.get(key, (-1, -1))
             g = -1 if gen is None else gen
-            if lv.footprint.window == last and lv.footprint.residency is Residency.ACTIVE:
-                return True
             newest[key] = ((max(there, g), other) if lv.footprint.window == last
                            else (there, max(other, g)))
         return any(there > other for there, other in newest.values())

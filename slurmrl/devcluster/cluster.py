@@ -39,6 +39,8 @@ QUERY_TIMEOUT_S = 10.0
 READY_TIMEOUT_S = 60.0
 #: Node states (sinfo %T, lower case, no flags) in which the node takes jobs.
 USABLE_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
+#: ... and those of a drained node (sinfo %T without its flags)
+DRAINED_STATES = frozenset({"drained", "draining", "drain"})
 
 
 @dataclass(frozen=True)
@@ -242,7 +244,7 @@ class DevCluster:
                     return
                 for node, state in states.items():
                     if state is not None and node not in resumed and state.rstrip("*~#") in (
-                            "down", "drained", "draining", "drain"):
+                            DRAINED_STATES | {"down"}):
                         # A node marked down before the restart stays down until resumed.
                         self._query(["scontrol", "update", f"nodename={node}",
                                      "state=resume"])
@@ -296,7 +298,7 @@ class DevCluster:
         for line in out.splitlines():
             node, _, rest = line.partition("|")
             state, _, reason = rest.partition("|")
-            if (state.strip().lower().rstrip("*~#") in ("drained", "draining", "drain")
+            if (state.strip().lower().rstrip("*~#") in DRAINED_STATES
                     and reason.strip().startswith("Kill task failed")
                     and node not in resumed
                     and self._query(["scontrol", "update", f"nodename={node}",

@@ -143,11 +143,6 @@ def write_state(path: Path, state: dict[str, Any], generation: int) -> bool:
                     f"cannot write the handoff state to {path}")
 
 
-def store_copy(path: Path, blob: bytes) -> bool:
-    """`store_stream` of a state file held in memory."""
-    return store_stream(path, lambda out: out.write(blob))
-
-
 def store_stream(path: Path, fill: Callable[[BinaryIO], object],
                  failed: str | None = None) -> bool:
     """Store a state file another copy handed off on another node, written by `fill`
