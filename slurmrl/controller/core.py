@@ -273,6 +273,18 @@ class Controller:
                  list(gpu_indices))
         return next(x for x in self.store.windows(pool_id) if x.window_id == wid)
 
+    def retirable_window(self, pool_id: int) -> WindowRecord | None:
+        """The floating pool's last window if `retire_window` would give it back now
+        (no lease holds it, no waiter could use only it, not the pool's only window);
+        nothing changes."""
+        pool = self.store.pool(pool_id)
+        wins = self.store.windows(pool_id)
+        if pool is None or not pool.floating or len(wins) < 2:
+            return None
+        last, g = wins[-1], len(wins[0].gpu_indices)
+        ok = self.scheduler.can_retire(pool_id, range(last.window * g, last.window * g + g))
+        return last if ok else None
+
     def retire_window(self, pool_id: int) -> WindowRecord | None:
         """Give back a floating pool's last window if no lease holds it and no waiter
         could use only it; returns it (its allocation is the caller's to cancel), or

@@ -638,42 +638,79 @@ class SlurmPools:
                 out[key] = top[1]
         return out
 
-    async def _strands_state(self, pool: PoolRecord) -> bool:
-        """Whether giving back the pool's last window would strand a job's newest state:
-        the window is on a node none of the pool's other windows is on, and a copy there
-        is active (retiring would hand its state off there) or reports a newer
-        generation than any of the job's copies elsewhere (its state was last handed
-        off there): with the window's copies stopped, no copy could fetch it. Once the
-        job's next phase elsewhere has taken it over, the window goes."""
+    async def _stranded(self, pool: PoolRecord) -> list[ServiceKey]:
+        """The copies whose stop would strand a job's newest state if the pool's last
+        window were given back: the window is on a node none of the pool's other windows
+        is on, and the copy is active (retiring would hand its state off there) or
+        reports a newer generation than any of the job's copies elsewhere (its state
+        was last handed off there): with the window's copies stopped, no copy could
+        fetch it (`_move_off` moves it first)."""
         where = self._nodes_of(pool)
         if len(where) < 2:
-            return False
+            return []
         last = max(where)
         if where[last] in {n for w, n in where.items() if w != last}:
-            return False
-        mine = [lv for lv in self._live.values() if lv.pool_id == pool.pool_id
+            return []
+        mine = [(k, lv) for k, lv in self._live.items() if lv.pool_id == pool.pool_id
                 and lv.footprint.window in where]
-        if any(lv.footprint.window == last and lv.footprint.residency is Residency.ACTIVE
-               for lv in mine):
-            return True  # known without asking anyone
-        gens = await asyncio.gather(*(self._generation(lv) for lv in mine))
+        gens = await asyncio.gather(*(self._generation(lv) for _, lv in mine))
         newest: dict[tuple[int, str], tuple[int, int]] = {}  # (job, service) -> (there, else)
-        for lv, gen in zip(mine, gens, strict=True):
+        for (_, lv), gen in zip(mine, gens, strict=True):
             key = (lv.job_id, lv.footprint.name.rpartition("@")[0])
             there, other = newest.get(key, (-1, -1))
             g = -1 if gen is None else gen
             newest[key] = ((max(there, g), other) if lv.footprint.window == last
                            else (there, max(other, g)))
-        return any(there > other for there, other in newest.values())
+        ahead = {key for key, (there, other) in newest.items() if there > other}
+        return [k for k, lv in mine if lv.footprint.window == last and (
+            lv.footprint.residency is Residency.ACTIVE
+            or (lv.job_id, lv.footprint.name.rpartition("@")[0]) in ahead)]
+
+    async def _move_off(self, pool: PoolRecord, stranded: Sequence[ServiceKey]) -> bool:
+        """Move the newest states the last window's copies hold to a node the pool keeps,
+        so that the window can go: its active copies hand theirs off, then the job's
+        copy of that service on another node fetches it (`fetch_handoff`) and is left
+        parked. True when every state has moved; False (the window stays, the state is
+        where it was) when a fetch fails or no copy elsewhere could take it."""
+        where = self._nodes_of(pool)
+        last = max(where)
+        await asyncio.gather(*(self._set(k, Residency.PARKED, handoff=True) for k in stranded
+                               if self._live[k].footprint.residency is Residency.ACTIVE))
+        for key in stranded:
+            src = self._live.get(key)
+            if src is None:
+                return False
+            base = src.footprint.name.rpartition("@")[0]
+            dest = min((lv for lv in self._live.values()
+                        if lv.job_id == src.job_id and lv.pool_id == pool.pool_id
+                        and lv.footprint.window in where
+                        and where[lv.footprint.window] != where[last]
+                        and lv.footprint.name.rpartition("@")[0] == base),
+                       key=lambda lv: lv.footprint.window or 0, default=None)
+            if dest is None:
+                return False
+            try:
+                await asyncio.to_thread(dest.handle.fetch_handoff, src.handle.address)
+            except (ServiceError, OSError) as exc:
+                log.warning("pool %d: job %d %s's state not moved off node %s: %s",
+                            pool.pool_id, src.job_id, base, where[last], exc)
+                return False
+            log.info("pool %d: job %d %s's state moved from node %s to node %s before "
+                     "window %d goes", pool.pool_id, src.job_id, base, where[last],
+                     where[dest.footprint.window], last)  # type: ignore[index]
+        return True
 
     @staticmethod
     async def _generation(live: _Live) -> int | None:
+        """The newest generation the copy could activate: its own state's, or that of
+        the state file on its node (`stored_generation`: moved or fetched there)."""
         try:
             ans = await asyncio.to_thread(live.handle.status)
         except (ServiceError, OSError):
             return None
-        gen = ans.get("generation")
-        return gen if isinstance(gen, int) and not isinstance(gen, bool) else None
+        gens = [g for g in (ans.get("generation"), ans.get("stored_generation"))
+                if isinstance(g, int) and not isinstance(g, bool)]
+        return max(gens, default=None)
 
     async def _free_by_node(self) -> dict[str, int] | None:
         """GPUs Slurm could still allocate on each node of the pool partition (as the
@@ -702,8 +739,10 @@ class SlurmPools:
 
     async def _retire_spare(self, pool_id: int) -> None:
         """Give back a floating pool's last window while it has more windows than
-        members and no lease holds that window: its services hand off what they hold and
-        stop, and its allocation is cancelled."""
+        members and no lease holds that window: its services hand off what they hold
+        (across nodes, where it is its node's only window, a job's newest state there is
+        first moved to another node, and the copies remove the job's files from the
+        node), stop, and its allocation is cancelled."""
         assert self.allocator is not None
         c = self.c
         async with self._handoff_locks.setdefault(pool_id, asyncio.Lock()):
@@ -715,16 +754,26 @@ class SlurmPools:
                 members = c.store.jobs(active=True, pool_id=pool_id)
                 if len(c.store.windows(pool_id)) <= max(1, len(members)):
                     return
-                if await self._strands_state(pool):
-                    return  # retried at the next reconcile, once the state has moved
+                if c.retirable_window(pool_id) is None:
+                    return
+                stranded = await self._stranded(pool)
+                if stranded and (not await self._move_off(pool, stranded)
+                                 or await self._stranded(pool)):
+                    return  # retried at the next reconcile
+                where = self._nodes_of(pool)
                 gone = c.retire_window(pool_id)
                 if gone is None:
                     return
+                alone = where[gone.window] not in {n for w, n in where.items()
+                                                   if w != gone.window}
                 keys = [k for k, lv in self._live.items()
                         if lv.pool_id == pool_id and lv.footprint.window == gone.window]
+                active = [k for k in keys
+                          if self._live[k].footprint.residency is Residency.ACTIVE]
                 await asyncio.gather(*(self._set(k, Residency.PARKED, handoff=True)
-                                       for k in keys
-                                       if self._live[k].footprint.residency is Residency.ACTIVE))
+                                       for k in active))
+                if alone and not active:  # no newest state there: nothing left to serve
+                    await asyncio.gather(*(self._discard(self._live[k]) for k in keys))
                 for k in keys:
                     await self._stop_service(k)
                 with contextlib.suppress(SlurmError):

@@ -127,6 +127,11 @@ class LeaseScheduler:
         with self.store.transaction():
             self._apply(pool_id, self.tables[pool_id].retire(gpus, now), now)
 
+    def can_retire(self, pool_id: int, gpus: Iterable[int]) -> bool:
+        """Whether `retire` would give those GPUs back now (nothing changes)."""
+        table = self.tables.get(pool_id)
+        return table is not None and table.can_retire(gpus)
+
     def close_pool(self, pool_id: int, reason: str = "pool-lost") -> None:
         """Revoke everything in the pool and stop scheduling it."""
         table = self.tables.get(pool_id)

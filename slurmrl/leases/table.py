@@ -342,6 +342,23 @@ class LeaseTable:
         """The pool gives free GPUs back to Slurm. Waiting requests keep their other
         options; one that would be left with nothing refuses the retirement."""
         gone = frozenset(gpus)
+        self._waiting = self._without(gone)
+        self.gpus -= gone
+        for job_id, window in list(self._window.items()):
+            self._window[job_id] = window - gone
+        return self._schedule(now)
+
+    def can_retire(self, gpus: Iterable[int]) -> bool:
+        """Whether `retire(gpus)` would succeed now (it changes nothing)."""
+        try:
+            self._without(frozenset(gpus))
+        except LeaseError:
+            return False
+        return True
+
+    def _without(self, gone: frozenset[int]) -> dict[int, PhaseRequest]:
+        """The waiting requests as they would be without `gone`; LeaseError when a lease
+        holds one of them, one is not in the pool, or a waiter could use only them."""
         if not gone <= self._free():
             raise LeaseError(f"GPUs {sorted(gone - self._free())} are held or not in the pool")
         kept: dict[int, PhaseRequest] = {}
@@ -354,11 +371,7 @@ class LeaseTable:
                 raise LeaseError(f"request {rid} waits for GPUs {sorted(req.gpus & gone)}")
             kept[rid] = replace(req, gpus=frozenset().union(*alts), options=alts,
                                 min_gpus=min(len(o) for o in alts))
-        self._waiting = kept
-        self.gpus -= gone
-        for job_id, window in list(self._window.items()):
-            self._window[job_id] = window - gone
-        return self._schedule(now)
+        return kept
 
     def heartbeat(self, job_id: int, now: float) -> int:
         """Renew every lease and waiting request of `job_id`; returns how many."""

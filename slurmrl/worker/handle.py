@@ -203,6 +203,13 @@ class ServiceHandle:
                          whole=True)
         return out.get("discarded") is True
 
+    def fetch_handoff(self, source: str, timeout_s: float | None = None) -> dict[str, Any]:
+        """Fetch the job's state from its copy at `source` (`host:port`, on another node)
+        into this copy's node (the controller's call); the copy's residency stays as it
+        is. Returns the copy's status (`stored_generation` the file's)."""
+        return self._json("fetch_handoff", "POST", "/v1/handoff/fetch", {"source": source},
+                          timeout_s, whole=True)
+
     def stop(self, timeout_s: float | None = None) -> None:
         self._json("stop", "POST", "/v1/stop", {}, timeout_s, whole=True)
         self.close()

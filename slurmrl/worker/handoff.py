@@ -35,11 +35,15 @@ anything else is refused as corrupt or truncated (BackendError), as is an unknow
 mapping, nothing copied: the reader copies each into its own tensors (the model's
 `load_state_dict`, device copies included). It is written atomically: a temp file in
 the same directory, then `os.replace`, so a reader sees the old state or the new one,
-never half of one. Each hand-off writes a `generation` one above the writer's own,
-unless the file already holds that generation or a later one: then the newer state is
-kept and nothing is written (a copy that comes up fresh beside a handed-off state hands
-off nothing). A copy refuses to take over a generation older than the one it holds. So
-stale state never replaces newer state, in either direction.
+never half of one. A hand-off of a state that changed since the writer's generation
+(trained, weights imported) writes a `generation` one above the writer's own; one that
+did not (a copy fresh from loading, or one that took a state over and did nothing)
+writes the writer's own generation. Either way nothing is written when the file already
+holds that generation or a later one: the newer state is kept (a copy that comes up
+fresh beside a handed-off state hands off nothing). A fresh copy's state is generation
+0, so the job's first trained hand-off on one node always reads newer than a fresh
+copy's on another. A copy refuses to take over a generation older than the one it
+holds. So stale state never replaces newer state, in either direction.
 
 Limits: the file stays after a take-over (it is replaced by the next hand-off, and goes
 with the directory); in `/dev/shm` it costs host memory the size of the state. One file

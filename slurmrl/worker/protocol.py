@@ -12,8 +12,9 @@ weight import refills them. A trainer cannot drop: its optimizer state would be 
 Hand-off (floating pools): one service may run as several copies, one per GPU window of
 a pool, in separate processes on one node, one of them active. `hand_off(path)` writes
 the active copy's whole state to a private node-local file and frees it here (PARKED,
-`handed_off`); `take_over(path)` loads that file into another copy (ACTIVE). Each
-hand-off numbers the state one generation up and never replaces a newer file; a copy
+`handed_off`); `take_over(path)` loads that file into another copy (ACTIVE). A
+hand-off of a changed state numbers it one generation up (an unchanged one keeps its
+own; a fresh copy's is 0) and never replaces a newer file; a copy
 refuses to take over a file older than the state it holds. The file's format is
 `handoff.py`'s. Backends that cannot (`vllm`) raise BackendError from both.
 """
@@ -321,7 +322,8 @@ class ServiceBackend(Protocol):
 
     def hand_off(self, path: Path) -> None:
         """From ACTIVE: write the whole state to `path` atomically (temp file, replace)
-        with generation `generation + 1` (unless the file holds that generation or a
+        with generation `generation + 1` if the state changed since this copy's
+        generation, else `generation` (unless the file holds that generation or a
         newer one already: that state is kept and nothing written), then free its device
         and host copies; it is PARKED and `handed_off` afterwards (`memory()` reads ~0
         and 0). A no-op when already handed off; NotReady when PARKED, DROPPED or

@@ -30,7 +30,11 @@ in this node's directory unless this one holds that generation or a newer one
 `GET /v1/handoff` answers this copy's state file as it is (404 when there is none): the
 job's own state, to its own services and driver. `POST /v1/handoff/discard` (the
 controller's, at the job's end) removes this role's state file from this node's
-directory, and the directory once empty.
+directory, and the directory once empty. `POST /v1/handoff/fetch` with `"source"` (the
+controller's) fetches the state from the copy there into this node's directory as
+`activate` would, and activates nothing: the controller moves a job's newest state off
+a node before giving back the only window there. `status` reports `stored_generation`,
+that of the state file in this node's directory (null when none).
 
 Backend calls run one at a time on a worker thread, so `status` (and with it the count
 of active sequences during a long generate) stays answerable while a call runs. A park
@@ -73,7 +77,8 @@ log = logging.getLogger("slurmrl.worker")
 T = TypeVar("T")
 DATA_PLANE = ("/v1/generate", "/v1/train_step", "/v1/weights")
 #: the routes only the controller may call where the service has a control secret
-CONTROL_ONLY = ("/v1/park", "/v1/activate", "/v1/stop", "/v1/handoff/discard")
+CONTROL_ONLY = ("/v1/park", "/v1/activate", "/v1/stop", "/v1/handoff/discard",
+                "/v1/handoff/fetch")
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,7 @@ class ServiceServer:
                 web.put("/v1/weights", self._import),
                 web.get("/v1/handoff", self._handoff_state),
                 web.post("/v1/handoff/discard", self._discard_handoff),
+                web.post("/v1/handoff/fetch", self._fetch_handoff),
             ]
         )
         return app
@@ -252,6 +258,7 @@ class ServiceServer:
                 "weights_staged": self.backend.staged,
                 "handed_off": self.backend.handed_off,
                 "generation": self.backend.generation,
+                "stored_generation": await self._stored_generation(),
                 "active_sequences": self.backend.active_sequences(),
                 "memory": mem.to_json(),
                 "calls": self.calls,
@@ -298,7 +305,34 @@ class ServiceServer:
         await self.run_backend(wake, path)
         return await self._status(request)
 
-    async def _fetch(self, source: str, path: Path) -> None:
+    async def _fetch_handoff(self, request: web.Request) -> web.Response:
+        """Fetch the job's state from its copy at `source` (another node) into this
+        node's hand-off directory, and nothing else: this copy stays as it is. The
+        controller moves a state so before it gives back the only window on the node
+        that held it (its copies there stop)."""
+        obj = await self._json(request)
+        self._only(obj, {"source"}, "handoff/fetch")
+        source = obj.get("source")
+        if not isinstance(source, str):
+            raise HttpError(400, f"handoff/fetch: source must be a copy's host:port; "
+                            f"got {source!r}")
+        path = self._handoff_path({"handoff": True}, "handoff/fetch")
+        assert path is not None
+        await self._fetch(source, path, "handoff/fetch")
+        return await self._status(request)
+
+    async def _stored_generation(self) -> int | None:
+        """The generation of the state file in this node's hand-off directory, if any."""
+        if self.handoff_dir is None:
+            return None
+        path = handoff.state_path(self.handoff_dir, self.info.role)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, handoff.peek_generation, path)
+        except (BackendError, OSError):  # a damaged file is no state to count on
+            return None
+
+    async def _fetch(self, source: str, path: Path, call: str = "activate") -> None:
         """Fetch the job's state from the copy at `source` (another node) into `path`."""
         from slurmrl.worker.handle import ServiceHandle
 
@@ -306,7 +340,7 @@ class ServiceServer:
             try:
                 peer = ServiceHandle(source, self._secret, self.info.job_id, self.info.role)
             except ValueError as exc:
-                raise HttpError(400, f"activate: source: {exc}") from None
+                raise HttpError(400, f"{call}: source: {exc}") from None
             try:  # streamed into a temp file beside the state, checked, then published
                 handoff.store_stream(path, peer.handoff_state_into,
                                      f"cannot fetch the handoff state from {source}")

@@ -112,6 +112,7 @@ class TorchModelBackend:
         self._generation = 0  # of the state this copy holds (or last handed off)
         self.steps = 0
         self.weights_version = 0
+        self._as_of = self._version()  # the state as of its generation (load, hand-offs)
 
     # --- residency ---------------------------------------------------------------
 
@@ -131,6 +132,12 @@ class TorchModelBackend:
         self._residency = Residency.ACTIVE
         self._weights_valid = True
         self._handed_off = False
+        self._as_of = self._version()
+
+    def _version(self) -> tuple[int, int, bool]:
+        """What changes whenever the state does: steps (model and optimizer), weights
+        imported, weights valid."""
+        return self.steps, self.weights_version, self._weights_valid
 
     def park(self, level: int) -> None:
         if level not in (1, 2):
@@ -189,6 +196,11 @@ class TorchModelBackend:
         if opt is not None:
             opt.zero_grad(set_to_none=True)  # grads are step-local: never kept
         sd = model.state_dict()
+        # a new generation only for a state that changed since its own: a copy that came
+        # up fresh (or took a state over and did nothing) hands off the generation it
+        # holds, so a fresh copy's hand-off on another node never ties with the job's
+        # trained state handed off for the first time
+        gen = self._generation + (self._version() != self._as_of)
         written = handoff.write_state(path, {
             "backend": self.name,
             "role": str(self.role),
@@ -198,7 +210,7 @@ class TorchModelBackend:
             "steps": self.steps,
             "weights_version": self.weights_version,
             "weights_valid": self._weights_valid,
-        }, self._generation + 1)
+        }, gen)
         # from here on the file holds the state (this copy's, or a newer one that was
         # kept), and this copy gives its memory back
         self._offloader.refresh(self._tensors())
@@ -206,7 +218,7 @@ class TorchModelBackend:
         self._offloader.release_host()
         self._staged = False
         if written:
-            self._generation += 1
+            self._generation, self._as_of = gen, self._version()
         self._handed_off = True
         self._residency = Residency.PARKED
 
@@ -240,6 +252,7 @@ class TorchModelBackend:
         self.weights_version = state["weights_version"]
         self._weights_valid = state["weights_valid"]
         self._generation = state["generation"]
+        self._as_of = self._version()
         self._staged = False
         self._handed_off = False
         self._residency = Residency.ACTIVE

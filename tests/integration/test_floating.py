@@ -419,6 +419,29 @@ def test_a_floating_pools_windows_on_two_slurm_nodes_pass_each_jobs_state_betwee
             # each node's copies handed off under that node's own directory
             for root in roots.values():
                 assert any(root.glob("slurmrl-job*")), f"no job directory under {root}"
+            # two jobs end: the one left, alone on two windows, gives one back (where
+            # its newest state was on that window's node, it is first moved to the
+            # other node) and trains on there, its steps and synced weights unbroken;
+            # nothing of any job is left on the given-back window's node
+            survivor = outs[1]
+            for jid in (ids[0], ids[2]):
+                jobs.run(["scancel", str(jid)])  # type: ignore[attr-defined]
+            _wait(lambda: len(store.windows(pool.pool_id)) == 1, 120,
+                  "the pool to give a window back", evidence)
+            kept = store.windows(pool.pool_id)[0]
+            gone = next(n for w, n in on.items() if w != kept.window)
+            n = len(_rounds(survivor))
+            _wait(lambda: len(_rounds(survivor)) >= n + 3, 90, "the survivor to train on",
+                  evidence)
+            rounds = _rounds(survivor)
+            assert "ERROR" not in read(survivor), read(survivor)
+            assert [r["step"] for r in rounds] == [i + 1.0 for i in range(len(rounds))]
+            assert all(r["same"] for r in rounds), read(survivor)
+            _wait(lambda: not any(roots[gone].glob("slurmrl-job*")), 30,
+                  f"{gone}'s hand-off directories to be removed",
+                  lambda: str(sorted(p.name for p in roots[gone].iterdir())) + evidence())
+            print("state moved off the given-back window's node:",
+                  "moved from node" in read(ctl.log))
             check_history(store.intervals(pool.pool_id))  # no GPU ever held twice
             # the jobs end: every node's copy of their state goes with them (the
             # directories are memory)

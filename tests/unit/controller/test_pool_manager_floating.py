@@ -29,6 +29,7 @@ from slurmrl.db import Store
 from slurmrl.leases import LeaseError
 from slurmrl.model import Identity, JobState, Phase
 from slurmrl.slurm import NodeInfo
+from slurmrl.worker.handle import ServiceError
 
 ALICE = Identity(1001, 1001, "alice")
 BOB = Identity(1002, 1002, "bob")
@@ -75,11 +76,19 @@ class FakeHandle:
     sources: list[str | None] = field(default_factory=list)  #: each activation's source
     address: str = "127.0.0.1:1"
     generation: int = 0  #: as a worker counts its hand-offs (`status`)
+    stored: int | None = None  #: the generation of its node's file it fetched
+    fetched: list[str] = field(default_factory=list)  #: each fetch_handoff's source
+    fail_fetch: bool = False  #: the source cannot be reached
+    registry: dict[str, FakeHandle] = field(default_factory=dict)  #: every copy by address
 
     def activate(self, timeout_s: float | None = None, *,
                  handoff: bool = False, source: str | None = None) -> dict[str, Any]:
         self.calls.append(("activate", handoff))
         self.sources.append(source)
+        if handoff:  # takes over the job's newest state (as if fetched where needed)
+            self.generation = max(h.generation for h in self.registry.values()
+                                  if (h.spec.job_id, h.spec.role) == (self.spec.job_id,
+                                                                      self.spec.role))
         return {"residency": "active"}
 
     def park(self, level: int = 1, timeout_s: float | None = None, *,
@@ -89,7 +98,15 @@ class FakeHandle:
         return {"residency": "parked"}
 
     def status(self) -> dict[str, Any]:
-        return {"generation": self.generation}
+        return {"generation": self.generation, "stored_generation": self.stored}
+
+    def fetch_handoff(self, source: str, timeout_s: float | None = None) -> dict[str, Any]:
+        self.fetched.append(source)
+        if self.fail_fetch:
+            raise ServiceError("fetch_handoff", 400, f"cannot fetch the handoff state "
+                               f"from {source}")
+        self.stored = max(self.stored or 0, self.registry[source].generation)
+        return {"residency": "parked", "stored_generation": self.stored}
 
     def discard_handoff(self, timeout_s: float | None = None) -> bool:
         self.calls.append(("discard", True))
@@ -117,12 +134,15 @@ class FakeLauncher:
         self.launched: list[FakeRunning] = []
         self.stopped: list[FakeRunning] = []
         self.nodes: list[str] = []  #: the node each launch was on
+        self.by_address: dict[str, FakeHandle] = {}
 
     def launch(self, pool_job_id: int, node: str, spec: ServiceSpec,
                secret: str) -> FakeRunning:
         address = f"{node}:{5000 + len(self.launched)}"
-        svc = FakeRunning(spec, pool_job_id, FakeHandle(spec, address=address),
+        svc = FakeRunning(spec, pool_job_id, FakeHandle(spec, address=address,
+                                                        registry=self.by_address),
                           address=address)
+        self.by_address[address] = svc.handle
         self.launched.append(svc)
         self.nodes.append(node)
         return svc
@@ -582,15 +602,30 @@ async def test_across_nodes_a_full_node_sends_a_window_elsewhere_and_the_state_f
     seen = site.c.policies.pairing.seen  # type: ignore[attr-defined]
     assert seen is not None and seen.floating_max_gpus == {}
     # job 8 ends: one member on two windows, but job 7's state is active on n2's
-    # window, the only one on n2: giving it back would strand the state there (its
-    # copies stopped, none could fetch it), so it stays
+    # window, the only one on n2: giving it back as it is would strand the state there
+    # (its copies stopped, none could fetch it). It is moved to job 7's copy on n1
+    # first; while that copy cannot fetch it, the window stays
     site.release(7, {2, 3})
+    t7[101].handle.fail_fetch = True
     await site.c.end_job(8, JobState.COMPLETED, "done")
     await site.settle()
     await site.pools.reconcile()
     await site.settle()
     assert [w.window for w in site.c.store.windows(pool_id)] == [0, 1]
     assert site.allocator.closed == []
+    assert t7[102].handle.calls[-1] == ("park", True)  # handed off on n2, kept there
+    assert t7[101].handle.fetched[-1] == t7[102].address
+    t7[101].handle.fail_fetch = False
+    await site.pools.reconcile()
+    await site.settle()
+    assert [w.window for w in site.c.store.windows(pool_id)] == [0]
+    assert site.allocator.closed == [wins[1].slurm_job_id]
+    assert t7[101].handle.stored == t7[102].handle.generation  # the newest, on n1 now
+    assert t7[101].handle.calls[-1] == ("park", True)  # fetched, nothing woken
+    # its next train takes that state over on n1, nothing fetched from anywhere
+    assert await site.grant(7, Phase.TRAIN) == {0, 1}
+    assert t7[101].handle.calls[-1] == ("activate", True)
+    assert t7[101].handle.sources[-1] is None
     # job 7 ends: its copies on both nodes remove its state there, then both go
     await site.c.end_job(7, JobState.COMPLETED, "done")
     await site.settle()

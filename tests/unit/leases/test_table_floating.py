@@ -87,9 +87,11 @@ def test_windows_are_added_and_retired_and_waiters_keep_their_other_options() ->
     ask(t, 2, 0.0, W1)
     req, _ = ask(t, 3, 1.0, W0, W1)
     w2 = frozenset(range(8, 12))
+    assert not t.can_retire(W0)
     with pytest.raises(LeaseError, match="held"):
         t.retire(W0, 2.0)  # job 1 holds it
     ev = t.add_gpus(w2, 2.0)  # a third window: nobody's option yet
+    assert t.can_retire(w2) and t.gpus == frozenset(range(12))  # asking changes nothing
     assert not [e for e in ev if isinstance(e, Grant)]
     assert t.gpus == frozenset(range(12))
     t.retire(w2, 3.0)
@@ -103,6 +105,7 @@ def test_retiring_gpus_a_waiter_cannot_do_without_is_refused_and_changes_nothing
     t = table()
     ask(t, 1, 0.0, W0)
     t.request(2, Phase.TRAIN, range(8), 1.0)  # the whole pool, W1 included: it waits
+    assert not t.can_retire(W1)
     with pytest.raises(LeaseError, match="waits for"):
         t.retire(W1, 2.0)
     assert t.gpus == frozenset(range(8)) and len(t.waiting) == 1

@@ -15,6 +15,7 @@ import torch
 
 from slurmrl.model import Residency
 from slurmrl.worker.backends import BackendOptions, make_backend
+from slurmrl.worker.handoff import peek_generation
 from slurmrl.worker.protocol import (
     BackendError,
     GenerateParams,
@@ -177,7 +178,7 @@ def test_hand_off_twice_writes_once_and_only_an_active_copy_hands_off(
     written = path.stat().st_mtime_ns, path.stat().st_ino
     b.hand_off(path)
     assert (path.stat().st_mtime_ns, path.stat().st_ino) == written
-    assert b.generation == 1
+    assert b.generation == 0  # untouched since it loaded: the state of generation 0
 
     parked = _loaded(lambda: TinyBackend(Role.ROLLOUT))
     parked.park(1)
@@ -220,6 +221,7 @@ def _stale_file(tmp_path: Path) -> tuple[Path, TorchModelBackend]:
     """A copy at generation 2 and a copy of the generation-1 file."""
     path = tmp_path / "trainer.state"
     a, b = _loaded(_tiny_trainer), _loaded(_tiny_trainer)
+    a.train_step(_batches(1)[0])
     a.hand_off(path)
     stale = tmp_path / "stale.state"
     stale.write_bytes(path.read_bytes())
@@ -297,3 +299,26 @@ def test_the_state_file_is_private(tmp_path: Path) -> None:
     _loaded(lambda: TinyBackend(Role.ROLLOUT)).hand_off(path)
     assert path.stat().st_mode & 0o077 == 0
     assert os.stat(path).st_uid == os.geteuid()
+
+
+def test_a_fresh_copy_on_another_node_never_ties_with_the_first_trained_hand_off(
+    tmp_path: Path,
+) -> None:
+    # a job trained alone on one window, never handing off; a second window opens on
+    # another node and the job's fresh copy there hands off at once (as the controller
+    # launches it). The trained state's first hand-off must read newer than that one,
+    # or the copies of the other node would take the fresh state for the newest
+    node_x, node_y = tmp_path / "x", tmp_path / "y"
+    node_x.mkdir()
+    node_y.mkdir()
+    trained = _loaded_after(_tiny_trainer, _batches(2))
+    fresh = _loaded(_tiny_trainer)
+    fresh.hand_off(node_y / "trainer.state")
+    trained.hand_off(node_x / "trainer.state")
+    assert (fresh.generation, trained.generation) == (0, 1)
+    assert peek_generation(node_x / "trainer.state") > peek_generation(node_y / "trainer.state")
+    # taken over and handed back untouched: the same state, the same generation
+    again = _loaded(_tiny_trainer)
+    again.take_over(node_x / "trainer.state")
+    again.hand_off(tmp_path / "trainer.state")
+    assert again.generation == 1 and peek_generation(tmp_path / "trainer.state") == 1

@@ -317,3 +317,41 @@ def test_at_the_jobs_end_a_copy_discards_its_state_from_the_nodes_directory(
         assert not shared.exists()
     finally:
         stop()
+
+
+def test_a_fetch_moves_the_state_to_another_node_and_wakes_nothing(
+    tmp_path: Path, rollout_service: Running
+) -> None:
+    # before giving back the only window on node a, the controller has b's copy fetch
+    # the state a's copy handed off there; b stays parked, and later takes it over
+    secret, control = mint_secret(), mint_secret()
+    dir_a, dir_b = prepare_dir(tmp_path / "node-a"), prepare_dir(tmp_path / "node-b")
+    a, stop_a = start(Role.TRAINER, secret, control_secret=control, handoff_dir=dir_a)
+    b, stop_b = start(Role.TRAINER, secret, control_secret=control, handoff_dir=dir_b)
+    try:
+        ctl_a = ServiceHandle(a.address, control, "42", "trainer", timeout_s=30)
+        ctl_b = ServiceHandle(b.address, control, "42", "trainer", timeout_s=30)
+        driver_b = ServiceHandle(b.address, secret, "42", "trainer", timeout_s=30)
+        batch = _batch(rollout_service)
+        ctl_a.train_step(batch)
+        trained = ctl_a.export_weights()
+        ctl_a.park(handoff=True)
+        ctl_b.park(handoff=True)  # b had nothing newer: its park hands off nothing
+        assert ctl_b.status()["stored_generation"] == 0  # its fresh state, generation 0
+        with pytest.raises(ServiceError, match="401"):
+            driver_b.fetch_handoff(a.address)  # the controller's call only
+        st = ctl_b.fetch_handoff(a.address)
+        assert st["residency"] == "parked" and st["handed_off"] and st["stored_generation"] == 1
+        assert (dir_b / "trainer.state").read_bytes() == (dir_a / "trainer.state").read_bytes()
+        stop_a()  # a's node gone: b holds the newest state on its own
+        st = ctl_b.activate(handoff=True)
+        assert st["generation"] == 1 and ctl_b.export_weights() == trained
+        assert ctl_b.train_step(batch)["step"] == 2.0
+        with pytest.raises(ServiceError, match="cannot fetch the handoff state from"):
+            ctl_b.fetch_handoff("127.0.0.1:1")
+        with pytest.raises(ServiceError, match="source must be"):
+            ctl_b._json("fetch_handoff", "POST", "/v1/handoff/fetch", {"source": 7}, 10,
+                        whole=True)
+    finally:
+        stop_b()
+        stop_a()
