@@ -274,37 +274,47 @@ class Controller:
         return next(x for x in self.store.windows(pool_id) if x.window_id == wid)
 
     def retirable_window(self, pool_id: int) -> WindowRecord | None:
-        """The floating pool's last window if `retire_window` would give it back now
-        (no lease holds it, no waiter could use only it, not the pool's only window);
+        """A window of the floating pool that `retire_window` would give back now: no
+        lease holds it, no waiter could use only it, it is not the pool's only one, nor
+        its first allocation (the pool's own Slurm job, which stands for the pool until
+        it closes); the newest such (the simulator's pools give back any free window);
         nothing changes."""
         pool = self.store.pool(pool_id)
         wins = self.store.windows(pool_id)
         if pool is None or not pool.floating or len(wins) < 2:
             return None
-        last, g = wins[-1], len(wins[0].gpu_indices)
-        ok = self.scheduler.can_retire(pool_id, range(last.window * g, last.window * g + g))
-        return last if ok else None
+        g = len(wins[0].gpu_indices)
+        return next((w for w in reversed(wins) if w.slurm_job_id != pool.slurm_job_id
+                     and self.scheduler.can_retire(pool_id,
+                                                   range(w.window * g, w.window * g + g))),
+                    None)
 
-    def retire_window(self, pool_id: int) -> WindowRecord | None:
-        """Give back a floating pool's last window if no lease holds it and no waiter
-        could use only it; returns it (its allocation is the caller's to cancel), or
-        None when it must stay for now. Never the pool's only window."""
+    def retire_window(self, pool_id: int,
+                      window: WindowRecord | None = None) -> WindowRecord | None:
+        """Give back `window` (default `retirable_window`) of a floating pool if no lease
+        holds it and no waiter could use only it; returns it (its allocation is the
+        caller's to cancel), or None when it must stay for now. Never the pool's only
+        window. Pool GPU w * G + i stays window w's GPU i: the others keep their
+        numbers (the pool's `gpu_indices` lists its open windows' in window order)."""
         pool = self.store.pool(pool_id)
         wins = self.store.windows(pool_id)
-        if pool is None or not pool.floating or len(wins) < 2:
+        window = window or self.retirable_window(pool_id)
+        if (pool is None or not pool.floating or len(wins) < 2 or window is None
+                or window.window_id not in {w.window_id for w in wins}
+                or window.slurm_job_id == pool.slurm_job_id):
             return None
-        last, g = wins[-1], len(wins[0].gpu_indices)
+        g = len(wins[0].gpu_indices)
         try:
-            self.scheduler.retire(pool_id, range(last.window * g, last.window * g + g))
+            self.scheduler.retire(pool_id, range(window.window * g, window.window * g + g))
         except LeaseError:
             return None
+        kept = [d for w in wins if w.window_id != window.window_id for d in w.gpu_indices]
         with self.store.transaction():
-            self.store.close_window(last.window_id, self.clock())
-            self.store.update_pool(pool_id, gpus=pool.gpus - g,
-                                   gpu_indices=pool.gpu_indices[:-g])
-        log.info("pool %d: window %d given back (Slurm job %d)", pool_id, last.window,
-                 last.slurm_job_id)
-        return last
+            self.store.close_window(window.window_id, self.clock())
+            self.store.update_pool(pool_id, gpus=pool.gpus - g, gpu_indices=tuple(kept))
+        log.info("pool %d: window %d given back (Slurm job %d)", pool_id, window.window,
+                 window.slurm_job_id)
+        return window
 
     async def close_pool(self, pool_id: int, reason: str) -> None:
         """Revoke the pool's leases, end its jobs (a job never migrates), close it."""

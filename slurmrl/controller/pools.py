@@ -51,6 +51,7 @@ from slurmrl.controller.services import (
     ServiceLauncher,
     ServiceSpec,
 )
+from slurmrl.controller.views import physical_gpus
 from slurmrl.db import JobRecord, PoolRecord, ServiceRecord, WindowRecord
 from slurmrl.db.readings import add_lease_reading
 from slurmrl.leases.types import Lease
@@ -381,8 +382,12 @@ class SlurmPools:
     # -- placement --------------------------------------------------------------------------
     def _capacity(self, pool: PoolRecord) -> list[GpuCapacity]:
         # Without NVML readings from the pool's node (the controller usually runs
-        # elsewhere), each GPU is assumed to have `gpu_memory_bytes`.
-        return [GpuCapacity(i, self._gpu_bytes) for i in range(pool.gpus)]
+        # elsewhere), each GPU is assumed to have `gpu_memory_bytes`. A floating pool's
+        # GPUs are its open windows' (w * G .. w * G + G - 1: a window given back
+        # leaves a gap)
+        gpus = (range(pool.gpus) if not pool.floating else sorted(
+            physical_gpus(pool, self.c.store.windows(pool.pool_id))))
+        return [GpuCapacity(i, self._gpu_bytes) for i in gpus]
 
     def _members_fp(self, pool_id: int) -> list[Footprint]:
         return [lv.footprint for lv in self._live.values() if lv.pool_id == pool_id]
@@ -547,7 +552,7 @@ class SlurmPools:
             return None
         # memory as on one window: each member's state is in one copy at a time
         g = job.request.gpus
-        on_one = [f for f in self._members_fp(pool.pool_id) if f.window == 0]
+        on_one = [f for f in self._members_fp(pool.pool_id) if f.window == wins[0].window]
         reason = admit(self._footprints(job, range(g)), on_one,
                        [GpuCapacity(i, self._gpu_bytes) for i in range(g)],
                        self.c.config.limits.parked_host_mem_per_node)
@@ -638,17 +643,16 @@ class SlurmPools:
                 out[key] = top[1]
         return out
 
-    async def _stranded(self, pool: PoolRecord) -> list[ServiceKey]:
-        """The copies whose stop would strand a job's newest state if the pool's last
-        window were given back: the window is on a node none of the pool's other windows
+    async def _stranded(self, pool: PoolRecord, last: int) -> list[ServiceKey]:
+        """The copies whose stop would strand a job's newest state if the pool's window
+        `last` were given back: the window is on a node none of the pool's other windows
         is on, and the copy is active (retiring would hand its state off there) or
         reports a newer generation than any of the job's copies elsewhere (its state
         was last handed off there): with the window's copies stopped, no copy could
         fetch it (`_move_off` moves it first)."""
         where = self._nodes_of(pool)
-        if len(where) < 2:
+        if len(where) < 2 or last not in where:
             return []
-        last = max(where)
         if where[last] in {n for w, n in where.items() if w != last}:
             return []
         mine = [(k, lv) for k, lv in self._live.items() if lv.pool_id == pool.pool_id
@@ -666,14 +670,14 @@ class SlurmPools:
             lv.footprint.residency is Residency.ACTIVE
             or (lv.job_id, lv.footprint.name.rpartition("@")[0]) in ahead)]
 
-    async def _move_off(self, pool: PoolRecord, stranded: Sequence[ServiceKey]) -> bool:
-        """Move the newest states the last window's copies hold to a node the pool keeps,
+    async def _move_off(self, pool: PoolRecord, last: int,
+                        stranded: Sequence[ServiceKey]) -> bool:
+        """Move the newest states window `last`'s copies hold to a node the pool keeps,
         so that the window can go: its active copies hand theirs off, then the job's
         copy of that service on another node fetches it (`fetch_handoff`) and is left
         parked. True when every state has moved; False (the window stays, the state is
         where it was) when a fetch fails or no copy elsewhere could take it."""
         where = self._nodes_of(pool)
-        last = max(where)
         await asyncio.gather(*(self._set(k, Residency.PARKED, handoff=True) for k in stranded
                                if self._live[k].footprint.residency is Residency.ACTIVE))
         for key in stranded:
@@ -738,8 +742,9 @@ class SlurmPools:
                                    for f in fps))
 
     async def _retire_spare(self, pool_id: int) -> None:
-        """Give back a floating pool's last window while it has more windows than
-        members and no lease holds that window: its services hand off what they hold
+        """Give back a floating pool's windows while it has more windows than members,
+        each once no lease holds it (the newest free one first): its services hand off
+        what they hold
         (across nodes, where it is its node's only window, a job's newest state there is
         first moved to another node, and the copies remove the job's files from the
         node), stop, and its allocation is cancelled."""
@@ -754,14 +759,15 @@ class SlurmPools:
                 members = c.store.jobs(active=True, pool_id=pool_id)
                 if len(c.store.windows(pool_id)) <= max(1, len(members)):
                     return
-                if c.retirable_window(pool_id) is None:
+                spare = c.retirable_window(pool_id)
+                if spare is None:
                     return
-                stranded = await self._stranded(pool)
-                if stranded and (not await self._move_off(pool, stranded)
-                                 or await self._stranded(pool)):
+                stranded = await self._stranded(pool, spare.window)
+                if stranded and (not await self._move_off(pool, spare.window, stranded)
+                                 or await self._stranded(pool, spare.window)):
                     return  # retried at the next reconcile
                 where = self._nodes_of(pool)
-                gone = c.retire_window(pool_id)
+                gone = c.retire_window(pool_id, spare)
                 if gone is None:
                     return
                 alone = where[gone.window] not in {n for w, n in where.items()
@@ -985,12 +991,21 @@ class SlurmPools:
 
     async def _stop_job_services(self, job_id: int) -> None:
         """Stop the job's services; a floating member's copies first remove its state
-        from their nodes' hand-off directories (memory-backed: it would stay there)."""
-        keys = [k for k in self._live if k[0] == job_id]
-        await asyncio.gather(*(self._discard(self._live[k]) for k in keys
-                               if self._live[k].footprint.window is not None))
-        for key in keys:
-            await self._stop_service(key)
+        from their nodes' hand-off directories (memory-backed: it would stay there).
+        That under the pool's hand-off lock, the services taken out of every later
+        hand-off's plan at once: a grant's hand-off parking a copy after its discard
+        would write the state back (seen: an ended job's directory left on a node)."""
+        floating = sorted({lv.pool_id for k, lv in self._live.items()
+                           if k[0] == job_id and lv.footprint.window is not None})
+        async with contextlib.AsyncExitStack() as locked:
+            for pool_id in floating:
+                await locked.enter_async_context(
+                    self._handoff_locks.setdefault(pool_id, asyncio.Lock()))
+            gone = [self._live.pop(k) for k in [k for k in self._live if k[0] == job_id]]
+            await asyncio.gather(*(self._discard(lv) for lv in gone
+                                   if lv.footprint.window is not None))
+        for live in gone:
+            await self._stop_live(live)
 
     @staticmethod
     async def _discard(live: _Live) -> None:
@@ -1001,10 +1016,14 @@ class SlurmPools:
                         live.footprint.name, exc)
 
     async def _stop_service(self, key: tuple[int, str]) -> None:
-        assert self.launcher is not None
         live = self._live.pop(key, None)
         if live is None:  # a concurrent call (the job ended mid-placement) stops it
             return
+        await self._stop_live(live)
+
+    async def _stop_live(self, live: _Live) -> None:
+        """Stop a service already taken out of `_live`."""
+        assert self.launcher is not None
         if live.running is not None:
             await asyncio.to_thread(self.launcher.stop, live.running)
         else:  # re-attached after a restart: no srun of ours to end (best effort; a

@@ -96,12 +96,15 @@ class LeaseScheduler:
         self._last_window: dict[tuple[int, int], int] = {}
 
     # -- pools -----------------------------------------------------------------------------
-    def open_pool(self, pool_id: int, gpus: int, window: int | None = None) -> None:
-        """Start scheduling a pool's GPUs 0..gpus-1 (idempotent). `window`: a floating
-        pool's window size G (its windows are GPUs w*G .. w*G+G-1)."""
+    def open_pool(self, pool_id: int, gpus: int | Iterable[int],
+                  window: int | None = None) -> None:
+        """Start scheduling a pool's GPUs 0..gpus-1, or those listed (idempotent).
+        `window`: a floating pool's window size G (its windows are GPUs w*G .. w*G+G-1;
+        a window given back leaves a gap)."""
         if pool_id not in self.tables:
             self.tables[pool_id] = LeaseTable(
-                pool_id, range(gpus), self._policy(), self.lease_timeout_s)
+                pool_id, range(gpus) if isinstance(gpus, int) else gpus, self._policy(),
+                self.lease_timeout_s)
         if window is not None:
             self._window_size[pool_id] = window
 
@@ -159,7 +162,8 @@ class LeaseScheduler:
             members = self.store.jobs(active=True, pool_id=pool.pool_id)
             recorded = self.store.windows(pool.pool_id) if pool.floating else []
             size = len(recorded[0].gpu_indices) if recorded else None  # its window size
-            self.open_pool(pool.pool_id, pool.gpus, size)
+            self.open_pool(pool.pool_id, pool.gpus if size is None else [
+                w.window * size + i for w in recorded for i in range(size)], size)
             held, waiting = self.store.open_state(pool.pool_id)
             if size is not None:  # a request's options are not stored: its windows now
                 wins = self.windows(pool.pool_id)

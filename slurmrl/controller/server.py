@@ -52,7 +52,7 @@ from slurmrl.controller.validate import (
     parse_json,
     parse_wait,
 )
-from slurmrl.controller.views import job_view, lease_view, pool_view
+from slurmrl.controller.views import job_view, lease_view, physical_gpus, pool_view
 from slurmrl.db import JobRecord
 from slurmrl.leases import LeaseError
 from slurmrl.leases.types import Lease
@@ -155,7 +155,7 @@ class Api:
 
     def __init__(self, c: Controller) -> None:
         self.c = c
-        self._gpu_indices: dict[int, tuple[int, ...]] = {}
+        self._gpu_indices: dict[int, dict[int, int]] = {}
 
     def _lease(self, lease: Lease | Any, pool_id: int, private: bool = True,
                job: JobRecord | None = None) -> dict[str, Any]:
@@ -165,13 +165,17 @@ class Api:
         return lease_view(lease, pool_id, job, self.c.config.controller.heartbeat_s,
                           private=private, physical=self._physical(pool_id))
 
-    def _physical(self, pool_id: int) -> tuple[int, ...]:
-        """A pool's node GPU indices: fixed when the pool opens, so read once."""
+    def _physical(self, pool_id: int) -> dict[int, int]:
+        """A pool's GPUs as the node's indices (`physical_gpus`): fixed when a pool
+        opens, so read once; a floating pool's change as windows come and go, so they
+        are read each time."""
         got = self._gpu_indices.get(pool_id)
         if got is None:
             pool = self.c.store.pool(pool_id)
-            got = pool.gpu_indices if pool else ()
-            if got:  # an empty one might be filled in later: not cached
+            if pool is None:
+                return {}
+            got = physical_gpus(pool, self.c.store.windows(pool_id) if pool.floating else ())
+            if got and not pool.floating:  # an empty one might be filled in later
                 self._gpu_indices[pool_id] = got
         return got
 

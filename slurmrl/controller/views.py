@@ -8,7 +8,7 @@ details (model, profile...), pool GPU mapping, leases' GPU sets, ledger, observa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slurmrl.db import JobRecord, LeaseRecord, PoolRecord, ServiceRecord, WindowRecord
@@ -85,9 +85,19 @@ def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
     return out
 
 
+def physical_gpus(pool: PoolRecord, windows: Sequence[WindowRecord] = ()) -> dict[int, int]:
+    """Pool GPU -> the node's GPU index (as Slurm allocated it): a fixed pool's GPU i
+    is its `gpu_indices[i]`; a floating pool's GPU w * G + i is its window w's GPU i
+    (`windows`: its open ones)."""
+    if not pool.floating:
+        return dict(enumerate(pool.gpu_indices))
+    return {w.window * len(w.gpu_indices) + i: d for w in windows
+            for i, d in enumerate(w.gpu_indices)}
+
+
 def lease_view(lease: Lease | LeaseRecord, pool_id: int, job: JobRecord | None,
                heartbeat_s: float, *, private: bool = True,
-               physical: tuple[int, ...] = ()) -> dict[str, Any]:
+               physical: Mapping[int, int] | None = None) -> dict[str, Any]:
     if isinstance(lease, Lease):
         state, released_at, reason, gpus = LeaseState.HELD, None, "", sorted(lease.gpus)
         granted_at: float | None = lease.granted_at
@@ -120,7 +130,7 @@ def lease_view(lease: Lease | LeaseRecord, pool_id: int, job: JobRecord | None,
         out.update({
             "gpus": gpus,
             "local_gpus": local,
-            "physical_gpus": [physical[g] for g in gpus if g < len(physical)],
+            "physical_gpus": [physical[g] for g in gpus if physical and g in physical],
         })
     return out
 

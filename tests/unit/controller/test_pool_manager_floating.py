@@ -10,6 +10,8 @@ one joins it adding a window.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,10 @@ from slurmrl.config import Config, ConfigError, load
 from slurmrl.config.schema import LimitsConfig, SlurmConfig
 from slurmrl.controller.core import Controller
 from slurmrl.controller.pools import PoolError, SlurmPool, SlurmPools
+from slurmrl.controller.scheduler import LeaseScheduler
+from slurmrl.controller.server import Api
 from slurmrl.controller.services import ServiceSpec
+from slurmrl.controller.views import physical_gpus
 from slurmrl.db import Store
 from slurmrl.leases import LeaseError
 from slurmrl.model import Identity, JobState, Phase
@@ -80,6 +85,7 @@ class FakeHandle:
     fetched: list[str] = field(default_factory=list)  #: each fetch_handoff's source
     fail_fetch: bool = False  #: the source cannot be reached
     registry: dict[str, FakeHandle] = field(default_factory=dict)  #: every copy by address
+    hold: threading.Event | None = None  #: a park waits for it
 
     def activate(self, timeout_s: float | None = None, *,
                  handoff: bool = False, source: str | None = None) -> dict[str, Any]:
@@ -93,6 +99,8 @@ class FakeHandle:
 
     def park(self, level: int = 1, timeout_s: float | None = None, *,
              handoff: bool = False) -> dict[str, Any]:
+        if self.hold is not None:  # a slow hand-off: done (recorded) once let go
+            self.hold.wait(10)
         self.calls.append(("park", handoff))
         self.generation += handoff
         return {"residency": "parked"}
@@ -335,6 +343,90 @@ async def test_a_window_more_than_the_members_is_given_back_once_free(tmp_path: 
     await site.c.end_job(7, JobState.COMPLETED, "done")
     await site.settle()
     assert site.allocator.closed == [102, 101]
+    await site.c.stop()
+
+
+@run
+async def test_a_free_window_goes_back_though_a_newer_one_is_held(tmp_path: Path) -> None:
+    # three members on three windows; the one in the middle ends while the newest
+    # window is held: the free one goes at once (not only the newest, as the simulator
+    # does), the others keep their pool GPU numbers, leases name the right node GPUs,
+    # and a restarted controller schedules the same GPUs, gap and all
+    site = await _site(Store(tmp_path / "c.db"))
+    await site.register(ALICE, 7)
+    pool_id = site.job(7).pool_id
+    assert pool_id is not None
+    api = Api(site.c)  # what a lease's view says of its node GPUs (`physical_gpus`)
+    assert api._physical(pool_id) == {0: 0, 1: 1}
+    for who, job in ((BOB, 8), (CAROL, 9)):
+        await site.register(who, job)
+    wins = site.c.store.windows(pool_id)
+    assert [w.window for w in wins] == [0, 1, 2]
+    assert api._physical(pool_id) == {  # read as the windows are now, never cached
+        w.window * 2 + i: d for w in wins for i, d in enumerate(w.gpu_indices)}
+    assert await site.grant(7, Phase.TRAIN) == {0, 1}
+    assert await site.grant(8, Phase.TRAIN) == {2, 3}
+    assert await site.grant(9, Phase.TRAIN) == {4, 5}
+    site.release(8, {2, 3})
+    await site.c.end_job(8, JobState.COMPLETED, "done")
+    await site.settle()
+    assert [w.window for w in site.c.store.windows(pool_id)] == [0, 2]
+    assert site.allocator.closed == [wins[1].slurm_job_id]
+    assert site.c.scheduler.tables[pool_id].gpus == {0, 1, 4, 5}
+    assert site.c.scheduler.windows(pool_id) == [frozenset({0, 1}), frozenset({4, 5})]
+    pool = site.c.store.pool(pool_id)
+    assert pool is not None and pool.gpus == 4
+    assert pool.gpu_indices == (*wins[0].gpu_indices, *wins[2].gpu_indices)
+    assert physical_gpus(pool, site.c.store.windows(pool_id)) == api._physical(pool_id) == {
+        **dict(zip((0, 1), wins[0].gpu_indices, strict=True)),
+        **dict(zip((4, 5), wins[2].gpu_indices, strict=True))}
+    # job 7 and job 9 go on, each on a window left; while 9 holds its own, 7's next
+    # phase takes the other, its services there taking its state over
+    site.release(7, {0, 1})
+    assert await site.grant(7, Phase.ROLLOUT) == {0, 1}
+    assert site.launcher.of(7, "rollout", wins[0].slurm_job_id).handle.calls[-1] == \
+        ("activate", True)
+    again = LeaseScheduler(site.c.store, site.c.scheduler._policy,
+                           site.c.config.controller.lease_timeout_s)
+    again.restore()
+    assert again.tables[pool_id].gpus == {0, 1, 4, 5}
+    assert again.windows(pool_id) == [frozenset({0, 1}), frozenset({4, 5})]
+    # the pool's own allocation (window 0) stays while the pool does, free or not
+    site.release(7, {0, 1})
+    site.release(9, {4, 5})
+    await site.c.end_job(9, JobState.COMPLETED, "done")
+    await site.settle()
+    assert [w.window for w in site.c.store.windows(pool_id)] == [0]
+    assert site.allocator.closed == [wins[1].slurm_job_id, wins[2].slurm_job_id]
+    await site.c.end_job(7, JobState.COMPLETED, "done")
+    await site.settle()
+    assert site.allocator.closed == [w.slurm_job_id for w in (wins[1], wins[2], wins[0])]
+    await site.c.stop()
+
+
+@run
+async def test_an_ended_jobs_state_is_not_written_back_after_its_discard(
+        tmp_path: Path) -> None:
+    # job 8 ends while a grant's hand-off is parking its copy on that window (writing
+    # its state there): the discard waits for that hand-off, so the state file is gone
+    # at the end, not written back after it
+    site = await _site(Store(tmp_path / "c.db"))
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    assert await site.grant(8, Phase.TRAIN) == {0, 1}
+    t8 = site.launcher.of(8, "trainer", 101)
+    site.release(8, {0, 1})
+    t8.handle.hold = threading.Event()
+    granted = asyncio.create_task(site.grant(7, Phase.TRAIN))  # takes window 0
+    await asyncio.sleep(0.2)  # its hand-off is parking job 8's trainer there
+    ended = asyncio.create_task(site.c.end_job(8, JobState.COMPLETED, "done"))
+    await asyncio.sleep(0.2)
+    t8.handle.hold.set()
+    assert await granted == {0, 1}
+    await ended
+    await site.settle()
+    assert t8.handle.calls[-2:] == [("park", True), ("discard", True)]
+    assert t8 in site.launcher.stopped
     await site.c.stop()
 
 
