@@ -275,19 +275,16 @@ class Controller:
 
     def retirable_window(self, pool_id: int) -> WindowRecord | None:
         """A window of the floating pool that `retire_window` would give back now: no
-        lease holds it, no waiter could use only it, it is not the pool's only one, nor
-        its first allocation (the pool's own Slurm job, which stands for the pool until
-        it closes); the newest such (the simulator's pools give back any free window);
-        nothing changes."""
+        lease holds it, no waiter could use only it, and it is not the pool's only one;
+        the newest such (as the simulator's pools give back any free window); nothing
+        changes."""
         pool = self.store.pool(pool_id)
         wins = self.store.windows(pool_id)
         if pool is None or not pool.floating or len(wins) < 2:
             return None
         g = len(wins[0].gpu_indices)
-        return next((w for w in reversed(wins) if w.slurm_job_id != pool.slurm_job_id
-                     and self.scheduler.can_retire(pool_id,
-                                                   range(w.window * g, w.window * g + g))),
-                    None)
+        return next((w for w in reversed(wins) if self.scheduler.can_retire(
+            pool_id, range(w.window * g, w.window * g + g))), None)
 
     def retire_window(self, pool_id: int,
                       window: WindowRecord | None = None) -> WindowRecord | None:
@@ -295,23 +292,27 @@ class Controller:
         holds it and no waiter could use only it; returns it (its allocation is the
         caller's to cancel), or None when it must stay for now. Never the pool's only
         window. Pool GPU w * G + i stays window w's GPU i: the others keep their
-        numbers (the pool's `gpu_indices` lists its open windows' in window order)."""
+        numbers (the pool's `gpu_indices` lists its open windows' in window order). The
+        pool's first allocation may go too: its oldest open window's then stands for it
+        (`slurm_job_id`; its home node, `nodes`, stays what it was)."""
         pool = self.store.pool(pool_id)
         wins = self.store.windows(pool_id)
         window = window or self.retirable_window(pool_id)
         if (pool is None or not pool.floating or len(wins) < 2 or window is None
-                or window.window_id not in {w.window_id for w in wins}
-                or window.slurm_job_id == pool.slurm_job_id):
+                or window.window_id not in {w.window_id for w in wins}):
             return None
         g = len(wins[0].gpu_indices)
         try:
             self.scheduler.retire(pool_id, range(window.window * g, window.window * g + g))
         except LeaseError:
             return None
-        kept = [d for w in wins if w.window_id != window.window_id for d in w.gpu_indices]
+        left = [w for w in wins if w.window_id != window.window_id]
+        stands = (pool.slurm_job_id if pool.slurm_job_id != window.slurm_job_id
+                  else left[0].slurm_job_id)
         with self.store.transaction():
             self.store.close_window(window.window_id, self.clock())
-            self.store.update_pool(pool_id, gpus=pool.gpus - g, gpu_indices=tuple(kept))
+            self.store.update_pool(pool_id, gpus=pool.gpus - g, slurm_job_id=stands,
+                                   gpu_indices=tuple(d for w in left for d in w.gpu_indices))
         log.info("pool %d: window %d given back (Slurm job %d)", pool_id, window.window,
                  window.slurm_job_id)
         return window

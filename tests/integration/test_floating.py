@@ -262,16 +262,22 @@ def test_floating_pool_members_take_whichever_window_is_free_and_keep_their_stat
             jobs.run(["scancel", str(jid)])  # type: ignore[attr-defined]
         _wait(lambda: len(store.windows(pool.pool_id)) == 1, 90,
               "the pool to give a window back", evidence)
-        gone = windows[1].slurm_job_id
+        # whichever was free first (the pool's first allocation too: the one left then
+        # stands for the pool), its allocation ended, and the job goes on on the other
+        (kept,) = store.windows(pool.pool_id)
+        (gone,) = [w.slurm_job_id for w in windows if w.window != kept.window]
         _wait(lambda: jobs.state(gone) in (None, "CANCELLED", "COMPLETED"), 60,  # type: ignore[attr-defined]
-              f"window 1's allocation (Slurm job {gone}) to end")
+              f"the given-back window's allocation (Slurm job {gone}) to end")
+        assert store.pool(pool.pool_id).slurm_job_id == kept.slurm_job_id  # type: ignore[union-attr]
         n = len(_rounds(outs[2]))
         _wait(lambda: len(_rounds(outs[2])) >= n + 3, 90, "the last job to go on alone",
               evidence)
         rounds = _rounds(outs[2])
         assert [r["step"] for r in rounds] == [i + 1.0 for i in range(len(rounds))]
-        assert all(r["same"] and r["train_on"] == [0, 1] for r in rounds[n + 1:]), \
+        mine = [kept.window * 2, kept.window * 2 + 1]
+        assert all(r["same"] and r["train_on"] == mine for r in rounds[n + 1:]), \
             read(outs[2])
+        assert store.pool(pool.pool_id).state == "open"  # type: ignore[union-attr]
 
 
 PACK_DRIVER = '''#!{python}
