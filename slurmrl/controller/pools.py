@@ -744,10 +744,9 @@ class SlurmPools:
     async def _retire_spare(self, pool_id: int) -> None:
         """Give back a floating pool's windows while it has more windows than members,
         each once no lease holds it (the newest free one first): its services hand off
-        what they hold
-        (across nodes, where it is its node's only window, a job's newest state there is
-        first moved to another node, and the copies remove the job's files from the
-        node), stop, and its allocation is cancelled."""
+        what they hold (across nodes, where it is its node's only window, a job's newest
+        state there is first moved to another node, and the copies remove the job's
+        files from the node), stop, and its allocation is cancelled."""
         assert self.allocator is not None
         c = self.c
         async with self._handoff_locks.setdefault(pool_id, asyncio.Lock()):
