@@ -137,10 +137,16 @@ def lease_view(lease: Lease | LeaseRecord, pool_id: int, job: JobRecord | None,
 
 def pool_view(pool: PoolRecord, members: list[int], *, admin: bool,
               windows: Sequence[WindowRecord] = ()) -> dict[str, Any]:
-    """`windows`: a floating pool's open windows (each a Slurm allocation)."""
+    """`windows`: a floating pool's open windows (each a Slurm allocation). A floating
+    pool's `nodes` are its open windows' (a window recorded without a node is on the
+    pool's first node), in window order."""
+    nodes = list(pool.nodes)
+    if pool.floating and windows:
+        home = pool.nodes[0] if pool.nodes else None
+        nodes = list(dict.fromkeys(n for w in windows if (n := w.node or home)))
     out: dict[str, Any] = {
         "pool_id": pool.pool_id, "state": pool.state, "gpus": pool.gpus,
-        "partition": pool.partition, "nodes": list(pool.nodes), "members": members,
+        "partition": pool.partition, "nodes": nodes, "members": members,
         "dedicated": pool.dedicated, "reason": pool.reason, "opened_at": pool.opened_at,
         "closed_at": pool.closed_at, "floating": pool.floating,
         "windows": len(windows) if pool.floating else None,

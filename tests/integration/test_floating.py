@@ -413,6 +413,15 @@ def test_a_floating_pools_windows_on_two_slurm_nodes_pass_each_jobs_state_betwee
             windows = store.windows(pool.pool_id)
             on = {w.window: w.node or pool.nodes[0] for w in windows}
             assert sorted(on.values()) == ["n2", "n3"], (pool, windows)
+            # `slurmrl status --pools` shows both nodes
+            from tests.integration.controller_harness import env_for_controller
+            shown = subprocess.run(
+                [sys.executable, "-m", "slurmrl.cli.main", "status", "--controller", ctl.url,
+                 "--pools", "-h", "-o", "pool,windows,nodes"], capture_output=True,
+                text=True, env=env_for_controller(slurm_env), timeout=60, check=False)
+            assert shown.returncode == 0, shown.stderr
+            assert shown.stdout.split() == [f"p{pool.pool_id}", "2",
+                                            f"{on[0]},{on[1]}"], shown.stdout
             # every service runs as a step on its window's node
             from slurmrl.worker.handle import ServiceHandle
             live = store.services(pool_id=pool.pool_id, live_only=True)

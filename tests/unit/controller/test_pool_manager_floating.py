@@ -29,7 +29,7 @@ from slurmrl.controller.pools import PoolError, PoolLoss, SlurmPool, SlurmPools
 from slurmrl.controller.scheduler import LeaseScheduler
 from slurmrl.controller.server import Api
 from slurmrl.controller.services import ServiceSpec
-from slurmrl.controller.views import physical_gpus
+from slurmrl.controller.views import physical_gpus, pool_view
 from slurmrl.db import Store
 from slurmrl.leases import LeaseError
 from slurmrl.model import Identity, JobState, Phase
@@ -697,6 +697,11 @@ async def test_across_nodes_a_full_node_sends_a_window_elsewhere_and_the_state_f
     # within one node nothing is fetched: job 8's copy on window 0 took its state there
     t8 = site.launcher.of(8, "trainer", 101)
     assert t8.handle.sources == [None]
+    # `slurmrl status --pools` lists the nodes its windows are on
+    pool = site.c.store.pool(pool_id)
+    assert pool is not None
+    view = pool_view(pool, [7, 8], admin=True, windows=site.c.store.windows(pool_id))
+    assert view["nodes"] == ["n1", "n2"] and view["windows"] == 2
     # the policy is told floating pools are not bounded by a node
     seen = site.c.policies.pairing.seen  # type: ignore[attr-defined]
     assert seen is not None and seen.floating_max_gpus == {}
@@ -719,6 +724,8 @@ async def test_across_nodes_a_full_node_sends_a_window_elsewhere_and_the_state_f
     await site.settle()
     assert [w.window for w in site.c.store.windows(pool_id)] == [0]
     assert site.allocator.closed == [wins[1].slurm_job_id]
+    assert pool_view(pool, [7], admin=True,
+                     windows=site.c.store.windows(pool_id))["nodes"] == ["n1"]
     assert t7[101].handle.stored == t7[102].handle.generation  # the newest, on n1 now
     assert t7[101].handle.calls[-1] == ("park", True)  # fetched, nothing woken
     # its next train takes that state over on n1, nothing fetched from anywhere
