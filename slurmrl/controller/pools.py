@@ -672,14 +672,15 @@ class SlurmPools:
 
     async def _move_off(self, pool: PoolRecord, last: int,
                         stranded: Sequence[ServiceKey]) -> bool:
-        """Move the newest states window `last`'s copies hold to a node the pool keeps,
-        so that the window can go: its active copies hand theirs off, then the job's
-        copy of that service on another node fetches it (`fetch_handoff`) and is left
-        parked. True when every state has moved; False (the window stays, the state is
-        where it was) when a fetch fails or no copy elsewhere could take it."""
+        """Move the newest states window `last`'s copies hold (handed off) to a node the
+        pool keeps, so that the window can go: the job's copy of that service on another
+        node fetches it (`fetch_handoff`) and is left parked. True when every fetch
+        succeeded; False (the window stays, the state is where it was) when one failed
+        or no copy elsewhere could take it. Run outside the pool's hand-off lock: a copy
+        activated meanwhile takes its state over as at any grant."""
         where = self._nodes_of(pool)
-        await asyncio.gather(*(self._set(k, Residency.PARKED, handoff=True) for k in stranded
-                               if self._live[k].footprint.residency is Residency.ACTIVE))
+        if last not in where:
+            return False
         for key in stranded:
             src = self._live.get(key)
             if src is None:
@@ -744,45 +745,64 @@ class SlurmPools:
     async def _retire_spare(self, pool_id: int) -> None:
         """Give back a floating pool's windows while it has more windows than members,
         each once no lease holds it (the newest free one first): its services hand off
-        what they hold (across nodes, where it is its node's only window, a job's newest
-        state there is first moved to another node, and the copies remove the job's
-        files from the node), stop, and its allocation is cancelled."""
+        what they hold, stop, and its allocation is cancelled. Across nodes, where it is
+        its node's only window and a job's newest state is there, the state is first
+        moved to another node (`_move_off`: the fetch runs outside the pool's hand-off
+        lock, so grants go on meanwhile; whether the state is still stranded is asked
+        again after it), and the window's copies then remove the job's files there."""
+        assert self.allocator is not None
+        moved: set[int] = set()  # windows whose states were moved off once this call
+        while True:
+            async with self._handoff_locks.setdefault(pool_id, asyncio.Lock()):
+                step = await self._retire_one(pool_id, moved)
+            if step is None:
+                return
+            pool, window, stranded = step
+            moved.add(window)
+            if not await self._move_off(pool, window, stranded):
+                return  # the window stays; retried at the next reconcile
+
+    async def _retire_one(self, pool_id: int, moved: set[int]
+                          ) -> tuple[PoolRecord, int, list[ServiceKey]] | None:
+        """Under the pool's hand-off lock: give back one spare window, or return the
+        window and the copies whose newest states must be moved off its node first (its
+        active copies already handed off); None when nothing is to be given back now."""
         assert self.allocator is not None
         c = self.c
-        async with self._handoff_locks.setdefault(pool_id, asyncio.Lock()):
-            while True:
-                pool = c.store.pool(pool_id)
-                if (pool is None or not pool.floating or pool.state != "open"
-                        or self._placing.get(pool_id)):
-                    return
-                members = c.store.jobs(active=True, pool_id=pool_id)
-                if len(c.store.windows(pool_id)) <= max(1, len(members)):
-                    return
-                spare = c.retirable_window(pool_id)
-                if spare is None:
-                    return
-                stranded = await self._stranded(pool, spare.window)
-                if stranded and (not await self._move_off(pool, spare.window, stranded)
-                                 or await self._stranded(pool, spare.window)):
-                    return  # retried at the next reconcile
-                where = self._nodes_of(pool)
-                gone = c.retire_window(pool_id, spare)
-                if gone is None:
-                    return
-                alone = where[gone.window] not in {n for w, n in where.items()
-                                                   if w != gone.window}
-                keys = [k for k, lv in self._live.items()
-                        if lv.pool_id == pool_id and lv.footprint.window == gone.window]
-                active = [k for k in keys
-                          if self._live[k].footprint.residency is Residency.ACTIVE]
-                await asyncio.gather(*(self._set(k, Residency.PARKED, handoff=True)
-                                       for k in active))
-                if alone and not active:  # no newest state there: nothing left to serve
-                    await asyncio.gather(*(self._discard(self._live[k]) for k in keys))
-                for k in keys:
-                    await self._stop_service(k)
-                with contextlib.suppress(SlurmError):
-                    await asyncio.to_thread(self.allocator.close, gone.slurm_job_id)
+        pool = c.store.pool(pool_id)
+        if (pool is None or not pool.floating or pool.state != "open"
+                or self._placing.get(pool_id)):
+            return None
+        members = c.store.jobs(active=True, pool_id=pool_id)
+        if len(c.store.windows(pool_id)) <= max(1, len(members)):
+            return None
+        spare = c.retirable_window(pool_id)
+        if spare is None:
+            return None
+        stranded = await self._stranded(pool, spare.window)
+        if stranded:
+            if spare.window in moved:  # moved once, and still not elsewhere
+                return None  # retried at the next reconcile
+            await asyncio.gather(*(self._set(k, Residency.PARKED, handoff=True)
+                                   for k in stranded if k in self._live and
+                                   self._live[k].footprint.residency is Residency.ACTIVE))
+            return pool, spare.window, stranded
+        where = self._nodes_of(pool)
+        gone = c.retire_window(pool_id, spare)
+        if gone is None:
+            return None
+        alone = where[gone.window] not in {n for w, n in where.items() if w != gone.window}
+        keys = [k for k, lv in self._live.items()
+                if lv.pool_id == pool_id and lv.footprint.window == gone.window]
+        active = [k for k in keys if self._live[k].footprint.residency is Residency.ACTIVE]
+        await asyncio.gather(*(self._set(k, Residency.PARKED, handoff=True) for k in active))
+        if alone and not active:  # no newest state there: nothing left to serve
+            await asyncio.gather(*(self._discard(self._live[k]) for k in keys))
+        for k in keys:
+            await self._stop_service(k)
+        with contextlib.suppress(SlurmError):
+            await asyncio.to_thread(self.allocator.close, gone.slurm_job_id)
+        return await self._retire_one(pool_id, moved)  # the next spare window, if any
 
     def _joinable(self, job: JobRecord, pool: PoolRecord | None, mine: list[Footprint],
                   gpus: tuple[int, ...]) -> PoolRecord | None:

@@ -110,6 +110,8 @@ class FakeHandle:
         return {"generation": self.generation, "stored_generation": self.stored}
 
     def fetch_handoff(self, source: str, timeout_s: float | None = None) -> dict[str, Any]:
+        if self.hold is not None:  # a slow fetch (a large state over a network)
+            self.hold.wait(10)
         self.fetched.append(source)
         if self.fail_fetch:
             raise ServiceError("fetch_handoff", 400, f"cannot fetch the handoff state "
@@ -737,6 +739,47 @@ async def test_across_nodes_a_full_node_sends_a_window_elsewhere_and_the_state_f
     await site.settle()
     assert all(s.handle.calls[-1] == ("discard", True) for s in site.launcher.launched
                if s.spec.job_id == 7)
+    await site.c.stop()
+
+
+@run
+async def test_a_state_moved_off_a_node_does_not_hold_the_pools_grants(
+        tmp_path: Path) -> None:
+    # the move's fetch (seconds for a large state over a network) runs outside the
+    # pool's hand-off lock: a grant in the pool is answered meanwhile; the window goes
+    # only once the state is no longer newest there
+    site = await _site(Store(tmp_path / "c.db"), ACROSS)
+    site.slurm.nodes = lambda: [  # type: ignore[method-assign]
+        NodeInfo("n1", "MIXED", 2, 8, 64000, ("pools",)),
+        NodeInfo("n2", "IDLE", 4, 8, 64000, ("pools",))]
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    pool_id = site.job(7).pool_id
+    assert pool_id is not None
+    wins = site.c.store.windows(pool_id)
+    assert [w.node for w in wins] == [None, "n2"]
+    assert await site.grant(8, Phase.TRAIN) == {0, 1}
+    assert await site.grant(7, Phase.TRAIN) == {2, 3}  # job 7's state is on n2 now
+    t7 = {a: site.launcher.of(7, "trainer", a) for a in (wins[0].slurm_job_id,
+                                                         wins[1].slurm_job_id)}
+    site.release(7, {2, 3})
+    site.release(8, {0, 1})
+    held = threading.Event()
+    t7[wins[0].slurm_job_id].handle.hold = held
+    ended = asyncio.create_task(site.c.end_job(8, JobState.COMPLETED, "done"))
+    await site.until(lambda: t7[wins[1].slurm_job_id].handle.calls[-1] == ("park", True))
+    # the fetch onto n1 is under way; job 7's next phase is granted at once
+    assert await asyncio.wait_for(site.grant(7, Phase.ROLLOUT), 2.0) == {2, 3}
+    held.set()
+    await ended
+    await site.settle()
+    # asked again once the fetch is done: job 7 holds n2's window now, and n1's is
+    # free with nothing there newer than elsewhere: that one goes (its copies remove
+    # job 7's files on n1, the only window there)
+    assert [w.window for w in site.c.store.windows(pool_id)] == [1]
+    assert site.allocator.closed == [wins[0].slurm_job_id]
+    assert t7[wins[0].slurm_job_id].handle.calls[-1] == ("discard", True)
+    assert t7[wins[1].slurm_job_id].handle.calls[-1] == ("park", True)  # its trainer
     await site.c.stop()
 
 
