@@ -626,11 +626,11 @@ class SlurmPools:
             me = self._live.get(key)
             if me is None or me.footprint.window not in where:
                 continue
-            base = me.footprint.name.rpartition("@")[0]
+            base = me.footprint.service
             peers = [lv for lv in self._live.values()  # itself too: its node's file
                      if lv.job_id == me.job_id and lv.pool_id == pool.pool_id
                      and lv.footprint.window in where
-                     and lv.footprint.name.rpartition("@")[0] == base]
+                     and lv.footprint.service == base]
             gens = await asyncio.gather(*(self._generation(lv) for lv in peers))
             best: dict[str, tuple[int, str]] = {}  # node -> (generation, address)
             for lv, gen in zip(peers, gens, strict=True):
@@ -660,7 +660,7 @@ class SlurmPools:
         gens = await asyncio.gather(*(self._generation(lv) for _, lv in mine))
         newest: dict[tuple[int, str], tuple[int, int]] = {}  # (job, service) -> (there, else)
         for (_, lv), gen in zip(mine, gens, strict=True):
-            key = (lv.job_id, lv.footprint.name.rpartition("@")[0])
+            key = (lv.job_id, lv.footprint.service)
             there, other = newest.get(key, (-1, -1))
             g = -1 if gen is None else gen
             newest[key] = ((max(there, g), other) if lv.footprint.window == last
@@ -668,7 +668,7 @@ class SlurmPools:
         ahead = {key for key, (there, other) in newest.items() if there > other}
         return [k for k, lv in mine if lv.footprint.window == last and (
             lv.footprint.residency is Residency.ACTIVE
-            or (lv.job_id, lv.footprint.name.rpartition("@")[0]) in ahead)]
+            or (lv.job_id, lv.footprint.service) in ahead)]
 
     async def _move_off(self, pool: PoolRecord, last: int,
                         stranded: Sequence[ServiceKey]) -> bool:
@@ -685,12 +685,12 @@ class SlurmPools:
             src = self._live.get(key)
             if src is None:
                 return False
-            base = src.footprint.name.rpartition("@")[0]
+            base = src.footprint.service
             dest = min((lv for lv in self._live.values()
                         if lv.job_id == src.job_id and lv.pool_id == pool.pool_id
                         and lv.footprint.window in where
                         and where[lv.footprint.window] != where[last]
-                        and lv.footprint.name.rpartition("@")[0] == base),
+                        and lv.footprint.service == base),
                        key=lambda lv: lv.footprint.window or 0, default=None)
             if dest is None:
                 return False

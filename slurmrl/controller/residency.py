@@ -66,11 +66,15 @@ class Footprint:
     window: int | None = None  #: a floating pool's window it runs on (None: fixed pool)
 
     @property
+    def service(self) -> str:
+        """The job's service this is (a copy of, in a floating pool): `rollout`,
+        `trainer`, or `rollout:i` for replica i of a replicated rollout."""
+        return self.role if self.replica is None else f"{self.role}:{self.replica}"
+
+    @property
     def name(self) -> str:
-        """`rollout`, `trainer`, `rollout:i` for replica i of a replicated rollout, and
-        `role@w` for a floating pool's copy on window w."""
-        base = self.role if self.replica is None else f"{self.role}:{self.replica}"
-        return base if self.window is None else f"{base}@{self.window}"
+        """`service`, and `service@w` for a floating pool's copy on window w."""
+        return self.service if self.window is None else f"{self.service}@{self.window}"
 
     @property
     def key(self) -> ServiceKey:
