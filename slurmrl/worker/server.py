@@ -129,6 +129,9 @@ class ServiceServer:
         self.stopped = asyncio.Event()
         self.calls = 0
         self._monitor: NvmlMonitor | None = None
+        #: the node file's identity (inode, size, mtime) -> its generation: a header is
+        #: parsed once per file (a file is never changed, only replaced), not per status
+        self._stored: tuple[tuple[int, int, int], int | None] | None = None
 
     def _nvml(self) -> NvmlMonitor:
         # started on first use, kept for the service's life (nvmlInit is not free)
@@ -322,15 +325,26 @@ class ServiceServer:
         return await self._status(request)
 
     async def _stored_generation(self) -> int | None:
-        """The generation of the state file in this node's hand-off directory, if any."""
+        """The generation of the state file in this node's hand-off directory, if any
+        (`status` answers it, polled during a rollout's tail: its header, which lists
+        every tensor, is read only when the file is a new one)."""
         if self.handoff_dir is None:
             return None
         path = handoff.state_path(self.handoff_dir, self.info.role)
         try:
-            return await asyncio.get_running_loop().run_in_executor(
+            st = os.stat(path)
+        except OSError:  # none there
+            return None
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._stored is not None and self._stored[0] == key:
+            return self._stored[1]
+        try:
+            gen = await asyncio.get_running_loop().run_in_executor(
                 None, handoff.peek_generation, path)
         except (BackendError, OSError):  # a damaged file is no state to count on
-            return None
+            gen = None
+        self._stored = (key, gen)
+        return gen
 
     async def _fetch(self, source: str, path: Path, call: str = "activate") -> None:
         """Fetch the job's state from the copy at `source` (another node) into `path`."""

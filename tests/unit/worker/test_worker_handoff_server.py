@@ -355,3 +355,37 @@ def test_a_fetch_moves_the_state_to_another_node_and_wakes_nothing(
     finally:
         stop_b()
         stop_a()
+
+
+def test_status_reads_the_node_files_header_once_per_file(
+    tmp_path: Path, rollout_service: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `status` is polled through a rollout's tail; a state file's header lists every
+    # tensor, so it is parsed once per file, and again only once a hand-off replaced it
+    from slurmrl.worker import handoff
+
+    peeks: list[Path] = []
+    real = handoff.peek_generation
+
+    def counted(path: Path) -> int | None:
+        peeks.append(path)
+        return real(path)
+
+    monkeypatch.setattr(handoff, "peek_generation", counted)
+    secret = mint_secret()
+    shared = prepare_dir(tmp_path / "slurmrl-job42-abc")
+    svc, stop = start(Role.TRAINER, secret, handoff_dir=shared)
+    try:
+        h = _handle(svc)
+        assert h.status()["stored_generation"] is None and peeks == []  # no file yet
+        h.train_step(_batch(rollout_service))
+        assert h.park(handoff=True)["stored_generation"] == 1  # its answer is a status
+        peeks.clear()  # (the hand-off's own write peeked too)
+        assert [h.status()["stored_generation"] for _ in range(5)] == [1] * 5
+        assert peeks == []  # the same file: not parsed again
+        h.activate(handoff=True)
+        h.train_step(_batch(rollout_service))
+        h.park(handoff=True)  # a new file, generation 2: read anew
+        assert h.status()["stored_generation"] == 2
+    finally:
+        stop()
