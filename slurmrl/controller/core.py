@@ -249,10 +249,11 @@ class Controller:
                  " (floating)" if floating else "")
         return pool
 
-    def add_window(self, pool_id: int, slurm_job_id: int,
-                   gpu_indices: tuple[int, ...], node: str | None = None) -> WindowRecord:
+    def add_window(self, pool_id: int, slurm_job_id: int, gpu_indices: tuple[int, ...],
+                   node: str | None = None, window: int | None = None) -> WindowRecord:
         """A floating pool took another window (an allocation of its window size on its
-        node): record it and schedule its GPUs."""
+        node): record it as number `window` (default: the newest open one's plus one;
+        the number its services were launched for) and schedule its GPUs."""
         pool = self.store.pool(pool_id)
         wins = self.store.windows(pool_id)
         if pool is None or not pool.floating or pool.state != "open" or not wins:
@@ -261,7 +262,9 @@ class Controller:
         if len(gpu_indices) != g:
             raise ValueError(f"a window of pool {pool_id} has {g} GPUs, not "
                              f"{len(gpu_indices)}")
-        w = wins[-1].window + 1
+        w = wins[-1].window + 1 if window is None else window
+        if w < 0 or w in {x.window for x in wins}:
+            raise ValueError(f"pool {pool_id} has window {w} open already")
         with self.store.transaction():
             wid = self.store.add_window(pool_id=pool_id, window=w, slurm_job_id=slurm_job_id,
                                         gpu_indices=gpu_indices, opened_at=self.clock(),

@@ -27,6 +27,7 @@ import hashlib
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -257,6 +258,12 @@ class SlurmPools:
         #: pool id -> the jobs being placed there (services launching): not closed under them
         self._placing: dict[int, set[int]] = {}
         self._closing: set[int] = set()  #: pools being closed: no job joins them
+        #: job id -> its states being moved off a window's node (`_move_off`), which its
+        #: end's discard waits for: a fetch landing after it would leave the state there
+        self._moving: Counter[int] = Counter()
+        self._moved = asyncio.Condition()  #: notified as each move ends
+        #: pool id -> windows closed in the database whose copies are still stopping
+        self._retiring: dict[int, set[int]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.handoffs: list[HandoffTiming] = []  #: the most recent handoffs, newest last
 
@@ -281,6 +288,7 @@ class SlurmPools:
                 step_timeout_s=cfg.slurm.step_launch_timeout_s,
                 step_retries=cfg.slurm.step_launch_retries)
         await self._reattach()
+        await self._sweep_closed_windows()
         # nothing is being placed at start: an open pool with no active member is empty
         # (one opened for a job that was mid-placement at the crash)
         for pool in controller.store.pools(open_only=True):
@@ -306,6 +314,11 @@ class SlurmPools:
                 self._window_footprints(job, pool) if pool is not None and pool.floating
                 else self._footprints(job, job.pool_gpus or ()))}
             fp = fps.get((svc.role, frozenset(svc.gpus)))
+            if fp is None and pool is not None and pool.floating:
+                # a copy on a window given back while the controller stopped (closed in
+                # the database, its copies not yet stopped): nothing uses it any more
+                await self._stop_stray(svc, job.secret)
+                continue
             if fp is None:
                 log.error("service %d of job %d (%s on pool GPUs %s) matches none of the "
                           "job's services now; not re-attached", svc.service_id, job.job_id,
@@ -317,6 +330,34 @@ class SlurmPools:
                                    max_answer_bytes=CONTROL_ANSWER_BYTES)
             self._live[fp.key] = _Live(svc.service_id, job.job_id, fp.name, svc.pool_id,
                                        handle, fp)
+
+    async def _sweep_closed_windows(self) -> None:
+        """After a restart: cancel the allocation of each window an open floating pool
+        gave back (closed in the database) that Slurm still runs: the controller stopped
+        between closing it and cancelling it (`_retire_one`)."""
+        assert self.allocator is not None
+        closed: dict[int, int] = {}  # Slurm job id -> pool id
+        for pool in self.c.store.pools(open_only=True):
+            if not pool.floating:
+                continue
+            wins = self.c.store.windows(pool.pool_id, open_only=False)
+            still = {w.slurm_job_id for w in wins if w.closed_at is None}
+            closed.update({w.slurm_job_id: pool.pool_id for w in wins
+                           if w.closed_at is not None and w.slurm_job_id not in still
+                           and w.slurm_job_id != pool.slurm_job_id})
+        if not closed:
+            return
+        try:
+            lost = {x.slurm_job_id for x in await asyncio.to_thread(
+                self.allocator.losses, sorted(closed))}
+        except SlurmError as exc:
+            log.warning("given-back windows not checked against Slurm: %s", exc)
+            return
+        for jid in sorted(set(closed) - lost):
+            log.warning("pool %d: a window given back still holds Slurm job %d; "
+                        "cancelling it", closed[jid], jid)
+            with contextlib.suppress(SlurmError):
+                await asyncio.to_thread(self.allocator.close, jid)
 
     async def _stop_stray(self, svc: ServiceRecord, secret: str) -> None:
         """Stop a service no job uses (best effort: its step may be gone) and record it."""
@@ -462,8 +503,7 @@ class SlurmPools:
                                  gpu_indices=opened.gpu_indices, dedicated=dedicated)
             if pl.action is Action.OPEN and pl.pool_id is not None and not dedicated:
                 new[pl.pool_id] = target
-        placing = self._placing.setdefault(target.pool_id, set())
-        placing.add(job.job_id)
+        self._mark_placing(target.pool_id, job.job_id)
         try:
             await self._launch_services(job, target, mine)
             if self._ended(job.job_id):  # ended (deregistered, scancelled) meanwhile
@@ -471,9 +511,7 @@ class SlurmPools:
             else:
                 c.place_job(job.job_id, target.pool_id, gpus)
         finally:
-            placing.discard(job.job_id)
-            if not placing:
-                self._placing.pop(target.pool_id, None)
+            self._unmark_placing(target.pool_id, job.job_id)
             # a pool opened for the job, or whose members ended meanwhile, may be empty
             await self._close_if_empty(target.pool_id)
 
@@ -501,15 +539,26 @@ class SlurmPools:
         elif pl.pool_id is not None and pl.pool_id in new:
             target = self._joinable_floating(job, c.store.pool(new[pl.pool_id].pool_id))
         if target is not None:
-            wanted = max(1, (pl.gpus or g) // g)
-            while len(c.store.windows(target.pool_id)) < wanted:
-                if not await self._grow(target):
-                    log.info("job %d: pool %d could not take another window; the job "
-                             "opens its own", job.job_id, target.pool_id)
-                    target = None
-                    break
-                target = c.store.pool(target.pool_id)
+            # marked as being placed in before it grows: no window of it is given back
+            # while a new one is added (the new one's number is the newest's plus one)
+            self._mark_placing(target.pool_id, job.job_id)
+            try:
+                wanted = max(1, (pl.gpus or g) // g)
+                while len(c.store.windows(target.pool_id)) < wanted:
+                    if not await self._grow(target):
+                        log.info("job %d: pool %d could not take another window; the job "
+                                 "opens its own", job.job_id, target.pool_id)
+                        self._unmark_placing(target.pool_id, job.job_id)
+                        # a member that ended meanwhile left it to this placement
+                        await self._close_if_empty(target.pool_id)
+                        target = None
+                        break
+                    target = c.store.pool(target.pool_id)
+                    assert target is not None
+            except BaseException:
                 assert target is not None
+                self._unmark_placing(target.pool_id, job.job_id)
+                raise
         if target is None:
             caps = [GpuCapacity(i, self._gpu_bytes) for i in range(g)]
             reason = admit(self._footprints(job, range(g)), [], caps,
@@ -523,8 +572,7 @@ class SlurmPools:
                                  gpu_indices=opened.gpu_indices, floating=True)
             if pl.action is Action.OPEN and pl.pool_id is not None:
                 new[pl.pool_id] = target
-        placing = self._placing.setdefault(target.pool_id, set())
-        placing.add(job.job_id)
+            self._mark_placing(target.pool_id, job.job_id)
         try:
             await self._launch_on_windows(job, target, c.store.windows(target.pool_id))
             if self._ended(job.job_id):
@@ -532,10 +580,19 @@ class SlurmPools:
             else:
                 c.place_job(job.job_id, target.pool_id, tuple(range(g)))
         finally:
-            placing.discard(job.job_id)
-            if not placing:
-                self._placing.pop(target.pool_id, None)
+            self._unmark_placing(target.pool_id, job.job_id)
             await self._close_if_empty(target.pool_id)
+
+    def _mark_placing(self, pool_id: int, job_id: int) -> None:
+        """The job is being placed in the pool: it neither closes nor gives a window
+        back meanwhile."""
+        self._placing.setdefault(pool_id, set()).add(job_id)
+
+    def _unmark_placing(self, pool_id: int, job_id: int) -> None:
+        placing = self._placing.get(pool_id, set())
+        placing.discard(job_id)
+        if not placing:
+            self._placing.pop(pool_id, None)
 
     def _joinable_floating(self, job: JobRecord, pool: PoolRecord | None) -> PoolRecord | None:
         """`pool` if the job may join it as a floating member now, else None: the
@@ -589,7 +646,9 @@ class SlurmPools:
             return False
         home = pool.nodes[0] if pool.nodes else None
         there = opened.nodes[0] if opened.nodes else node
-        win = WindowRecord(-1, pool.pool_id, wins[-1].window + 1, opened.slurm_job_id,
+        # the next number, past any window still being given back (`_retire_one`)
+        number = max([wins[-1].window, *self._retiring.get(pool.pool_id, ())]) + 1
+        win = WindowRecord(-1, pool.pool_id, number, opened.slurm_job_id,
                            opened.gpu_indices, c.clock(),
                            node=None if there == home else there)
         try:
@@ -603,7 +662,8 @@ class SlurmPools:
             with contextlib.suppress(SlurmError):
                 await asyncio.to_thread(self.allocator.close, opened.slurm_job_id)
             return False
-        c.add_window(pool.pool_id, opened.slurm_job_id, opened.gpu_indices, node=win.node)
+        c.add_window(pool.pool_id, opened.slurm_job_id, opened.gpu_indices, node=win.node,
+                     window=win.window)
         return True
 
     def _nodes_of(self, pool: PoolRecord) -> dict[int, str]:
@@ -648,8 +708,8 @@ class SlurmPools:
         `last` were given back: the window is on a node none of the pool's other windows
         is on, and the copy is active (retiring would hand its state off there) or
         reports a newer generation than any of the job's copies elsewhere (its state
-        was last handed off there): with the window's copies stopped, no copy could
-        fetch it (`_move_off` moves it first)."""
+        was last handed off there), or does not answer (it may: fail closed): with the
+        window's copies stopped, no copy could fetch it (`_move_off` moves it first)."""
         where = self._nodes_of(pool)
         if len(where) < 2 or last not in where:
             return []
@@ -659,13 +719,18 @@ class SlurmPools:
                 and lv.footprint.window in where]
         gens = await asyncio.gather(*(self._generation(lv) for _, lv in mine))
         newest: dict[tuple[int, str], tuple[int, int]] = {}  # (job, service) -> (there, else)
+        unknown: set[tuple[int, str]] = set()  # no answer from its copy there
         for (_, lv), gen in zip(mine, gens, strict=True):
             key = (lv.job_id, lv.footprint.service)
             there, other = newest.get(key, (-1, -1))
             g = -1 if gen is None else gen
+            if gen is None and lv.footprint.window == last:
+                unknown.add(key)
             newest[key] = ((max(there, g), other) if lv.footprint.window == last
                            else (there, max(other, g)))
-        ahead = {key for key, (there, other) in newest.items() if there > other}
+        # a copy there that does not answer may hold the newest state: moved (or the
+        # window kept while the move fails), never taken for "nothing there"
+        ahead = unknown | {key for key, (there, other) in newest.items() if there > other}
         return [k for k, lv in mine if lv.footprint.window == last and (
             lv.footprint.residency is Residency.ACTIVE
             or (lv.job_id, lv.footprint.service) in ahead)]
@@ -755,11 +820,19 @@ class SlurmPools:
         while True:
             async with self._handoff_locks.setdefault(pool_id, asyncio.Lock()):
                 step = await self._retire_one(pool_id, moved)
-            if step is None:
-                return
-            pool, window, stranded = step
+                if step is None:
+                    return
+                pool, window, stranded = step
+                jobs = {k[0] for k in stranded}
+                self._moving.update(jobs)  # before the lock goes: see _stop_job_services
             moved.add(window)
-            if not await self._move_off(pool, window, stranded):
+            try:
+                done = await self._move_off(pool, window, stranded)
+            finally:
+                self._moving -= Counter(jobs)
+                async with self._moved:
+                    self._moved.notify_all()
+            if not done:
                 return  # the window stays; retried at the next reconcile
 
     async def _retire_one(self, pool_id: int, moved: set[int]
@@ -791,17 +864,33 @@ class SlurmPools:
         gone = c.retire_window(pool_id, spare)
         if gone is None:
             return None
-        alone = where[gone.window] not in {n for w, n in where.items() if w != gone.window}
-        keys = [k for k, lv in self._live.items()
-                if lv.pool_id == pool_id and lv.footprint.window == gone.window]
-        active = [k for k in keys if self._live[k].footprint.residency is Residency.ACTIVE]
-        await asyncio.gather(*(self._set(k, Residency.PARKED, handoff=True) for k in active))
-        if alone and not active:  # no newest state there: nothing left to serve
-            await asyncio.gather(*(self._discard(self._live[k]) for k in keys))
-        for k in keys:
-            await self._stop_service(k)
-        with contextlib.suppress(SlurmError):
-            await asyncio.to_thread(self.allocator.close, gone.slurm_job_id)
+        # closed in the database from here on: its number is not given to a window the
+        # pool grows meanwhile (its copies' names would be this one's), and its
+        # allocation is cancelled whatever fails in between (a restart cancels that of
+        # a window closed but still running: `_sweep_closed_windows`)
+        retiring = self._retiring.setdefault(pool_id, set())
+        retiring.add(gone.window)
+        try:
+            alone = where[gone.window] not in {n for w, n in where.items()
+                                               if w != gone.window}
+            lives = {k: lv for k, lv in self._live.items()
+                     if lv.pool_id == pool_id and lv.footprint.window == gone.window}
+            active = [k for k, lv in lives.items()
+                      if lv.footprint.residency is Residency.ACTIVE]
+            await asyncio.gather(*(self._set(k, Residency.PARKED, handoff=True)
+                                   for k in active))
+            if alone and not active:  # no newest state there: nothing left to serve
+                await asyncio.gather(*(self._discard(lv) for lv in lives.values()))
+            for k, lv in lives.items():
+                if self._live.get(k) is lv:  # not stopped meanwhile (its job ended)
+                    del self._live[k]
+                    await self._stop_live(lv)
+        finally:
+            with contextlib.suppress(SlurmError):
+                await asyncio.to_thread(self.allocator.close, gone.slurm_job_id)
+            retiring.discard(gone.window)
+            if not retiring:
+                self._retiring.pop(pool_id, None)
         return await self._retire_one(pool_id, moved)  # the next spare window, if any
 
     def _joinable(self, job: JobRecord, pool: PoolRecord | None, mine: list[Footprint],
@@ -1013,16 +1102,26 @@ class SlurmPools:
         from their nodes' hand-off directories (memory-backed: it would stay there).
         That under the pool's hand-off lock, the services taken out of every later
         hand-off's plan at once: a grant's hand-off parking a copy after its discard
-        would write the state back (seen: an ended job's directory left on a node)."""
+        would write the state back (seen: an ended job's directory left on a node). And
+        only once no move of its state (`_move_off`, fetched outside that lock) is under
+        way: a fetch that lands after the discard would leave the state on its node."""
         floating = sorted({lv.pool_id for k, lv in self._live.items()
                            if k[0] == job_id and lv.footprint.window is not None})
-        async with contextlib.AsyncExitStack() as locked:
-            for pool_id in floating:
-                await locked.enter_async_context(
-                    self._handoff_locks.setdefault(pool_id, asyncio.Lock()))
-            gone = [self._live.pop(k) for k in [k for k in self._live if k[0] == job_id]]
-            await asyncio.gather(*(self._discard(lv) for lv in gone
-                                   if lv.footprint.window is not None))
+        while True:
+            async with contextlib.AsyncExitStack() as locked:
+                for pool_id in floating:
+                    await locked.enter_async_context(
+                        self._handoff_locks.setdefault(pool_id, asyncio.Lock()))
+                # a move of its state under way (started under the lock, fetched
+                # outside it) would land after the discard: wait for it first
+                if self._moving[job_id] <= 0:
+                    gone = [self._live.pop(k) for k in [k for k in self._live
+                                                        if k[0] == job_id]]
+                    await asyncio.gather(*(self._discard(lv) for lv in gone
+                                           if lv.footprint.window is not None))
+                    break
+            async with self._moved:
+                await self._moved.wait_for(lambda: self._moving[job_id] <= 0)
         for live in gone:
             await self._stop_live(live)
 

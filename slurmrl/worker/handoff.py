@@ -148,7 +148,7 @@ def write_state(path: Path, state: dict[str, Any], generation: int) -> bool:
 
 
 def store_stream(path: Path, fill: Callable[[BinaryIO], object],
-                 failed: str | None = None) -> bool:
+                 failed: str | None = None, expected: int | None = None) -> bool:
     """Store a state file another copy handed off on another node, written by `fill`
     into a temp file as it arrives (`ServiceHandle.handoff_state_into`: never whole in
     memory), at `path`, unless `path` holds that generation or a newer one; True when
@@ -156,17 +156,44 @@ def store_stream(path: Path, fill: Callable[[BinaryIO], object],
     tensor's place, as `read_state` checks a file; BackendError naming what is wrong,
     or starting with `failed` where `fill` fails, and `path` is left as it was); then
     published as `write_state` publishes: under the directory's lock, from a temp file,
-    `os.replace`d into place."""
-    return _publish(path, fill, None, failed or f"cannot store the handoff state at {path}")
+    `os.replace`d into place. `expected`: the generation the source says it holds;
+    where `path` holds it or a newer one once the lock is taken (another fetch of it
+    just landed), nothing is fetched."""
+    return _publish(path, fill, None, failed or f"cannot store the handoff state at {path}",
+                    expected)
+
+
+def discard(directory: Path, role: str) -> bool:
+    """Remove `role`'s state file from a hand-off directory, with any temp file of it a
+    writer killed mid-write left, then the directory once nothing else is in it; True
+    when a state file was there. Under the directory's lock: a store under way (a
+    fetch) finishes first, so nothing lands after the discard."""
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(dir_fd, fcntl.LOCK_EX)
+        path = state_path(directory, role)
+        had = path.exists()
+        path.unlink(missing_ok=True)
+        for tmp in directory.glob(f".{path.name}.*.tmp"):  # no writer holds the lock
+            tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # another role's file is still there
+            directory.rmdir()
+        return had
+    finally:
+        os.close(dir_fd)
 
 
 def _publish(path: Path, fill: Callable[[BinaryIO], object], generation: int | None,
-             failed: str) -> bool:
+             failed: str, expected: int | None = None) -> bool:
     """Under an exclusive lock on `path`'s directory, unless `path` holds `generation`
-    or a newer one: `fill` a temp file (mode 0600) there and `os.replace` it onto
-    `path`; True when replaced. `generation` None: the temp file's own, read back and
-    checked whole first. A failure is a BackendError starting with `failed` (or naming
-    what is wrong with the temp file's state), and leaves no temp file behind."""
+    (else `expected`) or a newer one: `fill` a temp file (mode 0600) there and
+    `os.replace` it onto `path`; True when replaced. `generation` None: the temp file's
+    own, read back and checked whole first. A failure is a BackendError starting with
+    `failed` (or naming what is wrong with the temp file's state), and leaves no temp
+    file behind."""
 
     def kept_newer(gen: int) -> bool:
         with contextlib.suppress(BackendError):  # unreadable: nothing worth keeping
@@ -180,7 +207,8 @@ def _publish(path: Path, fill: Callable[[BinaryIO], object], generation: int | N
         raise BackendError(f"{failed}: {exc.strerror}") from exc
     try:
         fcntl.flock(dir_fd, fcntl.LOCK_EX)
-        if generation is not None and kept_newer(generation):
+        known = generation if generation is not None else expected
+        if known is not None and kept_newer(known):
             return False
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",

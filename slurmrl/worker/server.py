@@ -30,7 +30,10 @@ in this node's directory unless this one holds that generation or a newer one
 `GET /v1/handoff` answers this copy's state file as it is (404 when there is none): the
 job's own state, to its own services and driver. `POST /v1/handoff/discard` (the
 controller's, at the job's end) removes this role's state file from this node's
-directory, and the directory once empty. `POST /v1/handoff/fetch` with `"source"` (the
+directory (under its lock: a store under way finishes first; a temp file a killed
+writer left goes too), and the directory once empty. A fetch first asks the source's
+`status` for the generation its file holds and streams nothing where this node's file
+holds that one already. `POST /v1/handoff/fetch` with `"source"` (the
 controller's) fetches the state from the copy there into this node's directory as
 `activate` would, and activates nothing: the controller moves a job's newest state off
 a node before giving back the only window there. `status` reports `stored_generation`,
@@ -46,7 +49,6 @@ cluster's private network; the signature authenticates, it does not encrypt).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -348,16 +350,27 @@ class ServiceServer:
 
     async def _fetch(self, source: str, path: Path, call: str = "activate") -> None:
         """Fetch the job's state from the copy at `source` (another node) into `path`."""
-        from slurmrl.worker.handle import ServiceHandle
+        from slurmrl.worker.handle import ServiceError, ServiceHandle
 
         def fetch() -> None:
             try:
                 peer = ServiceHandle(source, self._secret, self.info.job_id, self.info.role)
             except ValueError as exc:
                 raise HttpError(400, f"{call}: source: {exc}") from None
-            try:  # streamed into a temp file beside the state, checked, then published
+            try:
+                # the generation it holds: where this node's file has it already (a
+                # move of it landed while this call waited for the directory's lock),
+                # nothing is fetched again
+                try:
+                    held = peer.status().get("stored_generation")
+                except (ServiceError, OSError):
+                    held = None  # the fetch itself says what is wrong
+                expected = held if isinstance(held, int) and not isinstance(held, bool) \
+                    else None
+                # streamed into a temp file beside the state, checked, then published
                 handoff.store_stream(path, peer.handoff_state_into,
-                                     f"cannot fetch the handoff state from {source}")
+                                     f"cannot fetch the handoff state from {source}",
+                                     expected)
             finally:
                 peer.close()
 
@@ -381,16 +394,8 @@ class ServiceServer:
         if self.handoff_dir is None:
             return web.json_response({"discarded": False})
 
-        def discard(d: Path) -> bool:
-            path = handoff.state_path(d, self.info.role)
-            had = path.exists()
-            path.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):  # another role's file is still there
-                d.rmdir()
-            return had
-
-        had = await asyncio.get_running_loop().run_in_executor(None, discard,
-                                                               self.handoff_dir)
+        had = await asyncio.get_running_loop().run_in_executor(
+            None, handoff.discard, self.handoff_dir, self.info.role)
         return web.json_response({"discarded": had})
 
     def _handoff_path(self, obj: Mapping[str, Any], call: str) -> Path | None:

@@ -32,7 +32,7 @@ from slurmrl.controller.services import ServiceSpec
 from slurmrl.controller.views import physical_gpus, pool_view
 from slurmrl.db import Store
 from slurmrl.leases import LeaseError
-from slurmrl.model import Identity, JobState, Phase
+from slurmrl.model import Identity, JobState, Phase, Residency
 from slurmrl.slurm import NodeInfo
 from slurmrl.worker.handle import ServiceError
 
@@ -85,6 +85,7 @@ class FakeHandle:
     stored: int | None = None  #: the generation of its node's file it fetched
     fetched: list[str] = field(default_factory=list)  #: each fetch_handoff's source
     fail_fetch: bool = False  #: the source cannot be reached
+    fail_status: bool = False  #: its status call fails (the copy does not answer)
     registry: dict[str, FakeHandle] = field(default_factory=dict)  #: every copy by address
     hold: threading.Event | None = None  #: a park waits for it
 
@@ -107,6 +108,8 @@ class FakeHandle:
         return {"residency": "parked"}
 
     def status(self) -> dict[str, Any]:
+        if self.fail_status:
+            raise ServiceError("status", 503, "timed out")
         return {"generation": self.generation, "stored_generation": self.stored}
 
     def fetch_handoff(self, source: str, timeout_s: float | None = None) -> dict[str, Any]:
@@ -781,6 +784,160 @@ async def test_a_state_moved_off_a_node_does_not_hold_the_pools_grants(
     assert t7[wins[0].slurm_job_id].handle.calls[-1] == ("discard", True)
     assert t7[wins[1].slurm_job_id].handle.calls[-1] == ("park", True)  # its trainer
     await site.c.stop()
+
+
+async def _across_two_nodes(tmp_path: Path) -> tuple[Site, int, list[Any]]:
+    """Jobs 7 and 8 in one floating pool, window 0 on n1, window 1 on n2; job 8 trained
+    on window 0, then job 7 on window 1 (n2): job 7's newest state is on n2. Both
+    released."""
+    site = await _site(Store(tmp_path / "c.db"), ACROSS)
+    site.slurm.nodes = lambda: [  # type: ignore[method-assign]
+        NodeInfo("n1", "MIXED", 2, 8, 64000, ("pools",)),
+        NodeInfo("n2", "IDLE", 4, 8, 64000, ("pools",))]
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    pool_id = site.job(7).pool_id
+    assert pool_id is not None
+    wins = site.c.store.windows(pool_id)
+    assert [w.node for w in wins] == [None, "n2"]
+    assert await site.grant(8, Phase.TRAIN) == {0, 1}
+    assert await site.grant(7, Phase.TRAIN) == {2, 3}
+    site.release(7, {2, 3})
+    site.release(8, {0, 1})
+    return site, pool_id, wins
+
+
+@run
+async def test_a_jobs_end_waits_for_a_move_of_its_state_under_way(tmp_path: Path) -> None:
+    # job 8 ends: n2's window is to go, and job 7's state is moved off n2 first. Job 7
+    # ends while that fetch is under way: its copies remove its files only once the
+    # fetch is done (a fetch landing after the discard left the state on n1)
+    site, pool_id, wins = await _across_two_nodes(tmp_path)
+    t7 = {w.window: site.launcher.of(7, "trainer", w.slurm_job_id) for w in wins}
+    held = threading.Event()
+    t7[0].handle.hold = held
+    ended8 = asyncio.create_task(site.c.end_job(8, JobState.COMPLETED, "done"))
+    await site.until(lambda: t7[1].handle.calls[-1] == ("park", True))
+    ended7 = asyncio.create_task(site.c.end_job(7, JobState.COMPLETED, "done"))
+    await asyncio.sleep(0.3)
+    assert ("discard", True) not in t7[0].handle.calls  # waits for the fetch
+    assert t7[0].handle.fetched == []
+    held.set()
+    await ended8
+    await ended7
+    await site.settle()
+    assert t7[0].handle.fetched == [t7[1].address]
+    for copy in t7.values():  # after the fetch: nothing of job 7's left on either node
+        assert copy.handle.calls[-1] == ("discard", True)
+        assert copy in site.launcher.stopped
+    pool = site.c.store.pool(pool_id)
+    assert pool is not None and pool.state == "closed"
+    await site.c.stop()
+
+
+@run
+async def test_a_copy_that_does_not_answer_keeps_its_window_until_its_state_is_moved(
+        tmp_path: Path) -> None:
+    # job 7's newest state was handed off on n2, where its copy stops answering its
+    # status: the window is not taken for holding nothing (it is job 7's newest). The
+    # state is moved off n2 first; while that fails, the window stays
+    site, pool_id, wins = await _across_two_nodes(tmp_path)
+    t7 = {w.window: site.launcher.of(7, "trainer", w.slurm_job_id) for w in wins}
+    (key,) = [k for k, lv in site.pools._live.items() if lv.handle is t7[1].handle]
+    await site.pools._set(key, Residency.PARKED, handoff=True)  # as a grant's hand-off
+    t7[1].handle.fail_status = True
+    t7[0].handle.fail_fetch = True
+    await site.c.end_job(8, JobState.COMPLETED, "done")
+    await site.settle()
+    assert [w.window for w in site.c.store.windows(pool_id)] == [0, 1]
+    assert site.allocator.closed == []
+    assert t7[0].handle.fetched == [t7[1].address]
+    # the fetch succeeds, but whether n2 held anything newer is still unknown while
+    # its copy does not answer: the window stays until it does
+    t7[0].handle.fail_fetch = False
+    await site.pools.reconcile()
+    await site.settle()
+    assert t7[0].handle.fetched == [t7[1].address] * 2
+    assert t7[0].handle.stored == t7[1].handle.generation  # the newest, on n1 now
+    assert [w.window for w in site.c.store.windows(pool_id)] == [0, 1]
+    t7[1].handle.fail_status = False
+    await site.pools.reconcile()
+    await site.settle()
+    assert [w.window for w in site.c.store.windows(pool_id)] == [0]
+    assert site.allocator.closed == [wins[1].slurm_job_id]
+    assert len(t7[0].handle.fetched) == 2  # nothing newer there: not fetched again
+    await site.c.stop()
+
+
+@run
+async def test_a_window_added_while_another_is_given_back_takes_a_new_number(
+        tmp_path: Path) -> None:
+    # job 9 ends; the newest window (2) is given back while job 7's copy there is
+    # still handing its state off. Meanwhile job 10 joins and the pool grows: the new
+    # window is number 3, not 2 again (whose copies, named for window 2, are stopping),
+    # and every copy on it runs
+    site = await _site(Store(tmp_path / "c.db"))
+    for who, job in ((ALICE, 7), (BOB, 8), (CAROL, 9)):
+        await site.register(who, job)
+    pool_id = site.job(7).pool_id
+    assert pool_id is not None
+    wins = site.c.store.windows(pool_id)
+    assert await site.grant(8, Phase.TRAIN) == {0, 1}
+    assert await site.grant(9, Phase.TRAIN) == {2, 3}
+    assert await site.grant(7, Phase.TRAIN) == {4, 5}
+    for job, gpus in ((7, {4, 5}), (8, {0, 1}), (9, {2, 3})):
+        site.release(job, frozenset(gpus))
+    t7 = site.launcher.of(7, "trainer", wins[2].slurm_job_id)
+    held = threading.Event()
+    t7.handle.hold = held
+    ended = asyncio.create_task(site.c.end_job(9, JobState.COMPLETED, "done"))
+    await site.until(lambda: [w.window for w in site.c.store.windows(pool_id)] == [0, 1])
+    joined = asyncio.create_task(site.register(DAVE, 10))
+    await site.until(lambda: len(site.c.store.windows(pool_id)) == 3)
+    held.set()
+    await ended
+    await joined
+    await site.settle()
+    assert [w.window for w in site.c.store.windows(pool_id)] == [0, 1, 3]
+    new = site.c.store.windows(pool_id)[-1]
+    assert site.c.scheduler.windows(pool_id)[-1] == frozenset({6, 7})
+    old = [s for s in site.launcher.launched if s.pool_job_id == wins[2].slurm_job_id]
+    assert old and all(s in site.launcher.stopped for s in old)
+    on_new = [s for s in site.launcher.launched if s.pool_job_id == new.slurm_job_id]
+    assert {s.spec.job_id for s in on_new} == {7, 8, 10}
+    assert not any(s in site.launcher.stopped for s in on_new)
+    live = [id(lv.handle) for lv in site.pools._live.values() if lv.footprint.window == 3]
+    assert sorted(live) == sorted(id(s.handle) for s in on_new)
+    await site.c.stop()
+
+
+@run
+async def test_a_restart_cancels_a_window_given_back_but_still_allocated(
+        tmp_path: Path) -> None:
+    # the controller stopped between closing a window in its database and cancelling
+    # its allocation: at start it cancels it and stops the copies still running there
+    store = Store(tmp_path / "c.db")
+    site = await _site(store)
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    pool_id = site.job(7).pool_id
+    assert pool_id is not None
+    wins = site.c.store.windows(pool_id)
+    assert await site.grant(7, Phase.TRAIN) == {0, 1}
+    assert await site.grant(8, Phase.TRAIN) == {2, 3}
+    site.release(8, {2, 3})
+    assert site.c.retire_window(pool_id, wins[1]) is not None  # ... and it stopped here
+    await site.c.stop()
+
+    site2 = await _site(store)
+    site2.slurm.running.update(site.slurm.running)
+    assert site2.allocator.closed == [wins[1].slurm_job_id]
+    stopped = {s.service_id for s in store.services() if s.state == "stopped"}
+    on_window_1 = [s for s in store.services() if s.pool_id == pool_id
+                   and min(s.gpus) >= 2]
+    assert on_window_1 and {s.service_id for s in on_window_1} <= stopped
+    assert [w.window for w in store.windows(pool_id)] == [0]
+    await site2.c.stop()
 
 
 def test_the_site_config_refuses_floating_across_nodes_without_floating_pools(

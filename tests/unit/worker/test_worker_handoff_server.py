@@ -389,3 +389,88 @@ def test_status_reads_the_node_files_header_once_per_file(
         assert h.status()["stored_generation"] == 2
     finally:
         stop()
+
+
+def test_a_state_the_node_holds_already_is_not_fetched_again(
+    tmp_path: Path, rollout_service: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a grant on a node whose copy waited for the directory's lock while a move of the
+    # same state landed there finds it has that generation: nothing is streamed twice
+    # (over a network, a GB-size state held the pool's grants twice as long)
+    streamed: list[str] = []
+    real = ServiceHandle.handoff_state_into
+
+    def counted(self: ServiceHandle, out: Any, timeout_s: float | None = None) -> int:
+        streamed.append(self.address)
+        return real(self, out, timeout_s)
+
+    monkeypatch.setattr(ServiceHandle, "handoff_state_into", counted)
+    secret, control = mint_secret(), mint_secret()
+    dir_a, dir_b = prepare_dir(tmp_path / "node-a"), prepare_dir(tmp_path / "node-b")
+    a, stop_a = start(Role.TRAINER, secret, control_secret=control, handoff_dir=dir_a)
+    b, stop_b = start(Role.TRAINER, secret, control_secret=control, handoff_dir=dir_b)
+    try:
+        ctl_a = ServiceHandle(a.address, control, "42", "trainer", timeout_s=30)
+        ctl_b = ServiceHandle(b.address, control, "42", "trainer", timeout_s=30)
+        batch = _batch(rollout_service)
+        ctl_a.train_step(batch)
+        trained = ctl_a.export_weights()
+        ctl_a.park(handoff=True)
+        ctl_b.park(handoff=True)
+        assert ctl_b.fetch_handoff(a.address)["stored_generation"] == 1
+        assert streamed == [a.address]
+        before = (dir_b / "trainer.state").stat()
+        assert ctl_b.fetch_handoff(a.address)["stored_generation"] == 1  # again: no-op
+        st = ctl_b.activate(handoff=True, source=a.address)  # and at the grant
+        assert streamed == [a.address]
+        after = (dir_b / "trainer.state").stat()
+        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+        assert st["generation"] == 1 and ctl_b.export_weights() == trained
+        # a newer one at the source is still fetched
+        ctl_b.train_step(batch)
+        ctl_b.park(handoff=True)
+        assert ctl_a.activate(handoff=True, source=b.address)["generation"] == 2
+        assert streamed == [a.address, b.address]
+    finally:
+        stop_b()
+        stop_a()
+
+
+def test_a_discard_waits_for_a_store_under_way_and_leaves_nothing(tmp_path: Path) -> None:
+    # the job ended while its state was being fetched onto this node: the discard waits
+    # for the store (it holds the directory's lock), so the state does not land after
+    # it; a temp file a writer killed mid-write left goes with it
+    import threading
+
+    import torch
+
+    from slurmrl.worker.handoff import discard, state_path, store_stream, write_state
+
+    src = state_path(prepare_dir(tmp_path / "src"), "trainer")
+    write_state(src, {"w": torch.ones(4)}, 3)
+    whole = src.read_bytes()
+    node = prepare_dir(tmp_path / "slurmrl-job42-abc")
+    (node / ".trainer.state.killed.tmp").write_bytes(whole[:10])
+    go = threading.Event()
+
+    def slow_fill(out: Any) -> None:
+        out.write(whole[:100])
+        go.wait(10)
+        out.write(whole[100:])
+
+    stored = threading.Thread(target=store_stream, args=(state_path(node, "trainer"),
+                                                          slow_fill))
+    stored.start()
+    while not list(node.glob(".trainer.state.*.tmp"))[1:]:  # the store's own temp file
+        pass
+    done: list[bool] = []
+    discarding = threading.Thread(target=lambda: done.append(discard(node, "trainer")))
+    discarding.start()
+    discarding.join(0.3)
+    assert done == []  # waits for the store under way
+    go.set()
+    stored.join(10)
+    discarding.join(10)
+    assert done == [True]  # the state that landed was removed
+    assert not node.exists()
+    assert discard(node, "trainer") is False  # nothing there: nothing to do
