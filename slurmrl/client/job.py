@@ -131,7 +131,10 @@ class Lease:
         those on its own). Returns once the job's replicas there are active; read
         `pool_gpus` for where the lease is now."""
         self.check()
-        ans = self._post("pack", {"gpus": sorted(set(gpus))})
+        # safe to repeat: `held` lets the controller tell a resend (its answer lost,
+        # e.g. a timeout while hand-offs queue) from a new pack, and answer the lease
+        ans = self._post("pack", {"gpus": sorted(set(gpus)), "held": sorted(self.pool_gpus)},
+                         idempotent=True)
         self._update(need(ans, "lease", dict))
 
     def release(self, timing: Mapping[str, float] | None = None) -> None:

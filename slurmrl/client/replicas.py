@@ -382,8 +382,10 @@ class FloatingRollout(ReplicatedRollout):
                                                   "rollout")) for s in ordered],
                 [tuple(s["gpus"]) for s in ordered])
 
-    def _learn(self, lease: Lease) -> None:
-        if lease.lease_id == self._lease_id:
+    def _learn(self, lease: Lease, again: bool = False) -> None:
+        """Where the job's rollout copies are, asked of the controller once per lease
+        (`again`: once more, the lease having moved to another window)."""
+        if lease.lease_id == self._lease_id and not again:
             return
         found = [s for s in self._job.status().get("services", []) if s["role"] == "rollout"]
         if found and all(s["address"] for s in found):
@@ -407,7 +409,12 @@ class FloatingRollout(ReplicatedRollout):
         if len(active) == len(self._held(lease)):
             return active
         window = len(self.gpus[0]) * self._per_window  # the job's GPU count G
+        before = set(lease.pool_gpus)
         lease.pack(g % window for i in active for g in self.gpus[i])
+        if not set(lease.pool_gpus) <= before:
+            # moved to another window, perhaps one added (or given back and added
+            # anew) since the copies were learnt: ask where they are now
+            self._learn(lease, again=True)
         return self._held(lease)[:len(active)]
 
     def generate(self, prompts: Sequence[str], **kw: Any) -> GenerateResult:

@@ -357,13 +357,18 @@ class LeaseScheduler:
         return lease
 
     def pack(self, job: JobRecord, lease_id: int, local_gpus: Sequence[int],
-             unit: int = 1) -> Lease:
+             unit: int = 1, held: Sequence[int] | None = None) -> Lease:
         """A floating member's rollout tail, down to the replicas on its window's
-        job-local `local_gpus`, packs: it moves to that many GPUs of the fullest window
-        that has them free in blocks of `unit` (a replica's GPUs;
-        `LeaseTable.pack_target`), so that a whole window frees for a waiting phase;
-        where its own window is among the fullest it shrinks to exactly those GPUs.
-        Returns the lease (its new GPUs)."""
+        job-local `local_gpus` (whole replicas: aligned blocks of `unit` GPUs), packs: it
+        moves to that many GPUs of the fullest window that has them free in blocks of
+        `unit` (a replica's GPUs; `LeaseTable.pack_target`), so that a whole window
+        frees for a waiting phase; where its own window is among the fullest it shrinks
+        to exactly those GPUs. Returns the lease (its new GPUs).
+
+        `held`: the pool GPUs the caller saw the lease hold. Where the lease holds
+        others now, already as many as the pack keeps, this pack is a repeat of one that
+        ran (a client's resend after its answer was lost): the lease is returned as it
+        is."""
         table = self._table_of(job, lease_id)
         g = self._window_size.get(table.pool_id)
         if g is None:
@@ -374,8 +379,15 @@ class LeaseScheduler:
         if lease.phase is not Phase.ROLLOUT:
             raise LeaseError(f"lease {lease_id} is a {lease.phase} lease: only a rollout's "
                              "tail packs")
+        if (held is not None and frozenset(held) != lease.gpus
+                and len(lease.gpus) == len(set(local_gpus))):
+            return lease  # packed already by this very request's first attempt
         base = min(lease.gpus) // g * g  # its window's first GPU
         bad = sorted(i for i in local_gpus if not 0 <= i < g)
+        if len(set(local_gpus)) != unit * len({i // unit for i in local_gpus}):
+            whole = ", ".join(f"{b}-{b + unit - 1}" for b in range(0, g, unit))
+            raise LeaseError(f"a pack keeps whole replicas of {unit} GPUs (job-local "
+                             f"{whole}), got {sorted(local_gpus)}")
         kept = frozenset(base + i for i in local_gpus)
         if bad or not kept or not kept <= lease.gpus:
             raise LeaseError(f"a pack keeps a non-empty subset of the lease's GPUs "

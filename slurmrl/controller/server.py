@@ -421,16 +421,20 @@ class Api:
         b = _body(request, PACK)
         job = self.c.active_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
         lease_id = parse_id(request.match_info["lease_id"], "lease id")
-        before = self.c.scheduler.tables.get(job.pool_id or -1)
-        held = before.lease(lease_id) if before is not None else None
+        table = self.c.scheduler.tables.get(job.pool_id or -1)
+        was = table.lease(lease_id) if table is not None else None
         n = self.c.config.services.rollout_replica_gpus
         g = job.request.gpus
         if len(replica_sets(range(g), n)) < 2:  # as its services were launched
             raise RpcError(409, "cannot-pack", f"job {job.job_id}'s rollout is one engine over "
                            f"its {g} GPUs (services.rollout_replica_gpus = {n}): its tail "
                            "cannot leave part of its window")
-        lease = self.c.scheduler.pack(job, lease_id, b["gpus"], unit=n)
-        if held is not None and not lease.gpus <= held.gpus:
+        lease = self.c.scheduler.pack(job, lease_id, b["gpus"], unit=n, held=b["held"])
+        # from the GPUs the caller saw (a resend's: those before its first attempt, whose
+        # hand-off it then waits for, queued behind it) or the lease held before
+        seen = (frozenset(b["held"]) if b["held"] is not None
+                else was.gpus if was is not None else None)
+        if seen is not None and not lease.gpus <= seen:
             await self.c.pools.before_answer(job, lease)
         return _json({"lease": self._lease(lease, job.pool_id or 0, job=job)})
 

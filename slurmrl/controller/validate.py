@@ -63,7 +63,8 @@ SHRINK: dict[str, F] = {"keep": F("int", lo=1, hi=1024), "gpus": F("intlist", lo
 GROW: dict[str, F] = {"gpus": F("intlist", True, lo=0, hi=1023)}
 #: a floating member's rollout tail keeps its window's job-local `gpus` (its replicas
 #: still generating), packed onto the fullest window that has that many free
-PACK: dict[str, F] = {"gpus": F("intlist", True, lo=0, hi=1023)}
+PACK: dict[str, F] = {"gpus": F("intlist", True, lo=0, hi=1023),
+                      "held": F("intlist", lo=0, hi=2**20)}
 #: a switch ends a held lease (with its `timing`) and grants the job's next GPU `phase`
 #: on the GPUs it holds
 SWITCH: dict[str, F] = {"phase": ACQUIRE["phase"], **RELEASE}

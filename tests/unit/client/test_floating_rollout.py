@@ -161,3 +161,37 @@ def test_without_rounds_and_for_weights_only_the_leases_window_is_used(
     assert lease.packs == [] and {g for g, _ in calls} == {2, 3}
     ro.import_weights(b"w")
     assert [bool(fakes[g].imported) for g in range(4)] == [False, False, True, True]
+
+
+def test_a_tail_packed_onto_a_window_added_during_its_lease_finds_its_copies_there(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the lease began while the pool had windows 0 and 1; a job joined meanwhile and
+    # window 2 (pool GPUs 4-5) was added with this job's copies on it: the controller
+    # packs the tail onto GPU 5, and the rollout asks where its copies are again (it
+    # knew none there: it ran the rest on no replica and then failed)
+    lease = PackingLease((0, 1), to=(5,))
+    calls: list[tuple[int, tuple[int, ...]]] = []
+    fakes = {g: Replica(g, lease, calls) for g in range(6)}
+    windows = [2]
+    asked: list[int] = []
+
+    class Growing(StandInJob):
+        def status(self) -> dict[str, Any]:
+            asked.append(windows[0])
+            return {"pool_id": 1, "floating": True, "pool_gpus": [0, 1],
+                    "services": [{"role": "rollout", "backend": "tiny", "gpus": [g],
+                                  "address": f"n1:{5000 + g}"} for g in range(G * windows[0])]}
+
+    def copies(job: Any, found: Any) -> tuple[list[Any], list[tuple[int, ...]]]:
+        ordered = sorted(found, key=lambda s: min(s["gpus"]))
+        return [fakes[s["gpus"][0]] for s in ordered], [tuple(s["gpus"]) for s in ordered]
+
+    monkeypatch.setattr(FloatingRollout, "_copies", staticmethod(copies))
+    ro = LeasedService.find(Growing(lease), "rollout", None, 1.0)  # type: ignore[arg-type]
+    assert isinstance(ro, FloatingRollout)
+    ro._lease()  # the copies as the lease began: windows 0 and 1
+    windows[0] = 3
+    out = ro.generate(PROMPTS, max_tokens=24, seed=5, round_tokens=3)
+    assert [(s.completion_ids, s.finish_reason) for s in out.samples] == one_engine(24, 5)
+    assert lease.pool_gpus == (5,) and asked[-1] == 3
+    assert 5 in {g for g, _ in calls}  # the rest ran on the replica on GPU 5

@@ -647,6 +647,54 @@ async def test_only_a_floating_pools_rollout_leases_pack(tmp_path: Path) -> None
 
 
 @run
+async def test_a_pack_resent_after_its_answer_was_lost_changes_nothing(
+        tmp_path: Path) -> None:
+    # the client's pack timed out (hand-offs queued) after the controller had moved the
+    # lease; its resend names the GPUs it saw the lease hold: answered as it is now,
+    # where it was refused (409) and failed the rollout
+    site = await _site(Store(tmp_path / "c.db"), PACKING)
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    assert await site.grant(7, Phase.ROLLOUT) == {0, 1}
+    assert await site.grant(8, Phase.ROLLOUT) == {2, 3}
+    table = site.c.scheduler.tables[site.job(7).pool_id]  # type: ignore[index]
+    lease7, lease8 = (next(x for x in table.leases if x.job_id == j) for j in (7, 8))
+    assert site.c.scheduler.pack(site.job(8), lease8.lease_id, [0], held=[2, 3]).gpus == {2}
+    moved = site.c.scheduler.pack(site.job(7), lease7.lease_id, [0], held=[0, 1])
+    assert moved.gpus == {3}
+    again = site.c.scheduler.pack(site.job(7), lease7.lease_id, [0], held=[0, 1])
+    assert again.gpus == {3} and again.lease_id == lease7.lease_id
+    holds = sorted((iv.gpu, iv.end is None) for iv in site.c.store.intervals()
+                   if iv.lease_id == lease7.lease_id)
+    assert holds == [(0, False), (1, False), (3, True)]  # nothing changed by the resend
+    # without `held` (or with the GPUs it holds) it is a pack like any other, checked
+    with pytest.raises(LeaseError, match="non-empty subset"):
+        site.c.scheduler.pack(site.job(7), lease7.lease_id, [0])
+    await site.c.stop()
+
+
+@run
+async def test_a_pack_keeps_whole_replicas_or_is_refused_by_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # replicas of 2 GPUs on windows of 4: keeping GPUs 1 and 2 would keep half of each
+    # of two replicas (whose copies the client then finds none of)
+    monkeypatch.setitem(ENV, "SLURMRL_GPUS", "4")
+    cfg = replace(FLOATING, services=replace(FLOATING.services, rollout_replica_gpus=2))
+    site = await _site(Store(tmp_path / "c.db"), cfg)
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    assert await site.grant(7, Phase.ROLLOUT) == {0, 1, 2, 3}
+    table = site.c.scheduler.tables[site.job(7).pool_id]  # type: ignore[index]
+    (lease,) = [x for x in table.leases if x.job_id == 7]
+    with pytest.raises(LeaseError, match=r"whole replicas of 2 GPUs \(job-local 0-1, 2-3\), "
+                                         r"got \[1, 2\]"):
+        site.c.scheduler.pack(site.job(7), lease.lease_id, [1, 2], unit=2)
+    assert lease.gpus == {0, 1, 2, 3}
+    assert site.c.scheduler.pack(site.job(7), lease.lease_id, [2, 3], unit=2).gpus == {2, 3}
+    await site.c.stop()
+
+
+@run
 async def test_the_policy_is_told_tails_pack_and_a_floating_pool_fits_one_node(
         tmp_path: Path) -> None:
     for cfg, packs in ((FLOATING, {}), (PACKING, {"pools": True})):

@@ -56,7 +56,20 @@ def test_any_gpu_list_parses_or_is_refused(gpus: list[object]) -> None:
 @pytest.mark.parametrize("schema", [GROW, PACK], ids=["grow", "pack"])
 def test_malformed_grow_and_pack_bodies_are_refused_by_name(
         body: dict[str, object], says: str, schema: dict[str, object]) -> None:
-    assert fields({"gpus": [2, 3]}, schema) == {"gpus": [2, 3]}  # type: ignore[arg-type]
+    got = fields({"gpus": [2, 3]}, schema)  # type: ignore[arg-type]
+    assert got["gpus"] == [2, 3] and all(v is None for k, v in got.items() if k != "gpus")
     with pytest.raises(RpcError, match=says) as err:
         fields(body, schema)  # type: ignore[arg-type]
+    assert err.value.status == 400
+
+
+@pytest.mark.parametrize(("held", "says"), [
+    ("0,1", "'held' must be a list"),
+    ([1, 1], "'held' lists an entry twice"),
+    ([-1], "'held' must be between 0 and"),
+])
+def test_a_packs_malformed_held_is_refused_by_name(held: object, says: str) -> None:
+    assert fields({"gpus": [0], "held": [4, 5]}, PACK) == {"gpus": [0], "held": [4, 5]}
+    with pytest.raises(RpcError, match=says) as err:
+        fields({"gpus": [0], "held": held}, PACK)
     assert err.value.status == 400
