@@ -425,7 +425,9 @@ class Api:
         was = table.lease(lease_id) if table is not None else None
         n = self.c.config.services.rollout_replica_gpus
         g = job.request.gpus
-        if len(replica_sets(range(g), n)) < 2:  # as its services were launched
+        pool = self.c.store.pool(job.pool_id) if job.pool_id is not None else None
+        # outside a floating pool the scheduler refuses it as such (`lease-conflict`)
+        if pool is not None and pool.floating and len(replica_sets(range(g), n)) < 2:
             raise RpcError(409, "cannot-pack", f"job {job.job_id}'s rollout is one engine over "
                            f"its {g} GPUs (services.rollout_replica_gpus = {n}): its tail "
                            "cannot leave part of its window")

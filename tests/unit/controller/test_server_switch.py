@@ -57,9 +57,16 @@ class Rig:
 
 
 @asynccontextmanager
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+async def rig(tmp_path: Path, floating: bool = False, replicas: int = 0
+              ) -> AsyncIterator[Rig]:
+    """Jobs A and B in one pool of 2 GPUs; `floating`: a floating pool of two windows
+    of 2 GPUs (Slurm jobs 900 and 901) with rollouts of `replicas`-GPU replicas."""
     store = Store(tmp_path / "c.db")
-    c = Controller(Config(), store, FakeSlurm({A: ALICE, B: BOB}))  # type: ignore[arg-type]
+    cfg = Config()
+    if floating:
+        cfg = replace(cfg, slurm=replace(cfg.slurm, floating_pools=True),
+                      services=replace(cfg.services, rollout_replica_gpus=replicas))
+    c = Controller(cfg, store, FakeSlurm({A: ALICE, B: BOB}))  # type: ignore[arg-type]
     await c.pools.start(c)
     app = make_app(c)
     client = TestClient(TestServer(app))
@@ -70,7 +77,11 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
             status, ans = await r.call(who, "POST", "/v1/jobs",
                                        {"job_id": job, "env": {"SLURMRL_GPUS": "2"}})
             assert status == 200, ans
-        pool = c.open_pool(gpus=2, slurm_job_id=None)
+        if floating:
+            pool = c.open_pool(gpus=2, slurm_job_id=900, gpu_indices=(0, 1), floating=True)
+            c.add_window(pool.pool_id, 901, (2, 3))
+        else:
+            pool = c.open_pool(gpus=2, slurm_job_id=None)
         for job in (A, B):
             c.place_job(job, pool.pool_id, (0, 1))
         yield r
@@ -216,10 +227,10 @@ def test_metrics_count_gpu_seconds_by_pool_and_name_no_job(tmp_path: Path) -> No
 
 def test_a_pack_outside_a_floating_pool_is_refused_by_name_and_changes_nothing(
         tmp_path: Path) -> None:
-    # `POST .../pack` (a floating pool's rollout tail): here a fixed pool, whose rollout
-    # is one engine (services.rollout_replica_gpus 0), so nothing can pack
+    # `POST .../pack` (a floating pool's rollout tail): a fixed pool's rollout cannot
+    # pack (nor one engine's over a floating pool's window), with or without replicas
     async def main() -> None:
-        async with rig(tmp_path) as r:
+        async with rig(tmp_path / "one-engine", floating=True) as r:
             _, ans = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases", _acquire("rollout"))
             lease = ans["lease"]["lease_id"]
             before = await r.leases()
@@ -227,6 +238,15 @@ def test_a_pack_outside_a_floating_pool_is_refused_by_name_and_changes_nothing(
             status, ans = await r.call(ALICE, "POST", path, {"gpus": [0]})
             assert (status, ans["error"]["code"]) == (409, "cannot-pack"), ans
             assert "one engine" in ans["error"]["message"]
+            assert await r.leases() == before
+        async with rig(tmp_path) as r:
+            _, ans = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases", _acquire("rollout"))
+            lease = ans["lease"]["lease_id"]
+            before = await r.leases()
+            path = f"/v1/jobs/{A}/leases/{lease}/pack"
+            status, ans = await r.call(ALICE, "POST", path, {"gpus": [0]})
+            assert (status, ans["error"]["code"]) == (409, "lease-conflict"), ans
+            assert "not in a floating pool" in ans["error"]["message"]
             status, ans = await r.call(ALICE, "POST", path, {"gpus": []})
             assert (status, ans["error"]["code"]) == (400, "bad-value"), ans
             assert "'gpus'" in ans["error"]["message"]
@@ -244,5 +264,36 @@ def test_a_pack_outside_a_floating_pool_is_refused_by_name_and_changes_nothing(
             assert (status, ans["error"]["code"]) == (409, "lease-conflict"), ans
             assert "not in a floating pool" in ans["error"]["message"]
             assert await r.leases() == before
+
+    asyncio.run(main())
+
+
+def test_a_pack_resent_with_the_gpus_it_saw_is_answered_as_the_lease_is_now(
+        tmp_path: Path) -> None:
+    # a client whose pack answer was lost (a timeout while hand-offs queue) sends it
+    # again: the lease moved already, so the resend changes nothing and answers it
+    async def main() -> None:
+        async with rig(tmp_path, floating=True, replicas=1) as r:
+            leases = {}
+            for who, job in ((ALICE, A), (BOB, B)):
+                status, ans = await r.call(who, "POST", f"/v1/jobs/{job}/leases",
+                                           _acquire("rollout"))
+                assert status == 200, ans
+                leases[job] = ans["lease"]
+            assert (leases[A]["gpus"], leases[B]["gpus"]) == ([0, 1], [2, 3])
+            path = f"/v1/jobs/{B}/leases/{leases[B]['lease_id']}/pack"
+            status, ans = await r.call(BOB, "POST", path, {"gpus": [0], "held": [2, 3]})
+            assert (status, ans["lease"]["gpus"]) == (200, [2]), ans
+            path = f"/v1/jobs/{A}/leases/{leases[A]['lease_id']}/pack"
+            body = {"gpus": [0], "held": [0, 1]}
+            status, ans = await r.call(ALICE, "POST", path, body)
+            assert (status, ans["lease"]["gpus"]) == (200, [3]), ans  # beside B's tail
+            before = await r.leases()
+            status, ans = await r.call(ALICE, "POST", path, body)
+            assert (status, ans["lease"]["gpus"]) == (200, [3]), ans
+            assert await r.leases() == before
+            # a new pack from what it holds now is checked as any is
+            status, ans = await r.call(ALICE, "POST", path, {"gpus": [0], "held": [3]})
+            assert (status, ans["error"]["code"]) == (409, "lease-conflict"), ans
 
     asyncio.run(main())
