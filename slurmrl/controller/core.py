@@ -250,10 +250,12 @@ class Controller:
         return pool
 
     def add_window(self, pool_id: int, slurm_job_id: int, gpu_indices: tuple[int, ...],
-                   node: str | None = None, window: int | None = None) -> WindowRecord:
+                   node: str | None = None, window: int | None = None,
+                   opened_at: float | None = None) -> WindowRecord:
         """A floating pool took another window (an allocation of its window size on its
         node): record it as number `window` (default: the newest open one's plus one;
-        the number its services were launched for) and schedule its GPUs."""
+        the number its services were launched for), allocated since `opened_at`
+        (default now; the pool's GPU-seconds count from it), and schedule its GPUs."""
         pool = self.store.pool(pool_id)
         wins = self.store.windows(pool_id)
         if pool is None or not pool.floating or pool.state != "open" or not wins:
@@ -266,9 +268,9 @@ class Controller:
         if w < 0 or w in {x.window for x in wins}:
             raise ValueError(f"pool {pool_id} has window {w} open already")
         with self.store.transaction():
-            wid = self.store.add_window(pool_id=pool_id, window=w, slurm_job_id=slurm_job_id,
-                                        gpu_indices=gpu_indices, opened_at=self.clock(),
-                                        node=node)
+            wid = self.store.add_window(
+                pool_id=pool_id, window=w, slurm_job_id=slurm_job_id, gpu_indices=gpu_indices,
+                opened_at=self.clock() if opened_at is None else opened_at, node=node)
             self.store.update_pool(pool_id, gpus=pool.gpus + g,
                                    gpu_indices=(*pool.gpu_indices, *gpu_indices))
         self.scheduler.add_gpus(pool_id, range(w * g, w * g + g))

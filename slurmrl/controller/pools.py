@@ -662,8 +662,9 @@ class SlurmPools:
             with contextlib.suppress(SlurmError):
                 await asyncio.to_thread(self.allocator.close, opened.slurm_job_id)
             return False
+        # allocated since before its services launched (each waits for its model)
         c.add_window(pool.pool_id, opened.slurm_job_id, opened.gpu_indices, node=win.node,
-                     window=win.window)
+                     window=win.window, opened_at=win.opened_at)
         return True
 
     def _nodes_of(self, pool: PoolRecord) -> dict[int, str]:
@@ -888,6 +889,8 @@ class SlurmPools:
         finally:
             with contextlib.suppress(SlurmError):
                 await asyncio.to_thread(self.allocator.close, gone.slurm_job_id)
+            # allocated until cancelled, its copies' hand-offs and stops included
+            c.store.close_window(gone.window_id, c.clock())
             retiring.discard(gone.window)
             if not retiring:
                 self._retiring.pop(pool_id, None)

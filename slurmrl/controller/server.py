@@ -53,7 +53,7 @@ from slurmrl.controller.validate import (
     parse_wait,
 )
 from slurmrl.controller.views import job_view, lease_view, physical_gpus, pool_view
-from slurmrl.db import JobRecord
+from slurmrl.db import JobRecord, PoolRecord
 from slurmrl.leases import LeaseError
 from slurmrl.leases.types import Lease
 from slurmrl.model import Identity, LeaseState, Phase
@@ -150,6 +150,11 @@ def _query(request: web.Request, allowed: set[str]) -> dict[str, str]:
     return {k: request.query[k] for k in allowed if k in request.query}
 
 
+
+def _dedicated(pool: PoolRecord | None) -> bool:
+    """A pool that is its one job's for good (it takes no partner)."""
+    return pool is not None and pool.dedicated
+
 class Api:
     """The route handlers; thin: check input, call the Controller, shape the answer."""
 
@@ -232,9 +237,11 @@ class Api:
         gpu_s = self.c.gpu_seconds_now(mine)
         now = self.c.clock()
         waits = self.c.store.lease_waits(mine, now)
+        pools = {pid: self.c.store.pool(pid) for pid in {j.pool_id for j in jobs}
+                 if pid is not None}
         return [job_view(j, private=admin or j.uid == who.uid, hide_user=hide,
-                         gpu_s=gpu_s.get(j.job_id, 0.0), now=now,
-                         waits=waits.get(j.job_id)) for j in jobs]
+                         gpu_s=gpu_s.get(j.job_id, 0.0), now=now, waits=waits.get(j.job_id),
+                         dedicated_pool=_dedicated(pools.get(j.pool_id or -1))) for j in jobs]
 
     async def get_job(self, request: web.Request) -> web.Response:
         _query(request, set())
@@ -252,7 +259,8 @@ class Api:
         return _json({"job": job_view(job, private=private, gpu_s=gpu_s, now=now,
                                       services=services, waits=waits,
                                       hide_user=self.c.config.controller.hide_other_users,
-                                      floating=pool is not None and pool.floating)})
+                                      floating=pool is not None and pool.floating,
+                                      dedicated_pool=_dedicated(pool))})
 
     async def end(self, request: web.Request) -> web.Response:
         b = _body(request, {"state": F("str", choices=("CD", "F", "CA")),
@@ -467,10 +475,12 @@ class Api:
 
     def _pools(self, admin: bool) -> list[dict[str, Any]]:
         out = []
+        now = self.c.clock()
         for p in self.c.store.pools(open_only=True):
             members = [j.job_id for j in self.c.store.jobs(active=True, pool_id=p.pool_id)]
             out.append(pool_view(p, members, admin=admin,
-                                 windows=self.c.store.windows(p.pool_id) if p.floating else ()))
+                                 windows=self.c.store.windows(p.pool_id) if p.floating else (),
+                                 gpu_seconds=self.c.store.pool_gpu_seconds(p, now)))
         return out
 
     async def list_pools(self, request: web.Request) -> web.Response:

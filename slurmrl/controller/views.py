@@ -32,11 +32,13 @@ def wait_slowdown(waits: tuple[float, float] | None, end: float) -> float | None
 def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
              secret: bool = False, services: Sequence[ServiceRecord] = (),
              hide_user: bool = False, waits: tuple[float, float] | None = None,
-             floating: bool = False) -> dict[str, Any]:
+             floating: bool = False, dedicated_pool: bool = False) -> dict[str, Any]:
     """A job as the caller may see it: `private` (its owner or an admin) or public;
     a public view's `user` is null when the site hides other users
     (`controller.hide_other_users`). `waits`: its `Store.lease_waits` entry;
-    `floating`: its pool floats (its services have a copy on every window)."""
+    `floating`: its pool floats (its services have a copy on every window);
+    `dedicated_pool`: its pool is its own for good (`--rl-mux=off`, or placed so by
+    the pairing policy): what it leaves idle nobody else can use."""
     end = job.ended_at if job.ended_at is not None else now
     out: dict[str, Any] = {
         "job_id": job.job_id,
@@ -53,6 +55,7 @@ def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
         "registered_at": job.registered_at,
         "ended_at": job.ended_at,
         "private": private,
+        "dedicated_pool": dedicated_pool,
     }
     if private:
         r = job.request
@@ -136,10 +139,12 @@ def lease_view(lease: Lease | LeaseRecord, pool_id: int, job: JobRecord | None,
 
 
 def pool_view(pool: PoolRecord, members: list[int], *, admin: bool,
-              windows: Sequence[WindowRecord] = ()) -> dict[str, Any]:
+              windows: Sequence[WindowRecord] = (),
+              gpu_seconds: float | None = None) -> dict[str, Any]:
     """`windows`: a floating pool's open windows (each a Slurm allocation). A floating
     pool's `nodes` are its open windows' (a window recorded without a node is on the
-    pool's first node), in window order."""
+    pool's first node), in window order. `gpu_seconds`: what Slurm allocated it so far
+    (`Store.pool_gpu_seconds`: a floating pool's size changes with its windows)."""
     nodes = list(pool.nodes)
     if pool.floating and windows:
         home = pool.nodes[0] if pool.nodes else None
@@ -150,6 +155,7 @@ def pool_view(pool: PoolRecord, members: list[int], *, admin: bool,
         "dedicated": pool.dedicated, "reason": pool.reason, "opened_at": pool.opened_at,
         "closed_at": pool.closed_at, "floating": pool.floating,
         "windows": len(windows) if pool.floating else None,
+        "gpu_seconds": gpu_seconds,
     }
     if admin:
         out.update({"slurm_job_id": pool.slurm_job_id, "gpu_indices": list(pool.gpu_indices)})

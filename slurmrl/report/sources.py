@@ -81,10 +81,11 @@ def from_store(store: Any, ids: Sequence[int] | None, now: float) -> ReportInput
         rewards += rewards_from(j.job_id, ((str(o.phase), o.released_at, o.detail)
                                            for o in store.observations(j.job_id)))
     used_pools = {j.pool_id for j in jobs} | {x.pool_id for x in leases}
+    alone = {p.pool_id for p in pools if p.dedicated}
     return ReportInput(
         jobs=tuple(JobInfo(j.job_id, j.user, j.request.gpus, j.registered_at, j.name,
                            str(j.state), j.ended_at, j.pool_id,
-                           str(j.request.mux) == "off") for j in jobs),
+                           str(j.request.mux) == "off" or j.pool_id in alone) for j in jobs),
         pools=tuple(PoolInfo(p.pool_id, p.gpus, p.opened_at, p.closed_at, p.dedicated,
                              store.pool_gpu_seconds(p, now) if p.floating else None)
                     for p in pools if not ids or p.pool_id in used_pools),
@@ -126,7 +127,12 @@ def from_controller(url: str, ids: Sequence[int] | None,
             jid = int(j["job_id"])
             jobs.append(JobInfo(jid, j["user"], int(j["gpus"]), float(j["registered_at"]),
                                 j.get("name") or "", j["state"], j.get("ended_at"),
-                                j.get("pool_id"), (j.get("request") or {}).get("mux") == "off"))
+                                j.get("pool_id"), (j.get("request") or {}).get("mux") == "off"
+                                or bool(j.get("dedicated_pool"))))
+            if not j.get("private"):  # its leases are its owner's (and admins') to read
+                warnings.append(f"job {jid} is another user's: its GPU-seconds and reward "
+                                "curve are not visible to you")
+                continue
             _, la = rpc.call("GET", f"/v1/jobs/{jid}/leases", retry=False)
             for x in la.get("leases", []):
                 requests.append(Request(x["lease_id"], jid, x["pool_id"], x["phase"],
@@ -139,17 +145,15 @@ def from_controller(url: str, ids: Sequence[int] | None,
                 for g in x["gpus"]:
                     holds.append(Hold(x["lease_id"], jid, x["pool_id"], int(g), x["phase"],
                                       x["granted_at"], x.get("released_at")))
-            if not j.get("private"):
-                warnings.append(f"job {jid} is another user's: its GPU-seconds and reward "
-                                "curve are not visible to you")
-                continue
             _, ob = rpc.call("GET", f"/v1/jobs/{jid}/observations", retry=False)
             rewards += rewards_from(jid, ((o["phase"], o.get("released_at"), o["detail"])
                                           for o in ob.get("observations", [])))
         _, pa = rpc.call("GET", "/v1/pools", retry=False)
     except (ControllerError, ValueError, OSError) as exc:
         raise SourceError(str(exc)) from None
-    pools = [PoolInfo(p["pool_id"], p["gpus"], p["opened_at"], None, p.get("dedicated", False))
+    # a floating pool's size changed with its windows: the GPU-seconds Slurm allocated
+    pools = [PoolInfo(p["pool_id"], p["gpus"], p["opened_at"], None, p.get("dedicated", False),
+                      p.get("gpu_seconds") if p.get("floating") else None)
              for p in pa.get("pools", [])]
     return ReportInput(tuple(jobs), tuple(pools), tuple(holds), tuple(requests),
                        tuple(rewards), now), warnings

@@ -23,6 +23,13 @@ def test_a_mux_off_job_shows_no_saving_however_little_it_leased() -> None:
     assert _saved(view) == "0.0%"
 
 
+def test_a_job_the_policy_placed_in_a_pool_of_its_own_shows_no_saving() -> None:
+    # e.g. the `dedicated` pairing policy: its pool takes no partner, whatever its mux
+    view = {"gpu_seconds": 24.0, "dedicated_gpu_seconds": 400.0, "request": {"mux": "auto"},
+            "pool_id": 3, "dedicated_pool": True}
+    assert _saved(view) == "0.0%"
+
+
 def test_saved_is_a_dash_without_the_private_figures() -> None:
     assert _saved({"gpu_seconds": None, "dedicated_gpu_seconds": None}) == "-"
 

@@ -988,6 +988,64 @@ async def test_a_restart_cancels_a_window_given_back_but_still_allocated(
     await site2.c.stop()
 
 
+@run
+async def test_a_pools_gpu_seconds_count_each_window_from_its_allocation_to_its_cancel(
+        tmp_path: Path) -> None:
+    # a window is allocated (Slurm runs it) before every member's services launch on
+    # it (each waits for its model: 30 s here), and stays allocated until cancelled,
+    # after its copies stop (10 s each here): the pool's GPU-seconds count all of it
+    clock = [1000.0]
+    running: dict[int, float] = {}
+    cancelled: dict[int, float] = {}
+
+    class Timed(FakeAllocator):
+        def open(self, gpus: int, label: str = "", node: str | None = None) -> SlurmPool:
+            got = super().open(gpus, label, node)
+            running[got.slurm_job_id] = clock[0]
+            return got
+
+        def close(self, slurm_job_id: int) -> None:
+            super().close(slurm_job_id)
+            cancelled[slurm_job_id] = clock[0]
+
+    class Slow(FakeLauncher):
+        def launch(self, pool_job_id: int, node: str, spec: ServiceSpec,
+                   secret: str) -> FakeRunning:
+            clock[0] += 30.0
+            return super().launch(pool_job_id, node, spec, secret)
+
+        def stop(self, svc: FakeRunning) -> None:
+            clock[0] += 10.0
+            super().stop(svc)
+
+    store = Store(tmp_path / "c.db")
+    slurm, allocator, launcher = FakeSlurm(), Timed(), Slow()
+    pools = SlurmPools(allocator=allocator, launcher=launcher)  # type: ignore[arg-type]
+    c = Controller(FLOATING, store, slurm, pools=pools,  # type: ignore[arg-type]
+                   clock=lambda: clock[0])
+    c.policies = replace(c.policies, pairing=FloatFirst())
+    await c.start()
+    site = Site(c, pools, slurm, allocator, launcher)
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    pool_id = site.job(7).pool_id
+    assert pool_id is not None
+    wins = store.windows(pool_id)
+    assert [w.opened_at for w in wins] == [running[w.slurm_job_id] for w in wins]
+    # job 7's two services launched there after it, then job 8's on both windows
+    assert clock[0] - wins[1].opened_at == 6 * 30.0
+    clock[0] += 100.0
+    await c.end_job(8, JobState.COMPLETED, "done")
+    await site.settle()
+    (gone,) = [w for w in store.windows(pool_id, open_only=False) if w.closed_at is not None]
+    assert gone.closed_at == cancelled[gone.slurm_job_id]
+    pool = store.pool(pool_id)
+    assert pool is not None
+    assert store.pool_gpu_seconds(pool, clock[0]) == pytest.approx(sum(
+        2 * (cancelled.get(j, clock[0]) - t) for j, t in running.items()))
+    await c.stop()
+
+
 def test_the_site_config_refuses_floating_across_nodes_without_floating_pools(
         tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
