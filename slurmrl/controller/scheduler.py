@@ -7,10 +7,14 @@ With `check_invariants` (tests, `--debug-invariants`) every table is checked aft
 every event (`slurmrl.leases.invariants.check_table`).
 
 Restart: `restore()` loads held leases and waiting requests of every open pool from the
-DB. Held leases keep their deadline (drivers heartbeat to the new process, or they lapse
-and are revoked); waiting requests keep their arrival order. `LeaseTable.restore` refuses
-a state that double-grants. A held lease granted by a switch stays one (it is not
-switched again): the lease the switch ended names it in its reason (`SWITCHED_TO`).
+DB. Held leases and waiting requests keep their deadline, or one lease timeout from the
+restart where that is later: drivers retry their heartbeats while the controller is away
+(`retry_for_s`), so a lease that lapsed only because nobody could renew it is not
+revoked at once; one whose driver does not heartbeat the new process within that lapses
+then (and is charged until then); waiting requests keep their arrival order.
+`LeaseTable.restore` refuses a state that double-grants. A held lease granted by a
+switch stays one (it is not switched again): the lease the switch ended names it in its
+reason (`SWITCHED_TO`).
 
 Known limits: a lease lives in one pool (a job never migrates); one process owns the DB.
 """
@@ -156,6 +160,7 @@ class LeaseScheduler:
     def restore(self) -> int:
         """Load every open pool's leases and waiters from the DB; returns how many."""
         n = 0
+        grace = self.clock() + self.lease_timeout_s  # drivers could not renew meanwhile
         for pool in self.store.pools(open_only=True):
             if pool.state != "open":
                 continue
@@ -165,6 +170,8 @@ class LeaseScheduler:
             self.open_pool(pool.pool_id, pool.gpus if size is None else [
                 w.window * size + i for w in recorded for i in range(size)], size)
             held, waiting = self.store.open_state(pool.pool_id)
+            held = [replace(x, deadline_at=max(x.deadline_at, grace)) for x in held]
+            waiting = [replace(r, deadline_at=max(r.deadline_at, grace)) for r in waiting]
             if size is not None:  # a request's options are not stored: its windows now
                 wins = self.windows(pool.pool_id)
                 waiting = [replace(r, gpus=frozenset().union(*alts), options=alts,

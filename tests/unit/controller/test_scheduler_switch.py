@@ -84,9 +84,10 @@ async def test_a_switched_lease_cannot_switch_again_and_nothing_changes() -> Non
         s.switch(_job(store, 1), train.request_id, Phase.SYNC, {})
     # a restart keeps the lease a switched one (the DB row of the old lease names it)
     s2 = _sched(store, clock)
+    restored = _state(store, s2, pool)  # (deadlines a lease timeout from the restart)
     with pytest.raises(LeaseError, match="a lease switches once"):
         s2.switch(_job(store, 1), sync.lease_id, Phase.ROLLOUT, {})
-    assert _state(store, s2, pool) == before
+    assert _state(store, s2, pool) == restored
     check_history(store.intervals(pool))
 
 
