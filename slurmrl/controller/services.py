@@ -42,6 +42,7 @@ from typing import Any
 
 from slurmrl.auth.tokens import mint_secret
 from slurmrl.slurm import SlurmBackend, SlurmError, StepHandle
+from slurmrl.slurm.backend import read_tail
 from slurmrl.worker.handle import ServiceError, ServiceHandle
 
 log = logging.getLogger(__name__)
@@ -141,8 +142,10 @@ class RunningService:
         return self.step.poll() is None
 
     def log_tail(self, limit: int = 2000) -> str:
+        """The end of the service's log (its user's program's output: never read
+        whole)."""
         with contextlib.suppress(OSError):
-            return self.log_path.read_text(errors="replace")[-limit:]
+            return read_tail(self.log_path, 4 * limit)[-limit:]
         return ""
 
 
@@ -385,6 +388,6 @@ def read_address_file(path: Path, uid: int | None) -> str | None:
 
 def _tail(path: Path, limit: int = 1500) -> str:
     with contextlib.suppress(OSError):
-        text = path.read_text(errors="replace").strip()
+        text = read_tail(path, 4 * limit).strip()  # its user's output: never read whole
         return text[-limit:] if text else "(no output)"
     return "(no output)"

@@ -17,6 +17,18 @@ from typing import IO, Protocol, runtime_checkable
 
 from slurmrl.slurm.types import BatchSpec, JobInfo, NodeInfo, StepInfo
 
+#: how much of a step's stderr is kept for its error messages
+STDERR_TAIL_BYTES = 16384
+
+
+def read_tail(path: str | os.PathLike[str], limit: int) -> str:
+    """The last `limit` bytes of a file, decoded (undecodable bytes replaced), read
+    from there: a log its user's program writes may be any size, and is never read
+    whole. OSError where it cannot be opened."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - limit))
+        return f.read(limit).decode(errors="replace")
 
 class StepHandle:
     """A running `srun` that launched one step into an existing allocation.
@@ -84,14 +96,14 @@ class StepHandle:
                     break
         return self._step
 
-    def stderr_text(self) -> str:
-        """What srun wrote to stderr so far ("" when it went elsewhere)."""
+    def stderr_text(self, limit: int = STDERR_TAIL_BYTES) -> str:
+        """The last `limit` bytes srun wrote to stderr so far ("" when it went
+        elsewhere): a step's stderr may be its user's program's, of any size."""
         if self._stderr_kept is not None:
             return self._stderr_kept
         if not self.stderr_path or not os.path.exists(self.stderr_path):
             return ""
-        with open(self.stderr_path, "rb") as f:
-            return f.read().decode(errors="replace")
+        return read_tail(self.stderr_path, limit)
 
     def _close(self) -> None:
         for f in self._owned:

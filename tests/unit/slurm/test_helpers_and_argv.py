@@ -168,6 +168,24 @@ def test_step_handle_keeps_srun_stderr_after_removing_its_temporary_file(
     assert named.read_text() == "kept\n" == h2.stderr_text()
 
 
+def test_a_huge_stderr_is_read_from_its_end_only(tmp_path: Path) -> None:
+    # a step's stderr may be its user's program's: the controller (root) keeps the end
+    # of it for its error message, and never reads it whole into memory
+    from slurmrl.controller.services import _tail
+    from slurmrl.slurm.backend import STDERR_TAIL_BYTES
+
+    err_path = tmp_path / "step.err"
+    with open(err_path, "wb") as f:
+        f.write(b"x" * 1000 + b"\n")
+        f.write(b"\xff" * (8 << 20))  # 8 MiB, not UTF-8
+        f.write(b"\nthe last line\n")
+    h = StepHandle(subprocess.Popen(["true"]), 7, ["sh"], None, str(err_path), [])
+    h.wait(timeout_s=30)
+    text = h.stderr_text()
+    assert text.endswith("the last line\n") and len(text.encode()) <= 3 * STDERR_TAIL_BYTES
+    assert _tail(err_path).endswith("the last line") and len(_tail(err_path)) <= 1500
+
+
 def test_a_job_name_with_a_newline_cannot_forge_another_jobs_record(tmp_path: Path) -> None:
     # Slurm without `squeue --json`: `scontrol -o` prints one job a line, so eve's job
     # named "x\nJobId=16 JobState=CANCELLED ..." printed a second record for job 16 (the
