@@ -13,7 +13,10 @@ started through `SlurmBackend.launch_step`:
   `setpriv --reuid=U --regid=G --init-groups --inh-caps=-all --no-new-privs`.
 - **The job's secret never appears in argv** (world-readable in /proc): it reaches the
   worker as `$SLURMRL_JOB_SECRET` in the step's environment, which only root and the
-  user can read.
+  user can read; so does a floating member's hand-off directory
+  (`$SLURMRL_HANDOFF_DIR`): its name is derived from the secret so that no other user
+  can create it first (the worker refuses a directory it does not own), and another
+  user who read it in a `ps` listing could.
 - The worker binds a free port and writes `host:port` into a file in a directory that
   belongs to the user (mode 700, under `run_dir`, which only root can list). The
   launcher waits for that file and a `status` answer, with a timeout for the model load;
@@ -49,6 +52,7 @@ log = logging.getLogger(__name__)
 
 SECRET_ENV = "SLURMRL_JOB_SECRET"
 CONTROL_ENV = "SLURMRL_CONTROL_SECRET"  #: the worker's (slurmrl/worker/cli.py)
+HANDOFF_ENV = "SLURMRL_HANDOFF_DIR"  #: the worker's --handoff-dir, not in its argv
 #: the controller's variables a service gets too, where set: thread counts and locale.
 #: Nothing else of the controller's environment reaches a service (`launch_step`)
 PASS_THROUGH = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LANG", "LC_ALL", "TZ")
@@ -166,9 +170,18 @@ def worker_argv(spec: ServiceSpec, ids: UserIds, *, python: str, workdir: Path,
         argv += ["--model", spec.model]
     if spec.lr is not None:
         argv += ["--lr", repr(spec.lr)]
-    if spec.handoff_dir is not None:
-        argv += ["--handoff-dir", spec.handoff_dir]
     return [*drop, *env, *argv]
+
+
+def step_env(spec: ServiceSpec, secret: str, control: str) -> dict[str, str]:
+    """The step's environment (readable by root and the user only): the controller's
+    `PASS_THROUGH` variables, `PATH`, the job's and the control secret and, for a
+    floating member's copy, its hand-off directory."""
+    env = {k: os.environ[k] for k in PASS_THROUGH if k in os.environ}
+    env.update({SECRET_ENV: secret, CONTROL_ENV: control, "PATH": _STEP_PATH})
+    if spec.handoff_dir is not None:
+        env[HANDOFF_ENV] = spec.handoff_dir
+    return env
 
 
 class ServiceLauncher:
@@ -266,10 +279,7 @@ class ServiceLauncher:
         control = mint_secret()  # a fresh one per launch: the driver never sees it
         t0 = time.monotonic()
         step = self.slurm.launch_step(
-            pool_job_id, argv, env={**{k: os.environ[k] for k in PASS_THROUGH
-                                       if k in os.environ},
-                                    SECRET_ENV: secret, CONTROL_ENV: control,
-                                    "PATH": _STEP_PATH},
+            pool_job_id, argv, env=step_env(spec, secret, control),
             cuda_visible_devices=spec.cuda_devices, cpus=1, overlap=True,
             timeout_s=self.step_timeout_s, retries=self.step_retries,
             stdout_path=str(log_path), stderr_path=str(log_path))

@@ -71,8 +71,10 @@ def read_secret(secret_file: Path | None) -> str:
 @click.option("--lr", type=float, default=None, help="Trainer learning rate.")
 @click.option("--gpu-memory-utilization", type=float, default=0.85, show_default=True)
 @click.option("--handoff-dir", type=click.Path(path_type=Path), default=None,
+              envvar="SLURMRL_HANDOFF_DIR", show_envvar=True,
               help="Private node-local directory (e.g. under /dev/shm) where this "
-                   "service and its copies hand their state to each other; created 0700.")
+                   "service and its copies hand their state to each other; created 0700 "
+                   "(the controller passes it in the environment: not in argv).")
 @click.option("--max-body-mb", default=1024, show_default=True, help="Largest request body.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))

@@ -1,5 +1,7 @@
-"""A floating pool's service copy is told where to hand its state off: the launcher's
-argv carries `--handoff-dir`, and the worker's own command line accepts it."""
+"""A floating pool's service copy is told where to hand its state off: in the step's
+environment (`$SLURMRL_HANDOFF_DIR`, as its secrets), never in its argv, which any user
+can read in /proc (and then create the directory first: the worker refuses one it does
+not own, and the job's placement fails); the worker's command line takes it from there."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmrl.controller.services import ServiceSpec, UserIds, worker_argv
+from slurmrl.controller.services import HANDOFF_ENV, ServiceSpec, UserIds, step_env, worker_argv
 from slurmrl.worker.cli import worker
 
 SHM = "/dev/shm/slurmrl-job7-0123456789abcdef"
@@ -25,18 +27,25 @@ def _worker_args(argv: list[str]) -> list[str]:
     return argv[argv.index("slurmrl.worker") + 1:]
 
 
-def test_a_copys_worker_is_given_its_handoff_dir(tmp_path: Path) -> None:
+def test_a_copys_worker_is_given_its_handoff_dir_in_its_environment_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = ServiceSpec(7, "trainer", "someone", (0, 1), backend="torch", handoff_dir=SHM)
-    args = _worker_args(_argv(spec, tmp_path))
-    assert args[args.index("--handoff-dir") + 1] == SHM
-    # the worker knows the option: its parser takes the launcher's arguments as they are
-    ctx = worker.make_context("worker", list(args))
+    argv = _argv(spec, tmp_path)
+    assert not any(SHM in a for a in argv) and "--handoff-dir" not in argv
+    env = step_env(spec, "s" * 64, "c" * 64)
+    assert env[HANDOFF_ENV] == SHM
+    # the worker takes it from there: its parser, given the launcher's arguments as
+    # they are and the step's environment
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    ctx = worker.make_context("worker", list(_worker_args(argv)))
     assert ctx.params["handoff_dir"] == Path(SHM) and ctx.params["role"] == "trainer"
 
 
-def test_a_service_without_a_handoff_dir_gets_no_such_argument(tmp_path: Path) -> None:
-    argv = _argv(ServiceSpec(7, "rollout", "someone", (0,)), tmp_path)
-    assert "--handoff-dir" not in argv
+def test_a_service_without_a_handoff_dir_gets_none(tmp_path: Path) -> None:
+    spec = ServiceSpec(7, "rollout", "someone", (0,))
+    assert "--handoff-dir" not in _argv(spec, tmp_path)
+    assert HANDOFF_ENV not in step_env(spec, "s" * 64, "c" * 64)
 
 
 @pytest.mark.parametrize("bad", ["", "slurmrl-job7", "shm/slurmrl-job7"])
