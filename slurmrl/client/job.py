@@ -119,7 +119,10 @@ class Lease:
         wanted = sorted(set(gpus) - set(self.gpus))
         if not wanted:
             return ()
-        ans = self._post("grow", {"gpus": wanted})
+        # safe to repeat: `held` lets the controller answer a resend (its answer lost,
+        # e.g. a timeout while hand-offs queue) with what the first attempt took
+        ans = self._post("grow", {"gpus": wanted, "held": sorted(self.pool_gpus)},
+                         idempotent=True)
         lease, added = need(ans, "lease", dict), need(ans, "added", list)
         self._update(lease)
         return tuple(added)
@@ -319,12 +322,33 @@ class Job:
         finally:
             try:
                 if lease.revoked_reason is None:
-                    lease.release(lease.timing())
+                    try:
+                        lease.release(lease.timing())
+                    except LeaseRevoked:
+                        if not failed:
+                            raise
+                        # revoked meanwhile: the block's own error is the one to see
             finally:
                 if self.current is lease:  # not the lease a switch made current
                     self.current = None
+                elif failed:
+                    self._drop_switched()
             if not failed and lease.revoked_reason is not None:
                 raise LeaseRevoked(lease.lease_id, lease.phase, lease.revoked_reason)
+
+    def _drop_switched(self) -> None:
+        """The block that switched its lease failed: release the lease the switch made
+        current, not taken up by a phase (a retried step acquires anew; held, it would
+        keep the GPUs from the partner and refuse the job's next phase)."""
+        switched = self.current
+        if switched is None or not switched._adoptable:
+            return
+        self.current = None
+        try:
+            switched.release(switched.timing())
+        except (ControllerError, LeaseRevoked) as exc:
+            log.warning("lease %d (%s) a switch made was not released: %s",
+                        switched.lease_id, switched.phase, exc)
 
     def observe(self, phase: str, started_at: float, ended_at: float, *,
                 detail: Mapping[str, float] | None = None) -> None:

@@ -416,9 +416,14 @@ class Api:
         job = self.c.active_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
         lease_id = parse_id(request.match_info["lease_id"], "lease id")
         lease, added = self.c.scheduler.grow(job, lease_id, b["gpus"])
+        pool_gpus = job.pool_gpus or ()
+        if b["held"] is not None:
+            # `added` from the GPUs the caller saw the lease hold: a resend of a grow whose
+            # answer was lost answers what its first attempt took (after its hand-off)
+            asked = {pool_gpus[g] for g in b["gpus"] if g < len(pool_gpus)}
+            added = frozenset(lease.gpus & asked) - frozenset(b["held"])
         if added:
             await self.c.pools.before_answer(job, lease)
-        pool_gpus = job.pool_gpus or ()
         return _json({"lease": self._lease(lease, job.pool_id or 0),
                       "added": sorted(pool_gpus.index(g) for g in added)})
 

@@ -60,7 +60,8 @@ RELEASE: dict[str, F] = {"timing": F("nummap", lo=0, hi=2**40, keys=("busy_s", "
 #: a shrink keeps `keep` GPUs (the controller picks which) or exactly the job-local `gpus`
 SHRINK: dict[str, F] = {"keep": F("int", lo=1, hi=1024), "gpus": F("intlist", lo=0, hi=1023)}
 #: a grow asks for the job-local `gpus` (it gets those free that no waiter asks for)
-GROW: dict[str, F] = {"gpus": F("intlist", True, lo=0, hi=1023)}
+GROW: dict[str, F] = {"gpus": F("intlist", True, lo=0, hi=1023),
+                      "held": F("intlist", lo=0, hi=2**20)}
 #: a floating member's rollout tail keeps its window's job-local `gpus` (its replicas
 #: still generating), packed onto the fullest window that has that many free
 PACK: dict[str, F] = {"gpus": F("intlist", True, lo=0, hi=1023),

@@ -157,3 +157,44 @@ def test_a_failed_deregistration_does_not_hide_the_drivers_own_error(
     assert end.body["state"] == "F"
     with pytest.raises(ControllerError, match="refused"), job:
         pass  # without an error of its own, the failure to deregister is the error
+
+
+def test_a_drivers_error_is_not_replaced_by_a_revocation_its_release_finds(
+        standin: StandIn, job: Job) -> None:
+    # the lease was revoked a moment before the driver's code failed (its heartbeat had
+    # not seen it yet): leaving the block, the release finds it revoked; the driver
+    # still sees its own error (it saw `LeaseRevoked`, its error's traceback gone)
+    job.heartbeat_s = 100.0
+    standin.routes[RELEASE] = lambda call: error(409, "lease-conflict", "lease 5 is not held")
+    standin.routes["GET", "/v1/jobs/N/leases/N"] = lambda call: (
+        200, {"lease": lease(5, state="revoked", reason="expired")})
+    with pytest.raises(ValueError, match="CUDA out of memory"), job.phase("rollout"):
+        raise ValueError("CUDA out of memory")
+    assert standin.seen(*RELEASE)
+    # without an error of its own, the revocation is what it sees
+    with pytest.raises(LeaseRevoked, match="expired"), job.phase("rollout"):
+        pass
+
+
+def test_a_grow_whose_answer_was_lost_is_resent_and_names_what_it_took(
+        standin: StandIn, job: Job) -> None:
+    # the controller answers a grow once its hand-off is done; one that outlasts the
+    # client's timeout is resent, with the GPUs the lease held when asked, so that the
+    # controller answers what the first attempt took (it answered nothing, and a
+    # rollout never used the GPUs it was charged for)
+    job._rpc.timeout_s = 0.5
+    bodies: list[dict[str, object]] = []
+
+    def grow(call: Call) -> Answer:
+        bodies.append(call.body)
+        if len(bodies) == 1:
+            time.sleep(1.0)  # its hand-off outlasts the client's timeout
+        grown = {**lease(), "gpus": [0, 1, 2, 3], "local_gpus": [0, 1, 2, 3]}
+        return 200, {"lease": grown, "added": sorted(
+            set(call.body["gpus"]) - set(call.body["held"]))}  # type: ignore[call-overload]
+
+    standin.routes["POST", "/v1/jobs/N/leases/N/grow"] = grow
+    with job.phase("rollout") as held:
+        assert held.grow([2, 3]) == (2, 3)
+        assert held.gpus == (0, 1, 2, 3)
+    assert len(bodies) == 2 and bodies[0] == bodies[1] == {"gpus": [2, 3], "held": [0, 1]}

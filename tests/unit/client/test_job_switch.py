@@ -131,3 +131,20 @@ def test_a_switch_whose_answer_was_lost_ends_on_the_lease_it_became(
         sync = train.switch("sync")
     assert (sync.lease_id, sync.phase, job.current) == (6, "sync", sync)
     assert len(standin.seen(*SWITCH)) == 2 and not train.held
+
+
+def test_a_block_that_fails_after_its_switch_releases_the_lease_the_switch_made(
+        standin: StandIn, job: Job) -> None:
+    # the driver's code fails after `lease.switch("sync")`, and it retries the step: the
+    # sync lease, never taken up by a phase, is released (held, it kept the GPUs from
+    # the partner and the next phase was refused: "already holding lease 6")
+    _grants(standin, train=5, rollout=7)
+    standin.routes[SWITCH] = lambda call: (200, {"lease": _phase_lease(6, "sync")})
+    with pytest.raises(ValueError, match="after the switch"), job.phase("train") as train:
+        train.switch("sync")
+        raise ValueError("the driver's code fails after the switch")
+    assert job.current is None
+    releases = [c.path for c in standin.calls if c.path.endswith("/release")]
+    assert releases == ["/v1/jobs/42/leases/6/release"]
+    with job.phase("rollout") as rollout:  # the retried step
+        assert rollout.lease_id == 7

@@ -297,3 +297,26 @@ def test_a_pack_resent_with_the_gpus_it_saw_is_answered_as_the_lease_is_now(
             assert (status, ans["error"]["code"]) == (409, "lease-conflict"), ans
 
     asyncio.run(main())
+
+
+def test_a_grow_resent_with_the_gpus_it_saw_answers_what_it_took(tmp_path: Path) -> None:
+    # a client whose grow answer was lost (a timeout while hand-offs queue) sends it
+    # again: the GPUs are the lease's already, and the answer names them as added (it
+    # named none, and the driver never used GPUs it was charged for)
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            _, ans = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases", _acquire("rollout"))
+            lease = ans["lease"]["lease_id"]
+            base = f"/v1/jobs/{A}/leases/{lease}"
+            status, ans = await r.call(ALICE, "POST", f"{base}/shrink", {"keep": 1})
+            assert (status, ans["lease"]["gpus"]) == (200, [0]), ans
+            body = {"gpus": [1], "held": [0]}
+            for _ in range(2):  # the first attempt, then its resend
+                status, ans = await r.call(ALICE, "POST", f"{base}/grow", body)
+                assert status == 200, ans
+                assert (ans["lease"]["gpus"], ans["added"]) == ([0, 1], [1])
+            # without `held`, a grow of GPUs it holds adds nothing (as before)
+            status, ans = await r.call(ALICE, "POST", f"{base}/grow", {"gpus": [1]})
+            assert (status, ans["added"]) == (200, []), ans
+
+    asyncio.run(main())
