@@ -91,8 +91,10 @@ def load(kind: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
         module_name, _, attr = name.partition(":")
         try:
             factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise UnknownPolicy(f"{kind} policy {name!r} cannot be imported: {exc}") from exc
+        except (ImportError, AttributeError, ValueError, TypeError) as exc:
+            # ValueError: an empty module name (":X"); TypeError: a relative one (".m:X")
+            raise UnknownPolicy(f"{kind} policy {name!r} cannot be imported: {exc}; give "
+                                "a registered name or package.module:Class") from exc
         if not callable(factory):
             raise UnknownPolicy(f"{kind} policy {name!r} is not a class or factory: "
                                 f"{type(factory).__name__}")

@@ -97,6 +97,14 @@ def _default_db() -> str | None:
     return path if os.access(path, os.R_OK) else None
 
 
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file (the same inode, or the same resolved path)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return os.path.realpath(a) == os.path.realpath(b)
+
 @click.command("report", context_settings={"help_option_names": ["--help"]})
 @click.option("--db", "db_path", help="colocation DB file (default: the site config's "
               "controller.db_path when readable)")
@@ -123,7 +131,7 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
         load_baseline,
         open_store,
     )
-    from slurmrl.report.trace import Trace, build_trace, save_trace
+    from slurmrl.report.trace import Trace, TraceError, build_trace, save_trace
 
     if db_path and url:
         raise click.UsageError("--db and --controller are exclusive")
@@ -152,6 +160,11 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
                     url = _controller_url(None)
                 except StatusError as exc:
                     raise SourceError(str(exc)) from None
+        for out, flag in ((trace_path, "--trace"), (plot_path, "--plot")):
+            for src, what in ((db_path, "--db"), (baseline, "--baseline")):
+                if out and src and _same_file(out, src):
+                    raise click.UsageError(f"{flag} {out} is the {what} file: it would "
+                                           "be overwritten; give another path")
         if db_path:
             store = open_store(db_path)
             try:
@@ -163,12 +176,6 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
             assert url is not None
             data, warnings = from_controller(url, job_ids, now)
         base, dup = load_baseline(baseline, now) if baseline else (None, set())
-        if trace is not None and trace_path:  # last: a failed report leaves no trace
-            save_trace(trace, trace_path)
-            traced = {"path": trace_path, "leases": len(trace.rows), "jobs": trace.jobs}
-            if trace.left_out:
-                warnings.append("no ended lease, left out of the trace: job "
-                                + ", ".join(map(str, trace.left_out)))
     except SourceError as exc:
         if as_json:
             click.echo(json.dumps(_envelope({}, [str(exc)], warnings, query), indent=2))
@@ -182,8 +189,6 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
     warnings += list(rep.warnings)
     payload = rep.to_dict()
     payload.pop("warnings")
-    if traced:
-        payload["trace"] = traced
     if plot_path:
         from slurmrl.report.plot import plot_timeline
 
@@ -192,6 +197,20 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
         except OSError as exc:
             click.echo(f"slurmrl report: cannot write {plot_path}: {exc}", err=True)
             sys.exit(1)
+    if trace is not None and trace_path:  # last: a failed report leaves no trace
+        try:
+            save_trace(trace, trace_path)
+        except TraceError as exc:
+            if as_json:
+                click.echo(json.dumps(_envelope({}, [str(exc)], warnings, query), indent=2))
+            click.echo(f"slurmrl report: {exc}", err=True)
+            sys.exit(1)
+        traced = {"path": trace_path, "leases": len(trace.rows), "jobs": trace.jobs}
+        if trace.left_out:
+            warnings.append("no ended lease, left out of the trace: job "
+                            + ", ".join(map(str, trace.left_out)))
+    if traced:
+        payload["trace"] = traced
     if as_json:
         click.echo(json.dumps(_envelope(payload, [], warnings, query), indent=2))
         return

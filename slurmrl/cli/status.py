@@ -124,9 +124,20 @@ def parse_format(spec: str, table: dict[str, Field]) -> list[Field]:
     return out
 
 
+#: C0 and C1 control characters (DEL included) as printable escapes
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7f, 0xa0))}
+
+
+def shown(text: str) -> str:
+    """`text` with its control characters escaped: a table cell holds what users sent
+    (a job's reason, its name), which must not move the reader's cursor, clear their
+    screen or start a new row."""
+    return text.translate(_CONTROLS)
+
+
 def render(rows: Sequence[dict[str, Any]], cols: list[Field], header: bool) -> str:
     lines = []
-    cells = [[get(r) for _, _, _, get in cols] for r in rows]
+    cells = [[shown(get(r)) for _, _, _, get in cols] for r in rows]
     widths = [max([w, len(h)] + [len(c[i]) for c in cells]) if w else 0
               for i, (h, w, _, _) in enumerate(cols)]
     def line(values: Sequence[str]) -> str:

@@ -22,6 +22,7 @@ number are ignored; a missing `step` takes the observation's rank.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -181,13 +182,24 @@ def load_baseline(path: str, now: float) -> tuple[dict[str, float], set[str]]:
         raise SourceError(f"baseline {path}: neither a colocation DB nor JSON ({exc})") from None
     if isinstance(data, dict) and isinstance(data.get("jobs"), list):  # a report envelope
         try:
-            return baseline_from_pairs((str(j["name"]), float(j["wall_s"]))
-                                       for j in data["jobs"])
+            pairs = [(str(j["name"]), float(j["wall_s"])) for j in data["jobs"]]
         except (KeyError, TypeError, ValueError):
             raise SourceError(f"baseline {path}: jobs[] entries need 'name' and 'wall_s' "
                               "(a `slurmrl report --json` output)") from None
+        return baseline_from_pairs(_walls(path, pairs))
     if isinstance(data, dict) and all(
             isinstance(v, int | float) and not isinstance(v, bool) for v in data.values()):
-        return baseline_from_pairs((str(k), float(v)) for k, v in data.items())
+        return baseline_from_pairs(_walls(path, [(str(k), float(v))
+                                                 for k, v in data.items()]))
     raise SourceError(f"baseline {path}: expected a `slurmrl report --json` output or an "
                       'object {"job name": wall seconds, ...}')
+
+
+def _walls(path: str, pairs: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    """A baseline's (name, wall seconds), each a finite number > 0, else a SourceError
+    naming the first that is not (a slowdown over it would be negative or NaN)."""
+    for name, wall in pairs:
+        if not (math.isfinite(wall) and wall > 0):
+            raise SourceError(f"baseline {path}: job {name!r}'s wall time must be a finite "
+                              f"number of seconds > 0, got {wall!r}")
+    return pairs

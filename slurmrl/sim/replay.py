@@ -31,12 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode, SiteLimits
-from slurmrl.directives import MAX_SLOWDOWN, STEPS_MAX, DirectiveError, parse_profile
+from slurmrl.directives import GPUS_MAX, MAX_SLOWDOWN, STEPS_MAX, DirectiveError, parse_profile
 from slurmrl.model import GPU_PHASES, Layout, Mux, Phase, PhasePrior
 from slurmrl.sim import schema as sc
 from slurmrl.sim.workload import Segment, SimJob, WorkloadError, read_text
 
 TRACE_FORMAT = "slurmrl-trace/1"
+#: an observation's times (seconds: since the epoch, or since the trace's start) at most
+#: this far from 0; beyond, their differences overflow and every metric is NaN
+TIME_MAX_S = 1e12
 
 #: the header's line (workloads/README.md, "Trace format"); a job's `steps` is checked
 #: where it is read, with the --rl-steps range, and its `rollout_gpus` against its `gpus`
@@ -44,9 +47,9 @@ HEADER = sc.table({
     "format": (True, sc.anything),
     "jobs": (True, sc.list_of(sc.table({
         "job_id": (True, sc.whole(0)),
-        "gpus": (True, sc.whole(1)),
+        "gpus": (True, sc.whole(1, hi=GPUS_MAX)),
         "layout": (False, sc.one_of(*(str(x) for x in Layout))),
-        "rollout_gpus": (False, sc.optional(sc.whole(1))),
+        "rollout_gpus": (False, sc.optional(sc.whole(1, hi=GPUS_MAX))),
         "model": (False, sc.text),
         "pool": (False, sc.optional(sc.whole(0))),
         "user": (False, sc.text),
@@ -61,9 +64,9 @@ HEADER = sc.table({
 OBSERVATION = sc.table({
     "job_id": (True, sc.whole(0)),
     "phase": (True, sc.one_of(*(str(x) for x in GPU_PHASES))),
-    "requested_at": (True, sc.real),
-    "granted_at": (True, sc.real),
-    "released_at": (True, sc.real),
+    "requested_at": (True, sc.number(-TIME_MAX_S, strict=False, hi=TIME_MAX_S)),
+    "granted_at": (True, sc.number(-TIME_MAX_S, strict=False, hi=TIME_MAX_S)),
+    "released_at": (True, sc.number(-TIME_MAX_S, strict=False, hi=TIME_MAX_S)),
 }, strict=False)
 
 
@@ -99,14 +102,21 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     the line, or the header's job) for a file that cannot be read, a malformed header or
     line, a job listed twice, an observation of a job the header does not list, or no
     observation at all."""
-    lines = [ln for ln in read_text(path, "trace").splitlines() if ln.strip()]
+    # (line number in the file, line): blank lines are skipped, and counted
+    lines = [(n, ln) for n, ln in enumerate(read_text(path, "trace").splitlines(), 1)
+             if ln.strip()]
     if not lines:
         raise WorkloadError(f"{path}: empty trace")
-    try:
-        header = json.loads(lines[0])
-        obs = [json.loads(ln) for ln in lines[1:]]
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{path}: not JSON lines: {exc}") from exc
+    parsed: list[tuple[int, Any]] = []
+    for n, ln in lines:
+        try:
+            parsed.append((n, json.loads(ln)))
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{path}:{n}: not a JSON line: {exc.msg} (column "
+                                f"{exc.colno})") from exc
+    header = parsed[0][1]
+    numbered = parsed[1:]
+    obs = [o for _, o in numbered]
     if not isinstance(header, dict) or header.get("format") != TRACE_FORMAT:
         raise WorkloadError(f"{path}: first line must be a header with format "
                             f"{TRACE_FORMAT!r}")
@@ -118,7 +128,7 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             raise WorkloadError(f"{path}: header: jobs[{k}].job_id {jid} is listed twice "
                                 f"(also jobs[{first[jid]}]); a job has one entry")
         first[jid] = k
-    for i, o in enumerate(obs, 2):
+    for i, o in numbered:
         sc.check(OBSERVATION, o, f"{path}:{i}")
         if not o["requested_at"] <= o["granted_at"] <= o["released_at"]:
             raise WorkloadError(f"{path}:{i}: times must satisfy requested <= granted <= "

@@ -190,6 +190,14 @@ JOBS_MAX = 1_000_000
 #: a cluster's GPUs (`cluster.gpus`) and GPUs per node at most: each GPU of a pool is a
 #: member of its lease table's sets
 CLUSTER_GPUS_MAX = 1_000_000
+#: GiB of a GPU's memory, and of a pool's host memory, at most (a larger value overflows
+#: the byte counts the policies compare)
+GPU_MEM_GIB_MAX = 65_536
+HOST_MEM_GIB_MAX = 1 << 30
+#: per-step lognormal noise (a coefficient of variation) and drift from first to last
+#: step, at most: beyond, durations overflow to infinity and every metric is NaN
+NOISE_CV_MAX = 100.0
+DRIFT_MAX = 1000.0
 
 CLASS: sc.Table = {
     "name": (True, sc.text),
@@ -205,8 +213,8 @@ CLASS: sc.Table = {
     "turns": (False, sc.drawn(sc.whole(1, hi=TURNS_MAX))),
     "tool_gap_s": (False, sc.drawn(sc.number(0.0, strict=False, hi=STEP_MAX_S))),
     "tail": (False, sc.one_of("math", "heavy", "none")),
-    "drift": (False, sc.number(-1.0)),
-    "noise_cv": (False, sc.number(0.0, strict=False)),
+    "drift": (False, sc.number(-1.0, hi=DRIFT_MAX)),
+    "noise_cv": (False, sc.number(0.0, strict=False, hi=NOISE_CV_MAX)),
     "profile_hint": (False, sc.number(0.0, strict=False, hi=1.0)),
     "max_slowdown": (False, sc.optional(sc.drawn(sc.number(1.0, strict=False,
                                                            hi=MAX_SLOWDOWN)))),
@@ -231,8 +239,8 @@ WORKLOAD = sc.table({
     "cluster": (True, sc.table({
         "gpus": (True, sc.whole(1, hi=CLUSTER_GPUS_MAX)),
         "gpus_per_node": (False, sc.whole(1, hi=CLUSTER_GPUS_MAX)),
-        "gpu_mem_gib": (False, sc.number(0.0)),
-        "host_mem_per_pool_gib": (False, sc.optional(sc.number(0.0))),
+        "gpu_mem_gib": (False, sc.number(0.0, hi=GPU_MEM_GIB_MAX)),
+        "host_mem_per_pool_gib": (False, sc.optional(sc.number(0.0, hi=HOST_MEM_GIB_MAX))),
     })),
     "jobs": (True, sc.whole(1, hi=JOBS_MAX)),
     "arrivals": (True, sc.table({"steady": (True, _arrivals(False)),

@@ -108,8 +108,15 @@ MALFORMED = [
     # an integer too large for a float raised OverflowError (a traceback naming no key)
     (_set("classes.0.step_s", 10**400), "classes[0].step_s must be a number > 0 and <= "
                                         "1,000,000, got an integer of 401 digits"),
-    (_set("classes.0.drift", -10**400), "classes[0].drift must be a number > -1, got an "
-                                        "integer of 401 digits"),
+    (_set("classes.0.drift", -10**400), "classes[0].drift must be a number > -1 and <= "
+                                        "1,000, got an integer of 401 digits"),
+    # these overflowed: a traceback (memory sizes), or every metric NaN (noise, drift)
+    (_set("cluster.gpu_mem_gib", 1e308), "cluster.gpu_mem_gib must be a number > 0 and "
+                                         "<= 65,536, got 1e+308"),
+    (_set("cluster.host_mem_per_pool_gib", 1e308), "cluster.host_mem_per_pool_gib must be"),
+    (_set("classes.0.noise_cv", 1e200), "classes[0].noise_cv must be a number >= 0 and "
+                                        "<= 100, got 1e+200"),
+    (_set("classes.0.drift", 1e6), "classes[0].drift must be a number > -1 and <= 1,000"),
     (_set("arrivals.steady.rate_per_h", 10**400), "arrivals.steady.rate_per_h must be"),
     (_set("classes.0.gpus", {"choices": [4, 8], "weights": [1, 10**400]}),
      "classes[0].gpus.weights must be"),
@@ -258,6 +265,13 @@ TRACES = [
      "header: jobs[0].max_slowdown must be a number >= 1 and <= 100, got 0.5"),
     ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2, "max_slowdown": 1e3}]}],
      "header: jobs[0].max_slowdown must be a number >= 1 and <= 100, got 1000.0"),
+    # replay rejected every such job silently (as --rl-gpus refuses them)
+    ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2000}]}],
+     "header: jobs[0].gpus must be a whole number >= 1 and <= 1,024, got 2000"),
+    # infinite durations: every metric NaN
+    ([{"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2}]},
+      {"job_id": 1, "phase": "train", "requested_at": -1e308, "granted_at": 0,
+       "released_at": 1e308}], ":2: requested_at must be a number >= -1e+12 and <= "),
 ]
 
 
@@ -411,3 +425,18 @@ def test_the_slice_policy_that_ran_is_reported_and_a_conflicting_one_refused() -
                   "--slice", other)
         assert res.exit_code == 2 and f"pairing policy {pairing!r} slices its pools" in \
             res.output, res.output
+
+
+def test_a_trace_error_names_the_files_own_line_number(tmp_path: Path) -> None:
+    # blank lines count: the error names the line an editor shows (it named the 4th
+    # line for the 6th); a line that is not JSON is named too (it was "line 1 column 1")
+    header = {"format": "slurmrl-trace/1", "jobs": [{"job_id": 1, "gpus": 2}]}
+    good = {"job_id": 1, "phase": "rollout", "requested_at": 0, "granted_at": 0,
+            "released_at": 1}
+    bad = {**good, "granted_at": 5}
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join([json.dumps(header), "", "", json.dumps(good), "",
+                               json.dumps(bad)]) + "\n")
+    one_line_error(run("--replay", str(path)), f"{path}:6: times must satisfy")
+    path.write_text("\n".join([json.dumps(header), json.dumps(good), "{oops"]) + "\n")
+    one_line_error(run("--replay", str(path)), f"{path}:3: not a JSON line")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -286,3 +287,18 @@ def test_cli_a_malformed_controller_url_is_a_clear_error() -> None:
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.exception
     assert ("slurmrl report: controller URL 'garbage' must look like http://host:port"
             in res.output)
+
+
+@pytest.mark.parametrize(("walls", "says"), [
+    ('{"a": -100}', "job 'a''s wall time must be a finite number of seconds > 0, got -100.0"),
+    ('{"a": 60, "b": NaN}', "job 'b''s wall time must be"),
+    ('{"jobs": [{"name": "a", "wall_s": 0}]}', "job 'a''s wall time must be"),
+])
+def test_a_baseline_wall_time_that_is_not_a_positive_number_is_refused_by_name(
+        tmp_path: Path, walls: str, says: str) -> None:
+    # a negative or NaN wall time gave slowdowns of -17956937.45 and nan (and --json a
+    # bare NaN, which is not JSON)
+    path = tmp_path / "base.json"
+    path.write_text(walls)
+    with pytest.raises(SourceError, match=re.escape(f"baseline {path}: {says}")):
+        load_baseline(str(path), 0.0)

@@ -194,3 +194,29 @@ def test_a_write_failing_midway_leaves_the_earlier_file_whole(tmp_path: Path) ->
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("c.db")] == ["t.jsonl"]
     save_trace(trace, out)  # the same trace under no limit is written whole
     assert len(_read(out)[1]) == 6
+
+
+def test_a_trace_or_plot_over_the_db_is_refused_and_the_db_kept(tmp_path: Path) -> None:
+    # `--trace c.db` replaced the DB with the trace (and exited 0): the record was gone
+    db = _db(tmp_path / "c.db")
+    before = db.read_bytes()
+    for flag, path in (("--trace", db), ("--trace", tmp_path / "." / "c.db"),
+                       ("--plot", tmp_path / "c.db.png")):
+        if flag == "--plot":  # a PNG path naming the baseline file
+            (tmp_path / "c.db.png").write_bytes(b'{"j11": 100.0}')
+            args = ["--db", str(db), "--baseline", str(path), "--plot", str(path)]
+        else:
+            args = ["--db", str(db), flag, str(path)]
+        res = CliRunner().invoke(report, args)
+        assert res.exit_code == 2, res.output
+        assert f"{flag} {path} is the" in res.output and "overwritten" in res.output
+    assert db.read_bytes() == before
+    assert (tmp_path / "c.db.png").read_bytes() == b'{"j11": 100.0}'
+
+
+def test_a_report_whose_plot_fails_writes_no_trace(tmp_path: Path) -> None:
+    db, out = _db(tmp_path / "c.db"), tmp_path / "t.jsonl"
+    res = CliRunner().invoke(report, ["--db", str(db), "--trace", str(out),
+                                      "--plot", str(tmp_path / "no" / "such" / "t.png")])
+    assert res.exit_code == 1 and "cannot write" in res.output
+    assert not out.exists()

@@ -63,3 +63,15 @@ def test_a_floating_pool_shows_its_windows_and_a_fixed_one_a_dash() -> None:
     assert windows({"windows": 3, "floating": True}) == "3"
     assert windows({"windows": None, "floating": False}) == "-"
     assert windows({}) == "-"  # a controller from before floating pools
+
+
+def test_a_cell_cannot_carry_control_characters_to_the_readers_terminal() -> None:
+    # another user's job reason (POST .../end {"reason": ...}) is shown to everyone: an
+    # escape sequence in it cleared the reader's screen, a newline forged a row
+    from slurmrl.cli.status import JOB_FIELDS, render
+
+    view = {"job_id": 7, "user": "eve", "pool_id": None, "gpus": 2, "layout": "colocated",
+            "state": "F", "reason": "done\x1b[2J\r\n     8 root  fake row\x9b"}
+    out = render([view], [JOB_FIELDS["jobid"], JOB_FIELDS["reason"]], header=False)
+    assert out == "      7 done\\x1b[2J\\x0d\\x0a     8 root  fake row\\x9b"
+    assert "\n" not in out and "\x1b" not in out

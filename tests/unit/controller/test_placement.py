@@ -130,6 +130,12 @@ def test_a_pairing_policy_the_controller_cannot_enact_fails_at_load() -> None:
         load_policies(Config(policies=PoliciesConfig(pairing="gang")))
     with pytest.raises(UnknownPolicy, match="cannot be imported"):
         load_policies(Config(policies=PoliciesConfig(admission="nosuch.module:Policy")))
+    # no module, or a relative one: the same clear refusal (it was a raw ValueError /
+    # TypeError out of the controller's start)
+    for name in (":", ":Policy", ".policies:Policy"):
+        with pytest.raises(UnknownPolicy, match=f"pairing policy '{name}' cannot be "
+                           "imported.*package.module:Class"):
+            load_policies(Config(policies=PoliciesConfig(pairing=name)))
 
 
 @pytest.mark.parametrize(("key", "value", "valid"), [
