@@ -25,6 +25,11 @@ ROLLOUT_BACKENDS = ("tiny", "vllm")
 TRAINER_BACKENDS = ("tiny", "torch")
 
 
+#: upper bounds of the config's durations: a day for a timeout, an hour for an interval
+#: (beyond, a driver's wait on them overflows, or the daemon never notices anything)
+HOUR_S = 3600.0
+DAY_S = 86400.0
+
 def opt(
     default: Any,
     doc: str,
@@ -77,10 +82,12 @@ class ControllerConfig:
     metrics_port: int = opt(
         0, "0: metrics at /metrics on the RPC server; else a separate port", lo=0, hi=65535
     )
-    heartbeat_s: float = opt(2.0, "how often drivers renew held leases", above=0)
-    lease_timeout_s: float = opt(10.0, "a held lease not renewed for this long is revoked", above=0)
+    heartbeat_s: float = opt(2.0, "how often drivers renew held leases", above=0, hi=HOUR_S)
+    lease_timeout_s: float = opt(10.0, "a held lease not renewed for this long is revoked",
+                                 above=0, hi=DAY_S)
     reconcile_interval_s: float = opt(
-        5.0, "how often Slurm's view (squeue/scontrol) is compared with the DB", above=0
+        5.0, "how often Slurm's view (squeue/scontrol) is compared with the DB", above=0,
+        hi=HOUR_S
     )
     max_body_bytes: int = opt(
         parse_size("1M"), "largest RPC request body accepted", lo=1, size=True
@@ -115,9 +122,11 @@ class SlurmConfig:
     pool_time_limit: str = opt(
         "", 'sbatch --time of a pool; "" for the partition default', slurm_time=True
     )
-    step_launch_timeout_s: float = opt(60.0, "how long a service step may take to start", above=0)
+    step_launch_timeout_s: float = opt(60.0, "how long a service step may take to start",
+                                       above=0, hi=DAY_S)
     step_launch_retries: int = opt(2, "retries of a failed service step launch", lo=0, hi=20)
-    command_timeout_s: float = opt(30.0, "timeout of one Slurm command (squeue, ...)", above=0)
+    command_timeout_s: float = opt(30.0, "timeout of one Slurm command (squeue, ...)",
+                                   above=0, hi=HOUR_S)
     backend: str = opt(
         "auto",
         "auto: pyslurm if it matches the installed Slurm, else commands",
@@ -188,7 +197,8 @@ class ServicesConfig:
         absolute_path=True,
     )
     launch_timeout_s: float = opt(
-        120.0, "how long a service may take to load its model and report ready", above=0
+        120.0, "how long a service may take to load its model and report ready", above=0,
+        hi=DAY_S
     )
     rollout_backend: str = opt(
         "tiny", "rollout backend every job's rollout services use", choices=ROLLOUT_BACKENDS

@@ -284,6 +284,13 @@ def test_wrong_types(tmp_path: Path, text: str, key: str, expected: str) -> None
         ('[controller]\nhost = "10.0.0.1%eth0"\n', "controller.host", "host name or an IP"),
         (f'[controller]\nhost = "{"a" * 64}.example"\n', "controller.host",
          "host name or an IP"),
+        # a driver's wait on a heartbeat of 1e10 s overflowed (OverflowError)
+        ("[controller]\nheartbeat_s = 1e10\n", "controller.heartbeat_s",
+         "at most 3600.0, got 10000000000.0"),
+        ("[controller]\nlease_timeout_s = 1e20\n", "controller.lease_timeout_s",
+         "at most 86400.0"),
+        ("[services]\nlaunch_timeout_s = 1e20\n", "services.launch_timeout_s",
+         "at most 86400.0"),
     ],
 )
 def test_out_of_range(tmp_path: Path, text: str, key: str, expected: str) -> None:
