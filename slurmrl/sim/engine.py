@@ -173,6 +173,8 @@ class Pool:
     windows: list[range] | None = None
     gpu_s: float = 0.0  #: GPU-seconds allocated before its last change of size
     sized_at: float = 0.0  #: when it last changed size (opened, or windows added/retired)
+    #: (when, GPUs from then on), from its opening: a floating pool's size changes
+    sizes: list[tuple[float, int]] = field(default_factory=list)
     next_gpu: int = 0  #: the id its next added GPU takes
     gang_holder: JobRun | None = None
     gang_since: float = 0.0
@@ -485,7 +487,7 @@ class Simulation:
         pid = next(self._pool_ids)
         table = LeaseTable(pid, range(gpus), self.slice_factory(), lease_timeout_s=1e15)
         pool = Pool(pid, gpus, table, self.mode, dedicated, self.now, sized_at=self.now,
-                    next_gpu=gpus)
+                    next_gpu=gpus, sizes=[(self.now, gpus)])
         g = run.job.gpus if run is not None else 0
         if (self.cfg.floating and floating and self.mode is PoolMode.LEASE and not dedicated
                 and run is not None and run.job.rollout_gpus == g and gpus % g == 0):
@@ -507,6 +509,7 @@ class Simulation:
         pool.sized_at = self.now
         self.free += pool.gpus - gpus
         pool.gpus = gpus
+        pool.sizes.append((self.now, gpus))
 
     def _grow_pool(self, pool: Pool, gpus: int) -> bool:
         """Add whole windows to a floating pool (False: not that many GPUs free)."""

@@ -11,8 +11,8 @@
 - **lower bound GPU-s** (what no phase-level slicer can remove): per job, its GPU phases
   at the GPU count of their set with the rollout tail consolidated (G/2, G/4 ... 1 GPUs
   as active sequences thin), plus per step the cheapest handoff it could have
-  (`costs.min_switch_s`, capped by that step's gap time: a job alone pays none) times
-  its GPUs. **ideal savings** = 1 - lower bound / dedicated; **captured** =
+  (`costs.min_switch_s`, capped by that step's gap time) times its GPUs, every job's
+  alike (a bound of the jobs, whatever a policy does with them: shared or not). **ideal savings** = 1 - lower bound / dedicated; **captured** =
   savings / ideal savings.
 - **slowdown** of a job = (finished - placed) / solo duration; **JCT** = finished -
   submitted; **queueing delay** = placed - submitted.
@@ -104,17 +104,27 @@ def _all_members(pool: Pool) -> list[JobRun]:
 
 
 def shared_gpu_s(pool: Pool) -> float:
-    """GPU-seconds of the pool's life during which two or more jobs were its members."""
+    """GPU-seconds of the pool's life during which two or more jobs were its members, at
+    the size it had then (a floating pool is largest while it is shared)."""
     runs = _all_members(pool)
     edges = sorted([(r.placed_at or 0.0, 1) for r in runs]
                    + [(r.finished_at or 0.0, -1) for r in runs])
     members, since, total = 0, pool.opened_at, 0.0
     for t, step in edges:  # at one instant a leave sorts before a join
         if members >= 2:
-            total += t - since
+            total += _gpu_s_between(pool, since, t)
         members, since = members + step, t
-    life = (pool.closed_at or pool.opened_at) - pool.opened_at
-    return total * (pool.allocated_gpu_s() / life if life > 0 else pool.gpus)  # mean size
+    return total
+
+
+def _gpu_s_between(pool: Pool, a: float, b: float) -> float:
+    """GPU-seconds the pool held from `a` to `b`, through its changes of size."""
+    sizes = pool.sizes or [(pool.opened_at, pool.gpus)]
+    out = 0.0
+    for k, (t, g) in enumerate(sizes):
+        end = sizes[k + 1][0] if k + 1 < len(sizes) else max(b, t)
+        out += g * max(0.0, min(b, end) - max(a, t))
+    return out
 
 
 def compute(sim: Simulation) -> Metrics:

@@ -103,11 +103,18 @@ def test_shared_fraction_counts_the_time_a_pool_held_two_jobs_or_more() -> None:
     runs = [SimpleNamespace(placed_at=a, finished_at=b) for a, b in ((0, 100), (30, 130),
                                                                       (100, 120))]
     pool = SimpleNamespace(opened_at=0.0, closed_at=130.0, gpus=4, history=runs,
-                           allocated_gpu_s=lambda: 4 * 130.0)
+                           sizes=[(0.0, 4)], allocated_gpu_s=lambda: 4 * 130.0)
     assert shared_gpu_s(pool) == pytest.approx(4 * (70 + 20))  # type: ignore[arg-type]
     alone = SimpleNamespace(opened_at=0.0, closed_at=100.0, gpus=4, history=runs[:1],
-                            allocated_gpu_s=lambda: 4 * 100.0)
+                            sizes=[(0.0, 4)], allocated_gpu_s=lambda: 4 * 100.0)
     assert shared_gpu_s(alone) == 0.0  # type: ignore[arg-type]
+    # a floating pool of 2-GPU windows: one while A is alone, two from B's join at 30 to
+    # C's end at 120, one after: shared at 4 GPUs (it said 90 s at the pool's mean size,
+    # 440 / 130 GPUs)
+    floating = SimpleNamespace(opened_at=0.0, closed_at=130.0, gpus=2, history=runs,
+                               sizes=[(0.0, 2), (30.0, 4), (120.0, 2)],
+                               allocated_gpu_s=lambda: 2 * 30 + 4 * 90 + 2 * 10.0)
+    assert shared_gpu_s(floating) == pytest.approx(4 * 90)  # type: ignore[arg-type]
 
 
 def test_same_seed_same_result_other_seed_differs() -> None:
