@@ -4,11 +4,14 @@
 # The site install is a virtual environment in $(VENV), outside /root, because services
 # and drivers run as the job's own user and must be able to execute that Python.
 
+# bash: dash (Debian's /bin/sh) runs no EXIT trap when a signal ends it, so a Ctrl-C or
+# a CI timeout's SIGTERM left every daemon of the dev cluster running
+SHELL     := /bin/bash
 VENV      ?= /opt/slurmrl/venv
 STATE     ?= /var/lib/slurmrl-dev
 PY        := $(VENV)/bin/python
 SLURMRL   := $(VENV)/bin/slurmrl
-STAMP     := $(VENV)/.requirements-$(shell sha1sum requirements/ci.txt | cut -c1-12)
+STAMP     := $(VENV)/.requirements-$(shell cat requirements/ci.txt requirements/constraints.txt | sha1sum | cut -c1-12)
 # libslurm-dev: spank.h, which the unit tests compile the SPANK plugin against (they run
 # before `dev-cluster up` installs the rest of Slurm).
 APT_PKGS  := python3 python3-venv python3-dev gcc make libc6-dev libslurm-dev
@@ -26,9 +29,9 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-$(STAMP): requirements/ci.txt | deps
+$(STAMP): requirements/ci.txt requirements/constraints.txt | deps
 	@test -x $(PY) || /usr/bin/python3 -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements/ci.txt
+	$(PY) -m pip install -q -r requirements/ci.txt -c requirements/constraints.txt
 	@rm -f $(VENV)/.requirements-*; touch $@
 
 venv: $(STAMP)
@@ -56,18 +59,23 @@ cluster-up: install
 cluster-down:
 	@if [ -x $(SLURMRL) ]; then $(SLURMRL) dev-cluster down --state-dir $(STATE); fi
 
-# Integration tests run on the real local Slurm; the daemons are stopped whatever happens.
-integration: install
-	@set -e; trap '$(SLURMRL) dev-cluster down --state-dir $(STATE) || true' EXIT; \
+# Integration tests run on the real local Slurm; the daemons are stopped whatever happens:
+# pass, fail, Ctrl-C or SIGTERM (the run waits in the background so that the shell takes
+# the signal at once, ends it, and then stops the cluster).
+WITH_CLUSTER = set -e; \
+	trap '$(SLURMRL) dev-cluster down --state-dir $(STATE) || true' EXIT; \
+	trap 'kill -TERM $$child 2>/dev/null || true; wait $$child 2>/dev/null || true; \
+	      exit 143' INT TERM; \
 	$(SLURMRL) dev-cluster up --state-dir $(STATE); \
-	SLURMRL_DEV_STATE=$(STATE) $(PY) -m pytest -q tests/integration
+	SLURMRL_DEV_STATE=$(STATE) $(1) & child=$$!; wait $$child
+
+integration: install
+	@$(call WITH_CLUSTER,$(PY) -m pytest -q tests/integration)
 
 test: lint typecheck unit sim integration
 
 demo: install
-	@set -e; trap '$(SLURMRL) dev-cluster down --state-dir $(STATE) || true' EXIT; \
-	$(SLURMRL) dev-cluster up --state-dir $(STATE); \
-	SLURMRL_DEV_STATE=$(STATE) $(PY) examples/demo.py
+	@$(call WITH_CLUSTER,$(PY) examples/demo.py)
 
 clean:
 	rm -rf build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
