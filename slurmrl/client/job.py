@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 DEFAULT_URL = "http://127.0.0.1:6829"
 
 
+#: the most a heartbeat waits for its answer (its RPC client's default: 30 s)
+HEARTBEAT_TIMEOUT_MAX_S = 30.0
+
 class LeaseRevoked(Exception):
     """The controller took the lease back; the GPUs are no longer this job's."""
 
@@ -459,6 +462,9 @@ class Job:
 
     def heartbeat(self) -> None:
         lease = self.current
+        # a heartbeat stuck on a dead connection is given up after two beats, not the
+        # RPC's 30 s (more than a lease timeout): the next one goes on a new connection
+        self._hb_rpc.timeout_s = min(HEARTBEAT_TIMEOUT_MAX_S, max(1.0, 2 * self.heartbeat_s))
         _, ans = self._hb_rpc.call("POST", f"/v1/jobs/{self.job_id}/heartbeat", {},
                                    idempotent=True)
         held = {need(x, "lease_id", int) for x in need(ans, "held", list)}

@@ -12,8 +12,9 @@
   at the GPU count of their set with the rollout tail consolidated (G/2, G/4 ... 1 GPUs
   as active sequences thin), plus per step the cheapest handoff it could have
   (`costs.min_switch_s`, capped by that step's gap time) times its GPUs, every job's
-  alike (a bound of the jobs, whatever a policy does with them: shared or not). **ideal savings** = 1 - lower bound / dedicated; **captured** =
-  savings / ideal savings.
+  alike (a bound of the jobs, whatever a policy does with them: shared or not).
+  **ideal savings** = 1 - lower bound / dedicated; **captured** = savings / ideal
+  savings.
 - **slowdown** of a job = (finished - placed) / solo duration; **JCT** = finished -
   submitted; **queueing delay** = placed - submitted.
 - **utilisation** = lease GPU-s / used GPU-s; **makespan** = last finish - first submit.

@@ -198,3 +198,24 @@ def test_a_grow_whose_answer_was_lost_is_resent_and_names_what_it_took(
         assert held.grow([2, 3]) == (2, 3)
         assert held.gpus == (0, 1, 2, 3)
     assert len(bodies) == 2 and bodies[0] == bodies[1] == {"gpus": [2, 3], "held": [0, 1]}
+
+
+def test_a_heartbeat_stuck_on_a_dead_connection_is_given_up_for_a_new_one(
+        standin: StandIn, job: Job) -> None:
+    # a heartbeat whose answer never comes (a half-open connection) blocked the thread
+    # for the RPC's 30 s, three lease timeouts: the lease lapsed though the controller
+    # was back. It is given up after two beats (at least 1 s) and the next one sent
+    job.acquire("rollout")  # heartbeat_s 0.05 from now on
+    stalled: list[float] = []
+
+    def beat(call: Call) -> Answer:
+        if not stalled:
+            stalled.append(time.monotonic())
+            time.sleep(6.0)  # never answered in time
+        return 200, {"job_id": 42, "state": "R", "held": standin.held, "heartbeat_s": 0.05}
+
+    standin.routes["POST", "/v1/jobs/N/heartbeat"] = beat
+    until(lambda: stalled)
+    seen = len(standin.seen("POST", "/v1/jobs/N/heartbeat"))
+    until(lambda: len(standin.seen("POST", "/v1/jobs/N/heartbeat")) > seen, within_s=4.0)
+    assert time.monotonic() - stalled[0] < 4.0
