@@ -799,22 +799,9 @@ async def test_a_state_moved_off_a_node_does_not_hold_the_pools_grants(
     # the move's fetch (seconds for a large state over a network) runs outside the
     # pool's hand-off lock: a grant in the pool is answered meanwhile; the window goes
     # only once the state is no longer newest there
-    site = await _site(Store(tmp_path / "c.db"), ACROSS)
-    site.slurm.nodes = lambda: [  # type: ignore[method-assign]
-        NodeInfo("n1", "MIXED", 2, 8, 64000, ("pools",)),
-        NodeInfo("n2", "IDLE", 4, 8, 64000, ("pools",))]
-    await site.register(ALICE, 7)
-    await site.register(BOB, 8)
-    pool_id = site.job(7).pool_id
-    assert pool_id is not None
-    wins = site.c.store.windows(pool_id)
-    assert [w.node for w in wins] == [None, "n2"]
-    assert await site.grant(8, Phase.TRAIN) == {0, 1}
-    assert await site.grant(7, Phase.TRAIN) == {2, 3}  # job 7's state is on n2 now
+    site, pool_id, wins = await _across_two_nodes(tmp_path)  # job 7's state on n2
     t7 = {a: site.launcher.of(7, "trainer", a) for a in (wins[0].slurm_job_id,
                                                          wins[1].slurm_job_id)}
-    site.release(7, {2, 3})
-    site.release(8, {0, 1})
     held = threading.Event()
     t7[wins[0].slurm_job_id].handle.hold = held
     ended = asyncio.create_task(site.c.end_job(8, JobState.COMPLETED, "done"))
