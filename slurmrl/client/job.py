@@ -364,7 +364,8 @@ class Job:
                                 "ended_at": ended_at}
         if detail:  # added for `slurmrl report` (reward curves); the RPC already takes it
             body["detail"] = dict(detail)
-        self._rpc.call("POST", f"/v1/jobs/{self.job_id}/observations", body)
+        # safe to repeat: the controller answers a resend with the one it recorded
+        self._rpc.call("POST", f"/v1/jobs/{self.job_id}/observations", body, idempotent=True)
 
     def service(self, role: str, backend: str | None = None, *,
                 timeout_s: float = 120.0) -> Any:

@@ -462,6 +462,12 @@ class Api:
         job = self.c.active_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
         if b["ended_at"] < b["started_at"]:
             raise bad("ended_at must not be before started_at")
+        # a resend of one recorded already (its answer lost) is answered, not stored twice
+        seen = self.c.store.gap_observation(
+            job_id=job.job_id, phase=Phase(b["phase"]), started_at=b["started_at"],
+            ended_at=b["ended_at"], busy_s=b["busy_s"], detail=b["detail"])
+        if seen is not None:
+            return _json({"observation_id": seen})
         oid = self.c.store.add_observation(
             job_id=job.job_id, phase=Phase(b["phase"]), requested_at=b["started_at"],
             granted_at=b["started_at"], released_at=b["ended_at"], busy_s=b["busy_s"],

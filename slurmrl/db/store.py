@@ -536,6 +536,19 @@ class Store:
              gpus, json.dumps(detail or {}, sort_keys=True)),
         )
 
+    def gap_observation(self, *, job_id: int, phase: Phase, started_at: float,
+                        ended_at: float, busy_s: float | None,
+                        detail: dict[str, Any] | None) -> int | None:
+        """The id of the job's off-GPU observation with exactly these fields (one a
+        driver reported already: its resend after a lost answer), if any."""
+        rows = self._q(
+            "SELECT observation_id FROM observations WHERE job_id = ? AND phase = ? AND"
+            " lease_id IS NULL AND requested_at = ? AND released_at = ? AND busy_s IS ?"
+            " AND detail = ? ORDER BY observation_id LIMIT 1",
+            (job_id, str(phase), started_at, ended_at, busy_s,
+             json.dumps(detail or {}, sort_keys=True)))
+        return int(rows[0]["observation_id"]) if rows else None
+
     def observations(self, job_id: int | None = None) -> list[ObservationRecord]:
         sql, params = "SELECT * FROM observations", list[Any]()
         if job_id is not None:

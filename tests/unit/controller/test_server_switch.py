@@ -320,3 +320,26 @@ def test_a_grow_resent_with_the_gpus_it_saw_answers_what_it_took(tmp_path: Path)
             assert (status, ans["added"]) == (200, []), ans
 
     asyncio.run(main())
+
+
+def test_an_observation_resent_after_a_lost_answer_is_recorded_once(tmp_path: Path) -> None:
+    # the driver's reward gap, sent again after its answer was lost: the reward curve
+    # had the point twice
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            path = f"/v1/jobs/{A}/observations"
+            body = {"phase": "reward", "started_at": 100.0, "ended_at": 101.5,
+                    "detail": {"step": 3, "reward": 0.5}}
+            ids = []
+            for _ in range(2):
+                status, ans = await r.call(ALICE, "POST", path, body)
+                assert status == 200, ans
+                ids.append(ans["observation_id"])
+            assert ids[0] == ids[1]
+            other = {**body, "detail": {"step": 4, "reward": 0.6}}  # another gap
+            status, ans = await r.call(ALICE, "POST", path, other)
+            assert status == 200 and ans["observation_id"] != ids[0]
+            _, got = await r.call(ALICE, "GET", path)
+            assert [o["detail"]["step"] for o in got["observations"]] == [3, 4]
+
+    asyncio.run(main())
