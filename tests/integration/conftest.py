@@ -42,6 +42,17 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPT
             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # a SIGTERM (`make`'s trap on Ctrl-C or a CI timeout) ends the run as Ctrl-C does:
+    # the fixtures' teardown stops the controllers, drivers and jobs they started
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Everything in this directory runs on the real cluster.
     here = Path(__file__).parent

@@ -46,6 +46,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+
+def _end_with_parent() -> None:
+    """In the child, before exec: SIGTERM it when the test run that started it dies,
+    however it dies (a CI timeout's SIGKILL included), so no controller outlives it."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
 class ControllerProc:
     def __init__(self, workdir: Path, env: dict[str, str], *, lease_timeout_s: float = 3.0,
                  heartbeat_s: float = 0.5) -> None:
@@ -64,7 +74,8 @@ class ControllerProc:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "slurmrl.cli.main", "controller", *self.args],
-                cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+                cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                preexec_fn=_end_with_parent)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
