@@ -97,13 +97,13 @@ def _default_db() -> str | None:
     return path if os.access(path, os.R_OK) else None
 
 
-
 def _same_file(a: str, b: str) -> bool:
     """Whether two paths name one file (the same inode, or the same resolved path)."""
     try:
         return os.path.samefile(a, b)
     except OSError:  # one of them does not exist (yet)
         return os.path.realpath(a) == os.path.realpath(b)
+
 
 @click.command("report", context_settings={"help_option_names": ["--help"]})
 @click.option("--db", "db_path", help="colocation DB file (default: the site config's "

@@ -41,6 +41,7 @@ DEFAULT_URL = "http://127.0.0.1:6829"
 #: the most a heartbeat waits for its answer (its RPC client's default: 30 s)
 HEARTBEAT_TIMEOUT_MAX_S = 30.0
 
+
 class LeaseRevoked(Exception):
     """The controller took the lease back; the GPUs are no longer this job's."""
 

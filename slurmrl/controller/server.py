@@ -150,10 +150,10 @@ def _query(request: web.Request, allowed: set[str]) -> dict[str, str]:
     return {k: request.query[k] for k in allowed if k in request.query}
 
 
-
 def _dedicated(pool: PoolRecord | None) -> bool:
     """A pool that is its one job's for good (it takes no partner)."""
     return pool is not None and pool.dedicated
+
 
 class Api:
     """The route handlers; thin: check input, call the Controller, shape the answer."""

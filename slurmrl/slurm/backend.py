@@ -30,6 +30,7 @@ def read_tail(path: str | os.PathLike[str], limit: int) -> str:
         f.seek(max(0, size - limit))
         return f.read(limit).decode(errors="replace")
 
+
 class StepHandle:
     """A running `srun` that launched one step into an existing allocation.
 

@@ -46,7 +46,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-
 def _end_with_parent() -> None:
     """In the child, before exec: SIGTERM it when the test run that started it dies,
     however it dies (a CI timeout's SIGKILL included), so no controller outlives it."""
@@ -55,6 +54,7 @@ def _end_with_parent() -> None:
 
     pr_set_pdeathsig = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
 
 class ControllerProc:
     def __init__(self, workdir: Path, env: dict[str, str], *, lease_timeout_s: float = 3.0,
