@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,31 @@ def copies(tmp_path: Path) -> Iterator[tuple[ServiceHandle, ServiceHandle, Path]
     yield _handle(a), _handle(b), shared
     stop_a()
     stop_b()
+
+
+@dataclass
+class ControlledNodes:
+    """Two trainer copies of job 42 on two "nodes" (a hand-off directory each), both
+    with the controller's control secret."""
+
+    secret: str
+    control: str
+    a: Running
+    b: Running
+    dir_a: Path
+    dir_b: Path
+    stop_a: Callable[[], None]
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[ControlledNodes]:
+    secret, control = mint_secret(), mint_secret()
+    dir_a, dir_b = prepare_dir(tmp_path / "node-a"), prepare_dir(tmp_path / "node-b")
+    a, stop_a = start(Role.TRAINER, secret, control_secret=control, handoff_dir=dir_a)
+    b, stop_b = start(Role.TRAINER, secret, control_secret=control, handoff_dir=dir_b)
+    yield ControlledNodes(secret, control, a, b, dir_a, dir_b, stop_a)
+    stop_b()
+    stop_a()
 
 
 def _batch(rollout: Running) -> list[Any]:
@@ -320,41 +346,35 @@ def test_at_the_jobs_end_a_copy_discards_its_state_from_the_nodes_directory(
 
 
 def test_a_fetch_moves_the_state_to_another_node_and_wakes_nothing(
-    tmp_path: Path, rollout_service: Running
+    nodes: ControlledNodes, rollout_service: Running
 ) -> None:
     # before giving back the only window on node a, the controller has b's copy fetch
     # the state a's copy handed off there; b stays parked, and later takes it over
-    secret, control = mint_secret(), mint_secret()
-    dir_a, dir_b = prepare_dir(tmp_path / "node-a"), prepare_dir(tmp_path / "node-b")
-    a, stop_a = start(Role.TRAINER, secret, control_secret=control, handoff_dir=dir_a)
-    b, stop_b = start(Role.TRAINER, secret, control_secret=control, handoff_dir=dir_b)
-    try:
-        ctl_a = ServiceHandle(a.address, control, "42", "trainer", timeout_s=30)
-        ctl_b = ServiceHandle(b.address, control, "42", "trainer", timeout_s=30)
-        driver_b = ServiceHandle(b.address, secret, "42", "trainer", timeout_s=30)
-        batch = _batch(rollout_service)
-        ctl_a.train_step(batch)
-        trained = ctl_a.export_weights()
-        ctl_a.park(handoff=True)
-        ctl_b.park(handoff=True)  # b had nothing newer: its park hands off nothing
-        assert ctl_b.status()["stored_generation"] == 0  # its fresh state, generation 0
-        with pytest.raises(ServiceError, match="401"):
-            driver_b.fetch_handoff(a.address)  # the controller's call only
-        st = ctl_b.fetch_handoff(a.address)
-        assert st["residency"] == "parked" and st["handed_off"] and st["stored_generation"] == 1
-        assert (dir_b / "trainer.state").read_bytes() == (dir_a / "trainer.state").read_bytes()
-        stop_a()  # a's node gone: b holds the newest state on its own
-        st = ctl_b.activate(handoff=True)
-        assert st["generation"] == 1 and ctl_b.export_weights() == trained
-        assert ctl_b.train_step(batch)["step"] == 2.0
-        with pytest.raises(ServiceError, match="cannot fetch the handoff state from"):
-            ctl_b.fetch_handoff("127.0.0.1:1")
-        with pytest.raises(ServiceError, match="source must be"):
-            ctl_b._json("fetch_handoff", "POST", "/v1/handoff/fetch", {"source": 7}, 10,
-                        whole=True)
-    finally:
-        stop_b()
-        stop_a()
+    secret, control, dir_a, dir_b = nodes.secret, nodes.control, nodes.dir_a, nodes.dir_b
+    a, b, stop_a = nodes.a, nodes.b, nodes.stop_a
+    ctl_a = ServiceHandle(a.address, control, "42", "trainer", timeout_s=30)
+    ctl_b = ServiceHandle(b.address, control, "42", "trainer", timeout_s=30)
+    driver_b = ServiceHandle(b.address, secret, "42", "trainer", timeout_s=30)
+    batch = _batch(rollout_service)
+    ctl_a.train_step(batch)
+    trained = ctl_a.export_weights()
+    ctl_a.park(handoff=True)
+    ctl_b.park(handoff=True)  # b had nothing newer: its park hands off nothing
+    assert ctl_b.status()["stored_generation"] == 0  # its fresh state, generation 0
+    with pytest.raises(ServiceError, match="401"):
+        driver_b.fetch_handoff(a.address)  # the controller's call only
+    st = ctl_b.fetch_handoff(a.address)
+    assert st["residency"] == "parked" and st["handed_off"] and st["stored_generation"] == 1
+    assert (dir_b / "trainer.state").read_bytes() == (dir_a / "trainer.state").read_bytes()
+    stop_a()  # a's node gone: b holds the newest state on its own
+    st = ctl_b.activate(handoff=True)
+    assert st["generation"] == 1 and ctl_b.export_weights() == trained
+    assert ctl_b.train_step(batch)["step"] == 2.0
+    with pytest.raises(ServiceError, match="cannot fetch the handoff state from"):
+        ctl_b.fetch_handoff("127.0.0.1:1")
+    with pytest.raises(ServiceError, match="source must be"):
+        ctl_b._json("fetch_handoff", "POST", "/v1/handoff/fetch", {"source": 7}, 10,
+                    whole=True)
 
 
 def test_status_reads_the_node_files_header_once_per_file(
@@ -392,7 +412,7 @@ def test_status_reads_the_node_files_header_once_per_file(
 
 
 def test_a_state_the_node_holds_already_is_not_fetched_again(
-    tmp_path: Path, rollout_service: Running, monkeypatch: pytest.MonkeyPatch
+    nodes: ControlledNodes, rollout_service: Running, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a grant on a node whose copy waited for the directory's lock while a move of the
     # same state landed there finds it has that generation: nothing is streamed twice
@@ -405,35 +425,28 @@ def test_a_state_the_node_holds_already_is_not_fetched_again(
         return real(self, out, timeout_s)
 
     monkeypatch.setattr(ServiceHandle, "handoff_state_into", counted)
-    secret, control = mint_secret(), mint_secret()
-    dir_a, dir_b = prepare_dir(tmp_path / "node-a"), prepare_dir(tmp_path / "node-b")
-    a, stop_a = start(Role.TRAINER, secret, control_secret=control, handoff_dir=dir_a)
-    b, stop_b = start(Role.TRAINER, secret, control_secret=control, handoff_dir=dir_b)
-    try:
-        ctl_a = ServiceHandle(a.address, control, "42", "trainer", timeout_s=30)
-        ctl_b = ServiceHandle(b.address, control, "42", "trainer", timeout_s=30)
-        batch = _batch(rollout_service)
-        ctl_a.train_step(batch)
-        trained = ctl_a.export_weights()
-        ctl_a.park(handoff=True)
-        ctl_b.park(handoff=True)
-        assert ctl_b.fetch_handoff(a.address)["stored_generation"] == 1
-        assert streamed == [a.address]
-        before = (dir_b / "trainer.state").stat()
-        assert ctl_b.fetch_handoff(a.address)["stored_generation"] == 1  # again: no-op
-        st = ctl_b.activate(handoff=True, source=a.address)  # and at the grant
-        assert streamed == [a.address]
-        after = (dir_b / "trainer.state").stat()
-        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-        assert st["generation"] == 1 and ctl_b.export_weights() == trained
-        # a newer one at the source is still fetched
-        ctl_b.train_step(batch)
-        ctl_b.park(handoff=True)
-        assert ctl_a.activate(handoff=True, source=b.address)["generation"] == 2
-        assert streamed == [a.address, b.address]
-    finally:
-        stop_b()
-        stop_a()
+    control, dir_b, a, b = nodes.control, nodes.dir_b, nodes.a, nodes.b
+    ctl_a = ServiceHandle(a.address, control, "42", "trainer", timeout_s=30)
+    ctl_b = ServiceHandle(b.address, control, "42", "trainer", timeout_s=30)
+    batch = _batch(rollout_service)
+    ctl_a.train_step(batch)
+    trained = ctl_a.export_weights()
+    ctl_a.park(handoff=True)
+    ctl_b.park(handoff=True)
+    assert ctl_b.fetch_handoff(a.address)["stored_generation"] == 1
+    assert streamed == [a.address]
+    before = (dir_b / "trainer.state").stat()
+    assert ctl_b.fetch_handoff(a.address)["stored_generation"] == 1  # again: no-op
+    st = ctl_b.activate(handoff=True, source=a.address)  # and at the grant
+    assert streamed == [a.address]
+    after = (dir_b / "trainer.state").stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert st["generation"] == 1 and ctl_b.export_weights() == trained
+    # a newer one at the source is still fetched
+    ctl_b.train_step(batch)
+    ctl_b.park(handoff=True)
+    assert ctl_a.activate(handoff=True, source=b.address)["generation"] == 2
+    assert streamed == [a.address, b.address]
 
 
 def test_a_discard_waits_for_a_store_under_way_and_leaves_nothing(tmp_path: Path) -> None:
