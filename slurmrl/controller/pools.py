@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -67,6 +68,8 @@ log = logging.getLogger(__name__)
 
 POOL_NAME = "slurmrl-pool"
 POOL_COMMENT = "slurmrl pool"
+#: how often `reconcile` looks for allocations of this controller that no pool holds
+SWEEP_INTERVAL_S = 60.0
 
 
 class PoolError(RuntimeError):
@@ -115,10 +118,14 @@ class PoolAllocator:
     def __init__(
         self, slurm: SlurmBackend, partition: str, *, time_limit_min: int | None = None,
         cpus: int = 1, mem_mb: int | None = 256, start_timeout_s: float = 60.0,
-        poll_s: float = 0.1,
+        poll_s: float = 0.1, tag: str = "",
     ) -> None:
+        """`tag`: the controller's (`Store.controller_tag`), written into each pool's
+        comment so that `tagged` finds its own allocations; "" finds none."""
         if not partition:
             raise ValueError("a pool partition is needed ([slurm] pool_partition)")
+        if tag and not tag.isalnum():
+            raise ValueError(f"a controller tag is letters and digits, got {tag!r}")
         self.slurm = slurm
         self.partition = partition
         self.time_limit_min = time_limit_min
@@ -126,6 +133,11 @@ class PoolAllocator:
         self.mem_mb = mem_mb
         self.start_timeout_s = start_timeout_s
         self.poll_s = poll_s
+        self.tag = tag
+        #: allocations submitted whose owner has not recorded them yet (`recorded`):
+        #: never listed by `tagged`. The lock makes a submit and its entry here one step for it
+        self._unrecorded: set[int] = set()
+        self._submitting = threading.Lock()
 
     def open(self, gpus: int, label: str = "", node: str | None = None) -> SlurmPool:
         """Submit a pool of `gpus` GPUs (on `node`, where named: a floating pool's next
@@ -136,24 +148,27 @@ class PoolAllocator:
             command=("sleep", "infinity"), partition=self.partition,
             name=POOL_NAME, gpus=gpus, cpus=self.cpus, mem_mb=self.mem_mb,
             time_limit_min=self.time_limit_min,
-            comment=f"{POOL_COMMENT} {label}".strip(), output="/dev/null",
+            comment=" ".join(x for x in (POOL_COMMENT, self.tag, label) if x),
+            output="/dev/null",
             extra_args=() if node is None else (f"--nodelist={node}",))
-        try:
-            job_id = self.slurm.submit(spec)
-        except SlurmError as exc:
-            raise PoolError(f"Slurm refused a pool of {gpus} GPUs in partition "
-                            f"{self.partition!r}: {exc}") from exc
+        with self._submitting:
+            try:
+                job_id = self.slurm.submit(spec)
+            except SlurmError as exc:
+                raise PoolError(f"Slurm refused a pool of {gpus} GPUs in partition "
+                                f"{self.partition!r}: {exc}") from exc
+            self._unrecorded.add(job_id)
         try:
             info = self._await_running(job_id)
+            if len(info.gpu_indices) != gpus or not info.nodes:
+                raise PoolError(f"pool job {job_id} runs with GPUs "
+                                f"{list(info.gpu_indices)} on {list(info.nodes)}, not the "
+                                f"{gpus} GPUs asked for")
         except BaseException:
             with contextlib.suppress(SlurmError):
                 self.slurm.cancel(job_id)
+            self.recorded(job_id)
             raise
-        if len(info.gpu_indices) != gpus or not info.nodes:
-            with contextlib.suppress(SlurmError):
-                self.slurm.cancel(job_id)
-            raise PoolError(f"pool job {job_id} runs with GPUs {list(info.gpu_indices)} on "
-                            f"{list(info.nodes)}, not the {gpus} GPUs asked for")
         node = info.batch_host or info.nodes[0]
         log.info("pool job %d running on %s with GPUs %s", job_id, node,
                  list(info.gpu_indices))
@@ -176,6 +191,29 @@ class PoolAllocator:
                                 f"{self.start_timeout_s:g} s ({info.state}, reason "
                                 f"{info.reason or 'none'}); cancelled it")
             time.sleep(self.poll_s)
+
+    def recorded(self, slurm_job_id: int) -> None:
+        """The allocation `open` returned is recorded (or cancelled) by its owner:
+        from now on `tagged` lists it (the owner tells its own from strays)."""
+        self._unrecorded.discard(slurm_job_id)
+
+    def tagged(self) -> list[int]:
+        """This controller's allocations (its tag in their comment, its uid) that Slurm
+        still runs or queues, but those being opened or not yet recorded by their owner.
+        Empty without a tag: another controller's are never among them."""
+        if not self.tag:
+            return []
+        me = os.geteuid()
+        with self._submitting:
+            infos = self.slurm.jobs(user=str(me))
+            busy = set(self._unrecorded)
+        head = f"{POOL_COMMENT} {self.tag}"
+        return sorted(
+            i.job_id for i in infos
+            if i.name == POOL_NAME and i.uid == me
+            and (i.comment == head or i.comment.startswith(head + " "))
+            and not i.state.terminal and i.state is not SlurmJobState.COMPLETING
+            and i.job_id not in busy)
 
     def close(self, slurm_job_id: int) -> None:
         """scancel the pool (its service steps end with it)."""
@@ -244,8 +282,10 @@ class SlurmPools:
         self, *, run_dir: str | None = None, bind_host: str = "0.0.0.0",
         gpu_memory_bytes: int = 80 << 30, park_others: bool = True,
         allocator: PoolAllocator | None = None, launcher: ServiceLauncher | None = None,
+        sweep_interval_s: float = SWEEP_INTERVAL_S,
     ) -> None:
         self._run_dir = run_dir
+        self._sweep_interval_s = sweep_interval_s
         self._bind_host = bind_host
         self._gpu_bytes = gpu_memory_bytes
         self.park_others = park_others
@@ -265,6 +305,7 @@ class SlurmPools:
         #: pool id -> windows closed in the database whose copies are still stopping
         self._retiring: dict[int, set[int]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._next_sweep = 0.0  #: monotonic time of the next `_sweep_allocations`
         self.handoffs: list[HandoffTiming] = []  #: the most recent handoffs, newest last
 
     @property
@@ -278,7 +319,8 @@ class SlurmPools:
         if self.allocator is None:
             self.allocator = PoolAllocator(
                 controller.slurm, cfg.slurm.pool_partition,
-                start_timeout_s=cfg.slurm.step_launch_timeout_s)
+                start_timeout_s=cfg.slurm.step_launch_timeout_s,
+                tag=controller.store.controller_tag())
         if self.launcher is None:
             run_dir = self._run_dir or os.path.join(
                 os.path.dirname(cfg.controller.db_path), "services")
@@ -288,7 +330,7 @@ class SlurmPools:
                 step_timeout_s=cfg.slurm.step_launch_timeout_s,
                 step_retries=cfg.slurm.step_launch_retries)
         await self._reattach()
-        await self._sweep_closed_windows()
+        await self._sweep_allocations()
         # nothing is being placed at start: an open pool with no active member is empty
         # (one opened for a job that was mid-placement at the crash)
         for pool in controller.store.pools(open_only=True):
@@ -331,33 +373,53 @@ class SlurmPools:
             self._live[fp.key] = _Live(svc.service_id, job.job_id, fp.name, svc.pool_id,
                                        handle, fp)
 
-    async def _sweep_closed_windows(self) -> None:
-        """After a restart: cancel the allocation of each window an open floating pool
-        gave back (closed in the database) that Slurm still runs: the controller stopped
-        between closing it and cancelling it (`_retire_one`)."""
+    async def _sweep_allocations(self) -> None:
+        """Cancel each allocation of this controller that no open pool holds:
+        - a window an open floating pool gave back (closed in the database) that Slurm
+          still runs: the controller stopped between closing and cancelling it
+          (`_retire_one`);
+        - one carrying this controller's tag (`PoolAllocator.tagged`) that the database
+          does not hold: a crash between a submit and its record, the other windows of a
+          floating pool closed because Slurm lost one, a pool an admin closed.
+        At start, and from `reconcile` (every `sweep_interval_s`, and at once after a
+        pool was lost)."""
         assert self.allocator is not None
-        closed: dict[int, int] = {}  # Slurm job id -> pool id
-        for pool in self.c.store.pools(open_only=True):
-            if not pool.floating:
-                continue
-            wins = self.c.store.windows(pool.pool_id, open_only=False)
-            still = {w.slurm_job_id for w in wins if w.closed_at is None}
-            closed.update({w.slurm_job_id: pool.pool_id for w in wins
-                           if w.closed_at is not None and w.slurm_job_id not in still
-                           and w.slurm_job_id != pool.slurm_job_id})
-        if not closed:
-            return
+        self._next_sweep = time.monotonic() + self._sweep_interval_s
         try:
+            # listed first: an allocation recorded meanwhile is in `_held()` below
+            tagged = await asyncio.to_thread(self.allocator.tagged)
+            held, closed = self._held()
+            closed = {j: p for j, p in closed.items() if j not in held}
             lost = {x.slurm_job_id for x in await asyncio.to_thread(
-                self.allocator.losses, sorted(closed))}
+                self.allocator.losses, sorted(closed))} if closed else set()
         except SlurmError as exc:
-            log.warning("given-back windows not checked against Slurm: %s", exc)
+            log.warning("allocations not checked against Slurm: %s", exc)
             return
-        for jid in sorted(set(closed) - lost):
-            log.warning("pool %d: a window given back still holds Slurm job %d; "
-                        "cancelling it", closed[jid], jid)
+        held, _ = self._held()  # what the database holds now
+        gone = {j: f"a window pool {p} gave back" for j, p in closed.items()
+                if j not in lost and j not in held}
+        gone.update({j: "this controller's, and no open pool holds it" for j in tagged
+                     if j not in held})
+        for jid in sorted(gone):
+            log.warning("Slurm job %d runs on (%s); cancelling it", jid, gone[jid])
             with contextlib.suppress(SlurmError):
                 await asyncio.to_thread(self.allocator.close, jid)
+
+    def _held(self) -> tuple[set[int], dict[int, int]]:
+        """The allocations open pools hold (their windows being given back included),
+        and those of the windows they gave back (Slurm job id -> pool id)."""
+        held: set[int] = set()
+        closed: dict[int, int] = {}
+        for pool in self.c.store.pools(open_only=True):
+            if pool.slurm_job_id is not None:
+                held.add(pool.slurm_job_id)
+            retiring = self._retiring.get(pool.pool_id, set())
+            for w in self.c.store.windows(pool.pool_id, open_only=False):
+                if w.closed_at is None or w.window in retiring:
+                    held.add(w.slurm_job_id)
+                elif w.slurm_job_id != pool.slurm_job_id:
+                    closed[w.slurm_job_id] = pool.pool_id
+        return held, closed
 
     async def _stop_stray(self, svc: ServiceRecord, secret: str) -> None:
         """Stop a service no job uses (best effort: its step may be gone) and record it."""
@@ -498,9 +560,12 @@ class SlurmPools:
             size = max(pl.gpus or 0, gpus[-1] + 1)
             opened = await asyncio.to_thread(self.allocator.open, size,
                                              f"for job {job.job_id}")
-            target = c.open_pool(gpus=opened.gpus, slurm_job_id=opened.slurm_job_id,
-                                 partition=opened.partition, nodes=opened.nodes,
-                                 gpu_indices=opened.gpu_indices, dedicated=dedicated)
+            try:
+                target = c.open_pool(gpus=opened.gpus, slurm_job_id=opened.slurm_job_id,
+                                     partition=opened.partition, nodes=opened.nodes,
+                                     gpu_indices=opened.gpu_indices, dedicated=dedicated)
+            finally:
+                self.allocator.recorded(opened.slurm_job_id)
             if pl.action is Action.OPEN and pl.pool_id is not None and not dedicated:
                 new[pl.pool_id] = target
         self._mark_placing(target.pool_id, job.job_id)
@@ -567,9 +632,12 @@ class SlurmPools:
                 await c.end_job(job.job_id, JobState.FAILED, f"admission refused: {reason}")
                 return
             opened = await asyncio.to_thread(self.allocator.open, g, f"for job {job.job_id}")
-            target = c.open_pool(gpus=opened.gpus, slurm_job_id=opened.slurm_job_id,
-                                 partition=opened.partition, nodes=opened.nodes,
-                                 gpu_indices=opened.gpu_indices, floating=True)
+            try:
+                target = c.open_pool(gpus=opened.gpus, slurm_job_id=opened.slurm_job_id,
+                                     partition=opened.partition, nodes=opened.nodes,
+                                     gpu_indices=opened.gpu_indices, floating=True)
+            finally:
+                self.allocator.recorded(opened.slurm_job_id)
             if pl.action is Action.OPEN and pl.pool_id is not None:
                 new[pl.pool_id] = target
             self._mark_placing(target.pool_id, job.job_id)
@@ -652,19 +720,23 @@ class SlurmPools:
                            opened.gpu_indices, c.clock(),
                            node=None if there == home else there)
         try:
-            for m in c.store.jobs(active=True, pool_id=pool.pool_id):
-                await self._launch_on_windows(m, pool, [win])
-        except Exception:
-            log.exception("pool %d: launching services on a new window failed", pool.pool_id)
-            for key in [k for k, lv in self._live.items()
-                        if lv.pool_id == pool.pool_id and lv.footprint.window == win.window]:
-                await self._stop_service(key)
-            with contextlib.suppress(SlurmError):
-                await asyncio.to_thread(self.allocator.close, opened.slurm_job_id)
-            return False
-        # allocated since before its services launched (each waits for its model)
-        c.add_window(pool.pool_id, opened.slurm_job_id, opened.gpu_indices, node=win.node,
-                     window=win.window, opened_at=win.opened_at)
+            try:
+                for m in c.store.jobs(active=True, pool_id=pool.pool_id):
+                    await self._launch_on_windows(m, pool, [win])
+            except Exception:
+                log.exception("pool %d: launching services on a new window failed",
+                              pool.pool_id)
+                for key in [k for k, lv in self._live.items() if lv.pool_id == pool.pool_id
+                            and lv.footprint.window == win.window]:
+                    await self._stop_service(key)
+                with contextlib.suppress(SlurmError):
+                    await asyncio.to_thread(self.allocator.close, opened.slurm_job_id)
+                return False
+            # allocated since before its services launched (each waits for its model)
+            c.add_window(pool.pool_id, opened.slurm_job_id, opened.gpu_indices,
+                         node=win.node, window=win.window, opened_at=win.opened_at)
+        finally:
+            self.allocator.recorded(opened.slurm_job_id)
         return True
 
     def _nodes_of(self, pool: PoolRecord) -> dict[int, str]:
@@ -868,7 +940,7 @@ class SlurmPools:
         # closed in the database from here on: its number is not given to a window the
         # pool grows meanwhile (its copies' names would be this one's), and its
         # allocation is cancelled whatever fails in between (a restart cancels that of
-        # a window closed but still running: `_sweep_closed_windows`)
+        # a window closed but still running: `_sweep_allocations`)
         retiring = self._retiring.setdefault(pool_id, set())
         retiring.add(gone.window)
         try:
@@ -1193,4 +1265,7 @@ class SlurmPools:
             # its steps died with it; the drivers learn the reason from their revoked
             # leases and from the job's state
             await self.c.close_pool(pool.pool_id, loss.message)
+            self._next_sweep = 0.0  # a floating pool's other windows go now
+        if time.monotonic() >= self._next_sweep:
+            await self._sweep_allocations()
         self._spawn(self._place_pending())

@@ -171,6 +171,15 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE pool_windows ADD COLUMN node TEXT;
     """,
+    # 7: what the controller of this DB is called: a random tag it writes into the
+    # comment of each Slurm allocation it opens, so that it can tell its own from
+    # another controller's (`controller.pools.PoolAllocator.strays`)
+    """
+    CREATE TABLE meta (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+    """,
 )
 
 LATEST = len(MIGRATIONS)

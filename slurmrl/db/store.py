@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -134,6 +135,14 @@ class Store:
         self._checkpointer.start()
 
     # -- schema ----------------------------------------------------------------------
+    def controller_tag(self) -> str:
+        """This DB's controller tag: 16 random hex digits, made once and kept."""
+        with self.transaction():
+            self._x("INSERT OR IGNORE INTO meta (key, value) VALUES ('controller_tag', ?)",
+                    (secrets.token_hex(8),))
+            return str(self._q("SELECT value FROM meta WHERE key = 'controller_tag'"
+                               )[0]["value"])
+
     @property
     def version(self) -> int:
         return int(self.conn.execute("PRAGMA user_version").fetchone()[0])

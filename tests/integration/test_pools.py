@@ -246,6 +246,46 @@ def test_pool_over_the_partitions_gpus_is_refused(allocator: PoolAllocator) -> N
     assert os.geteuid() == 0
 
 
+def test_a_controller_cancels_at_start_its_allocations_that_no_pool_holds(
+        shared_tmp: Path, slurm_env: dict[str, str], run_dir: Path,
+        slurm: CommandBackend) -> None:
+    # a controller killed between submitting a pool and recording it leaves the
+    # allocation to Slurm alone: its next start finds it by the controller's tag in
+    # the job's comment (as Slurm lists it back) and cancels it. Another controller's
+    # allocation runs on.
+    from slurmrl.db import Store
+    from slurmrl.slurm import SlurmJobState
+
+    store = Store(shared_tmp / "controller.db")  # the controller's DB, made first
+    tag = store.controller_tag()
+    store.close()
+    mine = PoolAllocator(slurm, "pools", start_timeout_s=60, tag=tag)
+    other = PoolAllocator(slurm, "pools", start_timeout_s=60, tag="0123456789abcdef")
+    leaked, kept = mine.open(1, "for job 1"), other.open(1, "for job 1")
+    try:
+        assert mine.tagged() == []  # being recorded: never a stray
+        mine.recorded(leaked.slurm_job_id)
+        other.recorded(kept.slurm_job_id)
+        assert mine.tagged() == [leaked.slurm_job_id]
+        assert other.tagged() == [kept.slurm_job_id]
+        ctl = _pool_controller(shared_tmp, slurm_env, run_dir)
+        try:
+            def ended(jid: int) -> bool:
+                info = slurm.job(jid)
+                return info is None or info.state.terminal
+            _wait(lambda: ended(leaked.slurm_job_id), 30,
+                  f"the controller to cancel its stray allocation {leaked.slurm_job_id}",
+                  lambda: read(ctl.log)[-3000:])
+            assert f"Slurm job {leaked.slurm_job_id} runs on" in read(ctl.log)
+            running = slurm.job(kept.slurm_job_id)
+            assert running is not None and running.state is SlurmJobState.RUNNING
+        finally:
+            ctl.stop()
+    finally:
+        mine.close(leaked.slurm_job_id)
+        other.close(kept.slurm_job_id)
+
+
 # --------------------------------------------------------------------------------------
 # The whole path: a controller with the Slurm pool manager, two users' drivers
 

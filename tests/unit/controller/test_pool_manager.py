@@ -63,18 +63,28 @@ class FakeSlurm:
 
 
 class FakeAllocator:
-    """Pools open at once as Slurm jobs 101, 102, ...; `closed` lists the scancelled."""
+    """Pools open at once as Slurm jobs 101, 102, ...; `closed` lists the scancelled.
+    Slurm runs each until its cancel (`tagged`: the controller's own allocations)."""
 
     def __init__(self, first: int = 101) -> None:
         self.next = first
         self.closed: list[int] = []
+        self.running: set[int] = set()
 
     def open(self, gpus: int, label: str = "") -> SlurmPool:
         self.next += 1
+        self.running.add(self.next - 1)
         return SlurmPool(self.next - 1, "pools", "n1", ("n1",), tuple(range(gpus)))
+
+    def recorded(self, slurm_job_id: int) -> None:
+        pass
+
+    def tagged(self) -> list[int]:
+        return sorted(self.running)
 
     def close(self, slurm_job_id: int) -> None:
         self.closed.append(slurm_job_id)
+        self.running.discard(slurm_job_id)
 
     def losses(self, slurm_job_ids: list[int]) -> list[Any]:
         return []
@@ -167,11 +177,13 @@ class Site:
 
 
 async def _site(store: Store, cfg: Config | None = None, *, first_pool: int = 101,
-                jobs: Mapping[int, Identity] | None = None) -> Site:
+                jobs: Mapping[int, Identity] | None = None,
+                sweep_interval_s: float = 60.0) -> Site:
     slurm, allocator, launcher = FakeSlurm(), FakeAllocator(first_pool), FakeLauncher()
     for job_id, who in (jobs or {}).items():
         slurm.add(job_id, who)
-    pools = SlurmPools(allocator=allocator, launcher=launcher)  # type: ignore[arg-type]
+    pools = SlurmPools(allocator=allocator, launcher=launcher,  # type: ignore[arg-type]
+                       sweep_interval_s=sweep_interval_s)
     c = Controller(cfg or Config(), store, slurm, pools=pools)  # type: ignore[arg-type]
     c.policies = replace(c.policies, pairing=JoinFirst())
     await c.start()
@@ -283,6 +295,29 @@ async def test_members_left_running_in_a_closed_pool_are_ended_with_its_reason(
     assert (job.state, job.reason) == (JobState.CANCELLED, "node failure")
     with pytest.raises(LeaseError):
         site.c.scheduler.request(job, Phase.ROLLOUT)
+    await site.c.stop()
+
+
+@run
+async def test_a_pool_an_admin_closes_gives_back_its_allocation_but_not_an_attached_one(
+        tmp_path: Path) -> None:
+    root = Identity(0, 0, "root")
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE}, sweep_interval_s=0.0)
+    await site.c.register(ALICE, 7, ENV)
+    await site.settle()
+    opened = site.job(7).pool_id
+    assert opened is not None and site.allocator.running == {101}
+    # an admin's own allocation, attached as a pool: slurmrl did not open it
+    site.slurm.running[500] = JobInfo(500, "held", "root", 0, SlurmJobState.RUNNING,
+                                      partition="pools", nodes=("n1",),
+                                      gpu_indices=(4, 5))
+    attached = await site.c.attach_pool(root, 500, False)
+    await site.c.close_pool(opened, "closed by admin")
+    await site.c.close_pool(attached.pool_id, "closed by admin")
+    assert site.job(7).state is JobState.CANCELLED
+    await site.c.reconcile()
+    await site.settle()
+    assert site.allocator.closed == [101]  # slurmrl's; the admin's job 500 runs on
     await site.c.stop()
 
 

@@ -47,12 +47,14 @@ FLOATING = Config(slurm=SlurmConfig(floating_pools=True),
 
 class FakeAllocator:
     """Allocations 101, 102, ... on node n1, each on the next free GPUs;
-    `refuse_on_node` makes a request for a named node fail as a full node would."""
+    `refuse_on_node` makes a request for a named node fail as a full node would.
+    Slurm runs each until its cancel, or until a test puts it in `lost`."""
 
     def __init__(self) -> None:
         self.next, self.next_gpu = 101, 0
         self.opened: list[tuple[int, int, str | None]] = []  #: (job id, GPUs, node asked)
         self.closed: list[int] = []
+        self.lost: set[int] = set()
         self.refuse_on_node = False
 
     def open(self, gpus: int, label: str = "", node: str | None = None) -> SlurmPool:
@@ -65,12 +67,19 @@ class FakeAllocator:
         return SlurmPool(self.next - 1, "pools", where, (where,),
                          tuple(range(self.next_gpu - gpus, self.next_gpu)))
 
+    def recorded(self, slurm_job_id: int) -> None:
+        pass
+
+    def tagged(self) -> list[int]:
+        return sorted({i for i, _, _ in self.opened} - set(self.closed) - self.lost)
+
     def close(self, slurm_job_id: int) -> None:
         self.closed.append(slurm_job_id)
 
     def losses(self, slurm_job_ids: list[int]) -> list[Any]:
-        """Slurm runs every allocation not closed."""
-        return [PoolLoss(i, "CANCELLED") for i in slurm_job_ids if i in self.closed]
+        """Slurm runs every allocation not closed nor lost."""
+        return [PoolLoss(i, "CANCELLED") for i in slurm_job_ids if i in self.closed] + [
+            PoolLoss(i, "NODE_FAIL") for i in slurm_job_ids if i in self.lost]
 
 
 @dataclass
@@ -219,8 +228,12 @@ class Site(BaseSite):
         self.c.scheduler.release(self.job(job_id), lease.lease_id, {})
 
 
-async def _site(store: Store, cfg: Config = FLOATING) -> Site:
-    slurm, allocator, launcher = FakeSlurm(), FakeAllocator(), FakeLauncher()
+async def _site(store: Store, cfg: Config = FLOATING,
+                allocator: FakeAllocator | None = None) -> Site:
+    """`allocator`: the one a controller before this one used (Slurm still runs what
+    it opened and did not cancel)."""
+    slurm, launcher = FakeSlurm(), FakeLauncher()
+    allocator = allocator or FakeAllocator()
     pools = SlurmPools(allocator=allocator, launcher=launcher)  # type: ignore[arg-type]
     c = Controller(cfg, store, slurm, pools=pools)  # type: ignore[arg-type]
     c.policies = replace(c.policies, pairing=FloatFirst())
@@ -972,6 +985,50 @@ async def test_a_restart_cancels_a_window_given_back_but_still_allocated(
                    and min(s.gpus) >= 2]
     assert on_window_1 and {s.service_id for s in on_window_1} <= stopped
     assert [w.window for w in store.windows(pool_id)] == [0]
+    await site2.c.stop()
+
+
+@run
+async def test_a_floating_pool_that_loses_a_window_gives_back_its_others(
+        tmp_path: Path) -> None:
+    # Slurm ends one window's allocation (a node failure): the pool is lost with its
+    # jobs, and its other window's allocation is cancelled, not left holding GPUs
+    site = await _site(Store(tmp_path / "c.db"))
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    pool_id = site.job(7).pool_id
+    assert pool_id is not None
+    first, second = site.c.store.windows(pool_id)
+    site.allocator.lost.add(second.slurm_job_id)
+    await site.pools.reconcile()
+    await site.settle()
+    pool = site.c.store.pool(pool_id)
+    assert pool is not None and pool.state == "closed" and "node failure" in pool.reason
+    assert site.job(7).state is JobState.CANCELLED
+    assert site.allocator.closed == [first.slurm_job_id]
+    await site.c.stop()
+
+
+@run
+async def test_a_restart_cancels_a_window_allocated_but_never_recorded(
+        tmp_path: Path) -> None:
+    # the controller stopped while a window's services launched: Slurm runs the
+    # allocation, the database knows nothing of it. The next start finds it by the
+    # controller's tag and cancels it; the pool's own windows stay
+    store = Store(tmp_path / "c.db")
+    site = await _site(store)
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    pool_id = site.job(7).pool_id
+    assert pool_id is not None
+    leaked = site.allocator.open(2, "window of pool 1", "n1")
+    await site.c.stop()
+
+    site2 = await _site(store, allocator=site.allocator)
+    site2.slurm.running.update(site.slurm.running)
+    assert site2.allocator.closed == [leaked.slurm_job_id]
+    assert [w.window for w in store.windows(pool_id)] == [0, 1]
+    assert store.pool(pool_id).state == "open"  # type: ignore[union-attr]
     await site2.c.stop()
 
 

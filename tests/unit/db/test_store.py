@@ -224,3 +224,14 @@ def test_a_version_5_db_upgrades_and_its_windows_are_on_the_pools_node(
                      opened_at=5.0, node="n2")
     store.close()
     assert [(w.window, w.node) for w in Store(path).windows(1)] == [(0, None), (1, "n2")]
+
+
+def test_the_controller_tag_is_made_once_and_kept(tmp_path: Path) -> None:
+    # each allocation the controller opens carries it (PoolAllocator.tagged)
+    store = Store(tmp_path / "c.db")
+    tag = store.controller_tag()
+    assert len(tag) == 16 and int(tag, 16) >= 0
+    assert store.controller_tag() == tag
+    store.close()
+    assert Store(tmp_path / "c.db").controller_tag() == tag
+    assert Store(tmp_path / "d.db").controller_tag() != tag

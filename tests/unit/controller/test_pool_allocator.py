@@ -1,0 +1,132 @@
+"""The pool allocator's own half of Slurm: what it asks for, and how it tells its
+controller's allocations from everyone else's (`tagged`).
+
+Slurm is a fake backend here (a job runs when the test says so); the dev-cluster test
+in tests/integration/test_pools.py submits, lists and cancels real allocations.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import replace
+
+import pytest
+
+from slurmrl.controller.pools import POOL_NAME, PoolAllocator, PoolError
+from slurmrl.slurm import BatchSpec, JobInfo, SlurmJobState
+
+TAG = "0f1e2d3c4b5a6978"
+
+
+class FakeBackend:
+    """A queue of one node: submitted jobs pend until `start` is set, then run with
+    the GPUs they asked for."""
+
+    def __init__(self) -> None:
+        self.queue: dict[int, JobInfo] = {}
+        self.specs: dict[int, BatchSpec] = {}
+        self.start = threading.Event()
+        self.start.set()
+        self.submitted = threading.Event()
+        self.next = 500
+
+    def submit(self, spec: BatchSpec) -> int:
+        self.next += 1
+        self.specs[self.next] = spec
+        self.queue[self.next] = JobInfo(self.next, spec.name, "root", os.geteuid(),
+                                        SlurmJobState.PENDING, partition=spec.partition,
+                                        comment=spec.comment)
+        self.submitted.set()
+        return self.next
+
+    def job(self, job_id: int) -> JobInfo | None:
+        info = self.queue.get(job_id)
+        if info is not None and info.state is SlurmJobState.PENDING and self.start.is_set():
+            gpus = self.specs[job_id].gpus or 0
+            info = replace(info, state=SlurmJobState.RUNNING, nodes=("n1",),
+                           gpu_indices=tuple(range(gpus)))
+            self.queue[job_id] = info
+        return info
+
+    def jobs(self, job_ids: list[int] | None = None, user: str | None = None
+             ) -> list[JobInfo]:
+        return [j for j in self.queue.values()
+                if user is None or j.user == user or str(j.uid) == user]
+
+    def cancel(self, job_id: int, signal: str | int | None = None) -> None:
+        if job_id in self.queue:
+            self.queue[job_id] = replace(self.queue[job_id], state=SlurmJobState.CANCELLED)
+
+    def add(self, job_id: int, name: str, comment: str, uid: int | None = None,
+            state: SlurmJobState = SlurmJobState.RUNNING) -> None:
+        self.queue[job_id] = JobInfo(job_id, name, "someone", os.geteuid() if uid is None
+                                     else uid, state, comment=comment)
+
+
+def _allocator(slurm: FakeBackend, tag: str = TAG) -> PoolAllocator:
+    return PoolAllocator(slurm, "pools", start_timeout_s=5.0, poll_s=0.01,  # type: ignore[arg-type]
+                         tag=tag)
+
+
+def test_only_this_controllers_live_recorded_allocations_are_tagged() -> None:
+    slurm = FakeBackend()
+    alloc = _allocator(slurm)
+    mine = alloc.open(2, "for job 7")
+    assert slurm.specs[mine.slurm_job_id].comment == f"slurmrl pool {TAG} for job 7"
+    assert alloc.tagged() == []  # opened, not recorded yet by the pool manager
+    alloc.recorded(mine.slurm_job_id)
+    # everything that is not this controller's live allocation is left out
+    me = os.geteuid()
+    slurm.add(601, POOL_NAME, "slurmrl pool ffffffffffffffff for job 7")  # another's
+    slurm.add(602, POOL_NAME, f"slurmrl pool {TAG}0 for job 7")  # a longer tag
+    slurm.add(603, "train.sh", f"slurmrl pool {TAG} for job 7")  # not a pool
+    slurm.add(604, POOL_NAME, f"slurmrl pool {TAG}", uid=me + 1)  # another user's
+    slurm.add(605, POOL_NAME, f"slurmrl pool {TAG}", state=SlurmJobState.COMPLETING)
+    slurm.add(606, POOL_NAME, f"slurmrl pool {TAG}", state=SlurmJobState.PENDING)
+    assert alloc.tagged() == [mine.slurm_job_id, 606]
+    alloc.close(mine.slurm_job_id)
+    assert alloc.tagged() == [606]
+
+
+def test_an_allocation_being_opened_is_never_tagged() -> None:
+    slurm = FakeBackend()
+    slurm.start.clear()  # Slurm keeps it pending
+    alloc = _allocator(slurm)
+    got: list[int] = []
+    opener = threading.Thread(target=lambda: got.append(alloc.open(1).slurm_job_id))
+    opener.start()
+    assert slurm.submitted.wait(5.0)
+    assert alloc.tagged() == []  # submitted, pending: its owner waits for it
+    slurm.start.set()
+    opener.join(5.0)
+    assert got and alloc.tagged() == []
+    alloc.recorded(got[0])
+    assert alloc.tagged() == got
+
+
+def test_a_failed_open_cancels_its_allocation_and_forgets_it() -> None:
+    slurm = FakeBackend()
+    slurm.start.clear()
+    alloc = PoolAllocator(slurm, "pools", start_timeout_s=0.05, poll_s=0.01,  # type: ignore[arg-type]
+                          tag=TAG)
+    with pytest.raises(PoolError, match="not running after"):
+        alloc.open(1)
+    (jid,) = slurm.queue
+    assert slurm.queue[jid].state is SlurmJobState.CANCELLED
+    slurm.queue[jid] = replace(slurm.queue[jid], state=SlurmJobState.RUNNING)
+    assert alloc.tagged() == [jid]  # not held back as being opened: a stray
+
+
+def test_without_a_tag_nothing_is_tagged_and_the_comment_says_so() -> None:
+    slurm = FakeBackend()
+    alloc = _allocator(slurm, tag="")
+    opened = alloc.open(1, "for job 3")
+    alloc.recorded(opened.slurm_job_id)
+    assert slurm.specs[opened.slurm_job_id].comment == "slurmrl pool for job 3"
+    assert alloc.tagged() == []
+
+
+def test_a_tag_that_is_not_one_word_is_refused() -> None:
+    with pytest.raises(ValueError, match="letters and digits"):
+        _allocator(FakeBackend(), tag="ab cd")
