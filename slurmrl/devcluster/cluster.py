@@ -334,12 +334,21 @@ class DevCluster:
 
     # ---- down --------------------------------------------------------------------
     def down(self, *, cancel_jobs: bool = True) -> tuple[str, ...]:
-        """Stop what `up` started (TERM, then KILL after ~10 s); return the names stopped."""
+        """Stop what `up` started (TERM, then KILL after ~10 s); return the names stopped.
+        With `cancel_jobs`, the queue is cancelled first and any step daemon of this
+        cluster still running after its slurmd stopped is killed with its tasks."""
         if os.geteuid() != 0:
             raise DevClusterError("the dev cluster must be managed as root")
         if cancel_jobs and self._controller_up():
             self._cancel_all_jobs()
         stopped = list(self._stop_slurm_daemons())
+        if cancel_jobs:
+            # a step daemon that outlived its job's cancel (hung ending its tasks), or
+            # whose slurmctld was gone so no cancel reached it, goes with its tasks
+            left = daemons.step_daemons(self.layout.slurm_conf)
+            if left:
+                daemons.kill_trees(left)
+                stopped.append(f"slurmstepd(x{len(left)})")
         munge_pid = daemons.live_pid(MUNGE_PID_FILE, "munged")
         if munge_pid is not None and munge_pid == daemons.read_pid(self._munge_owner_file):
             daemons.stop_pid(munge_pid, "munged")

@@ -11,6 +11,7 @@ nothing here supervises a daemon after it started.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -92,4 +93,63 @@ def stop_pid(pid: int, name: str, grace_s: float = STOP_GRACE_S) -> None:
         return
     deadline = time.monotonic() + 5.0
     while process_name(pid) == name[:15] and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def step_daemons(slurm_conf: Path) -> list[int]:
+    """The live slurmstepd processes of the cluster configured by `slurm_conf`: slurmd
+    passes its environment, `SLURM_CONF` included, on to each, so another Slurm's are
+    never among them."""
+    want = f"SLURM_CONF={slurm_conf}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or process_name(int(entry.name)) != "slurmstepd":
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if want in env:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (breadth first)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(0), [])
+        out.extend(kids)
+        todo.extend(kids)
+    return out
+
+
+def kill_trees(pids: list[int], grace_s: float = 5.0) -> None:
+    """SIGKILL each of `pids` and everything below it, then wait up to `grace_s` for
+    them. The trees are stopped (SIGSTOP) until no process forks a new member, so
+    none escapes: a child whose parent died first would be re-parented out of reach."""
+    doomed: set[int] = set()
+    for _ in range(10):
+        tree = {p for root in pids for p in (root, *descendants(root))}
+        if tree <= doomed:
+            break
+        for pid in tree - doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        doomed |= tree
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + grace_s
+    while any(process_name(p) is not None for p in doomed) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -83,6 +83,38 @@ def test_kill_9_of_every_daemon_then_up_brings_the_node_back(
     assert out.read_text().strip() == "alive"
 
 
+def test_down_kills_the_step_daemons_and_tasks_no_cancel_reached(
+    dev_cluster: DevCluster, jobs: JobFactory,
+) -> None:
+    # slurmctld died, so `down` cannot cancel the queue: the running job's step daemon
+    # and its task outlive the slurmds, and `down` must not leave them behind
+    from slurmrl.devcluster import daemons
+
+    live_before = set(jobs.live_job_ids())
+    out = jobs.workdir / "task-pid.txt"
+    sub = jobs.sbatch([f"--output={out}", "--wrap", "echo $$; exec sleep 300"])
+    assert sub.job_id is not None, sub.stderr
+    deadline = time.monotonic() + 30
+    while not (out.exists() and out.read_text().strip()):
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.1)
+    task = int(out.read_text().split()[0])
+    conf = dev_cluster.layout.slurm_conf
+    steps = daemons.step_daemons(conf)
+    assert steps and all(daemons.process_name(p) == "slurmstepd" for p in steps)
+    try:
+        ctld = next(d.pid for d in dev_cluster.status().daemons if d.name == "slurmctld")
+        assert ctld is not None
+        os.kill(ctld, signal.SIGKILL)
+        stopped = dev_cluster.down()
+        assert f"slurmstepd(x{len(steps)})" in stopped
+        assert daemons.step_daemons(conf) == []
+        assert daemons.process_name(task) is None  # `sleep 300`, the job's task
+    finally:
+        dev_cluster.up()  # leave the shared cluster up
+        jobs.cancel_and_wait(sorted(set(jobs.live_job_ids()) - live_before))
+
+
 def test_pool_partition_hands_out_the_four_fake_gpus(jobs: JobFactory) -> None:
     out = jobs.workdir / "gpus.txt"
     sub = jobs.sbatch([f"--output={out}", "-p", "pools", "--gres=gpu:4", "--wrap",
