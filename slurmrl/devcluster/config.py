@@ -5,7 +5,8 @@ can be checked in unit tests and diffed before a restart. The layout is the one 
 Debian 12 / Slurm 22.05 in docs (research/slurm.md): node `localhost` on 127.0.0.1,
 no cgroups, no accounting daemon, jobcomp/filetxt for `sacct -c`, fake GPUs backed by
 character devices, two partitions (`drivers` default for CPU jobs, `pools` for GPU
-pools). Beside it, two small nodes `n2` and `n3` (one slurmd each, `slurmd -N`, on
+pools), on ports of its own (16817, 16818, 16838-: not Slurm's defaults, so a site
+Slurm on the machine is not in the way). Beside it, two small nodes `n2` and `n3` (one slurmd each, `slurmd -N`, on
 their own ports of 127.0.0.1) make a third partition, `spread`: a pool whose windows
 must go to two Slurm nodes (floating pools across nodes) runs there.
 
@@ -38,13 +39,14 @@ class ClusterLayout:
     gpus: int = 4  #: fake GPUs (null character devices)
     def_mem_per_cpu_mb: int = 250  #: without it a job with no --mem takes the whole node
     controller_url: str = DEFAULT_CONTROLLER_URL
-    slurmctld_port: int = 6817
-    slurmd_port: int = 6818
+    #: not Slurm's defaults (6817, 6818): a site Slurm on the same machine keeps its own
+    slurmctld_port: int = 16817
+    slurmd_port: int = 16818
     spread_nodes: tuple[str, ...] = ("n2", "n3")  #: the `spread` partition's nodes
     spread_gpus: int = 2  #: fake GPUs of each spread node
     spread_cpus: int = 8
     spread_memory_mb: int = 4000
-    spread_port: int = 6838  #: the first spread node's slurmd port; the next, +1, ...
+    spread_port: int = 16838  #: the first spread node's slurmd port; the next, +1, ...
 
     @property
     def nodes(self) -> tuple[str, ...]:
