@@ -19,6 +19,11 @@ class SiteLimitsAdmission:
                  partitions: tuple[str, ...] | list[str] | None = None) -> None:
         if gpu_mem_bytes is not None and gpu_mem_bytes < 1:
             raise ValueError(f"gpu_mem_bytes must be >= 1, got {gpu_mem_bytes}")
+        if partitions is not None and (
+                isinstance(partitions, str) or not partitions
+                or not all(isinstance(p, str) and p.strip() for p in partitions)):
+            raise ValueError(f"partitions must list at least one partition name (leave it "
+                             f"out to allow any), got {partitions!r}")
         self.gpu_mem_bytes = gpu_mem_bytes
         self.partitions = tuple(partitions) if partitions is not None else None
 

@@ -315,7 +315,10 @@ def _as_names(raw: object, textual: bool) -> tuple[str | int, ...]:
     out: list[str | int] = []
     for item in items:
         uid_ok = isinstance(item, int) and not isinstance(item, bool) and item >= 0
-        name_ok = isinstance(item, str) and item != "" and not any(c.isspace() for c in item)
+        name_ok = (isinstance(item, str) and item != "" and not item.startswith("-")
+                   and not any(c.isspace() for c in item))
+        if isinstance(item, str) and re.fullmatch(r"-\d+", item.strip()):
+            raise ValueError(f"a uid is at least 0, got {item.strip()}")
         if uid_ok or name_ok:
             out.append(item)  # type: ignore[arg-type]
         else:

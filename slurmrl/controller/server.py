@@ -147,6 +147,9 @@ def _query(request: web.Request, allowed: set[str]) -> dict[str, str]:
     if unknown:
         raise bad(f"unknown query parameter(s) {', '.join(unknown[:5])}; accepted: "
                   f"{', '.join(sorted(allowed)) or '(none)'}", "unknown-field")
+    twice = sorted(k for k in set(request.query) if len(request.query.getall(k)) > 1)
+    if twice:
+        raise bad(f"query parameter(s) given twice: {', '.join(twice[:5])}")
     return {k: request.query[k] for k in allowed if k in request.query}
 
 

@@ -71,12 +71,30 @@ PACK: dict[str, F] = {"gpus": F("intlist", True, lo=0, hi=1023),
 SWITCH: dict[str, F] = {"phase": ACQUIRE["phase"], **RELEASE}
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are each given once: which of two values counts would be
+    the decoder's choice, not the sender's."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(f"key {key!r} is given twice")
+        out[key] = value
+    return out
+
+
 def parse_json(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object (an empty body is `{}`)."""
+    """The request body as a JSON object (an empty body is `{}`); an object that gives
+    a key twice, at any depth, is refused."""
     if not raw.strip():
         return {}
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise bad(f"request body: {exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"request body is not valid JSON: {exc}") from None
     except RecursionError:  # json's decoder recurses once per level of [ and {

@@ -6,9 +6,10 @@ Debian 12 / Slurm 22.05 in docs (research/slurm.md): node `localhost` on 127.0.0
 no cgroups, no accounting daemon, jobcomp/filetxt for `sacct -c`, fake GPUs backed by
 character devices, two partitions (`drivers` default for CPU jobs, `pools` for GPU
 pools), on ports of its own (16817, 16818, 16838-: not Slurm's defaults, so a site
-Slurm on the machine is not in the way). Beside it, two small nodes `n2` and `n3` (one slurmd each, `slurmd -N`, on
-their own ports of 127.0.0.1) make a third partition, `spread`: a pool whose windows
-must go to two Slurm nodes (floating pools across nodes) runs there.
+Slurm on the machine is not in the way). Beside it, two small nodes `n2` and `n3` (one
+slurmd each, `slurmd -N`, on their own ports of 127.0.0.1) make a third partition,
+`spread`: a pool whose windows must go to two Slurm nodes (floating pools across nodes)
+runs there.
 
 Known limits: every node is this machine (`spread` emulates two nodes: their processes
 share one kernel and filesystem); `config_overrides` makes the nodes advertise more CPUs

@@ -213,6 +213,14 @@ def test_section_must_be_a_table(tmp_path: Path) -> None:
     assert err.key == "controller" and "table" in str(err)
 
 
+@pytest.mark.parametrize("value", ["-1", "alice, -1001", "-bob"])
+def test_admins_from_the_environment_refuse_a_negative_uid_or_a_dash_name(
+        tmp_path: Path, value: str) -> None:
+    # "-1" was taken as a user name no account can have: an admin who never matches
+    with pytest.raises(ConfigError, match=r"controller\.admins"):
+        load(None, env={"SLURMRL_CONTROLLER__ADMINS": value})
+
+
 @pytest.mark.parametrize(
     ("text", "key", "expected"),
     [

@@ -91,6 +91,28 @@ def test_a_deeply_nested_body_is_a_400_naming_the_nesting(tmp_path: Path) -> Non
     assert "nested too deeply" in answer["error"]["message"]
 
 
+def test_a_key_or_query_parameter_given_twice_is_a_400_and_changes_nothing(
+        tmp_path: Path) -> None:
+    # which of the two values counts would be the decoder's choice, not the caller's
+    async def main() -> list[tuple[int, dict[str, Any]]]:
+        async with rig(tmp_path) as r:
+            out = [await r.call("POST", "/v1/jobs/100/leases",
+                                b'{"phase": "rollout", "phase": "train", "wait_s": 0}'),
+                   await r.call("POST", "/v1/jobs/100/observations",
+                                b'{"phase": "reward", "started_at": 1, "ended_at": 2, '
+                                b'"detail": {"reward": 1, "reward": 0}}'),
+                   await r.call("GET", "/v1/jobs?user=alice&user=bob")]
+            assert r.c.store.leases() == [] and r.c.store.observations() == []
+            return out
+
+    (lease, obs, query) = asyncio.run(main())
+    assert lease[0] == 400 and lease[1]["error"]["message"] == (
+        "request body: key 'phase' is given twice")
+    assert obs[0] == 400 and "key 'reward' is given twice" in obs[1]["error"]["message"]
+    assert query[0] == 400 and query[1]["error"]["message"] == (
+        "query parameter(s) given twice: user")
+
+
 def test_a_timestamp_of_a_superscript_digit_is_a_401_not_a_500(tmp_path: Path) -> None:
     async def main() -> tuple[int, dict[str, Any]]:
         async with rig(tmp_path) as r:

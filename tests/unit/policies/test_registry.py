@@ -84,6 +84,11 @@ def test_an_integer_passes_for_a_float_and_none_for_an_optional_one_a_bool_for_n
         ("pairing", "greedy", {"max_duty": 0.0}, "max_duty must be a finite number > 0, got 0.0"),
         ("pairing", "gang", {"gpu_mem_bytes": 0}, "gpu_mem_bytes must be >= 1, got 0"),
         ("admission", "site-limits", {"gpu_mem_bytes": -1}, "gpu_mem_bytes must be >= 1, got -1"),
+        # an empty list would refuse every job, naming no valid partition
+        ("admission", "site-limits", {"partitions": []}, "partitions must list at least one "
+         "partition name (leave it out to allow any), got []"),
+        ("admission", "site-limits", {"partitions": ["pools", " "]}, "partitions must list "
+         "at least one partition name (leave it out to allow any), got ['pools', ' ']"),
     ],
 )
 def test_out_of_range_values_are_refused_by_the_constructor(
