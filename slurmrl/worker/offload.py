@@ -35,6 +35,15 @@ from collections.abc import Iterable, Sequence
 import torch
 
 
+def on_index(device: torch.device) -> torch.device:
+    """`cuda` as the `cuda:N` its tensors report (N the current device): a tensor made on
+    `cuda` is on `cuda:N`, and `torch.device("cuda") != torch.device("cuda:0")`, so an
+    equality test against a bare `cuda` matches no tensor."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class Offloader:
     """Moves a fixed set of device tensors to host buffers and back.
 
@@ -44,7 +53,7 @@ class Offloader:
     """
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
+        self.device = on_index(device)  # compared with each tensor's own (`refresh`)
         self._tensors: list[torch.Tensor] = []
         self._host: dict[int, torch.Tensor] = {}  # id(tensor) -> host buffer
         self._shapes: dict[int, torch.Size] = {}

@@ -52,7 +52,7 @@ from torch import nn
 from slurmrl.model import Residency
 from slurmrl.worker import handoff
 from slurmrl.worker.lm import policy_gradient_loss
-from slurmrl.worker.offload import Offloader
+from slurmrl.worker.offload import Offloader, on_index
 from slurmrl.worker.protocol import (
     BackendError,
     Continuation,
@@ -78,7 +78,7 @@ def resolve_device(spec: str) -> torch.device:
         )
     if device.type not in ("cpu", "cuda"):
         raise BackendError(f"device {spec!r} is not supported; use cpu or cuda[:N]")
-    return device
+    return on_index(device)
 
 
 class TorchModelBackend:
@@ -211,6 +211,9 @@ class TorchModelBackend:
             "weights_version": self.weights_version,
             "weights_valid": self._weights_valid,
         }, gen)
+        # `sd` shares the parameters' storage: kept, the storage stays occupied through
+        # the offload's empty_cache, and the GPU memory stays torch's, not the driver's
+        del sd
         # from here on the file holds the state (this copy's, or a newer one that was
         # kept), and this copy gives its memory back
         self._offloader.refresh(self._tensors())

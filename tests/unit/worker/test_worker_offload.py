@@ -101,3 +101,20 @@ def test_cuda_offload_frees_gpu_memory_and_restores() -> None:
     assert torch.cuda.memory_reserved(dev) <= before - (256 << 20)
     off.onload()
     assert torch.equal(t.cpu(), keep)
+
+
+def test_a_bare_cuda_device_is_taken_as_the_current_index(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fake GPU (none here): torch says the current device is 1. A tensor made on
+    # `cuda` reports `cuda:1`, and `torch.device("cuda") != torch.device("cuda:1")`: an
+    # offloader comparing with a bare `cuda` tracked no tensor, so parking a trainer
+    # on the default `--device cuda` freed nothing but its gradients.
+    from slurmrl.worker.torch_backend import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert torch.device("cuda") != torch.device("cuda", 1)
+    assert Offloader(torch.device("cuda")).device == torch.device("cuda", 1)
+    assert resolve_device("cuda") == torch.device("cuda", 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    assert resolve_device("cpu") == torch.device("cpu")
