@@ -12,6 +12,7 @@ Known limits: per-process memory is matched by PID, which breaks across PID name
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,12 @@ class NvmlMonitor:
             return None
         wanted = set(pids)
         total = 0
-        for reading in self.snapshot():
+        try:
+            readings = self.snapshot()
+        except self._nvml.NVMLError as exc:  # a GPU lost, or one this process may not read
+            log.warning("NVML could not read the GPUs' processes: %s", exc)
+            return None
+        for reading in readings:
             if reading.processes is None:
                 return None
             for proc in reading.processes:

@@ -322,10 +322,13 @@ class CommandBackend:
             # Slurm gives every overlapping step the lowest GPU indices and sets
             # CUDA_VISIBLE_DEVICES itself, so pin inside the task with env(1).
             # env(1) would take a program name containing "=" for an assignment.
+            # CUDA numbers GPUs fastest first by default; in PCI bus order its index N
+            # is Slurm's and NVML's index N (a worker's NVML readings name its GPUs).
             if "=" in cmd[0]:
                 raise ValueError(f"program name {cmd[0]!r} contains '='; give a path")
             devs = ",".join(str(int(i)) for i in cuda_visible_devices)
-            cmd = ["env", "--", f"CUDA_VISIBLE_DEVICES={devs}", *cmd]
+            cmd = ["env", "--", "CUDA_DEVICE_ORDER=PCI_BUS_ID", f"CUDA_VISIBLE_DEVICES={devs}",
+                   *cmd]
         return [*a, "--", *cmd]
 
     def launch_step(

@@ -157,6 +157,11 @@ class VllmBackend:
         if self._residency is not Residency.ACTIVE:
             raise NotReady(f"service is {self._residency}: cannot park")
         before = self._gpu_bytes()
+        if self._kv_asleep:
+            # woken for a refit that has not come (weights only): vLLM's sleep does
+            # nothing while any of its memory sleeps, so wake the rest first
+            self._llm.wake_up(tags=["kv_cache"])
+            self._kv_asleep = False
         self._llm.sleep(level=level)
         after = self._gpu_bytes()
         self.last_freed_bytes = None if before is None or after is None else before - after

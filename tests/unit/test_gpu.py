@@ -118,6 +118,18 @@ def test_fake_process_memory_sums_over_gpus_and_refuses_to_guess() -> None:
     assert mon.process_memory([100, 200]) is None  # one reading unreported
 
 
+def test_fake_process_memory_is_unknown_when_a_gpu_cannot_be_read() -> None:
+    # a GPU lost (or one outside the job this process may not open): NVML raises
+    # another error than NotSupported; a vLLM park asking what it freed must not fail
+    nvml = FakeNvml()
+
+    def lost(h: int) -> list[Any]:
+        raise nvml.NVMLError("GPU is lost")
+
+    nvml.nvmlDeviceGetComputeRunningProcesses = lost  # type: ignore[method-assign]
+    assert NvmlMonitor(nvml).process_memory([100]) is None
+
+
 @pytest.mark.parametrize("error", ["NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded"])
 def test_fake_init_failures_give_no_gpu_mode(error: str) -> None:
     fake = FakeNvml()

@@ -118,7 +118,8 @@ def test_srun_argv_pins_gpus_with_env_and_keeps_argv_literal() -> None:
     assert argv[:2] == ["srun", "--jobid=7"]
     assert "-n1" in argv and "--overlap" in argv and "--cpus-per-task=2" in argv
     tail = argv[argv.index("--") + 1:]
-    assert tail == ["env", "--", "CUDA_VISIBLE_DEVICES=2,3", "prog", *HOSTILE]
+    assert tail == ["env", "--", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=2,3",
+                    "prog", *HOSTILE]
 
 
 def test_a_step_is_given_only_path_and_the_named_variables_not_the_callers_environment(

@@ -24,16 +24,25 @@ from slurmrl.worker.vllm_backend import VllmBackend
 
 
 class FakeEngine:
-    """Records `vllm.LLM` calls (sleep, wake_up, collective_rpc, reset_prefix_cache)."""
+    """Records `vllm.LLM` calls (sleep, wake_up, collective_rpc, reset_prefix_cache),
+    and keeps which of its memories sleep as vLLM's executor does
+    (vllm/v1/executor/abstract.py): it is sleeping until every tag woke, and a `sleep`
+    while sleeping does nothing."""
+
+    TAGS = frozenset({"weights", "kv_cache"})
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
+        self.asleep: set[str] = set()
 
     def sleep(self, level: int) -> None:
         self.calls.append(("sleep", level))
+        if not self.asleep:  # vLLM: "Executor is already sleeping." and returns
+            self.asleep = set(self.TAGS)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.calls.append(("wake_up", tuple(tags) if tags else None))
+        self.asleep -= set(tags or self.TAGS)
 
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
         self.calls.append(("collective_rpc", method, args))
@@ -105,3 +114,20 @@ def test_vllm_cannot_hand_its_state_to_another_copy(tmp_path: Path) -> None:
             call(tmp_path / "rollout.state")
     assert engine.calls == [] and list(tmp_path.iterdir()) == []
     assert b.residency is Residency.ACTIVE and not b.handed_off and b.generation == 0
+
+
+def test_a_park_after_a_weights_only_wake_puts_the_whole_engine_to_sleep() -> None:
+    # a dropped rollout woke for a refit wakes its weights alone (the KV cache waits
+    # for the new weights); parked again before they came, its sleep must not be the
+    # no-op vLLM makes of a sleep while anything sleeps: its weights would stay on the GPU
+    b, engine = _backend()
+    b.park(2)
+    b.activate()
+    assert engine.asleep == {"kv_cache"}
+    b.park(1)
+    assert engine.calls[-2:] == [("wake_up", ("kv_cache",)), ("sleep", 1)]
+    assert engine.asleep == FakeEngine.TAGS and b.residency is Residency.PARKED
+    b.activate()
+    assert not b._weights_valid  # still no weights: a refit comes first
+    b.import_weights(_blob())
+    assert engine.asleep == set() and b._weights_valid
