@@ -100,6 +100,11 @@ class SiteLimits:
     #: host memory per pool for parked services; None = unknown (not checked)
     parked_host_mem_bytes: int | None = None
 
+    def limit_for(self, own: float | None) -> float:
+        """The slowdown a job accepts: its own --rl-max-slowdown (None: not given, the
+        site's default), capped by the site."""
+        return min(self.max_slowdown, own if own is not None else self.default_max_slowdown)
+
 
 @dataclass(frozen=True)
 class ClusterSnapshot:

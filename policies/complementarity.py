@@ -75,8 +75,7 @@ def profile_of(job: JobSnapshot) -> Profile:
 
 def limit_of(job: JobSnapshot, limits: SiteLimits) -> float:
     """The slowdown this job accepts: its own --rl-max-slowdown, capped by the site."""
-    own = job.request.max_slowdown
-    return min(limits.max_slowdown, own if own is not None else limits.default_max_slowdown)
+    return limits.limit_for(job.request.max_slowdown)
 
 
 def shareable(job: JobSnapshot) -> bool:

@@ -27,7 +27,7 @@ from slurmrl.auth.tokens import mint_secret
 from slurmrl.config import Config
 from slurmrl.controller.manager import AttachedPools, PoolManager
 from slurmrl.controller.metrics import Metrics
-from slurmrl.controller.placement import job_snapshot, load_policies
+from slurmrl.controller.placement import job_snapshot, load_policies, site_limits
 from slurmrl.controller.scheduler import LeaseScheduler
 from slurmrl.controller.validate import RpcError
 from slurmrl.db import JobRecord, PoolRecord, Store, WindowRecord
@@ -70,6 +70,7 @@ class Controller:
             lambda: registry.load("slice", slice_name, config.policies.params_for(slice_name)),
             config.controller.lease_timeout_s,
             metrics=self.metrics, clock=clock, check_invariants=check_invariants,
+            slowdown_limit=site_limits(config).limit_for,
         )
         self.scheduler.grant_hooks.append(self._on_grant)
         self._placed: dict[int, asyncio.Event] = {}

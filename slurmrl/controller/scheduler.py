@@ -2,16 +2,22 @@
 
 Every change goes table -> events -> one DB transaction -> futures of waiting drivers,
 all inside one synchronous call on the event loop, so no other request interleaves and
-a grant is durable before any driver hears of it. A timer task expires lapsed leases.
+a grant is durable before any driver hears of it. A change is all or nothing
+(`_change`): should its transaction roll back (the slice policy raised, a DB error),
+the pool's table goes back to its state before it, and no driver, grant hook or metric
+hears of it. A timer task expires lapsed leases.
 With `check_invariants` (tests, `--debug-invariants`) every table is checked after
 every event (`slurmrl.leases.invariants.check_table`).
 
 Restart: `restore()` loads held leases and waiting requests of every open pool from the
-DB. Held leases and waiting requests keep their deadline, or one lease timeout from the
-restart where that is later: drivers retry their heartbeats while the controller is away
-(`retry_for_s`), so a lease that lapsed only because nobody could renew it is not
-revoked at once; one whose driver does not heartbeat the new process within that lapses
-then (and is charged until then); waiting requests keep their arrival order.
+DB, and each member's slice history from its leases there (grants, the last one, time
+waited and held: a slice policy orders by it) and, in a floating pool, the window of its
+newest lease (its requests' first choice). Held leases and waiting requests keep their
+deadline, or one lease timeout from the restart where that is later: drivers retry
+their heartbeats while the controller is away (`retry_for_s`), so a lease that lapsed
+only because nobody could renew it is not revoked at once; one whose driver does not
+heartbeat the new process within that lapses then (and is charged until then); waiting
+requests keep their arrival order.
 `LeaseTable.restore` refuses a state that double-grants. A held lease granted by a
 switch stays one (it is not switched again): the lease the switch ended names it in its
 reason (`SWITCHED_TO`).
@@ -22,10 +28,12 @@ Known limits: a lease lives in one pool (a job never migrates); one process owns
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,7 +42,17 @@ from slurmrl.controller.metrics import Metrics
 from slurmrl.db import JobRecord, Store
 from slurmrl.leases import LeaseError, LeaseTable
 from slurmrl.leases.invariants import check_table
-from slurmrl.leases.types import Event, Grant, Grown, Lease, Moved, Released, Revoke, Shrunk
+from slurmrl.leases.types import (
+    Event,
+    Grant,
+    Grown,
+    JobSliceStats,
+    Lease,
+    Moved,
+    Released,
+    Revoke,
+    Shrunk,
+)
 from slurmrl.model import LeaseState, Phase
 
 log = logging.getLogger(__name__)
@@ -75,8 +93,13 @@ class LeaseScheduler:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
         check_invariants: bool = False,
+        slowdown_limit: Callable[[float | None], float | None] = lambda own: own,
     ) -> None:
+        """`slowdown_limit`: the limit the slice policy is told for a job's own
+        `--rl-max-slowdown` (None where it set none): the site's cap and default, as
+        admission and pairing take it."""
         self.store = store
+        self.slowdown_limit = slowdown_limit
         self._policy = policy
         self.lease_timeout_s = lease_timeout_s
         self.metrics = metrics or Metrics()
@@ -123,7 +146,7 @@ class LeaseScheduler:
     def add_gpus(self, pool_id: int, gpus: Iterable[int]) -> None:
         """A floating pool took another window: schedule its GPUs too."""
         now = self.clock()
-        with self.store.transaction():
+        with self._change(pool_id):
             self._apply(pool_id, self.tables[pool_id].add_gpus(gpus, now), now)
         self._wake.set()
 
@@ -131,7 +154,7 @@ class LeaseScheduler:
         """A floating pool gives a free window back (`LeaseTable.retire`: a `LeaseError`,
         and nothing changes, while a lease holds it or a waiter could use only it)."""
         now = self.clock()
-        with self.store.transaction():
+        with self._change(pool_id):
             self._apply(pool_id, self.tables[pool_id].retire(gpus, now), now)
 
     def can_retire(self, pool_id: int, gpus: Iterable[int]) -> bool:
@@ -145,17 +168,17 @@ class LeaseScheduler:
         if table is None:
             return
         now = self.clock()
-        with self.store.transaction():
-            jobs = {x.job_id for x in table.leases} | {x.job_id for x in table.waiting}
-            for job in sorted(jobs):
-                self._apply(pool_id, table.remove_job(job, now, reason), now)
+        with self._change(pool_id):
+            # waiters first: none is granted GPUs of the pool being closed
+            self._apply(pool_id, table.close(now, reason), now)
         del self.tables[pool_id]
         self._window_size.pop(pool_id, None)
 
     def add_member(self, pool_id: int, job_id: int, max_slowdown: float | None,
                    gpus: Sequence[int] | None = None) -> None:
-        """A job joined the pool, on pool GPUs `gpus` (its window; None: not given)."""
-        self.tables[pool_id].set_member(job_id, max_slowdown, gpus)
+        """A job joined the pool, on pool GPUs `gpus` (its window; None: not given);
+        `max_slowdown`: its own `--rl-max-slowdown`."""
+        self.tables[pool_id].set_member(job_id, self.slowdown_limit(max_slowdown), gpus)
 
     def restore(self) -> int:
         """Load every open pool's leases and waiters from the DB; returns how many."""
@@ -180,9 +203,9 @@ class LeaseScheduler:
             switched = self._switched_to(pool.pool_id) if held else set()
             held = [replace(x, switched=x.lease_id in switched) for x in held]
             table = self.tables[pool.pool_id]
-            table.restore(held, waiting)
+            table.restore(held, waiting, self._history(pool.pool_id, members, size))
             for job in members:
-                table.set_member(job.job_id, job.request.max_slowdown,
+                table.set_member(job.job_id, self.slowdown_limit(job.request.max_slowdown),
                                  None if size is not None else job.pool_gpus or None)
             for req in waiting:
                 self._pool_of_request[req.request_id] = pool.pool_id
@@ -191,6 +214,34 @@ class LeaseScheduler:
             n += len(held) + len(waiting)
         self._wake.set()
         return n
+
+    def _history(self, pool_id: int, members: Sequence[JobRecord],
+                 window: int | None) -> list[JobSliceStats]:
+        """Each member's slice history in the pool as its leases in the DB tell it (what
+        the table kept before the restart: grants, the last one, time waited for them
+        and time held; a slice policy orders by it), and, in a floating pool, the window
+        its newest lease held (its request's first choice: its services there are the
+        ones active)."""
+        ids = {j.job_id for j in members}
+        out: dict[int, JobSliceStats] = {}
+        newest: dict[int, tuple[float, int]] = {}
+        for r in self.store.leases(pool_id=pool_id):
+            if r.job_id not in ids or r.granted_at is None:
+                continue
+            s = out.get(r.job_id, JobSliceStats(r.job_id))
+            ended = r.released_at is not None and r.state is not LeaseState.HELD
+            out[r.job_id] = replace(
+                s, grants=s.grants + 1,
+                last_grant_at=max(s.last_grant_at or r.granted_at, r.granted_at),
+                wait_s=s.wait_s + max(0.0, r.granted_at - r.requested_at),
+                held_s=s.held_s + (max(0.0, r.released_at - r.granted_at)
+                                   if ended and r.released_at is not None else 0.0))
+            if window is not None and r.gpus and r.granted_at >= newest.get(
+                    r.job_id, (-1.0, 0))[0]:
+                newest[r.job_id] = (r.granted_at, min(r.gpus) // window * window)
+        for job_id, (_, first) in newest.items():
+            self._last_window[(pool_id, job_id)] = first
+        return list(out.values())
 
     def _switched_to(self, pool_id: int) -> set[int]:
         """Ids of the pool's leases granted by a switch (their `Lease.switched` is not a
@@ -215,7 +266,7 @@ class LeaseScheduler:
         if not options and not 1 <= need <= len(wanted):
             raise LeaseError(f"min_gpus must be between 1 and {len(wanted)}, got {need}")
         now = self.clock()
-        with self.store.transaction():
+        with self._change(job.pool_id):
             rid = self.store.add_request(
                 pool_id=job.pool_id, job_id=job.job_id, phase=phase, wanted=wanted,
                 min_gpus=job.request.gpus if options else need, requested_at=now,
@@ -268,7 +319,7 @@ class LeaseScheduler:
     def cancel(self, request_id: int, reason: str = "cancelled") -> None:
         pool_id = self._pool_of_request[request_id]
         now = self.clock()
-        with self.store.transaction():
+        with self._change(pool_id):
             events = self.tables[pool_id].cancel(request_id, now)
             self._apply(pool_id, events, now, cancel_reason=reason)
 
@@ -292,7 +343,7 @@ class LeaseScheduler:
         if lease is None:
             raise LeaseError(f"lease {lease_id} is not held")
         now = self.clock() if now is None else now
-        with self.store.transaction():
+        with self._change(table.pool_id):
             self._apply(table.pool_id, table.release(lease_id, now), now, timing=timing)
         return lease
 
@@ -338,7 +389,7 @@ class LeaseScheduler:
                 f"{sorted(table.gpus)}), and a member waiting for those GPUs has waited a "
                 f"larger share of its time than job {job.job_id}: it goes first; release "
                 f"the lease and acquire {phase}")
-        with self.store.transaction():
+        with self._change(table.pool_id):
             rid = self.store.add_request(
                 pool_id=table.pool_id, job_id=job.job_id, phase=phase, wanted=wanted,
                 min_gpus=len(wanted), requested_at=now, deadline_at=now + self.lease_timeout_s)
@@ -357,7 +408,7 @@ class LeaseScheduler:
         self._whole_windows(table.pool_id, "shrink")
         now = self.clock()
         gpus = None if local_gpus is None else _pool_gpus(job, local_gpus)
-        with self.store.transaction():
+        with self._change(table.pool_id):
             self._apply(table.pool_id, table.shrink(lease_id, keep, now, gpus=gpus), now)
         lease = table.lease(lease_id)
         assert lease is not None
@@ -402,7 +453,7 @@ class LeaseScheduler:
                              f"{sorted(local_gpus)}")
         target = table.pack_target(lease_id, len(kept), self.windows(table.pool_id), unit)
         now = self.clock()
-        with self.store.transaction():
+        with self._change(table.pool_id):
             events = (table.shrink(lease_id, None, now, gpus=kept) if target is None
                       else table.move(lease_id, target, now))
             self._apply(table.pool_id, events, now)
@@ -426,7 +477,7 @@ class LeaseScheduler:
             raise LeaseError(f"job {job.job_id}'s {lease.phase} phase does not run on its "
                              f"GPU(s) {outside}")
         now = self.clock()
-        with self.store.transaction():
+        with self._change(table.pool_id):
             self._apply(table.pool_id, table.grow(lease_id, gpus, now), now)
         grown = table.lease(lease_id)
         assert grown is not None
@@ -438,25 +489,26 @@ class LeaseScheduler:
             return []
         table = self.tables[job.pool_id]
         now = self.clock()
-        if table.heartbeat(job.job_id, now):
-            ids = [x.lease_id for x in table.leases if x.job_id == job.job_id]
-            ids += [x.request_id for x in table.waiting if x.job_id == job.job_id]
-            self.store.renew(ids, now + self.lease_timeout_s)
+        with self._change(job.pool_id):
+            if table.heartbeat(job.job_id, now):
+                ids = [x.lease_id for x in table.leases if x.job_id == job.job_id]
+                ids += [x.request_id for x in table.waiting if x.job_id == job.job_id]
+                self.store.renew(ids, now + self.lease_timeout_s)
         return [x for x in table.leases if x.job_id == job.job_id]
 
     def remove_job(self, job_id: int, pool_id: int | None, reason: str) -> None:
         """The job ended: revoke all it holds or waits for."""
         if pool_id is None or pool_id not in self.tables:
             return
-        self._last_window.pop((pool_id, job_id), None)
         now = self.clock()
-        with self.store.transaction():
+        with self._change(pool_id):
+            self._last_window.pop((pool_id, job_id), None)
             self._apply(pool_id, self.tables[pool_id].remove_job(job_id, now, reason), now)
 
     def expire(self) -> None:
         now = self.clock()
         for pool_id, table in list(self.tables.items()):
-            with self.store.transaction():
+            with self._change(pool_id):
                 self._apply(pool_id, table.expire(now), now)
 
     async def run_timer(self) -> None:
@@ -501,27 +553,45 @@ class LeaseScheduler:
             raise LeaseError(f"lease {lease_id} is not held by job {job.job_id}")
         return table
 
+    @contextmanager
+    def _change(self, pool_id: int) -> Iterator[None]:
+        """One all-or-nothing change of a pool's leases: a DB transaction (or part of
+        the caller's), and, should it roll back, the pool's table and this scheduler's
+        maps put back as they were. A table left changed would disagree with the DB: a
+        later grant could hand out GPUs the DB still shows held. `_apply` tells drivers,
+        grant hooks and metrics only once it is committed."""
+        with self.store.transaction():
+            table = self.tables.get(pool_id)
+            state = table.checkpoint() if table is not None else None
+            maps = (dict(self._pool_of_request), set(self._whole), dict(self._last_window),
+                    dict(self._window_size))
+
+            def undo() -> None:
+                if table is not None and state is not None:
+                    table.rollback(state)
+                    self.tables.setdefault(pool_id, table)  # a close_pool's del, undone
+                self._pool_of_request, self._whole = dict(maps[0]), set(maps[1])
+                self._last_window, self._window_size = dict(maps[2]), dict(maps[3])
+
+            self.store.on_rollback(undo)
+            yield
+
     def _apply(
         self, pool_id: int, events: Iterable[Event], now: float,
         timing: dict[str, Any] | None = None, cancel_reason: str = "",
         release_reason: str = "",
     ) -> None:
-        """Persist events (caller holds the transaction) and wake waiting drivers."""
-        pool = str(pool_id)
+        """Persist events (inside `_change`); waiting drivers, grant hooks and metrics
+        hear of them once the transaction commits."""
         m = self.metrics
+        after: list[Callable[[], None]] = []
         for ev in events:
             if isinstance(ev, Grant):
                 self.store.lease_granted(pool_id, ev.lease)
                 if pool_id in self._window_size:
                     self._last_window[(pool_id, ev.lease.job_id)] = min(ev.lease.gpus)
                 self._whole.add(ev.lease.lease_id)
-                m.leases_granted.labels(pool).inc()
-                m.wait_s.labels(pool).observe(ev.lease.wait_s)
-                fut = self._futures.pop(ev.lease.lease_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(ev.lease)
-                for hook in self.grant_hooks:
-                    hook(pool_id, ev.lease)
+                after.append(functools.partial(self._granted, pool_id, ev.lease))
             elif isinstance(ev, Shrunk):
                 self.store.lease_shrunk(ev.lease, ev.freed, now)
                 self._whole.discard(ev.lease.lease_id)
@@ -534,31 +604,51 @@ class LeaseScheduler:
                 self._whole.discard(ev.lease.lease_id)
                 self._last_window[(pool_id, ev.lease.job_id)] = min(ev.lease.gpus)
             elif isinstance(ev, Released):
-                self._ended(pool_id, ev.lease, LeaseState.RELEASED, release_reason, ev.at,
-                            timing)
+                after.append(self._ended(pool_id, ev.lease, LeaseState.RELEASED,
+                                         release_reason, ev.at, timing))
             elif isinstance(ev, Revoke):
                 if ev.lease is not None:
-                    self._ended(pool_id, ev.lease, LeaseState.REVOKED, ev.reason, now, None)
+                    after.append(self._ended(pool_id, ev.lease, LeaseState.REVOKED, ev.reason,
+                                             now, None))
                 elif ev.request is not None:
                     rid = ev.request.request_id
                     state = (LeaseState.CANCELLED if ev.reason == "cancelled"
                              else LeaseState.REVOKED)
                     why = cancel_reason or ev.reason
                     self.store.lease_ended(rid, state, now, why)
-                    m.leases_ended.labels(pool, str(state)).inc()
                     self._pool_of_request.pop(rid, None)
-                    fut = self._futures.pop(rid, None)
-                    if fut is not None and not fut.done():
-                        fut.set_exception(RequestEnded(rid, state, why))
-                        fut.exception()  # retrieved: no "never retrieved" warning
+                    after.append(functools.partial(self._request_ended, pool_id, rid, state,
+                                                   why))
         if self.check_invariants and pool_id in self.tables:
             check_table(self.tables[pool_id])
-        m.waiting.set(sum(len(t.waiting) for t in self.tables.values()))
+        after.append(lambda: m.waiting.set(sum(len(t.waiting) for t in self.tables.values())))
+        for fn in after:
+            self.store.after_commit(fn)
+
+    def _granted(self, pool_id: int, lease: Lease) -> None:
+        """A committed grant: metrics, its waiting driver, the grant hooks."""
+        pool = str(pool_id)
+        self.metrics.leases_granted.labels(pool).inc()
+        self.metrics.wait_s.labels(pool).observe(lease.wait_s)
+        fut = self._futures.pop(lease.lease_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(lease)
+        for hook in self.grant_hooks:
+            hook(pool_id, lease)
+
+    def _request_ended(self, pool_id: int, rid: int, state: LeaseState, why: str) -> None:
+        """A committed end of a waiting request: metrics, and its waiting driver."""
+        self.metrics.leases_ended.labels(str(pool_id), str(state)).inc()
+        fut = self._futures.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(RequestEnded(rid, state, why))
+            fut.exception()  # retrieved: no "never retrieved" warning
 
     def _ended(
         self, pool_id: int, lease: Lease, state: LeaseState, reason: str, at: float,
         timing: dict[str, Any] | None,
-    ) -> None:
+    ) -> Callable[[], None]:
+        """Record a lease's end; returns what to count once that is committed."""
         known = None
         if lease.lease_id in self._whole:
             self._whole.discard(lease.lease_id)
@@ -573,9 +663,13 @@ class LeaseScheduler:
             busy_s=float(busy) if isinstance(busy, int | float) else None,
             gpus=len(lease.gpus), detail={"state": str(state), "reason": reason,
                                           **(timing or {}), "gpu_s": gpu_s})
-        self.metrics.leases_ended.labels(str(pool_id), str(state)).inc()
-        self.metrics.gpu_seconds.labels(str(pool_id)).inc(gpu_s)
         self._pool_of_request.pop(lease.lease_id, None)
+
+        def counted() -> None:
+            self.metrics.leases_ended.labels(str(pool_id), str(state)).inc()
+            self.metrics.gpu_seconds.labels(str(pool_id)).inc(gpu_s)
+
+        return counted
 
 
 def _pool_gpus(job: JobRecord, local_gpus: Sequence[int]) -> list[int]:

@@ -19,7 +19,7 @@ import os
 import secrets
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -96,6 +96,8 @@ class Store:
         self._checkpointer: threading.Thread | None = None
         self._closing = threading.Event()
         self._depth = 0
+        self._committed: list[Callable[[], None]] = []  #: `after_commit` of the one under way
+        self._rolled_back: list[Callable[[], None]] = []  #: its `on_rollback`
         try:
             if read_only:
                 self._check_schema()
@@ -178,7 +180,9 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        """One atomic state change; nested blocks join the outermost one."""
+        """One atomic state change; nested blocks join the outermost one. What its
+        callers registered runs once the outermost block ends: `after_commit` actions
+        after its COMMIT, `on_rollback` ones (newest first) after its ROLLBACK."""
         if self._depth:
             self._depth += 1
             try:
@@ -188,14 +192,44 @@ class Store:
             return
         self.conn.execute("BEGIN IMMEDIATE")
         self._depth = 1
+        self._committed, self._rolled_back = [], []
         try:
             yield
         except BaseException:
             self._depth = 0
+            undo, self._committed, self._rolled_back = self._rolled_back, [], []
             self.conn.execute("ROLLBACK")
+            for fn in reversed(undo):
+                fn()
             raise
         self._depth = 0
-        self.conn.execute("COMMIT")
+        try:
+            self.conn.execute("COMMIT")
+        except BaseException:
+            undo, self._committed, self._rolled_back = self._rolled_back, [], []
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.execute("ROLLBACK")
+            for fn in reversed(undo):
+                fn()
+            raise
+        done, self._committed, self._rolled_back = self._committed, [], []
+        for fn in done:
+            fn()
+
+    def after_commit(self, fn: Callable[[], None]) -> None:
+        """Run `fn` once the transaction under way commits (at once outside one); never
+        if it rolls back: telling anyone of a change the DB does not keep."""
+        if self._depth:
+            self._committed.append(fn)
+        else:
+            fn()
+
+    def on_rollback(self, fn: Callable[[], None]) -> None:
+        """Run `fn` if the transaction under way rolls back: memory that changed with
+        it goes back as the DB does. Only inside a transaction."""
+        if not self._depth:
+            raise RuntimeError("on_rollback outside a transaction")
+        self._rolled_back.append(fn)
 
     def _q(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         cur = self.conn.execute(sql, params)

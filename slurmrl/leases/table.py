@@ -18,8 +18,8 @@ trainer set are served independently).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from slurmrl.leases.types import (
@@ -43,6 +43,17 @@ if TYPE_CHECKING:
 
 class LeaseError(ValueError):
     """A lease operation that cannot be done (unknown id, bad GPU set...)."""
+
+
+@dataclass(frozen=True)
+class TableState:
+    """A `LeaseTable.checkpoint`."""
+
+    gpus: frozenset[int]
+    leases: Mapping[int, Lease]
+    waiting: Mapping[int, PhaseRequest]
+    stats: Mapping[int, JobSliceStats]
+    window: Mapping[int, frozenset[int]]
 
 
 class LeaseTable:
@@ -417,10 +428,38 @@ class LeaseTable:
         self._window.pop(job_id, None)
         return events + self._schedule(now)
 
-    def restore(self, leases: Sequence[Lease], waiting: Sequence[PhaseRequest]) -> None:
-        """Load state persisted before a restart. Refuses anything that double-grants."""
+    def close(self, now: float, reason: str) -> list[Event]:
+        """The pool is gone: revoke every waiting request, then every lease, granting
+        nothing (a waiter must not be handed GPUs of a pool being closed)."""
+        events: list[Event] = [Revoke(None, req, reason) for req in self._waiting.values()]
+        self._waiting.clear()
+        for lease in self._leases.values():
+            self._account(lease, now)
+            events.append(Revoke(lease, None, reason))
+        self._leases.clear()
+        return events
+
+    def checkpoint(self) -> TableState:
+        """The table's state now, for `rollback` (leases, requests and stats are
+        immutable: copies of the maps hold it)."""
+        return TableState(self.gpus, dict(self._leases), dict(self._waiting),
+                          dict(self._stats), dict(self._window))
+
+    def rollback(self, state: TableState) -> None:
+        """Back to a `checkpoint`: a change the database did not keep is undone here."""
+        self.gpus = state.gpus
+        self._leases, self._waiting = dict(state.leases), dict(state.waiting)
+        self._stats, self._window = dict(state.stats), dict(state.window)
+
+    def restore(self, leases: Sequence[Lease], waiting: Sequence[PhaseRequest],
+                stats: Sequence[JobSliceStats] = ()) -> None:
+        """Load state persisted before a restart, with the members' slice history
+        (`stats`: what the policy orders by). Refuses anything that double-grants."""
         if self._leases or self._waiting:
             raise LeaseError("restore needs an empty table")
+        for st in stats:
+            self._stats[st.job_id] = replace(
+                st, max_slowdown=self._stats.get(st.job_id, st).max_slowdown)
         for lease in leases:
             self._leases[lease.lease_id] = lease
             self._stats.setdefault(lease.job_id, JobSliceStats(lease.job_id))

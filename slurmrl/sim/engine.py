@@ -551,7 +551,8 @@ class Simulation:
         pool.history.append(run)
         pool.offset[run.job.job_id] = offset
         pool.resident = costs.fits_together([m.job for m in pool.members], self.cfg.gpu_mem_bytes)
-        pool.table.set_member(run.job.job_id, run.job.max_slowdown,
+        # the slice policy sees the limit admission and pairing take (the site's cap)
+        pool.table.set_member(run.job.job_id, self.cfg.limits.limit_for(run.job.max_slowdown),
                               range(offset, offset + run.job.gpus) if pool.windows is None
                               else None)
         if pool.mode is PoolMode.GANG:

@@ -296,3 +296,94 @@ async def test_a_job_cannot_release_another_jobs_lease() -> None:
     a = s.request(_job(store, 1), Phase.ROLLOUT)
     with pytest.raises(LeaseError, match="not held by job 2"):
         s.release(_job(store, 2), a.request_id, {})
+
+
+@run
+async def test_a_change_the_db_does_not_keep_is_undone_in_memory_too() -> None:
+    # the slice policy fails in the middle of a release (after the table let the lease
+    # go): the DB rolls back, so the table must too. Before, the table had let it go
+    # and the DB had not: the next acquire was granted GPUs the DB showed held by the
+    # first lease (a double grant that a restart refused to load)
+    store, pool, clock = _setup()
+    s = _sched(store, clock)
+    a = s.request(_job(store, 1), Phase.ROLLOUT)
+    b = s.request(_job(store, 2), Phase.TRAIN)
+    assert a.lease is not None and b.lease is None
+    waiter = asyncio.create_task(s.wait(b.request_id, 5.0))
+    await asyncio.sleep(0)
+    table = s.tables[pool]
+    sound = table.policy
+
+    class Broken:
+        name = "broken"
+
+        def order(self, view: object) -> list[object]:
+            raise ZeroDivisionError("float division by zero")
+
+    table.policy = Broken()  # type: ignore[assignment]
+    clock.now += 1
+    with pytest.raises(ZeroDivisionError):
+        s.release(_job(store, 1), a.request_id, {})
+    assert [x.lease_id for x in table.leases] == [a.request_id]  # as the DB has it
+    assert [x.request_id for x in table.waiting] == [b.request_id]
+    assert not waiter.done()  # told nothing: nothing happened
+    table.policy = sound
+    s.release(_job(store, 1), a.request_id, {})
+    lease = await waiter
+    assert lease is not None and lease.job_id == 2
+    check_history(store.intervals(pool))
+    s2 = _sched(store, clock)  # the DB loads: no GPU held twice
+    assert [x.lease_id for x in s2.tables[pool].leases] == [b.request_id]
+
+
+@run
+async def test_closing_a_pool_grants_its_waiter_nothing() -> None:
+    store, pool, clock = _setup()
+    s = _sched(store, clock)
+    granted: list[int] = []
+    s.grant_hooks.append(lambda _pool, lease: granted.append(lease.lease_id))
+    a = s.request(_job(store, 1), Phase.ROLLOUT)
+    b = s.request(_job(store, 2), Phase.TRAIN)
+    granted.clear()
+    waiter = asyncio.create_task(s.wait(b.request_id, 5.0))
+    await asyncio.sleep(0)
+    s.close_pool(pool, "pool-lost")
+    with pytest.raises(RequestEnded, match="pool-lost"):
+        await waiter
+    assert granted == []  # before, the holder's revoke granted the waiter first
+    rec = store.lease(b.request_id)
+    assert rec is not None and rec.granted_at is None and rec.state is LeaseState.REVOKED
+    assert a.lease is not None and store.lease(a.request_id).state is LeaseState.REVOKED  # type: ignore[union-attr]
+
+
+@run
+async def test_a_restart_keeps_the_members_slice_history() -> None:
+    # round-robin serves the member granted least recently first: job 2 was granted
+    # before, job 1 never. A restart that forgot it granted job 2 (the older request)
+    store, pool, clock = _setup()
+    store.add_job(JobRecord(3, "u", 1003, RlRequest(gpus=2), JobState.RUNNING, 0.0,
+                            pool_id=pool, pool_gpus=(0, 1)))
+
+    def rr() -> LeaseScheduler:
+        s = LeaseScheduler(store, lambda: load("slice", "round-robin"), TIMEOUT_S,
+                           clock=clock, check_invariants=True)
+        s.restore()
+        return s
+
+    s = rr()
+    first = s.request(_job(store, 2), Phase.TRAIN)
+    assert first.lease is not None
+    clock.now += 1
+    s.release(_job(store, 2), first.request_id, {})
+    held = s.request(_job(store, 3), Phase.TRAIN)  # a third holds the pool
+    assert held.lease is not None
+    clock.now += 1
+    older = s.request(_job(store, 2), Phase.TRAIN)
+    clock.now += 1
+    newer = s.request(_job(store, 1), Phase.TRAIN)
+    s2 = rr()  # the controller restarts here
+    clock.now += 1
+    s2.release(_job(store, 3), held.request_id, {})
+    granted = [x.lease_id for x in s2.tables[pool].leases]
+    assert granted == [newer.request_id]  # job 1, never granted, goes first
+    assert older.request_id in {x.request_id for x in s2.tables[pool].waiting}

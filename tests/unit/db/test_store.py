@@ -235,3 +235,27 @@ def test_the_controller_tag_is_made_once_and_kept(tmp_path: Path) -> None:
     store.close()
     assert Store(tmp_path / "c.db").controller_tag() == tag
     assert Store(tmp_path / "d.db").controller_tag() != tag
+
+
+def test_commit_and_rollback_actions_run_once_the_outermost_transaction_ends(
+        tmp_path: Path) -> None:
+    store = Store(tmp_path / "c.db")
+    ran: list[str] = []
+    with store.transaction():
+        with store.transaction():
+            store.after_commit(lambda: ran.append("told"))
+            store.on_rollback(lambda: ran.append("undone"))
+        assert ran == []  # the inner block's end commits nothing
+    assert ran == ["told"]
+    ran.clear()
+    with pytest.raises(RuntimeError, match="boom"), store.transaction():
+        store.after_commit(lambda: ran.append("told"))
+        store.on_rollback(lambda: ran.append("first undone"))
+        store.on_rollback(lambda: ran.append("last undone"))
+        raise RuntimeError("boom")
+    assert ran == ["last undone", "first undone"]
+    ran.clear()
+    store.after_commit(lambda: ran.append("at once"))  # outside a transaction
+    assert ran == ["at once"]
+    with pytest.raises(RuntimeError, match="outside a transaction"):
+        store.on_rollback(lambda: None)

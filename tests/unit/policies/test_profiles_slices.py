@@ -142,3 +142,17 @@ def test_bounded_slowdown_serves_the_member_that_waited_most() -> None:
     events = table.release(lease.request_id, 10.0)
     granted = [e for e in events if type(e).__name__ == "Grant"]
     assert granted[0].lease.job_id == 1  # tighter limit, similar wait: goes first
+
+
+def test_bounded_slowdown_takes_a_limit_of_one_as_no_wait_allowed() -> None:
+    # --rl-max-slowdown=1.0 is valid: it divided by zero, and every grant in its pool
+    # failed with it
+    table = LeaseTable(1, range(2), BoundedSlowdownSlice(), lease_timeout_s=1e9)
+    table.set_member(1, 1.0)
+    table.set_member(2, 1.2)
+    lease, _ = table.request(3, Phase.TRAIN, {0, 1}, 0.0)
+    table.request(2, Phase.TRAIN, {0, 1}, 1.0)
+    table.request(1, Phase.TRAIN, {0, 1}, 2.0)
+    events = table.release(lease.request_id, 10.0)
+    granted = [e for e in events if type(e).__name__ == "Grant"]
+    assert granted[0].lease.job_id == 1
