@@ -121,7 +121,7 @@ def parse_model(value: str) -> str:
         raise DirectiveError(
             f"--rl-model={shown(value)}: expected a model name of [A-Za-z0-9._:/-] "
             "starting with a letter or digit, or an absolute path; at most 255 "
-            "characters, no whitespace, shell metacharacters or '..'"
+            "characters, no whitespace, none of ;|&$`'\"<>\\ and no '..'"
         )
     return value
 

@@ -167,7 +167,7 @@ static int opt_model(int val, const char *arg, int remote)
 	if (!model_ok(arg)) {
 		slurm_error("slurmrl: --rl-model=%s: expected a model name of [A-Za-z0-9._:/-] "
 			    "starting with a letter or digit, or an absolute path; at most 255 "
-			    "characters, no whitespace, shell metacharacters or '..'",
+			    "characters, no whitespace, none of ;|&$`'\"<>\\ and no '..'",
 			    shown(arg));
 		return -1;
 	}
@@ -457,6 +457,69 @@ static int parse_plugin_args(int ac, char **av)
 	return 0;
 }
 
+/*
+ * sbatch and salloc pass the options they were given to the job through its
+ * environment (SLURM_SPANK__SLURM_SPANK_OPTION_slurmrl_rl_gpus=2 and
+ * _SLURM_SPANK_OPTION_slurmrl_rl_gpus=2), and read such variables back as options, above
+ * the script's #SBATCH lines. A job submitted from inside an RL job would so take that
+ * job's directives for its own: a new allocation forgets them before they are read (an
+ * srun inside the job, a step of it, keeps them).
+ */
+static const char *const option_prefixes[] = {
+	"SLURM_SPANK__SLURM_SPANK_OPTION_slurmrl_", "_SLURM_SPANK_OPTION_slurmrl_", NULL
+};
+
+/* The variable through which option `name` travels, with prefix `prefix`. */
+static void option_var(char *var, size_t size, const char *prefix, const char *name)
+{
+	char *q;
+
+	snprintf(var, size, "%s%s", prefix, name);
+	for (q = var + strlen(prefix); *q; q++)
+		if (*q == '-')
+			*q = '_';
+}
+
+static void forget_inherited_options(void)
+{
+	char var[128];
+	int i, p;
+
+	for (i = 0; options[i].name != NULL; i++) {
+		for (p = 0; option_prefixes[p] != NULL; p++) {
+			option_var(var, sizeof(var), option_prefixes[p], options[i].name);
+			unsetenv(var);
+		}
+	}
+}
+
+/*
+ * `sbatch --export=NONE` (or a list of names) keeps only SLURM* variables of the
+ * submitting environment: the options' _SLURM_SPANK_OPTION_* copies, from which
+ * slurmstepd hands them to this plugin, are gone, and the job would not be an RL job;
+ * their SLURM_SPANK__SLURM_SPANK_OPTION_* copies stay. Read the options from those.
+ */
+static int options_from_job_env(spank_t sp)
+{
+	char var[128], val[4096];
+	int i;
+	spank_err_t rc;
+
+	for (i = 0; options[i].name != NULL; i++) {
+		option_var(var, sizeof(var), option_prefixes[0], options[i].name);
+		rc = spank_getenv(sp, var, val, sizeof(val));
+		if (rc == ESPANK_ENV_NOEXIST)
+			continue;
+		if (rc != ESPANK_SUCCESS) {
+			slurm_error("slurmrl: cannot read %s: %s", var, spank_strerror(rc));
+			return -1;
+		}
+		if (options[i].cb(options[i].val, val, 1) < 0)
+			return -1;
+	}
+	return 0;
+}
+
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
 	spank_context_t ctx = spank_context();
@@ -467,6 +530,8 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 		return 0;
 	if (parse_plugin_args(ac, av) < 0)
 		return -1;
+	if (ctx == S_CTX_ALLOCATOR)
+		forget_inherited_options();
 	for (i = 0; options[i].name != NULL; i++) {
 		rc = spank_option_register(sp, &options[i]);
 		if (rc != ESPANK_SUCCESS) {
@@ -602,10 +667,14 @@ static int export_all(spank_t sp, setenv_f set, const char *how)
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
 	spank_context_t ctx = spank_context();
+	const char *which;
 
 	(void)ac; (void)av;
 	if (ctx != S_CTX_ALLOCATOR && ctx != S_CTX_LOCAL && ctx != S_CTX_REMOTE)
 		return 0;
+	if (ctx == S_CTX_REMOTE && gpus == 0 && !any_rl_option(&which)
+	    && options_from_job_env(sp) < 0)
+		return -1;
 	if (cross_check() < 0)
 		return -1;
 	if (ctx == S_CTX_REMOTE)

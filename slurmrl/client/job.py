@@ -490,6 +490,11 @@ def connect(env: Mapping[str, str] | None = None, *, url: str | None = None,
     if not (raw.isascii() and raw.isdigit()):
         raise RuntimeError("SLURM_JOB_ID is not set: slurmrl.connect() runs inside a "
                            "Slurm batch job submitted with --rl-gpus")
+    if "SLURMRL_GPUS" not in environ and "SLURM_SPANK_SLURMRL_GPUS" in environ:
+        # salloc's own shell: the plugin exports the directives to the job's steps only
+        raise RuntimeError("this is the shell salloc started, not a step of the RL job: "
+                           "run the driver as a step of the allocation (srun python "
+                           "driver.py), where the --rl-* directives are exported")
     rl = {k: v for k, v in environ.items()
           if k.startswith("SLURMRL_") and "__" not in k and k != "SLURMRL_CONTROLLER"}
     return Job(int(raw), url or environ.get("SLURMRL_CONTROLLER") or DEFAULT_URL, rl,

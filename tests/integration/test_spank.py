@@ -126,6 +126,26 @@ def test_inherited_slurmrl_variables_do_not_leak_into_an_rl_job(jobs: JobFactory
     assert "SLURMRL_GROUP" not in env
 
 
+#: what an RL job's environment holds of its options (sbatch put them there), as a job
+#: submitted from inside it inherits them
+PARENT_OPTIONS = {f"{prefix}slurmrl_rl_{k}": v
+                  for prefix in ("SLURM_SPANK__SLURM_SPANK_OPTION_", "_SLURM_SPANK_OPTION_")
+                  for k, v in (("gpus", "4"), ("group", "outer"), ("model", "big"))}
+
+
+def test_a_job_submitted_from_inside_an_rl_job_takes_none_of_its_directives(
+        jobs: JobFactory) -> None:
+    # sbatch reads such variables back as options, above the script's #SBATCH lines:
+    # a plain job became an RL job of 4 GPUs, and a child's own directives were
+    # replaced by its parent's
+    jobs.env = {**jobs.env, **PARENT_OPTIONS}
+    assert _slurmrl_env(_run_and_read(jobs, ["--wrap", "env"])) == {}
+    script = "#!/bin/sh\n#SBATCH --rl-gpus=2\n#SBATCH --rl-group=mine\nenv\n"
+    env = _slurmrl_env(_run_and_read(jobs, [], script=script))
+    assert (env["SLURMRL_GPUS"], env["SLURMRL_GROUP"]) == ("2", "mine")
+    assert "SLURMRL_MODEL" not in env
+
+
 def test_help_lists_the_directives(jobs: JobFactory) -> None:
     proc = jobs.run(["sbatch", "--help"])
     for option in ("--rl-gpus=N", "--rl-model=NAME|PATH", "--rl-mem=SIZE", "--rl-mux",
@@ -169,9 +189,24 @@ def test_bad_plugstack_arguments_are_refused_by_name(
     assert jobs.jobs_named(name) == []
 
 
+def test_an_rl_job_submitted_with_export_none_still_gets_its_directives(
+        jobs: JobFactory) -> None:
+    # --export=NONE keeps only SLURM* variables: the copies of the options slurmstepd
+    # hands the plugin were dropped, and the job ran as no RL job (nor did its steps)
+    out = _run_and_read(jobs, ["--export=NONE", "--rl-gpus=2", "--rl-group=g1", "--wrap",
+                               "env; echo STEP; srun /usr/bin/env"])
+    batch, step = out.split("STEP\n", 1)
+    for text in (batch, step):
+        env = _slurmrl_env(text)
+        assert (env["SLURMRL_GPUS"], env["SLURMRL_GROUP"]) == ("2", "g1")
+
+
 def test_option_without_value_swallows_the_next_word_and_fails(jobs: JobFactory) -> None:
-    # getopt takes `--wrap` as the value of --rl-gpus; the submission must still fail.
+    # getopt takes the next word as the value of --rl-gpus: the plugin refuses it by
+    # name (with `--wrap` next, sbatch itself failed first: that showed nothing)
     name = f"nv-{uuid.uuid4().hex[:8]}"
-    sub = jobs.sbatch([f"--job-name={name}", "--rl-gpus", "--wrap", "true"])
+    sub = jobs.sbatch([f"--job-name={name}", "--rl-gpus", "--rl-model=tiny", "--wrap",
+                       "true"])
     assert sub.returncode != 0
+    assert "slurmrl: --rl-gpus=--rl-model=tiny: expected an integer 1..1024" in sub.stderr
     assert jobs.jobs_named(name) == []

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 from _controller_standin import Answer, Call, StandIn, error, lease, until
 
-from slurmrl.client.job import Job, LeaseRevoked
+from slurmrl.client.job import Job, LeaseRevoked, connect
 from slurmrl.client.rpc import ControllerError
 
 ENDED = "RL job 42 has ended (F): pool 1 was lost (node failure)"
@@ -219,3 +219,12 @@ def test_a_heartbeat_stuck_on_a_dead_connection_is_given_up_for_a_new_one(
     seen = len(standin.seen("POST", "/v1/jobs/N/heartbeat"))
     until(lambda: len(standin.seen("POST", "/v1/jobs/N/heartbeat")) > seen, within_s=4.0)
     assert time.monotonic() - stalled[0] < 4.0
+
+
+def test_connect_in_the_shell_salloc_started_says_to_run_the_driver_as_a_step() -> None:
+    # salloc's shell has the job's id and the plugin's job-control variables, but the
+    # directives are exported to the job's steps only (checked on the dev cluster)
+    env = {"SLURM_JOB_ID": "635", "SLURM_SPANK_SLURMRL_GPUS": "1"}
+    with pytest.raises(RuntimeError, match=r"run the driver as a step of the allocation "
+                       r"\(srun python driver\.py\)"):
+        connect(env, retry_for_s=0)
