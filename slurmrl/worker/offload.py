@@ -90,13 +90,17 @@ class Offloader:
     def device_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._tensors)
 
-    def offload(self, keep_host_copy: bool = True) -> None:
-        """Free the device copies; with `keep_host_copy` save them to the host first."""
+    def offload(self, keep_host_copy: bool = True, keep: Iterable[torch.Tensor] = ()) -> None:
+        """Free the device copies; with `keep_host_copy` save them to the host first,
+        without it save only those of `keep` (tracked tensors no weight import refills)."""
         if self.offloaded:
             return
-        if keep_host_copy:
-            self._copy(self._tensors, to_host=True)
-        self._valid = {id(t) for t in self._tensors} if keep_host_copy else set()
+        ids = {id(t) for t in keep}
+        saved = (self._tensors if keep_host_copy
+                 else [t for t in self._tensors if id(t) in ids])
+        if saved:
+            self._copy(saved, to_host=True)
+        self._valid = {id(t) for t in saved}
         for t in self._tensors:
             self._shapes[id(t)] = t.shape
             t.data = torch.empty(0, dtype=t.dtype, device=self.device)

@@ -150,7 +150,10 @@ class TorchModelBackend:
         if self._opt is not None:
             self._opt.zero_grad(set_to_none=True)  # grads are step-local: never kept
         self._offloader.refresh(self._tensors())  # optimizer state appears after step 1
-        self._offloader.offload(keep_host_copy=level == 1)
+        # a drop keeps what no weight import brings back: buffers outside the state_dict
+        # (non-persistent, e.g. rotary frequencies), else they would come back as zeros
+        self._offloader.offload(keep_host_copy=level == 1,
+                                keep=() if level == 1 else self._non_persistent())
         self._residency = Residency.PARKED if level == 1 else Residency.DROPPED
 
     def activate(self) -> None:
@@ -479,6 +482,12 @@ class TorchModelBackend:
             torch.cuda.empty_cache()
 
     # --- helpers ---------------------------------------------------------------------
+
+    def _non_persistent(self) -> list[torch.Tensor]:
+        """The model's buffers that its state_dict leaves out (`persistent=False`)."""
+        assert self._model is not None
+        kept = {id(v) for v in self._model.state_dict(keep_vars=True).values()}
+        return [b for b in self._model.buffers() if id(b) not in kept]
 
     def _tensors(self) -> Iterator[torch.Tensor]:
         assert self._model is not None

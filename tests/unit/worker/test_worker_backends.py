@@ -97,3 +97,28 @@ def test_torch_trainer_on_cuda_frees_gpu_memory_when_parked() -> None:
     assert b.memory().device_bytes == 0
     b.activate()
     assert b.train_step(batch)["step"] == 2.0
+
+
+def test_a_dropped_model_keeps_the_buffers_its_weights_do_not_carry() -> None:
+    # rotary frequencies and such are registered persistent=False: no state_dict (so no
+    # weight sync) brings them back, and a drop gave them back as zeros
+    import torch
+    from torch import nn
+
+    from slurmrl.worker.torch_backend import TorchModelBackend
+
+    class Rotary(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+            self.register_buffer("inv_freq", torch.arange(1.0, 3.0), persistent=False)
+
+    b = TorchModelBackend(Role.ROLLOUT, Rotary, device="cpu")
+    b.load()
+    blob = b.export_weights()
+    b.park(2)
+    b.activate()
+    b.import_weights(blob)
+    model = b._model
+    assert model is not None
+    assert model.inv_freq.tolist() == [1.0, 2.0]  # type: ignore[operator]
