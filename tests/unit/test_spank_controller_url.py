@@ -45,6 +45,8 @@ spank_err_t spank_setenv(spank_t sp, const char *n, const char *v, int o)
 spank_err_t spank_unsetenv(spank_t sp, const char *n) { (void)sp; (void)n; return ESPANK_SUCCESS; }
 spank_err_t spank_job_control_setenv(spank_t sp, const char *n, const char *v, int o)
 { (void)sp; (void)n; (void)v; (void)o; return ESPANK_SUCCESS; }
+spank_err_t spank_getenv(spank_t sp, const char *n, char *buf, int len)
+{ (void)sp; (void)n; (void)buf; (void)len; return ESPANK_ENV_NOEXIST; }
 
 #include "PLUGIN"
 
@@ -78,8 +80,10 @@ def plugin_init(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     "installs gcc and libslurm-dev (spank.h)")
     d = tmp_path_factory.mktemp("spank")
     (d / "harness.c").write_text(HARNESS.replace("PLUGIN", str(PLUGIN)))
-    subprocess.run([gcc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", str(d / "init"),
-                    str(d / "harness.c")], check=True, capture_output=True)
+    cc = subprocess.run([gcc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o",
+                         str(d / "init"), str(d / "harness.c")], capture_output=True, text=True)
+    if cc.returncode:
+        pytest.fail(f"the plugin does not compile in the test harness:\n{cc.stderr}")
     return d / "init"
 
 
