@@ -14,6 +14,17 @@ Why not MUNGE here: data-plane calls are frequent and carry large bodies; an HMA
 microseconds and needs no munged round trip, and the secret proves "this job's driver",
 which is exactly the right to call this job's services.
 
+A service signs its answers too, with the secret that opened the call: header
+`X-Slurmrl-Answer`, HMAC-SHA256 over
+
+    slurmrl-answer/1 \n nonce of the call \n status \n sha256(body) hex
+
+(`answer_mac`), and a streamed answer (the hand-off state) ends in the hex HMAC of
+everything before it (`stream_mac`). A caller refuses an answer that is not so signed
+(`check_answer`): a service shares its node with other users' services, and one that
+died leaves its port to whoever binds it next; such a process must not answer for it.
+Bound to the call's nonce, an answer cannot be replayed for another call.
+
 Known limits: replay protection is per `Verifier` (per service process), bounded in
 memory: past `max_nonces` remembered calls within the window, the oldest are forgotten
 and calls at or before their timestamp are refused as expired (never accepted twice). The
@@ -39,6 +50,10 @@ TIMESTAMP = "X-Slurmrl-Timestamp"
 NONCE = "X-Slurmrl-Nonce"
 SIGNATURE = "X-Slurmrl-Signature"
 HEADERS = (TIMESTAMP, NONCE, SIGNATURE)
+ANSWER = "X-Slurmrl-Answer"
+ANSWER_VERSION = "slurmrl-answer/1"
+STREAM_VERSION = "slurmrl-answer-stream/1"
+STREAM_MAC_BYTES = 64  #: the hex HMAC a streamed answer ends in
 
 _NONCE = re.compile(r"^[0-9a-f]{16,128}$")
 _SIG = re.compile(r"^[0-9a-f]{64}$")
@@ -146,6 +161,26 @@ class Verifier:
             old_ts, old_nonce = heapq.heappop(self._heap)
             self._seen.discard(old_nonce)
             self._floor = max(self._floor, old_ts)
+
+
+def answer_mac(secret: str | bytes, nonce: str, status: int, body: bytes) -> str:
+    """The `ANSWER` header a service sends with its answer to the call `nonce`."""
+    digest = hashlib.sha256(body).hexdigest()
+    message = f"{ANSWER_VERSION}\n{nonce}\n{status}\n{digest}".encode()
+    return hmac.new(_key(secret), message, hashlib.sha256).hexdigest()
+
+
+def check_answer(secret: str | bytes, nonce: str, status: int, body: bytes,
+                 header: str | None) -> bool:
+    """Whether `header` signs this answer to the call `nonce` with `secret`."""
+    return header is not None and hmac.compare_digest(
+        answer_mac(secret, nonce, status, body), header.strip())
+
+
+def stream_mac(secret: str | bytes, nonce: str) -> hmac.HMAC:
+    """The HMAC of a streamed answer to the call `nonce`: fed every byte of the body but
+    its last `STREAM_MAC_BYTES`, which are its hex digest."""
+    return hmac.new(_key(secret), f"{STREAM_VERSION}\n{nonce}\n".encode(), hashlib.sha256)
 
 
 def _key(secret: str | bytes) -> bytes:

@@ -4,6 +4,9 @@
 secret and keeps one HTTP/1.1 keep-alive connection (guarded by a lock: one call at a
 time per handle). Failures raise `ServiceError` carrying the server's message;
 `ServiceParked` (409) means the service is not active — call it inside a held lease.
+Every answer must carry the service's signature (`tokens.answer_mac`; a streamed one in
+its last bytes): one that does not (another process on a dead service's port) is a
+`ServiceUnreachable`, as a service that is gone would be.
 
 Long tail: `generate(..., on_tail=f)` polls the service's `status` on a second
 connection every `poll_s` while the call runs and calls `f(active_sequences)` from the
@@ -17,14 +20,23 @@ that calls happen inside a held lease; this module knows nothing of leases.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import http.client
+import io
 import json
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, BinaryIO
 
-from slurmrl.auth.tokens import sign
+from slurmrl.auth.tokens import (
+    ANSWER,
+    NONCE,
+    STREAM_MAC_BYTES,
+    check_answer,
+    sign,
+    stream_mac,
+)
 from slurmrl.worker.protocol import Continuation, GenerateResult, TrainSample
 
 
@@ -142,7 +154,9 @@ class ServiceHandle:
     def handoff_state(self, timeout_s: float | None = None) -> bytes:
         """This copy's handoff state file as it is (a floating pool's copy on another
         node fetches it to take the job's state over: `handoff_state_into`)."""
-        return self._call("handoff_state", "GET", "/v1/handoff", b"", None, timeout_s)
+        out = io.BytesIO()
+        self.handoff_state_into(out, timeout_s)
+        return out.getvalue()
 
     def handoff_state_into(self, out: BinaryIO, timeout_s: float | None = None) -> int:
         """Stream this copy's handoff state file into `out` (from its start; a retried
@@ -302,15 +316,18 @@ class ServiceHandle:
                     conn.sock.settimeout(timeout)
                 # signed per attempt: a retry must not look like a replay
                 headers = dict(sign(self._secret, method, path, body))
+                nonce = headers[NONCE]
                 if content_type:
                     headers["Content-Type"] = content_type
                 try:
                     conn.request(method, path, body=body, headers=headers)
                     resp = conn.getresponse()
                     status = resp.status
+                    signature = resp.getheader(ANSWER)
                     if sink is not None and status == 200:
                         try:
-                            _copy(resp, sink, call, self.address)
+                            _copy(resp, sink, call, self.address,
+                                  stream_mac(self._secret, nonce))
                         except ServiceError:
                             conn.close()  # the rest is unread: this connection is done
                             self._conn = None
@@ -337,6 +354,13 @@ class ServiceHandle:
                     self._conn = None
                     what = "timed out" if isinstance(exc, TimeoutError) else str(exc)
                     raise ServiceUnreachable(call, None, f"{self.address}: {what}") from exc
+        if sink is not None and status == 200:
+            return data  # its signature checked as it streamed (`_copy`)
+        if status not in (401, 413) and not check_answer(self._secret, nonce, status, data,
+                                                          signature):
+            # a refusal before any secret opened the call (401, or 413: a body too large
+            # to be read) is the one answer a service cannot sign; it carries no result
+            raise _impostor(call, self.address)
         if status == 200:
             return data
         try:
@@ -355,16 +379,29 @@ class _SinkFailed(Exception):
     """Writing a streamed answer failed (not the connection: the local file)."""
 
 
-def _copy(resp: http.client.HTTPResponse, sink: BinaryIO, call: str, address: str) -> None:
-    """Copy `resp`'s body into `sink`; a body cut short of its Content-Length (or of a
-    chunk) is a ServiceUnreachable naming the address, a failed write a ServiceError
-    saying so."""
+def _impostor(call: str, address: str) -> ServiceUnreachable:
+    return ServiceUnreachable(call, None, f"{address} answered without the service's "
+                              "signature: not the job's service (it is gone, and another "
+                              "process has its port?)")
+
+
+def _copy(resp: http.client.HTTPResponse, sink: BinaryIO, call: str, address: str,
+          mac: hmac.HMAC) -> None:
+    """Copy `resp`'s body into `sink` but its last `STREAM_MAC_BYTES`, the hex `mac` of
+    the rest (`tokens.stream_mac`): one that does not match is a ServiceUnreachable
+    (`_impostor`), as is a body cut short of its Content-Length (or of a chunk), naming
+    the address; a failed write is a ServiceError saying so."""
     got = 0
+    tail = b""  # the last bytes read: the signature, once the body ends
     try:
         while chunk := resp.read(STREAM_CHUNK):
             got += len(chunk)
+            data = tail + chunk
+            cut = max(0, len(data) - STREAM_MAC_BYTES)
+            body, tail = data[:cut], data[cut:]
+            mac.update(body)
             try:
-                sink.write(chunk)
+                sink.write(body)
             except OSError as exc:
                 raise _SinkFailed(exc.strerror or str(exc)) from exc
     except _SinkFailed as exc:
@@ -376,3 +413,5 @@ def _copy(resp: http.client.HTTPResponse, sink: BinaryIO, call: str, address: st
     if resp.length:
         raise ServiceUnreachable(call, None, f"{address}: answer cut short after {got} "
                                  f"bytes, {resp.length} more announced")
+    if not hmac.compare_digest(tail, mac.hexdigest().encode()):
+        raise _impostor(call, address)

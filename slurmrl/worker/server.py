@@ -62,7 +62,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from slurmrl.auth.errors import AuthCode, AuthError
-from slurmrl.auth.tokens import Verifier
+from slurmrl.auth.tokens import ANSWER, NONCE, STREAM_MAC_BYTES, Verifier, answer_mac, stream_mac
 from slurmrl.gpu.nvml import NvmlMonitor, reading_json, visible_indices
 from slurmrl.model import Residency
 from slurmrl.worker import handoff
@@ -77,6 +77,9 @@ from slurmrl.worker.protocol import (
 
 log = logging.getLogger("slurmrl.worker")
 T = TypeVar("T")
+#: the secret that opened a call, which signs its answer (`tokens.answer_mac`)
+SIGNER = web.RequestKey("signer", str)
+STREAM_CHUNK = 1 << 20  #: bytes of a streamed answer read from its file at a time
 DATA_PLANE = ("/v1/generate", "/v1/train_step", "/v1/weights")
 #: the routes only the controller may call where the service has a control secret
 CONTROL_ONLY = ("/v1/park", "/v1/activate", "/v1/stop", "/v1/handoff/discard",
@@ -125,6 +128,7 @@ class ServiceServer:
         self._verifier = Verifier(secret)
         #: the controller's: every route; without it the job's secret opens every route
         self._control = None if control_secret is None else Verifier(control_secret)
+        self._control_secret = control_secret
         self._max_body = max_body_bytes
         self._lock = asyncio.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backend")
@@ -180,13 +184,29 @@ class ServiceServer:
         except web.HTTPRequestEntityTooLarge:
             return _error(413, f"request body larger than {self._max_body} bytes")
         try:
-            self._authenticate(request, body)
-        except AuthError as exc:
+            request[SIGNER] = self._authenticate(request, body)
+        except AuthError as exc:  # the one answer not signed: no secret opened the call
             return web.json_response(
                 {"error": f"unauthenticated: {exc.message}", "code": str(exc.code),
                  "status": 401},
                 status=401,
             )
+        return self._signed(request, await self._answer(request, handler))
+
+    def _signed(self, request: web.Request,
+                response: web.StreamResponse) -> web.StreamResponse:
+        """`response` with its `ANSWER` header, the answer's signature with the secret
+        that opened the call (a streamed one is signed in its last bytes instead)."""
+        if isinstance(response, web.Response) and not response.prepared:
+            body = response.body
+            raw = body if isinstance(body, bytes) else b"" if body is None else (
+                response.text or "").encode()
+            response.headers[ANSWER] = answer_mac(
+                request[SIGNER], request.headers[NONCE].strip(), response.status, raw)
+        return response
+
+    async def _answer(self, request: web.Request,
+                      handler: Callable[[web.Request], Any]) -> web.StreamResponse:
         staged_import = request.method == "PUT" and request.path == "/v1/weights"
         if request.path.startswith(DATA_PLANE) and not staged_import and (
             self.backend.residency in (Residency.PARKED, Residency.DROPPED)
@@ -212,15 +232,16 @@ class ServiceServer:
             log.exception("%s %s failed", request.method, request.path)
             return _error(500, f"{type(exc).__name__}: {exc}")
 
-    def _authenticate(self, request: web.Request, body: bytes) -> None:
-        """Raises AuthError unless a secret that opens this route signed the request."""
+    def _authenticate(self, request: web.Request, body: bytes) -> str:
+        """The secret that signed the request, if one that opens this route did; else
+        raises AuthError."""
         args = (request.headers, request.method, request.path_qs, body)
-        if self._control is None:
+        if self._control is None or self._control_secret is None:
             self._verifier.verify(*args)
-            return
+            return self._secret
         try:
             self._control.verify(*args)
-            return
+            return self._control_secret
         except AuthError as exc:
             if request.path in CONTROL_ONLY:
                 if exc.code is AuthCode.INVALID:
@@ -228,6 +249,7 @@ class ServiceServer:
                                     "the job's key does not open it") from None
                 raise
         self._verifier.verify(*args)
+        return self._secret
 
     @staticmethod
     async def _json(request: web.Request) -> dict[str, Any]:
@@ -380,10 +402,35 @@ class ServiceServer:
         if self.handoff_dir is None:
             raise HttpError(404, "this service has no --handoff-dir: no handoff state")
         path = handoff.state_path(self.handoff_dir, self.info.role)
-        if not path.exists():
+        try:
+            f = open(path, "rb")  # noqa: SIM115 (closed below, after the stream)
+        except FileNotFoundError:
             raise HttpError(404, f"no handoff state here ({path.name}): no copy on this "
-                            "node has handed its state off")
-        return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
+                            "node has handed its state off") from None
+        loop = asyncio.get_running_loop()
+        with f:
+            size = os.fstat(f.fileno()).st_size  # the file is replaced, never rewritten
+            mac = stream_mac(request[SIGNER], request.headers[NONCE].strip())
+            resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+            resp.content_length = size + STREAM_MAC_BYTES
+            await resp.prepare(request)
+            left = size
+            try:
+                while left > 0:
+                    chunk = await loop.run_in_executor(None, f.read,
+                                                       min(STREAM_CHUNK, left))
+                    if not chunk:  # cannot happen to a file replaced, not rewritten
+                        raise OSError(f"{path} shrank while it was sent")
+                    left -= len(chunk)
+                    mac.update(chunk)
+                    await resp.write(chunk)
+                await resp.write(mac.hexdigest().encode())  # its signature, last
+                await resp.write_eof()
+            except OSError as exc:  # the caller gone, or the file: the answer is cut short
+                log.warning("handoff state to %s cut short: %s", request.remote, exc)
+                if request.transport is not None:
+                    request.transport.close()
+        return resp
 
     async def _discard_handoff(self, request: web.Request) -> web.Response:
         """The job has ended: remove its state file of this role from this node's

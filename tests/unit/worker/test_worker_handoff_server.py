@@ -262,11 +262,15 @@ def test_a_fetch_that_fails_changes_nothing_and_says_why(
     assert [p.name for p in dir_b.iterdir()] == []  # nor a temp file left behind
 
 
-def _one_answer_server(head: bytes, body: bytes) -> tuple[str, Any]:
+def _one_answer_server(head: bytes, body: bytes, secret: str = "") -> tuple[str, Any]:
     """A socket that answers one request with `head` + `body` and closes: an HTTP
-    answer whose body may be shorter than its Content-Length (a source cut off)."""
+    answer whose body may be shorter than its Content-Length (a source cut off). With
+    `secret`, `body` ends in its signature for the request, as a service's stream does
+    (`head` counts it: `STREAM_MAC_BYTES`)."""
     import socket
     import threading
+
+    from slurmrl.auth.tokens import NONCE, stream_mac
 
     srv = socket.create_server(("127.0.0.1", 0))
 
@@ -276,7 +280,15 @@ def _one_answer_server(head: bytes, body: bytes) -> tuple[str, Any]:
             buf = b""
             while b"\r\n\r\n" not in buf:
                 buf += conn.recv(4096)
-            conn.sendall(head + body)
+            signed = body
+            if secret:
+                nonce = next(line.split(b":", 1)[1].strip().decode()
+                             for line in buf.split(b"\r\n")
+                             if line.lower().startswith(NONCE.lower().encode()))
+                mac = stream_mac(secret, nonce)
+                mac.update(body)
+                signed = body + mac.hexdigest().encode()
+            conn.sendall(head + signed)
         srv.close()
 
     t = threading.Thread(target=serve, daemon=True)
@@ -301,10 +313,11 @@ def test_a_fetched_state_is_streamed_to_a_file_not_held_whole(tmp_path: Path) ->
             return super().write(b)
 
     head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body))
-    address, t = _one_answer_server(head, body)
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (len(body) + 64))
+    secret = mint_secret()
+    address, t = _one_answer_server(head, body, secret)
     out = Recording()
-    assert ServiceHandle(address, mint_secret(), "42", "trainer").handoff_state_into(out) \
+    assert ServiceHandle(address, secret, "42", "trainer").handoff_state_into(out) \
         == len(body)
     t.join(5)
     assert out.getvalue() == body
