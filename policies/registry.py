@@ -91,10 +91,12 @@ def load(kind: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
         module_name, _, attr = name.partition(":")
         try:
             factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError, ValueError, TypeError) as exc:
-            # ValueError: an empty module name (":X"); TypeError: a relative one (".m:X")
-            raise UnknownPolicy(f"{kind} policy {name!r} cannot be imported: {exc}; give "
-                                "a registered name or package.module:Class") from exc
+        except Exception as exc:  # a site module may raise anything as it is imported
+            # ValueError: an empty module name (":X"); TypeError: a relative one (".m:X");
+            # anything its own code raises as it is imported
+            raise UnknownPolicy(f"{kind} policy {name!r} cannot be imported: "
+                                f"{type(exc).__name__}: {exc}; give a registered name or "
+                                "package.module:Class") from exc
         if not callable(factory):
             raise UnknownPolicy(f"{kind} policy {name!r} is not a class or factory: "
                                 f"{type(factory).__name__}")
@@ -108,6 +110,9 @@ def load(kind: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
         policy = factory(**given)
     except (TypeError, ValueError) as exc:  # a value its constructor refuses
         raise UnknownPolicy(f"{kind} policy {name!r}: bad parameters: {exc}") from exc
+    except Exception as exc:  # a site constructor may raise anything
+        raise UnknownPolicy(f"{kind} policy {name!r} cannot be built: "
+                            f"{type(exc).__name__}: {exc}") from exc
     _check_protocol(kind, name, policy)
     return policy
 

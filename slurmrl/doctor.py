@@ -68,11 +68,12 @@ def load_settings(config_path: str | None, controller_url: str | None,
         # when no --config: the loader says which named a missing file)
         cfg = load(config_path or None, known=registry.known())
     except ConfigError as exc:
-        cfg, res = Config(), CheckResult("config", Level.FAIL, str(exc), "fix the key "
-                                         "named above (every key: site-configs/slurmrl.toml)")
+        fix = ("fix the key named above (every key: site-configs/slurmrl.toml)" if exc.key
+               else "fix the file named above (an example: site-configs/slurmrl.toml)")
+        cfg, res = Config(), CheckResult("config", Level.FAIL, str(exc), fix)
     else:
         src = cfg.source or ""
-        bad = _policy_problem(cfg)
+        bad = _policy_problem(cfg) or _backend_problem(cfg)
         if bad:
             res = CheckResult("config", Level.FAIL, bad,
                               "name a listed policy, or fix its [policies.params] table "
@@ -91,7 +92,8 @@ def load_settings(config_path: str | None, controller_url: str | None,
         controller_url = os.environ.get("SLURMRL_CONTROLLER") or ""
     if not controller_url:
         host = cfg.controller.host
-        host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+        host = f"[{host.split('%')[0]}]" if ":" in host else host  # an IPv6 address
         controller_url = f"http://{host}:{cfg.controller.port}"
     return Settings(cfg, res, controller_url, env, timeout_s)
 
@@ -106,6 +108,20 @@ def _policy_problem(cfg: Config) -> str:
     except ConfigError as exc:
         return str(exc)
     return ""
+
+
+def _backend_problem(cfg: Config) -> str:
+    """Why the controller would refuse `slurm.backend` at start ("" if it would not)."""
+    if cfg.slurm.backend != "pyslurm":
+        return ""
+    from slurmrl.slurm.factory import pyslurm_status
+
+    env = dict(os.environ)
+    if cfg.slurm.slurm_conf:
+        env["SLURM_CONF"] = cfg.slurm.slurm_conf
+    usable, why = pyslurm_status(env)
+    return "" if usable else (f"{cfg.source_of('slurm.backend')}: slurm.backend: the "
+                              f"pyslurm backend cannot be used: {why}")
 
 
 # -- Slurm -------------------------------------------------------------------------------
@@ -236,6 +252,11 @@ def check_controller(s: Settings) -> CheckResult:
         return CheckResult("controller", Level.FAIL, str(exc),
                            "set [controller] host/port or pass --controller http://host:port")
     except ControllerError as exc:
+        if exc.code == "auth-unavailable" and _answers_ping(url, s.timeout_s):
+            # the controller is up; this host's munged could not sign the request
+            return CheckResult("controller", Level.FAIL, f"{url} answers, but a request to "
+                               f"it cannot be signed: {exc}", "start munged on this host "
+                               "(systemctl start munge; the munge check says more)")
         if exc.status in (401, 403):
             return CheckResult("controller", Level.FAIL, f"{url} refused a MUNGE-signed "
                                f"request: {exc}", "this host's munged must share the "
@@ -247,6 +268,18 @@ def check_controller(s: Settings) -> CheckResult:
     jobs = len(status.get("jobs", []))
     return CheckResult("controller", Level.OK, f"{url} answers (slurmrl {ping.get('version')}, "
                        f"API {ping.get('api')}): {jobs} active RL job(s), {pools} pool(s)")
+
+
+def _answers_ping(url: str, timeout_s: float) -> bool:
+    """Whether a slurmrl controller answers `GET /v1/ping` at `url` (no credential)."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/ping", timeout=timeout_s) as r:
+            return bool(json.load(r).get("api") == "v1")
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 # -- this host -------------------------------------------------------------------------------
@@ -298,14 +331,25 @@ def check_python(s: Settings, run_as: str = "nobody") -> CheckResult:
     if not py.exists():
         return CheckResult("python", Level.FAIL, f"[services] python {py} does not exist",
                            "install the slurmrl venv there, or point [services] python at it")
+    if not py.is_file() or not os.access(py, os.X_OK):
+        return CheckResult("python", Level.FAIL, f"[services] python {py} is not an "
+                           "executable file", "point [services] python at the venv's "
+                           "bin/python")
     problems = evaluate_path_access(py)
-    argv = [str(py), "-c", "import slurmrl, os; print(os.path.dirname(slurmrl.__file__))"]
-    cp = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    if cp.returncode != 0:
+    marker = "slurmrl package at "
+    argv = [str(py), "-c", "import slurmrl, os; print('" + marker + "' + "
+            "os.path.dirname(slurmrl.__file__))"]
+    try:
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except OSError as exc:
+        return CheckResult("python", Level.FAIL, f"cannot run {py}: {exc.strerror or exc}",
+                           "point [services] python at the venv's bin/python")
+    where = cp.stdout.strip().rpartition(marker)[2] if marker in cp.stdout else ""
+    if cp.returncode != 0 or not where:
         return CheckResult("python", Level.FAIL, f"{py} cannot import slurmrl: "
-                           f"{cp.stderr.strip().splitlines()[-1:]}",
+                           f"{cp.stderr.strip().splitlines()[-1:] or 'it printed nothing'}",
                            "pip install slurmrl into that venv (make install)")
-    problems += evaluate_path_access(Path(cp.stdout.strip()))
+    problems += evaluate_path_access(Path(where))
     if problems:
         return CheckResult("python", Level.FAIL, "; ".join(problems[:3]),
                            "services run as the job's user: make the venv world-readable "
@@ -316,10 +360,15 @@ def check_python(s: Settings, run_as: str = "nobody") -> CheckResult:
         except KeyError:
             return CheckResult("python", Level.OK, f"{py} imports slurmrl; other users have "
                                f"access by permission bits (no user {run_as!r} to try)")
-        cp = subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}",
-                             "--clear-groups", *argv], capture_output=True, text=True,
-                            timeout=60, check=False, cwd="/")
-        if cp.returncode != 0:
+        try:
+            cp = subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}",
+                                 "--clear-groups", *argv], capture_output=True, text=True,
+                                timeout=60, check=False, cwd="/")
+        except OSError as exc:  # no setpriv here
+            return CheckResult("python", Level.WARN, f"{py} imports slurmrl; not tried as "
+                               f"{run_as}: {exc.strerror or exc}", "install util-linux "
+                               "(setpriv: services drop to the job's user with it)")
+        if cp.returncode != 0 or marker not in cp.stdout:
             return CheckResult("python", Level.FAIL, f"as {run_as}, {py} cannot import "
                                f"slurmrl: {cp.stderr.strip().splitlines()[-1:]}",
                                "make the venv readable by every user")

@@ -23,6 +23,7 @@ import difflib
 import math
 import os
 import re
+import stat
 import tomllib
 import typing
 from collections.abc import Iterable, Mapping
@@ -101,7 +102,9 @@ def load(
                 {k: MappingProxyType(dict(v)) for k, v in params.items()}
             )
         sections[name] = cls(**kwargs)
-    config = Config(**sections, source=str(file) if file else "")
+    config = Config(**sections, source=str(file) if file else "",
+                    sources=MappingProxyType(dict(sources)),
+                    param_sources=MappingProxyType(dict(param_sources)))
     _check_cross_fields(config, sources)
     if known:
         _check_known(config, known, sources)
@@ -117,16 +120,22 @@ def _resolve_path(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -
         chosen, how = Path(path), "--config"
     elif env.get(ENV_PATH):
         chosen, how = Path(env[ENV_PATH]), f"${ENV_PATH}"
-    elif DEFAULT_PATH.exists():
-        return DEFAULT_PATH
     else:
-        return None
-    if chosen.is_dir():
+        chosen, how = DEFAULT_PATH, "default path"
+    try:
+        st = chosen.stat()
+    except FileNotFoundError:
+        if chosen is DEFAULT_PATH:
+            return None  # no site file: defaults
+        raise ConfigError(str(chosen), "", f"site config named by {how} does not exist"
+                          ) from None
+    except OSError as exc:  # e.g. a directory on its path this user may not enter
+        raise ConfigError(str(chosen), "", f"site config named by {how} cannot be read: "
+                          f"{exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
         raise ConfigError(str(chosen), "", f"site config named by {how} is a directory, "
                           "not a file")
-    if not chosen.exists():
-        raise ConfigError(str(chosen), "", f"site config named by {how} does not exist")
-    if not chosen.is_file():
+    if not stat.S_ISREG(st.st_mode):
         raise ConfigError(str(chosen), "", f"site config named by {how} is not a regular file")
     return chosen
 
@@ -209,19 +218,27 @@ def _put_params(
     if rest == "":  # the whole [policies.params] table from a file
         if not isinstance(value, dict):
             raise ConfigError(source, "policies.params", "expected a table of policy tables")
-        for policy, table in value.items():
-            _put_params(source, policy, table, params, param_sources)
+        for policy, table in value.items():  # a name whole: "mysite.slices:TrainFirst"
+            _put_policy_table(source, policy, table, params, param_sources)
         return
-    policy, _, key = rest.partition(".")
+    # POLICY.KEY: a key has no dot, a policy's module path may
+    policy, _, key = rest.rpartition(".")
+    if not policy:
+        _put_policy_table(source, key, value, params, param_sources)
+        return
     param_sources.setdefault(policy, source)
-    if key == "":
-        if not isinstance(value, dict):
-            raise ConfigError(source, f"policies.params.{policy}", "expected a table of parameters")
-        params.setdefault(policy, {}).update(value)
-    else:
-        if isinstance(value, str):
-            value = toml_literal(value)
-        params.setdefault(policy, {})[key] = value
+    if isinstance(value, str):
+        value = toml_literal(value)
+    params.setdefault(policy, {})[key] = value
+
+
+def _put_policy_table(source: str, policy: str, value: object,
+                      params: dict[str, dict[str, object]],
+                      param_sources: dict[str, str]) -> None:
+    param_sources.setdefault(policy, source)
+    if not isinstance(value, dict):
+        raise ConfigError(source, f"policies.params.{policy}", "expected a table of parameters")
+    params.setdefault(policy, {}).update(value)
 
 
 def toml_literal(text: str) -> object:

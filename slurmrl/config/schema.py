@@ -230,6 +230,22 @@ class Config:
     services: ServicesConfig = field(default_factory=ServicesConfig)
     #: where the site file came from ("" when none was read); for messages and `doctor`.
     source: str = ""
+    #: "section.key" -> where its value came from (the file, an environment variable,
+    #: an override), for the keys not left at their defaults; `source_of` reads it.
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    #: policy name -> where its `[policies.params.<name>]` table came from
+    param_sources: Mapping[str, str] = field(default_factory=dict, compare=False,
+                                             repr=False)
+
+    def source_of(self, key: str) -> str:
+        """Where `key` ("section.key", or "policies.params.<name>") got its value, for a
+        message that names it: the file, an environment variable, an override, or
+        "defaults"."""
+        if key.startswith("policies.params."):
+            found = self.param_sources.get(key[len("policies.params."):])
+        else:
+            found = self.sources.get(key)
+        return found or self.source or "defaults"
 
 
 #: section name -> its dataclass, in file order.

@@ -12,7 +12,9 @@ from __future__ import annotations
 import ipaddress
 import re
 
-_SIZE = re.compile(r"\s*(\d+)(?:\.(\d{1,20}))?\s*([KMGTP]?)(?:I?B)?\s*", re.I | re.ASCII)
+# a unit letter, then "B" or "iB" if any ("64GiB", "64GB": both binary); "B" alone: bytes
+_SIZE = re.compile(r"\s*(\d+)(?:\.(\d{1,20}))?\s*(?:([KMGTP])(?:IB|B)?|B)?\s*",
+                   re.I | re.ASCII)
 _MULT = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 MAX_SIZE = (1 << 63) - 1  #: the largest size in bytes: below 8192P
 
@@ -33,7 +35,7 @@ def parse_size(value: object) -> int:
             raise ValueError(f"a size cannot be negative, got {value}")
         result = value
     elif isinstance(value, str) and (m := _SIZE.fullmatch(value)):
-        whole, frac, unit = m.group(1), m.group(2) or "", m.group(3).upper()
+        whole, frac, unit = m.group(1), m.group(2) or "", (m.group(3) or "").upper()
         if unit == "" and frac:
             raise ValueError(f"a size in bytes must be a whole number, got {value!r}")
         if len(whole.lstrip("0")) > 20:  # past MAX_SIZE whatever the unit

@@ -89,7 +89,7 @@ def slurm_backend(cfg: Config) -> SlurmBackend:
         return default_backend(env, choice=s.backend, timeout_s=s.command_timeout_s,
                                account=s.pool_account, time_limit=s.pool_time_limit)
     except SlurmError as exc:  # slurm.backend = "pyslurm" where it cannot be used
-        raise ConfigError(cfg.source or "defaults", "slurm.backend", str(exc)) from None
+        raise ConfigError(cfg.source_of("slurm.backend"), "slurm.backend", str(exc)) from None
 
 
 async def check_listen(cfg: Config) -> None:
@@ -108,8 +108,8 @@ async def check_listen(cfg: Config) -> None:
         except OSError as exc:
             host_wrong = (isinstance(exc, socket.gaierror)
                           or exc.errno == errno.EADDRNOTAVAIL)
-            raise ConfigError(cfg.source or "defaults",
-                              "controller.host" if host_wrong else key,
+            bad = "controller.host" if host_wrong else key
+            raise ConfigError(cfg.source_of(bad), bad,
                               f"cannot listen on {cc.host}:{port}: {exc.strerror or exc}"
                               ) from None
         srv.close()

@@ -81,7 +81,7 @@ def check_policies(cfg: Config) -> None:
     refuses a table naming no policy). The one check of the site's policies: `slurmrl
     controller` runs it at start, `slurmrl doctor` for its config check. Raises
     `ConfigError` naming the key."""
-    p, source = cfg.policies, cfg.source or "defaults"
+    p = cfg.policies
     for kind in ("slice", "pairing", "admission"):
         configured = getattr(p, kind)
         tabled = sorted(n for n in p.params if n in registry.REGISTRY[kind] and n != configured)
@@ -91,11 +91,12 @@ def check_policies(cfg: Config) -> None:
                 registry.load(kind, name, params)
             except registry.UnknownPolicy as exc:
                 key = f"policies.params.{name}" if params else f"policies.{kind}"
-                raise ConfigError(source, key, str(exc)) from None
+                raise ConfigError(cfg.source_of(key), key, str(exc)) from None
     try:
         load_policies(cfg)  # the checks the controller adds (e.g. a lease-mode pairing)
     except registry.UnknownPolicy as exc:
-        raise ConfigError(source, "policies.pairing", str(exc)) from None
+        raise ConfigError(cfg.source_of("policies.pairing"), "policies.pairing", str(exc)
+                          ) from None
 
 
 def load_policies(cfg: Config) -> SitePolicies:

@@ -492,6 +492,7 @@ def test_known_checks_any_dotted_key(tmp_path: Path) -> None:
         ("2K", 2048),
         (" 1P ", 1 << 50),
         (123, 123),
+        ("64B", 64),
     ],
 )
 def test_parse_size(text: str | int, size: int) -> None:
@@ -499,7 +500,7 @@ def test_parse_size(text: str | int, size: int) -> None:
 
 
 @pytest.mark.parametrize("bad", ["", "G", "12X", "1.5", "-1G", "1e3", True, 1.5, None,
-                                 "\u0661\u0662K", "8192P", 1 << 63])
+                                 "\u0661\u0662K", "8192P", 1 << 63, "64IB", "64iB", "BB"])
 def test_parse_size_rejects(bad: object) -> None:
     with pytest.raises(ValueError):
         parse_size(bad)
@@ -526,3 +527,48 @@ def test_size_from_file(tmp_path: Path) -> None:
 def test_slurm_time_limits_accepted(tmp_path: Path, limit: str) -> None:
     site = write(tmp_path, f'[slurm]\npool_time_limit = "{limit}"\n')
     assert load(site, env={}).slurm.pool_time_limit == limit
+
+
+def test_a_site_policy_in_a_package_takes_its_parameter_table(tmp_path: Path) -> None:
+    # the table's name is the policy's whole name, dots of its module path included:
+    # it was split at the first dot and refused as policy "mysite"
+    site = write(tmp_path, '[policies]\nslice = "mysite.slices:TrainFirst"\n'
+                 '[policies.params."mysite.slices:TrainFirst"]\nmax_skips = 2\n')
+    cfg = load(site, env={}, known={"slice": ["fifo", "mysite.slices:TrainFirst"]})
+    assert cfg.policies.params_for("mysite.slices:TrainFirst") == {"max_skips": 2}
+    flags = load(None, env={}, overrides={"policies.params.mysite.slices:TrainFirst.max_skips":
+                                          "3"})
+    assert flags.policies.params_for("mysite.slices:TrainFirst") == {"max_skips": 3}
+
+
+def test_a_site_file_this_user_cannot_reach_is_an_error_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # as a user who may not enter its directory (this test runs as root, whom no mode
+    # stops: Path.stat raises as it would for that user)
+    site = write(tmp_path, "[controller]\nport = 7000\n")
+    real = Path.stat
+
+    def denied(self: Path, *args: object, **kwargs: object) -> object:
+        if self == site:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "stat", denied)
+    with pytest.raises(ConfigError, match="cannot be read: Permission denied"):
+        load(site, env={})
+
+
+def test_an_error_names_where_its_value_came_from(tmp_path: Path) -> None:
+    # the environment variable that set it, not the site file (nor "defaults")
+    from slurmrl.controller.placement import check_policies
+
+    site = write(tmp_path, "[controller]\nport = 7000\n")
+    cfg = load(site, env={"SLURMRL_POLICIES__PAIRING": "nonesuch"})
+    with pytest.raises(ConfigError) as err:
+        check_policies(cfg)
+    assert str(err.value).startswith(
+        "environment variable SLURMRL_POLICIES__PAIRING: policies.pairing: unknown pairing "
+        "policy 'nonesuch'")
+    assert cfg.source_of("controller.port") == str(site)
+    assert cfg.source_of("controller.host") == str(site)  # a default, in a file's config
+    assert load(None, env={}).source_of("controller.host") == "defaults"

@@ -207,3 +207,38 @@ def test_a_timeout_not_a_finite_number_of_seconds_in_range_is_a_usage_error(
     # nan and inf were accepted, and every Slurm command and RPC then failed or hung
     res = CliRunner().invoke(doctor, ["--timeout", value, "--check", "config"])
     assert res.exit_code == 2 and "--timeout" in res.output, res.output
+
+
+@pytest.mark.parametrize(("python", "says"), [
+    ("{venv}", "is not an executable file"),  # the venv's directory, a likely slip
+    ("/bin/true", "cannot import slurmrl"),  # runs, imports nothing, prints nothing
+])
+def test_python_check_fails_for_what_is_no_venv_python(
+        tmp_path: Path, python: str, says: str) -> None:
+    # the directory crashed the check; /bin/true passed it as the current directory
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(f'[services]\npython = "{python.format(venv=tmp_path)}"\n')
+    (r,) = run_checks(load_settings(str(cfg), None), ["python"])
+    assert r.level is Level.FAIL and says in r.detail, r.detail
+
+
+def test_config_fails_for_a_pyslurm_backend_the_controller_would_refuse(
+        tmp_path: Path) -> None:
+    # pyslurm is not installed in the venv CI makes: the controller refuses to start
+    # with it, and doctor said "config OK"
+    import importlib.util
+
+    assert importlib.util.find_spec("pyslurm") is None, "this test needs pyslurm absent"
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('[slurm]\nbackend = "pyslurm"\n')
+    (r,) = run_checks(load_settings(str(cfg), None), ["config"])
+    assert r.level is Level.FAIL
+    assert r.detail.startswith(f"{cfg}: slurm.backend: the pyslurm backend cannot be used")
+
+
+def test_the_controller_url_of_an_ipv6_host_is_bracketed(tmp_path: Path) -> None:
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('[controller]\nhost = "::1"\nport = 6979\n')
+    assert load_settings(str(cfg), None).controller_url == "http://[::1]:6979"
+    cfg.write_text('[controller]\nhost = "::"\nport = 6979\n')
+    assert load_settings(str(cfg), None).controller_url == "http://[::1]:6979"

@@ -136,3 +136,21 @@ def test_simulate_refuses_them_in_one_line(args: list[str], says: str) -> None:
     assert res.exit_code == 1, res.output
     assert isinstance(res.exception, SystemExit)  # its own exit, not an exception
     assert res.output.startswith(f"slurmrl simulate: {says}"), res.output
+
+
+@pytest.mark.parametrize(("code", "says"), [
+    ("raise RuntimeError('no licence server')\n",
+     "slice policy 'brokensite:Slice' cannot be imported: RuntimeError: no licence server"),
+    ("class Slice:\n    def __init__(self):\n        raise KeyError('cluster')\n",
+     "slice policy 'brokensite:Slice' cannot be built: KeyError: 'cluster'"),
+])
+def test_a_site_policy_that_raises_is_refused_by_name(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, code: str, says: str) -> None:
+    # any exception of a site's module or constructor (the controller and doctor read
+    # only UnknownPolicy; anything else was a traceback that stopped every check)
+    (tmp_path / "brokensite.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "brokensite", raising=False)
+    with pytest.raises(registry.UnknownPolicy) as err:
+        registry.load("slice", "brokensite:Slice")
+    assert str(err.value).startswith(says)
