@@ -91,10 +91,7 @@ def load_settings(config_path: str | None, controller_url: str | None,
     if not controller_url:
         controller_url = os.environ.get("SLURMRL_CONTROLLER") or ""
     if not controller_url:
-        host = cfg.controller.host
-        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
-        host = f"[{host.split('%')[0]}]" if ":" in host else host  # an IPv6 address
-        controller_url = f"http://{host}:{cfg.controller.port}"
+        controller_url = cfg.controller.local_url()
     return Settings(cfg, res, controller_url, env, timeout_s)
 
 

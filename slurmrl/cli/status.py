@@ -172,9 +172,7 @@ def _controller_url(given: str | None) -> str:
     try:
         from slurmrl.config import load
 
-        cfg = load()
-        host = "127.0.0.1" if cfg.controller.host in ("0.0.0.0", "") else cfg.controller.host
-        return f"http://{host}:{cfg.controller.port}"
+        return load().controller.local_url()
     except Exception as exc:
         raise StatusError(f"cannot read the site config: {exc}") from None
 

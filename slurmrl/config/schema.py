@@ -100,6 +100,14 @@ class ControllerConfig:
     )
     log_level: str = opt("info", "controller log level", choices=LOG_LEVELS)
 
+    def local_url(self) -> str:
+        """The controller's URL for a client on its host: a wildcard `host` as the
+        loopback address, an IPv6 address in brackets."""
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.host,
+                                                                          self.host)
+        host = f"[{host.split('%')[0]}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
+
 
 @dataclass(frozen=True)
 class AuthConfig:
