@@ -422,8 +422,9 @@ def predict_floating(members: Sequence[JobSnapshot], windows: int,
     tail = 1 if pack_tails else g
     # one step per member as (seconds, GPUs needed): a tail on one GPU (packed) or its
     # window (held), a gap on none
+    # (a profile of no duration at all: one instant gap, not an empty step)
     steps_of = [[(d, 0 if not NEEDS_GPU[ph] else (tail if ph == TAIL else g))
-                 for ph, d in x.segs if d > 0] for x in fs]
+                 for ph, d in x.segs if d > 0] or [(1e-9, 0)] for x in fs]
     reps = [max(1, min(200, int(horizon / max(x.period, 1e-9)) + 1)) for x in fs]
     outs = []
     # members out of phase (each from i/n of its step, as members that joined at

@@ -12,7 +12,12 @@ policy on the profiles where a formula does not hold) and places jobs:
   shared pool) and waiting-pool edges (join an open pool, which makes groups of three
   and more where `max_group` and the site allow and they pay);
 - a job with no partner opens a pool alone at once (it never waits for a partner); it
-  waits only when Slurm has no GPUs for it, and later arrivals may join its pool;
+  waits only when Slurm has no GPUs for it, and later arrivals may join its pool; a
+  pair the matching chose that finds no free GPUs is not formed, and each of its jobs
+  joins the best open pool it may join that no other job joins this round;
+- a group is accepted only where every two of its members may share (`compatible` is
+  not transitive: a colocated job shares with disaggregated jobs of two splits that do
+  not share with each other);
 - two colocated jobs of G GPUs may share a *staggered* pool of G + s GPUs, one on GPUs
   0..G-1, the other on s..G+s-1, where that saves more: a shrunk rollout tail keeps the
   GPUs outside the other's window (`LeaseTable.shrink`), so each can train while the
@@ -166,8 +171,10 @@ class ComplementaryPairing:
         own slowdown limit (a what-if; placements always use their own)."""
         if len(members) > min(self.max_group, limits.max_jobs_per_pool):
             return None
-        first = members[0]
-        if any(compatible(first, m) for m in members[1:]) or not all(map(shareable, members)):
+        # every two of them (`compatible` is not transitive: a colocated job may share
+        # with disaggregated jobs of two splits that may not share with each other)
+        if any(compatible(a, b) for a, b in itertools.combinations(members, 2)) or \
+                not all(map(shareable, members)):
             return None
         if fits_memory(members, pool, limits) is not None:
             return None
@@ -220,7 +227,8 @@ class ComplementaryPairing:
         later arrival can join it. The cap, not the job's own limit: a partner joins
         only when both are predicted within their own limits, then, with the job's
         observed profile; on its prior alone the job would seldom qualify, and opening
-        costs only the extra GPU while it waits (docs/benchmarks.md measures both)."""
+        costs only the extra GPU while it waits (docs/benchmarks.md measures both). Where
+        only G GPUs are free the job opens a pool of G (`_place`), not wait for G + s."""
         g = job.request.gpus
         if self.open_staggered and shareable(job) and self.staggerable(job, job):
             got = self.pair(job, job, limits, limit=limits.max_slowdown, node=node)
@@ -390,6 +398,9 @@ class ComplementaryPairing:
         shared = [j for j in snapshot.waiting if shareable(j) and j.job_id not in out]
         joins: dict[int, tuple[int, GroupPrediction, int]] = {}
         pairs: list[tuple[JobSnapshot, JobSnapshot, GroupPrediction, int]] = []
+        #: job -> the pools it may join, best first: a job whose pair finds no free GPUs
+        #: joins one of them instead of waiting
+        others: dict[int, list[tuple[int, GroupPrediction, int]]] = {}
         if len(shared) == 1 and self.single == "first-fit":
             job = shared[0]
             for pool in sorted(snapshot.pools, key=lambda p: p.pool_id):
@@ -398,7 +409,9 @@ class ComplementaryPairing:
                     joins[job.job_id] = (pool.pool_id, w[1], w[2])
                     break
         elif shared:
-            joins, pairs = self._match(shared, snapshot.pools, limits, snapshot.node_gpus)
+            joins, pairs, others = self._match(shared, snapshot.pools, limits,
+                                               snapshot.node_gpus)
+        joined = {pool_id for pool_id, _, _ in joins.values()}  #: one joiner a pool a round
         next_pool = min([-1, *(p.pool_id - 1 for p in out.values()
                                if p.pool_id is not None and p.pool_id < 0)])
         placed: set[int] = set(out)
@@ -414,6 +427,13 @@ class ComplementaryPairing:
                         f"{how} (pool utilisation {pred.utilisation:.0%})", gpu_offset=off)
                     placed.add(j.job_id)
                 next_pool -= 1
+            else:  # no GPUs for the pair: each may still join an open pool
+                for j in (a, b):
+                    got = next((x for x in others.get(j.job_id, ()) if x[0] not in joined),
+                               None)
+                    if got is not None:
+                        joins[j.job_id] = got
+                        joined.add(got[0])
         for job in snapshot.waiting:
             if job.job_id in placed:
                 continue
@@ -425,6 +445,8 @@ class ComplementaryPairing:
                 continue
             g = job.request.gpus
             size = self._alone_size(job, limits, snapshot.node_gpus.get(job.partition))
+            if g <= free[job.partition] < size:
+                size = g  # no room for a staggered pool: one of its own size, not a wait
             if free[job.partition] < size:
                 out[job.job_id] = Placement(job.job_id, Action.WAIT, reason="no free GPUs")
                 continue
@@ -439,9 +461,14 @@ class ComplementaryPairing:
         return [out[j.job_id] for j in snapshot.waiting]
 
     def _match(self, jobs: list[JobSnapshot], pools: Sequence[PoolSnapshot], limits: SiteLimits,
-               node_gpus: Mapping[str, int]) -> tuple[dict[int, tuple[int, GroupPrediction, int]],
-                          list[tuple[JobSnapshot, JobSnapshot, GroupPrediction, int]]]:
+               node_gpus: Mapping[str, int]) -> tuple[
+                   dict[int, tuple[int, GroupPrediction, int]],
+                   list[tuple[JobSnapshot, JobSnapshot, GroupPrediction, int]],
+                   dict[int, list[tuple[int, GroupPrediction, int]]]]:
+        """The matched joins (job -> pool, prediction, first GPU) and pairs, and every
+        pool each job may join, best first."""
         graph = nx.Graph()
+        weighed: dict[int, list[tuple[int, int, GroupPrediction, int]]] = defaultdict(list)
         #: edge -> (prediction, pool GPUs for a pair | the joiner's first GPU for a join)
         preds: dict[tuple[int, int, int, int], tuple[GroupPrediction, int]] = {}
         by_bucket: dict[tuple[object, ...], list[JobSnapshot]] = defaultdict(list)
@@ -456,6 +483,7 @@ class ComplementaryPairing:
                 if w is not None:
                     graph.add_edge((JOB, j.job_id), (POOL, pool.pool_id), weight=w[0])
                     preds[(JOB, j.job_id, POOL, pool.pool_id)] = (w[1], w[2])
+                    weighed[j.job_id].append((-w[0], pool.pool_id, w[1], w[2]))
         for bucket in by_bucket.values():
             bucket.sort(key=period_of)
             for i, a in enumerate(bucket):
@@ -489,4 +517,6 @@ class ComplementaryPairing:
                 pairs.append((by_id[x[1]], by_id[y[1]], pp, size))
         pairs.sort(key=lambda t: (min(t[0].submitted_at, t[1].submitted_at),
                                   min(t[0].job_id, t[1].job_id)))
-        return joins, pairs
+        others = {j: [(pid, p, off) for _, pid, p, off in sorted(ws, key=lambda x: x[:2])]
+                  for j, ws in weighed.items()}
+        return joins, pairs, others

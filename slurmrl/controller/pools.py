@@ -516,8 +516,11 @@ class SlurmPools:
             by_id = {j.job_id: j for j in waiting}
             new: dict[int, PoolRecord] = {}  # provisional (negative) pool id -> opened pool
             for pl in placements:
-                rec = by_id.get(pl.job_id)
+                rec = by_id.pop(pl.job_id, None)  # one placement a job: the policy's first
                 if rec is None:
+                    if any(j.job_id == pl.job_id for j in waiting):
+                        log.error("pairing policy %r placed job %d twice: the first "
+                                  "placement stands", c.policies.pairing.name, pl.job_id)
                     continue
                 try:
                     await self._enact(rec, pl, new)
@@ -531,6 +534,10 @@ class SlurmPools:
         c = self.c
         if self._ended(job.job_id):  # since the snapshot the policy placed it from
             return
+        if pl.gpu_offset < 0:  # a site policy's slip: the job's GPUs start at 0
+            log.warning("job %d: the pairing policy placed it at GPU offset %d; at 0 "
+                        "instead", job.job_id, pl.gpu_offset)
+            pl = replace(pl, gpu_offset=0)
         if pl.action is Action.WAIT:
             why = f"PoolPending: {pl.reason}" if pl.reason else "PoolPending"
             if job.reason != why:

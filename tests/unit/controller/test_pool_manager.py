@@ -395,3 +395,56 @@ async def test_a_join_across_rl_groups_opens_a_pool_of_its_own(tmp_path: Path) -
     await site.settle()
     assert site.job(23).pool_id == first  # the same group joins as before
     await site.c.stop()
+
+
+class NegativeOffset:
+    """A site policy's slip: opens each job's pool with its GPUs from offset -1."""
+
+    name = "negative-offset"
+    mode = PoolMode.LEASE
+
+    def place(self, snap: ClusterSnapshot) -> list[Placement]:
+        return [Placement(j.job_id, Action.OPEN, -1, j.request.gpus, gpu_offset=-1)
+                for j in snap.waiting]
+
+
+@run
+async def test_a_placement_at_a_negative_gpu_offset_runs_the_job_from_gpu_0(
+        tmp_path: Path) -> None:
+    # it was enacted as given: a pool one GPU short, and the job placed on GPU -1
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE})
+    site.c.policies = replace(site.c.policies, pairing=NegativeOffset())
+    await site.c.register(ALICE, 7, ENV)
+    await site.settle()
+    job = site.job(7)
+    assert job.state is JobState.RUNNING and job.pool_gpus == (0, 1)
+    pool = site.c.store.pool(job.pool_id)  # type: ignore[arg-type]
+    assert pool is not None and pool.gpus == 2
+    await site.c.stop()
+
+
+class Twice:
+    """A site policy's slip: every waiting job placed twice (an open, then a join)."""
+
+    name = "twice"
+    mode = PoolMode.LEASE
+
+    def place(self, snap: ClusterSnapshot) -> list[Placement]:
+        out = []
+        for j in snap.waiting:
+            out += [Placement(j.job_id, Action.OPEN, -1, j.request.gpus),
+                    Placement(j.job_id, Action.OPEN, -2, j.request.gpus)]
+        return out
+
+
+@run
+async def test_a_job_placed_twice_by_the_policy_is_placed_once(tmp_path: Path) -> None:
+    # the second placement was enacted too: a second pool opened and services launched
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE})
+    site.c.policies = replace(site.c.policies, pairing=Twice())
+    await site.c.register(ALICE, 7, ENV)
+    await site.settle()
+    assert site.job(7).state is JobState.RUNNING
+    assert len(site.c.store.pools()) == 1 and site.allocator.running == {101}
+    assert sorted(r for j, r in site.launcher.entered if j == 7) == ["rollout", "trainer"]
+    await site.c.stop()

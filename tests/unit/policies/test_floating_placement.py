@@ -187,3 +187,17 @@ def test_a_job_that_would_not_float_within_its_limit_takes_a_staggered_pool() ->
                     packs_tails={"pools": True}, node_gpus={"pools": 16})
     (p,) = pol.place(light)
     assert p.floating
+
+
+def test_jobs_whose_profile_lasts_no_time_are_placed_not_a_crash() -> None:
+    # observations may start and end at one instant: a profile of zero-length phases
+    # made the floating model index an empty step, and the exception stopped every
+    # placement of the round (and of every round while the job waited)
+    from slurmrl.model import Phase
+    from slurmrl.profiles import profile_from_segments
+
+    flat = profile_from_segments([(Phase.ROLLOUT, 0.0), (Phase.TRAIN, 0.0)])
+    a, b = (replace(job(i, 50, 50, gpus=2), profile=flat) for i in (1, 2))
+    assert len(predict_floating([a, b], 1, pack_tails=True).slowdowns) == 2
+    out = registry.load("pairing", "complementary").place(floating_snap([a, b]))
+    assert {p.job_id for p in out} == {1, 2}

@@ -363,3 +363,47 @@ def test_allowance_never_rules_out_shared_slowdowns_the_whole_run_accepts(
     if all(x <= lim for x, lim in zip(life, lims, strict=True)):
         bound = allowance(members, lims)
         assert bound is None or max(shared) <= bound + 1e-9
+
+
+def test_a_pair_with_no_free_gpus_still_joins_an_open_pool() -> None:
+    # the matching chose the two waiting jobs as a new pair, which found no GPUs; each
+    # could have joined the open pool, and both waited
+    a, b = job(1, 50, 50), job(2, 50, 50)
+    pool = PoolSnapshot(7, 8, (job(9, 45, 55),))
+    alone = by_job(registry.load("pairing", "complementary").place(snap([a], (pool,), free=0)))
+    assert alone[1].action is Action.JOIN and alone[1].pool_id == 7
+    out = by_job(registry.load("pairing", "complementary").place(
+        snap([a, b], (pool,), free=0)))
+    assert [out[1].action, out[2].action].count(Action.JOIN) == 1  # one joiner a round
+    (joined,) = [p for p in out.values() if p.action is Action.JOIN]
+    assert joined.pool_id == 7
+
+
+def test_a_job_opens_a_pool_of_its_own_size_where_no_staggered_one_fits() -> None:
+    # alone, a long-tailed job opens a staggered pool of 9 GPUs for a partner to come;
+    # with exactly its 8 GPUs free it waited
+    pol = registry.load("pairing", "complementary")
+    (roomy,) = pol.place(snap([_long_tail_job(1)], free=9))
+    assert roomy.action is Action.OPEN and roomy.gpus == 9
+    (tight,) = pol.place(snap([_long_tail_job(1)], free=8))
+    assert tight.action is Action.OPEN and tight.gpus == 8
+
+
+def test_every_two_members_of_a_group_must_be_able_to_share() -> None:
+    # a colocated job may share with disaggregated jobs of either split; two
+    # disaggregated jobs of different splits may not share with each other
+    from policies.complementarity import compatible
+    from slurmrl.model import Layout
+
+    def split(jid: int, rollout: int | None) -> JobSnapshot:
+        j = job(jid, 10, 90, gpus=4)
+        layout = Layout.COLOCATED if rollout is None else Layout.DISAGGREGATED
+        return replace(j, request=replace(j.request, layout=layout, rollout_gpus=rollout))
+
+    a, b, c = split(1, None), split(2, 2), split(3, 1)
+    assert compatible(a, b) is None and compatible(a, c) is None
+    assert compatible(b, c) is not None
+    pol = registry.load("pairing", "complementary", {"max_group": 3})
+    lax = SiteLimits(max_slowdown=100.0, default_max_slowdown=100.0, max_jobs_per_pool=3)
+    assert pol.accepts((a, b), lax) is not None and pol.accepts((a, c), lax) is not None
+    assert pol.accepts((a, b, c), lax) is None
