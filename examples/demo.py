@@ -21,6 +21,7 @@ Set DEMO_STEPS to shorten the jobs (default: the driver's 60 steps).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,7 +56,16 @@ def summary(res: RunResult) -> None:
             f"{j.reward_last:.2f} ({len(j.rewards)} steps)")
 
 
+def _exit_on(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
+    # make's recipe runs this in the background and passes Ctrl-C or SIGTERM on as a
+    # SIGTERM (a background job ignores SIGINT): both must unwind through `run`'s
+    # `finally`, which stops the controller and cancels the jobs and pools
+    signal.signal(signal.SIGTERM, _exit_on)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.geteuid() != 0:
         say("demo: run as root (make demo): it starts a controller and submits as two users")
         return 2

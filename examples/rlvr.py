@@ -27,8 +27,10 @@ job whose verification waits on tools (code execution, search); it is a stand-in
 waiting, not real tool use.
 
 Known limits: GRPO here is the plain group-relative policy gradient (advantage =
-reward minus the group mean, divided by the group's standard deviation), one update per
-batch, no KL term, no clipping ratio (each batch is on-policy: it is trained on once).
+reward minus the group mean; divided by the group's standard deviation only with
+`scale_by_std`, off by default: "Dr. GRPO"), one update per batch, no KL term, no
+clipping ratio (each batch is on-policy: it is trained on once). A step whose groups all
+agreed trains nothing, so it syncs nothing either (the rollout holds those weights).
 """
 
 from __future__ import annotations
@@ -216,8 +218,9 @@ def run_step(
             if switch is not None:
                 switch("sync")  # the sync block below takes up the lease this grants
     t3 = time.monotonic()
-    with phase("sync"):
-        trainer.sync_weights_to(rollout)
+    if train_samples:  # unchanged weights: the rollout has them (no lease for nothing)
+        with phase("sync"):
+            trainer.sync_weights_to(rollout)
     t4 = time.monotonic()
     tokens = statistics.fmean(len(s.completion_ids) for s in result.samples)
     return StepLog(step, statistics.fmean(rewards), loss, t1 - t0, t2 - t1, t3 - t2, t4 - t3,

@@ -328,10 +328,13 @@ class Job:
                 if lease.revoked_reason is None:
                     try:
                         lease.release(lease.timing())
-                    except LeaseRevoked:
+                    except (LeaseRevoked, ControllerError) as exc:
                         if not failed:
                             raise
-                        # revoked meanwhile: the block's own error is the one to see
+                        # the block's own error is the one to see (its lease was revoked
+                        # meanwhile, or the controller is away: it lapses unrenewed)
+                        log.warning("lease %d (%s) not released after the block failed: "
+                                    "%s", lease.lease_id, lease.phase, exc)
             finally:
                 if self.current is lease:  # not the lease a switch made current
                     self.current = None

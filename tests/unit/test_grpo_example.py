@@ -125,3 +125,99 @@ def test_a_colocated_step_switches_its_train_lease_to_the_sync(
     assert phases.events == ["enter rollout", "exit rollout", "enter train", *train_end,
                              "enter sync", "exit sync"]
     run_step(cfg, 0, job, job, no_lease, switch_sync=True)  # no lease: nothing to switch
+
+
+def test_reward_is_exact_match_on_the_first_integer() -> None:
+    from rlvr import reward
+
+    assert reward("7", 7) == 1.0
+    assert reward(" 7 and more", 7) == 1.0
+    assert reward("77", 7) == 0.0
+    assert reward("", 7) == 0.0
+    assert reward("+7", 7) == 0.0
+    with pytest.raises(ValueError, match="group_size"):
+        GrpoConfig(group_size=1)
+
+
+def test_advantages_are_relative_to_the_group_and_zero_where_it_agreed() -> None:
+    from rlvr import group_advantages
+
+    assert group_advantages([1.0, 0.0, 0.0, 0.0]) == [0.75, -0.25, -0.25, -0.25]
+    assert group_advantages([1.0, 1.0, 1.0]) == [0.0, 0.0, 0.0]
+    scaled = group_advantages([1.0, 0.0], scale_by_std=True)
+    assert scaled == pytest.approx([1.0, -1.0], abs=1e-5)  # (r - 0.5) / 0.5
+    assert group_advantages([0.0, 0.0], scale_by_std=True) == [0.0, 0.0]
+
+
+class Scripted:
+    """A rollout answering each prompt with the completions `answers` gives it (the
+    GRPO group in order), and a trainer recording what it trains on and syncs."""
+
+    def __init__(self, answers: dict[str, list[str]]) -> None:
+        self.answers = answers
+        self.trained: list[tuple[str, float]] = []
+        self.events: list[str] = []
+
+    def generate(self, prompts: list[str], **kw: Any) -> Any:
+        from types import SimpleNamespace
+
+        seen: dict[str, int] = {}
+        samples = []
+        for p in prompts:
+            i = seen[p] = seen.get(p, -1) + 1
+            text = self.answers[p][i]
+
+            def with_advantage(adv: float, text: str = text) -> tuple[str, float]:
+                return (text, adv)
+
+            samples.append(SimpleNamespace(completion=text, completion_ids=[1],
+                                           with_advantage=with_advantage))
+        return SimpleNamespace(samples=samples)
+
+    def train_step(self, samples: list[tuple[str, float]]) -> dict[str, float]:
+        self.trained = list(samples)
+        self.events.append("train")
+        return {"loss": 0.5}
+
+    def sync_weights_to(self, other: Any) -> int:
+        self.events.append("sync")
+        return 0
+
+
+def test_a_step_trains_on_each_groups_advantages_then_syncs_the_rollout() -> None:
+    cfg = GrpoConfig(prompts_per_step=2, group_size=2, max_operand=1, seed=0)
+    from rlvr import problems
+
+    (p1, a1), (p2, a2) = problems(cfg, 0)
+    answers = {p1: [str(a1), "9"], p2: [str(a2), "9"]}
+    if p1 == p2:  # one problem twice: four completions for it
+        answers = {p1: [str(a1), "9", str(a1), "9"]}
+    job = Scripted(answers)
+    log = run_step(cfg, 0, job, job, no_lease)
+    assert log.reward == 0.5 and log.loss == 0.5
+    # in each group one right (+0.5) and one wrong (-0.5): each trained on once
+    assert sorted(job.trained) == sorted([(str(a1), 0.5), ("9", -0.5),
+                                          (str(a2), 0.5), ("9", -0.5)])
+    assert job.events == ["train", "sync"]  # the rollout gets the trained weights after
+
+
+def test_a_step_whose_groups_all_agreed_trains_and_syncs_nothing() -> None:
+    cfg = GrpoConfig(prompts_per_step=2, group_size=2, max_operand=1, seed=0)
+    from rlvr import problems
+
+    answers = {p: ["9"] * 4 for p, _ in problems(cfg, 0)}
+    job, phases = Scripted(answers), Phases()
+    log = run_step(cfg, 0, job, job, phases)
+    assert log.reward == 0.0 and job.events == []
+    assert phases.events == ["enter rollout", "exit rollout"]  # no lease for nothing
+
+
+@pytest.mark.parametrize("steps", [2, 8, 10, 60])
+def test_the_demo_sees_a_rising_reward_however_few_the_steps(steps: int) -> None:
+    # the first and last 10 steps were the same steps at DEMO_STEPS <= 10: a rising
+    # curve read as flat, and the demo failed every job
+    from e2e_run import JobResult
+
+    res = JobResult("math", "rlalice", 1, "COMPLETED",
+                    [i / steps for i in range(steps)], 1.0)
+    assert res.reward_last > res.reward_first + 0.1

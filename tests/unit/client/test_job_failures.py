@@ -176,6 +176,20 @@ def test_a_drivers_error_is_not_replaced_by_a_revocation_its_release_finds(
         pass
 
 
+def test_a_drivers_error_is_not_replaced_by_a_release_the_controller_refuses(
+        standin: StandIn, job: Job) -> None:
+    # the release fails with a controller error (here refused; away for good is the
+    # same class): the driver's own error is the one it sees, as the guide promises
+    job.heartbeat_s = 100.0
+    job._rpc.retry_for_s = 0.0
+    standin.routes[RELEASE] = lambda call: error(500, "internal", "database is locked")
+    with pytest.raises(ValueError, match="trainer diverged"), job.phase("train"):
+        raise ValueError("trainer diverged: loss is nan")
+    assert standin.seen(*RELEASE)
+    with pytest.raises(ControllerError, match="database is locked"), job.phase("train"):
+        pass  # without an error of its own, the failed release is the error
+
+
 def test_a_grow_whose_answer_was_lost_is_resent_and_names_what_it_took(
         standin: StandIn, job: Job) -> None:
     # the controller answers a grow once its hand-off is done; one that outlasts the
