@@ -123,7 +123,8 @@ class AuthConfig:
 class SlurmConfig:
     """`[slurm]`: where pools run and how slurmrl talks to Slurm."""
 
-    pool_partition: str = opt("pools", "partition slurmrl submits pool allocations to")
+    pool_partition: str = opt("pools", "partition slurmrl submits pool allocations to",
+                              pattern=(r"[A-Za-z0-9_.-]+", "a Slurm partition name"))
     pool_account: str = opt(
         "", 'sbatch --account of a pool; "" for the controller account\'s default'
     )

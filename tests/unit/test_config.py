@@ -233,6 +233,8 @@ def test_admins_from_the_environment_refuse_a_negative_uid_or_a_dash_name(
         ('[controller]\nadmins = "alice"\n', "controller.admins", "list of user names"),
         ('[controller]\nadmins = ["al ice"]\n', "controller.admins", "user names or uids"),
         ("[controller]\nadmins = [-1]\n", "controller.admins", "user names or uids"),
+        # "" started the controller (its DB written), which failed at its first pool
+        ('[slurm]\npool_partition = ""\n', "slurm.pool_partition", "a Slurm partition name"),
         (
             '[limits]\nparked_host_mem_per_node = "lots"\n',
             "limits.parked_host_mem_per_node",
