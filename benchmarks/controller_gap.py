@@ -77,9 +77,10 @@ def run_as(mode: str, w: Workload, jobs: list[SimJob],
     """The jobs and config that run the suite as `mode` (module docstring)."""
     if mode == "designed":
         return jobs, cfg
-    # the controller's priors: a rollout holds its whole set until observed otherwise
-    # (slurmrl.controller.placement.ROLLOUT_HELD_SHARE)
-    cfg = replace(cfg, rollout_prior_gpu_share=ROLLOUT_HELD_SHARE)
+    # the controller's priors: a rollout holds its whole set until its own leases show
+    # otherwise (slurmrl.controller.placement.ROLLOUT_HELD_SHARE); it learns no prior
+    # from other jobs (`SitePriors` is the simulator's alone)
+    cfg = replace(cfg, rollout_prior_gpu_share=ROLLOUT_HELD_SHARE, learn_priors=False)
     if mode == "controller today":
         # one engine per rollout: it holds its whole set throughout and is granted it whole
         return [replace(j, tail=()) for j in jobs], replace(cfg, elastic_min=1.0)
@@ -173,8 +174,9 @@ limit shown:
 - **controller today**: one engine: no tail points, the rollout holds its set
   throughout for the same time and is granted it whole.
 The five controller rows use the controller's priors (a rollout holds its set,
-`slurmrl.controller.placement.ROLLOUT_HELD_SHARE`) and learn from observed jobs as the
-designed row does. Means over {seeds} seeds x (steady, bursty), max over runs.
+`slurmrl.controller.placement.ROLLOUT_HELD_SHARE`, until its own leases show otherwise)
+and, as the controller, learn nothing from other jobs (the designed row learns each new
+job's prior from observed jobs of its model and size: `SimConfig.learn_priors`). Means over {seeds} seeds x (steady, bursty), max over runs.
 
 {table}
 

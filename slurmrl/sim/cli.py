@@ -109,6 +109,15 @@ def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
 @click.option("--max-jobs-per-pool", "max_jobs_per_pool", type=click.IntRange(1, 1000),
               default=None, help="what-if: the site's max_jobs_per_pool (default: the "
                                  "workload's)")
+@click.option("--park-always", is_flag=True,
+              help="what-if: price every hand-off between jobs as a park and an activate, "
+                   "as the controller's default does (it parks the other jobs' services "
+                   "on a granted lease's GPUs even where their models fit beside it); "
+                   "without: a context switch where the models fit GPU memory together")
+@click.option("--parked-host-mem", "parked_host_mem", default=None, metavar="SIZE",
+              help="what-if: host memory per pool for parked state, e.g. 64G (the "
+                   "controller's [limits] parked_host_mem_per_node; default: the "
+                   "workload's, none for most: unlimited)")
 @click.option("--rl-steps/--no-rl-steps", "declare_steps", default=True, show_default=True,
               help="every job declares its step count (#SBATCH --rl-steps), which lets "
                    "pairing judge a pool member on its whole run; or none does")
@@ -126,6 +135,7 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
              seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
              gpus_per_node: int | None, floating: bool, held_tails: bool,
              floating_across_nodes: bool, max_jobs_per_pool: int | None,
+             park_always: bool, parked_host_mem: str | None,
              declare_steps: bool, assume_profiles: bool,
              replay_path: str | None, param_args: tuple[str, ...], no_check: bool,
              as_json: bool) -> None:
@@ -134,6 +144,14 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
     from slurmrl.sim.runner import SliceConflict, slice_for
     from slurmrl.sim.workload import WorkloadError
 
+    host_mem: int | None = None
+    if parked_host_mem is not None:
+        from slurmrl.config.units import parse_size
+
+        try:
+            host_mem = parse_size(parked_host_mem)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--parked-host-mem") from None
     parsed = [(arg, *_param(arg)) for arg in param_args]
     params: dict[str, dict[str, Any]] = {}
     for _, policy, key, value in parsed:
@@ -151,6 +169,7 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
         if replay_path is not None and (
                 given or max_slowdown is not None or params or gpus_per_node is not None
                 or floating or max_jobs_per_pool is not None or not declare_steps or no_check
+                or park_always or host_mem is not None
                 or ctx.get_parameter_source("admission") is not ParameterSource.DEFAULT):
             raise click.UsageError("--replay runs a trace's jobs as recorded, in their "
                                    "recorded pools (only --slice applies); to place them by "
@@ -189,7 +208,7 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
                                            gpus_per_node, declare_steps, assume_profiles,
                                            not no_check, as_json, params, floating,
                                            max_jobs_per_pool, held_tails,
-                                           floating_across_nodes)
+                                           floating_across_nodes, park_always, host_mem)
         meta["wall_s"] = f"{time.perf_counter() - t0:.3f}"
     except SliceConflict as exc:
         raise click.UsageError(str(exc)) from None
@@ -220,7 +239,8 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
          gpus_per_node: int | None, declare_steps: bool, assume_profiles: bool, check: bool,
          quiet: bool, params: dict[str, dict[str, Any]], floating: bool = False,
          max_jobs_per_pool: int | None = None, held_tails: bool = False,
-         across_nodes: bool = False) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+         across_nodes: bool = False, park_always: bool = False,
+         host_mem: int | None = None) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     from slurmrl.sim.runner import config_for, run_jobs, trace_config, with_max_slowdown
     from slurmrl.sim.workload import generate, load
 
@@ -245,6 +265,10 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
                   floating_across_nodes=across_nodes)
     if max_jobs_per_pool is not None:
         cfg = replace(cfg, limits=replace(cfg.limits, max_jobs_per_pool=max_jobs_per_pool))
+    cfg = replace(cfg, park_always=park_always)
+    if host_mem is not None:
+        cfg = replace(cfg, host_mem_per_pool_bytes=host_mem,
+                      limits=replace(cfg.limits, parked_host_mem_bytes=host_mem))
     meta.update({"pairing": pairing, "slice": slice_name, "admission": admission,
                  "jobs": len(jobs), "cluster_gpus": cfg.gpus, "gpus_per_node": cfg.gpus_per_node,
                  "max_slowdown": max_slowdown, "rl_steps": declare_steps,
@@ -252,6 +276,8 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
                  else "held" if held_tails else "packed",
                  "floating_across_nodes": across_nodes if floating else None,
                  "max_jobs_per_pool": cfg.limits.max_jobs_per_pool,
+                 "park_always": park_always,
+                 "parked_host_mem_bytes": cfg.host_mem_per_pool_bytes,
                  **({"params": params} if params else {})})
     if quiet or not sys.stderr.isatty():
         result = run_jobs(jobs, cfg, pairing, slice_name, admission, params)

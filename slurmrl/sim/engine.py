@@ -230,6 +230,11 @@ class SimConfig:
     #: window changes, priced here as a park and an activate only); False: a floating
     #: pool holds at most one node's GPUs (`gpus_per_node`), the controller's default
     floating_across_nodes: bool = False
+    #: every hand-off between two jobs parks one and activates the other, as the
+    #: controller's default (`SlurmPools(park_others=True)`: an RL phase wants nearly
+    #: all of a GPU's memory); False: where the members' models fit GPU memory together
+    #: it costs a context switch (`costs.switch_s`), the designed system's price
+    park_always: bool = False
 
 
 class Simulation:
@@ -550,7 +555,8 @@ class Simulation:
         pool.members.append(run)
         pool.history.append(run)
         pool.offset[run.job.job_id] = offset
-        pool.resident = costs.fits_together([m.job for m in pool.members], self.cfg.gpu_mem_bytes)
+        pool.resident = not self.cfg.park_always and costs.fits_together(
+            [m.job for m in pool.members], self.cfg.gpu_mem_bytes)
         # the slice policy sees the limit admission and pairing take (the site's cap)
         pool.table.set_member(run.job.job_id, self.cfg.limits.limit_for(run.job.max_slowdown),
                               range(offset, offset + run.job.gpus) if pool.windows is None
@@ -754,7 +760,8 @@ class Simulation:
         self._handle(pool, pool.table.remove_job(run.job.job_id, self.now, "job-ended"))
         pool.members.remove(run)
         pool.offset.pop(run.job.job_id, None)
-        pool.resident = costs.fits_together([m.job for m in pool.members], self.cfg.gpu_mem_bytes)
+        pool.resident = not self.cfg.park_always and costs.fits_together(
+            [m.job for m in pool.members], self.cfg.gpu_mem_bytes)
         self._retire_spare(pool)
         if not pool.members:
             pool.closed_at = self.now
