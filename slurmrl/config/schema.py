@@ -188,8 +188,9 @@ class LimitsConfig:
     )
     max_gpus_per_job: int = opt(8, "largest --rl-gpus accepted", lo=1)
     parked_host_mem_per_node: int = opt(
-        parse_size("64G"),
-        "host memory per node that parked (offloaded) services may pin",
+        0,
+        "host memory per node that parked (offloaded) services may pin; 0: half of the "
+        "pool node's memory as Slurm reports it (RealMemory)",
         lo=0,
         size=True,
     )

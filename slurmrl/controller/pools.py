@@ -70,6 +70,8 @@ POOL_NAME = "slurmrl-pool"
 POOL_COMMENT = "slurmrl pool"
 #: how often `reconcile` looks for allocations of this controller that no pool holds
 SWEEP_INTERVAL_S = 60.0
+#: the host budget for parked state where the site sets none and Slurm reports no memory
+UNKNOWN_HOST_BUDGET = 64 << 30
 
 
 class PoolError(RuntimeError):
@@ -306,6 +308,9 @@ class SlurmPools:
         self._retiring: dict[int, set[int]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._next_sweep = 0.0  #: monotonic time of the next `_sweep_allocations`
+        #: node -> its memory in bytes, and its partitions, as Slurm last reported them
+        self._node_bytes: dict[str, int] = {}
+        self._node_parts: dict[str, tuple[str, ...]] = {}
         self.handoffs: list[HandoffTiming] = []  #: the most recent handoffs, newest last
 
     @property
@@ -329,6 +334,7 @@ class SlurmPools:
                 bind_host=self._bind_host, ready_timeout_s=cfg.services.launch_timeout_s,
                 step_timeout_s=cfg.slurm.step_launch_timeout_s,
                 step_retries=cfg.slurm.step_launch_retries)
+        await self._refresh_node_memory()
         await self._reattach()
         await self._sweep_allocations()
         # nothing is being placed at start: an open pool with no active member is empty
@@ -483,6 +489,33 @@ class SlurmPools:
         self._spawn(self._place_pending())
 
     # -- placement --------------------------------------------------------------------------
+    def _host_budget(self, pool: PoolRecord | None) -> int:
+        """Host memory parked services may pin on the pool's node(s) (None: a pool not
+        opened yet, on any node of the pool partition): `[limits]
+        parked_host_mem_per_node`, or where that is 0, half of the smallest such node's
+        memory as Slurm last reported it (`_refresh_node_memory`), 64 GiB where unknown."""
+        fixed = self.c.config.limits.parked_host_mem_per_node
+        if fixed > 0:
+            return fixed
+        part = self.c.config.slurm.pool_partition
+        if pool is not None and pool.nodes:
+            known = [self._node_bytes[n] for n in pool.nodes if n in self._node_bytes]
+        else:
+            known = [b for n, b in self._node_bytes.items()
+                     if part in self._node_parts.get(n, ())]
+        return min(known) // 2 if known else UNKNOWN_HOST_BUDGET
+
+    async def _refresh_node_memory(self) -> None:
+        """Each node's memory (Slurm's RealMemory) for `_host_budget`; kept as it was
+        where Slurm cannot be asked."""
+        try:
+            nodes = await asyncio.to_thread(self.c.slurm.nodes)
+        except SlurmError as exc:
+            log.warning("node memory not read from Slurm: %s", exc)
+            return
+        self._node_bytes = {n.name: n.memory_mb << 20 for n in nodes if n.memory_mb > 0}
+        self._node_parts = {n.name: n.partitions for n in nodes}
+
     def _capacity(self, pool: PoolRecord) -> list[GpuCapacity]:
         # Without NVML readings from the pool's node (the controller usually runs
         # elsewhere), each GPU is assumed to have `gpu_memory_bytes`. A floating pool's
@@ -502,6 +535,7 @@ class SlurmPools:
                        if j.pool_id is None and not j.state.terminal]
             if not waiting:
                 return
+            await self._refresh_node_memory()
             snap = await controller_snapshot(c, waiting, self._gpu_bytes)
             try:
                 placements = list(c.policies.pairing.place(snap))
@@ -549,7 +583,7 @@ class SlurmPools:
         # a staggered pool: the job runs on the pool's GPUs from its placement's offset
         gpus = tuple(range(pl.gpu_offset, pl.gpu_offset + job.request.gpus))
         mine = self._footprints(job, gpus)
-        host = c.config.limits.parked_host_mem_per_node
+        host = self._host_budget(None)  # the alone case: the partition's smallest node
         target: PoolRecord | None = None
         if pl.action is Action.JOIN and pl.pool_id is not None:
             target = self._joinable(job, c.store.pool(pl.pool_id), mine, gpus)
@@ -634,7 +668,7 @@ class SlurmPools:
         if target is None:
             caps = [GpuCapacity(i, self._gpu_bytes) for i in range(g)]
             reason = admit(self._footprints(job, range(g)), [], caps,
-                           c.config.limits.parked_host_mem_per_node)
+                           self._host_budget(None))
             if reason is not None:
                 await c.end_job(job.job_id, JobState.FAILED, f"admission refused: {reason}")
                 return
@@ -687,7 +721,7 @@ class SlurmPools:
         on_one = [f for f in self._members_fp(pool.pool_id) if f.window == wins[0].window]
         reason = admit(self._footprints(job, range(g)), on_one,
                        [GpuCapacity(i, self._gpu_bytes) for i in range(g)],
-                       self.c.config.limits.parked_host_mem_per_node)
+                       self._host_budget(pool))
         if reason is not None:
             log.info("job %d cannot join pool %d: %s", job.job_id, pool.pool_id, reason)
             return None
@@ -991,7 +1025,7 @@ class SlurmPools:
         if self._incompatible(job, members, pool.pool_id):
             return None
         reason = admit(mine, self._members_fp(pool.pool_id), self._capacity(pool),
-                       self.c.config.limits.parked_host_mem_per_node)
+                       self._host_budget(pool))
         if reason is not None:
             log.info("job %d cannot join pool %d: %s", job.job_id, pool.pool_id, reason)
             return None
@@ -1087,9 +1121,9 @@ class SlurmPools:
                                            job_id=job.job_id, phase=phase, gpus=lease.gpus)
             else:
                 plan = plan_grant(services, self._capacity_by_id(pool_id), job_id=job.job_id,
-                                  phase=phase, host_budget_bytes=self.c.config.limits
-                                  .parked_host_mem_per_node, gpus=lease.gpus,
-                                  park_others=self.park_others)
+                                  phase=phase,
+                                  host_budget_bytes=self._host_budget(self.c.store.pool(pool_id)),
+                                  gpus=lease.gpus, park_others=self.park_others)
         except ResidencyError as exc:
             log.error("job %d %s: residency does not fit: %s", job.job_id, phase, exc)
             return

@@ -425,7 +425,7 @@ def test_a_recorded_job_is_placed_with_the_steps_it_declared(tmp_path: Path) -> 
 def test_a_trace_runs_under_the_controllers_default_limits(tmp_path: Path) -> None:
     want = site_limits(Config())  # the controller's own, from its default [limits]
     assert (want.default_max_slowdown, want.max_slowdown, want.max_gpus_per_job,
-            want.max_jobs_per_pool, want.parked_host_mem_bytes) == (1.3, 1.5, 8, 2, 64 * 2**30)
+            want.max_jobs_per_pool, want.parked_host_mem_bytes) == (1.3, 1.5, 8, 2, None)
     jobs = trace_jobs(recorded_trace(tmp_path / "t.jsonl", None, steps=2))
     cfg = trace_config(jobs)
     assert cfg.limits == want

@@ -52,7 +52,7 @@ def test_no_file_gives_defaults() -> None:
     assert cfg.slurm.pool_partition == "pools"
     assert cfg.slurm.backend == "auto"
     assert cfg.limits.max_slowdown == 1.5
-    assert cfg.limits.parked_host_mem_per_node == 64 << 30
+    assert cfg.limits.parked_host_mem_per_node == 0  # half of each node's memory
     assert cfg.source == ""
 
 

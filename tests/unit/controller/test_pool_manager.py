@@ -448,3 +448,31 @@ async def test_a_job_placed_twice_by_the_policy_is_placed_once(tmp_path: Path) -
     assert len(site.c.store.pools()) == 1 and site.allocator.running == {101}
     assert sorted(r for j, r in site.launcher.entered if j == 7) == ["rollout", "trainer"]
     await site.c.stop()
+
+
+@run
+async def test_the_host_budget_is_half_the_nodes_memory_unless_the_site_sets_one(
+        tmp_path: Path) -> None:
+    # a 7B job on 8 GPUs parks ~112 GB of trainer state: a fixed 64 GiB default refused
+    # it outright; by default the budget is half the node's RealMemory as Slurm says
+    seven_b = {"SLURMRL_GPUS": "8", "SLURMRL_MODEL": "Qwen2.5-7B"}
+    for node_mb, admitted in ((128000, False), (2_000_000, True)):
+        site = await _site(Store(tmp_path / f"{node_mb}.db"), jobs={7: ALICE})
+        site.slurm.nodes = lambda mb=node_mb: [  # type: ignore[method-assign]
+            NodeInfo("n1", "IDLE", 8, 16, mb, ("pools",))]
+        await site.c.register(ALICE, 7, seven_b)
+        await site.settle()
+        job = site.job(7)
+        assert (job.state is JobState.RUNNING) is admitted, job.reason
+        if not admitted:
+            assert job.state is JobState.FAILED and "admission refused" in job.reason
+        await site.c.stop()
+    # a site's own figure wins over the node's memory
+    cfg = Config(limits=LimitsConfig(parked_host_mem_per_node=64 << 30))
+    site = await _site(Store(tmp_path / "fixed.db"), cfg, jobs={7: ALICE})
+    site.slurm.nodes = lambda: [  # type: ignore[method-assign]
+        NodeInfo("n1", "IDLE", 8, 16, 2_000_000, ("pools",))]
+    await site.c.register(ALICE, 7, seven_b)
+    await site.settle()
+    assert site.job(7).state is JobState.FAILED
+    await site.c.stop()
