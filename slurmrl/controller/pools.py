@@ -599,14 +599,7 @@ class SlurmPools:
                 return
             dedicated = pl.action is Action.DEDICATED or job.request.mux is Mux.OFF
             size = max(pl.gpus or 0, gpus[-1] + 1)
-            opened = await asyncio.to_thread(self.allocator.open, size,
-                                             f"for job {job.job_id}")
-            try:
-                target = c.open_pool(gpus=opened.gpus, slurm_job_id=opened.slurm_job_id,
-                                     partition=opened.partition, nodes=opened.nodes,
-                                     gpu_indices=opened.gpu_indices, dedicated=dedicated)
-            finally:
-                self.allocator.recorded(opened.slurm_job_id)
+            target = await self._open_pool(job, size, dedicated=dedicated)
             if pl.action is Action.OPEN and pl.pool_id is not None and not dedicated:
                 new[pl.pool_id] = target
         self._mark_placing(target.pool_id, job.job_id)
@@ -620,6 +613,20 @@ class SlurmPools:
             self._unmark_placing(target.pool_id, job.job_id)
             # a pool opened for the job, or whose members ended meanwhile, may be empty
             await self._close_if_empty(target.pool_id)
+
+    async def _open_pool(self, job: JobRecord, gpus: int, *, dedicated: bool = False,
+                         floating: bool = False) -> PoolRecord:
+        """A pool of `gpus` GPUs opened for `job`: allocated, then recorded (the
+        allocation is `PoolAllocator.tagged` as a stray only once recorded)."""
+        assert self.allocator is not None
+        opened = await asyncio.to_thread(self.allocator.open, gpus, f"for job {job.job_id}")
+        try:
+            return self.c.open_pool(gpus=opened.gpus, slurm_job_id=opened.slurm_job_id,
+                                    partition=opened.partition, nodes=opened.nodes,
+                                    gpu_indices=opened.gpu_indices, dedicated=dedicated,
+                                    floating=floating)
+        finally:
+            self.allocator.recorded(opened.slurm_job_id)
 
     def _ended(self, job_id: int) -> bool:
         job = self.c.store.job(job_id)
@@ -672,13 +679,7 @@ class SlurmPools:
             if reason is not None:
                 await c.end_job(job.job_id, JobState.FAILED, f"admission refused: {reason}")
                 return
-            opened = await asyncio.to_thread(self.allocator.open, g, f"for job {job.job_id}")
-            try:
-                target = c.open_pool(gpus=opened.gpus, slurm_job_id=opened.slurm_job_id,
-                                     partition=opened.partition, nodes=opened.nodes,
-                                     gpu_indices=opened.gpu_indices, floating=True)
-            finally:
-                self.allocator.recorded(opened.slurm_job_id)
+            target = await self._open_pool(job, g, floating=True)
             if pl.action is Action.OPEN and pl.pool_id is not None:
                 new[pl.pool_id] = target
             self._mark_placing(target.pool_id, job.job_id)
