@@ -513,7 +513,10 @@ class SlurmPools:
         except SlurmError as exc:
             log.warning("node memory not read from Slurm: %s", exc)
             return
-        self._node_bytes = {n.name: n.memory_mb << 20 for n in nodes if n.memory_mb > 0}
+        # a node with no GPU holds no pool; RealMemory under 1 GiB is Slurm's placeholder
+        # where slurm.conf sets none (1 MB): unknown, not a budget
+        self._node_bytes = {n.name: n.memory_mb << 20 for n in nodes
+                            if n.memory_mb >= 1024 and n.gpus > 0}
         self._node_parts = {n.name: n.partitions for n in nodes}
 
     def _capacity(self, pool: PoolRecord) -> list[GpuCapacity]:

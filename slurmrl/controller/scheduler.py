@@ -489,6 +489,9 @@ class LeaseScheduler:
             return []
         table = self.tables[job.pool_id]
         now = self.clock()
+        if not any(x.job_id == job.job_id for x in table.leases) and not any(
+                r.job_id == job.job_id for r in table.waiting):
+            return []  # nothing to renew: no transaction
         with self._change(job.pool_id):
             if table.heartbeat(job.job_id, now):
                 ids = [x.lease_id for x in table.leases if x.job_id == job.job_id]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
 import sqlite3
@@ -51,6 +52,9 @@ class StoreError(RuntimeError):
 #: the tables of every schema version (migration 1), which the read API uses
 _TABLES = frozenset({"pools", "groups", "jobs", "services", "leases", "lease_gpus",
                      "observations", "ledger"})
+
+
+log = logging.getLogger(__name__)
 
 
 def _private(path: str) -> None:
@@ -198,7 +202,9 @@ class Store:
         except BaseException:
             self._depth = 0
             undo, self._committed, self._rolled_back = self._rolled_back, [], []
-            self.conn.execute("ROLLBACK")
+            # SQLite may have rolled back itself (disk full, I/O error): memory still must
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.execute("ROLLBACK")
             for fn in reversed(undo):
                 fn()
             raise
@@ -213,8 +219,11 @@ class Store:
                 fn()
             raise
         done, self._committed, self._rolled_back = self._committed, [], []
-        for fn in done:
-            fn()
+        for fn in done:  # each: one that fails must not keep the others from being told
+            try:
+                fn()
+            except Exception:
+                log.exception("an action after a commit failed (the change is committed)")
 
     def after_commit(self, fn: Callable[[], None]) -> None:
         """Run `fn` once the transaction under way commits (at once outside one); never

@@ -220,8 +220,8 @@ class ServiceServer:
             response: web.StreamResponse = await handler(request)
             self.calls += 1
             return response
-        except web.HTTPException:
-            raise  # aiohttp's own 404/405
+        except web.HTTPException as exc:  # aiohttp's own 404/405: signed like any answer
+            return _error(exc.status, exc.reason)
         except HttpError as exc:
             return _error(exc.status, exc.message)
         except NotReady as exc:

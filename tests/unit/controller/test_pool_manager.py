@@ -467,6 +467,16 @@ async def test_the_host_budget_is_half_the_nodes_memory_unless_the_site_sets_one
         if not admitted:
             assert job.state is JobState.FAILED and "admission refused" in job.reason
         await site.c.stop()
+    # RealMemory=1 (Slurm's placeholder where slurm.conf sets none) is no budget of half
+    # a megabyte, which refused every job: unknown, so the 64 GiB fallback
+    half_b = {"SLURMRL_GPUS": "1", "SLURMRL_MODEL": "Qwen2.5-0.5B"}
+    site = await _site(Store(tmp_path / "placeholder.db"), jobs={7: ALICE})
+    site.slurm.nodes = lambda: [  # type: ignore[method-assign]
+        NodeInfo("n1", "IDLE", 8, 16, 1, ("pools",))]
+    await site.c.register(ALICE, 7, half_b)
+    await site.settle()
+    assert site.job(7).state is JobState.RUNNING, site.job(7).reason
+    await site.c.stop()
     # a site's own figure wins over the node's memory
     cfg = Config(limits=LimitsConfig(parked_host_mem_per_node=64 << 30))
     site = await _site(Store(tmp_path / "fixed.db"), cfg, jobs={7: ALICE})

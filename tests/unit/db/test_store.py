@@ -259,3 +259,25 @@ def test_commit_and_rollback_actions_run_once_the_outermost_transaction_ends(
     assert ran == ["at once"]
     with pytest.raises(RuntimeError, match="outside a transaction"):
         store.on_rollback(lambda: None)
+
+
+def test_memory_is_undone_though_sqlite_rolled_back_itself_and_every_commit_action_runs(
+        tmp_path: Path) -> None:
+    # disk full or an I/O error: SQLite ends the transaction itself, and the explicit
+    # ROLLBACK then fails; the undo must still run and the caller see the real error
+    store = Store(tmp_path / "c.db")
+    ran: list[str] = []
+    with pytest.raises(RuntimeError, match="disk full"), store.transaction():
+        store.on_rollback(lambda: ran.append("undone"))
+        store.conn.execute("ROLLBACK")  # as SQLite does on SQLITE_FULL
+        raise RuntimeError("disk full")
+    assert ran == ["undone"]
+    ran.clear()
+
+    def broken() -> None:
+        raise OSError("hook failed")
+
+    with store.transaction():
+        store.after_commit(broken)
+        store.after_commit(lambda: ran.append("the next waiter told"))
+    assert ran == ["the next waiter told"]  # committed: one failing action stops none

@@ -248,3 +248,17 @@ def test_with_a_control_secret_the_jobs_key_cannot_park_activate_or_stop() -> No
         assert len(controller.generate(PROMPTS).samples) == 2
     finally:
         stop()
+
+
+def test_every_answer_of_a_service_is_signed_its_routers_404_too() -> None:
+    # aiohttp's own 404 (a path the service does not have) went out unsigned: the
+    # caller took its own service for another process on the port
+    svc, stop = start(Role.ROLLOUT, mint_secret())
+    try:
+        h = ServiceHandle(svc.address, svc.secret, "42", "rollout")
+        with pytest.raises(ServiceError) as err:
+            h._call("probe", "GET", "/v1/nope", b"", None, 10.0)
+        assert err.value.status == 404 and "signature" not in str(err.value)
+        assert h.status()["role"] == "rollout"  # and the service answers signed
+    finally:
+        stop()
