@@ -486,3 +486,28 @@ async def test_the_host_budget_is_half_the_nodes_memory_unless_the_site_sets_one
     await site.settle()
     assert site.job(7).state is JobState.FAILED
     await site.c.stop()
+
+
+class Recorder(JoinFirst):
+    """JoinFirst, keeping the limits each round's snapshot told it."""
+
+    def __init__(self) -> None:
+        self.limits: list[Any] = []
+
+    def place(self, snap: ClusterSnapshot) -> list[Placement]:
+        self.limits.append(snap.limits)
+        return super().place(snap)
+
+
+@run
+async def test_the_policy_is_told_the_host_budget_the_join_guard_holds(
+        tmp_path: Path) -> None:
+    # with the budget from the nodes, the policy's limits said none: it proposed joins
+    # the guard then refused (the job opened alone)
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE})
+    policy = Recorder()
+    site.c.policies = replace(site.c.policies, pairing=policy)
+    await site.c.register(ALICE, 7, ENV)
+    await site.settle()
+    assert policy.limits and policy.limits[-1].parked_host_mem_bytes == (64000 << 20) // 2
+    await site.c.stop()
