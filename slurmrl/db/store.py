@@ -199,24 +199,11 @@ class Store:
         self._committed, self._rolled_back = [], []
         try:
             yield
-        except BaseException:
             self._depth = 0
-            undo, self._committed, self._rolled_back = self._rolled_back, [], []
-            # SQLite may have rolled back itself (disk full, I/O error): memory still must
-            with contextlib.suppress(sqlite3.Error):
-                self.conn.execute("ROLLBACK")
-            for fn in reversed(undo):
-                fn()
-            raise
-        self._depth = 0
-        try:
             self.conn.execute("COMMIT")
         except BaseException:
-            undo, self._committed, self._rolled_back = self._rolled_back, [], []
-            with contextlib.suppress(sqlite3.Error):
-                self.conn.execute("ROLLBACK")
-            for fn in reversed(undo):
-                fn()
+            self._depth = 0
+            self._roll_back()
             raise
         done, self._committed, self._rolled_back = self._committed, [], []
         for fn in done:  # each: one that fails must not keep the others from being told
@@ -224,6 +211,16 @@ class Store:
                 fn()
             except Exception:
                 log.exception("an action after a commit failed (the change is committed)")
+
+    def _roll_back(self) -> None:
+        """End the failed transaction and undo what memory changed with it (newest
+        first). SQLite may have rolled back itself (disk full, I/O error): memory
+        still must."""
+        undo, self._committed, self._rolled_back = self._rolled_back, [], []
+        with contextlib.suppress(sqlite3.Error):
+            self.conn.execute("ROLLBACK")
+        for fn in reversed(undo):
+            fn()
 
     def after_commit(self, fn: Callable[[], None]) -> None:
         """Run `fn` once the transaction under way commits (at once outside one); never
