@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from slurmrl.worker.protocol import Role
@@ -48,3 +50,16 @@ def start(
         thread.join(30)
 
     return Running(server, f"127.0.0.1:{port[0]}", secret), stop
+
+
+@contextmanager
+def http_standin(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A plain HTTP server on loopback answering with `handler` (a service stand-in that
+    answers as a test says); yields its host:port."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()

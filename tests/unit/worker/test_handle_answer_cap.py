@@ -10,11 +10,11 @@ answers as a service does.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from _worker_service import http_standin
 
 from slurmrl.auth.tokens import ANSWER, NONCE, answer_mac
 from slurmrl.worker.handle import ServiceError, ServiceHandle
@@ -39,14 +39,8 @@ class _Answer(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def address() -> Iterator[str]:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Answer)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with http_standin(_Answer) as addr:
+        yield addr
 
 
 def test_an_answer_over_the_cap_is_an_error_naming_the_service(address: str) -> None:

@@ -10,12 +10,12 @@ service's side (it signs every answer) runs in the worker server tests.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 
 import pytest
+from _worker_service import http_standin
 
 from slurmrl.auth.tokens import ANSWER, NONCE, answer_mac, stream_mac
 from slurmrl.worker.handle import ServiceHandle, ServiceUnreachable
@@ -61,14 +61,8 @@ class _Squatter(BaseHTTPRequestHandler):
 @pytest.fixture
 def address() -> Iterator[str]:
     _Squatter.first_nonce = None
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Squatter)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with http_standin(_Squatter) as addr:
+        yield addr
 
 
 @pytest.mark.parametrize("mode", ["unsigned", "other-key"])
