@@ -2,7 +2,10 @@
 
 Rejects a job asking for more GPUs than `max_gpus_per_job`, a `--rl-max-slowdown`
 below 1, or a per-GPU memory need above `gpu_mem_bytes` (when the site states it);
-runs `--rl-mux=off` jobs dedicated; accepts everything else. A `--rl-max-slowdown`
+runs `--rl-mux=off` jobs dedicated; accepts everything else. With `partitions`, only
+jobs submitted to one of them (`JobSnapshot.submit_partition`: the partition of the
+job's own allocation, where its driver runs; in the simulator, which has none, the
+job's pool partition) are RL jobs; any other is refused with the valid list. A `--rl-max-slowdown`
 above the site's cap is accepted and capped (the reason says so).
 """
 
@@ -37,9 +40,10 @@ class SiteLimitsAdmission:
         if r.max_slowdown is not None and r.max_slowdown < 1.0:
             return Admission(Verdict.REJECT,
                              f"--rl-max-slowdown={r.max_slowdown}: must be at least 1.0")
-        if self.partitions is not None and job.partition not in self.partitions:
-            return Admission(Verdict.REJECT, f"partition {job.partition!r} is not a pool "
-                             f"partition; valid: {', '.join(self.partitions)}")
+        part = job.submit_partition if job.submit_partition is not None else job.partition
+        if self.partitions is not None and part not in self.partitions:
+            return Admission(Verdict.REJECT, f"RL jobs are accepted from partitions "
+                             f"{', '.join(self.partitions)} only; this job is in {part!r}")
         if self.gpu_mem_bytes is not None and r.mem_bytes is not None \
                 and r.mem_bytes > self.gpu_mem_bytes:
             return Admission(Verdict.REJECT, f"--rl-mem={r.mem_bytes / 2**30:.0f}GiB per GPU "

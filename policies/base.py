@@ -55,6 +55,9 @@ class JobSnapshot:
     #: seconds since it began running in its pool (0 while waiting): with the steps its
     #: profile has seen and its `--rl-steps`, what its slowdown so far is measured on
     running_s: float = 0.0
+    #: the Slurm partition the job itself was submitted to (its driver's allocation;
+    #: `partition` is where its pool goes); None where there is none (the simulator)
+    submit_partition: str | None = None
 
 
 class PoolMode(StrEnum):

@@ -167,7 +167,8 @@ def job_snapshot(job: JobRecord, partition: str,
                  for o in obs if o.granted_at is not None), default=None)
     running = 0.0 if now is None or begun is None else max(0.0, now - begun)
     return JobSnapshot(job.job_id, job.user, job.request, profile_of(job, obs),
-                       job.registered_at, partition, running_s=running)
+                       job.registered_at, partition, running_s=running,
+                       submit_partition=job.partition or None)
 
 
 def pool_snapshot(pool: PoolRecord, members: Sequence[JobSnapshot], partition: str,

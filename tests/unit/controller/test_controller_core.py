@@ -166,3 +166,41 @@ def test_others_see_only_the_kind_of_a_jobs_reason_not_its_service_log() -> None
     assert "/home/bob" not in str(public)
     pending = replace(job, state=JobState.PENDING, reason="PoolPending: no free GPUs")
     assert job_view(pending, private=False, gpu_s=None, now=1.0)["reason"] == "PoolPending"
+
+
+class OneJobSlurm:
+    """Slurm knows one running job of alice's, submitted to partition `drivers`."""
+
+    def job(self, job_id: int) -> JobInfo:
+        return JobInfo(job_id, "grpo", "alice", 1001, SlurmJobState.RUNNING,
+                       partition="drivers", nodes=("n1",))
+
+
+@pytest.mark.parametrize(("allowed", "accepted"), [(["drivers"], True), (["rl"], False)])
+@run
+async def test_site_limits_partitions_judge_the_partition_the_job_was_submitted_to(
+        allowed: list[str], accepted: bool) -> None:
+    # the controller's pools all go to `slurm.pool_partition` ("pools"): judged by that,
+    # `partitions` would accept every job or none
+    from slurmrl.config import load
+    from slurmrl.controller.validate import RpcError
+
+    cfg = load(env={}, overrides={"policies.params.site-limits.partitions": allowed})
+    store = Store(":memory:")
+    c = Controller(cfg, store, OneJobSlurm())  # type: ignore[arg-type]
+    await c.start()
+    env = {"SLURMRL_GPUS": "1", "SLURMRL_MODEL": "tiny"}
+    try:
+        if accepted:
+            assert (await c.register(ALICE, 7, env)).state is JobState.PENDING
+        else:
+            with pytest.raises(RpcError) as err:
+                await c.register(ALICE, 7, env)
+            assert err.value.status == 403
+            assert "accepted from partitions rl only; this job is in 'drivers'" in str(
+                err.value)
+            rec = store.job(7)
+            assert rec is not None and rec.state is JobState.FAILED
+            assert "'drivers'" in rec.reason
+    finally:
+        await c.stop()

@@ -154,3 +154,16 @@ def test_a_site_policy_that_raises_is_refused_by_name(
     with pytest.raises(registry.UnknownPolicy) as err:
         registry.load("slice", "brokensite:Slice")
     assert str(err.value).startswith(says)
+
+
+def test_site_limits_partitions_fall_back_to_the_pool_partition_where_no_submit_one() -> None:
+    from policies.base import JobSnapshot, SiteLimits, Verdict
+    from slurmrl.model import RlRequest
+
+    adm = registry.load("admission", "site-limits", {"partitions": ["pools"]})
+    sim_job = JobSnapshot(1, "u", RlRequest(gpus=1), None, 0.0, "pools")
+    assert adm.admit(sim_job, SiteLimits()).verdict is Verdict.ACCEPT
+    from_drivers = JobSnapshot(2, "u", RlRequest(gpus=1), None, 0.0, "pools",
+                               submit_partition="drivers")
+    verdict = adm.admit(from_drivers, SiteLimits())
+    assert verdict.verdict is Verdict.REJECT and "'drivers'" in verdict.reason
