@@ -254,6 +254,9 @@ class LeaseScheduler:
         """Queue a phase request of a placed job; grants it at once if its GPUs are free."""
         if job.pool_id is None or job.pool_id not in self.tables:
             raise LeaseError(f"job {job.job_id} is not placed in an open pool yet")
+        now_rec = self.store.job(job.job_id)  # it may have ended since the caller read it
+        if now_rec is not None and now_rec.state.terminal:
+            raise LeaseError(f"job {job.job_id} has ended ({now_rec.state}): no new request")
         if not phase.needs_gpu:
             raise LeaseError(f"phase {phase} needs no GPU; report it as an observation")
         table = self.tables[job.pool_id]
@@ -279,12 +282,14 @@ class LeaseScheduler:
         self._wake.set()
         return Ticket(rid, table.lease(rid))
 
-    async def wait(self, request_id: int, timeout_s: float) -> Lease | None:
+    async def wait(self, request_id: int, timeout_s: float,
+                   withdraw_on_cancel: bool = True) -> Lease | None:
         """Wait up to `timeout_s` for a grant; None if still waiting then.
 
         Raises `RequestEnded` if the request was cancelled or revoked meanwhile. If the
         caller is cancelled (its driver disconnected) and nobody else waits on the
-        request, the request is withdrawn.
+        request, the request is withdrawn, unless `withdraw_on_cancel` is False (a read
+        that long-polls: `GET .../leases/{id}?wait_s=` changes nothing).
         """
         pool_id = self._pool_of_request.get(request_id)
         table = self.tables.get(pool_id) if pool_id is not None else None
@@ -306,7 +311,8 @@ class LeaseScheduler:
             return None
         except asyncio.CancelledError:
             alone = self._waiters.get(request_id, 0) <= 1
-            if alone and not self.stopping and table.request_of(request_id):
+            if (withdraw_on_cancel and alone and not self.stopping
+                    and table.request_of(request_id)):
                 self.cancel(request_id, "driver disconnected")
             raise
         finally:
@@ -408,6 +414,13 @@ class LeaseScheduler:
         self._whole_windows(table.pool_id, "shrink")
         now = self.clock()
         gpus = None if local_gpus is None else _pool_gpus(job, local_gpus)
+        held = table.lease(lease_id)
+        if gpus is not None and held is not None and not (gpus and set(gpus) <= held.gpus):
+            # said in the caller's job-local numbers, not the pool's
+            mine = list(job.pool_gpus or ())
+            have = sorted(mine.index(g) for g in held.gpus if g in mine)
+            raise LeaseError(f"a shrink keeps a non-empty subset of the lease's GPUs {have} "
+                             f"(job-local), got {sorted(set(local_gpus or ()))}")
         with self._change(table.pool_id):
             self._apply(table.pool_id, table.shrink(lease_id, keep, now, gpus=gpus), now)
         lease = table.lease(lease_id)

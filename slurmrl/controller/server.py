@@ -123,6 +123,11 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             raise
         c.metrics.rpc_errors.labels(str(exc.status)).inc()
         return _error(exc.status, "http", f"{exc.reason}: {request.method} {request.path}")
+    except Exception:  # a fault of ours: logged with its traceback, answered as JSON
+        log.exception("internal error answering %s %s", request.method, request.path)
+        c.metrics.rpc_errors.labels("500").inc()
+        return _error(500, "internal", f"internal error answering {request.method} "
+                      f"{request.path}; the controller's log has the details")
 
 
 def _job_alive(c: Controller, job_id: int) -> bool:
@@ -205,7 +210,9 @@ class Api:
         if bad_keys:
             raise bad(f"env may only carry SLURMRL_* variables, got {bad_keys[0][:40]!r}")
         job = await self.c.register(_who(request), b["job_id"], b["env"])
-        view = job_view(job, private=True, gpu_s=0.0, now=self.c.clock(), secret=True)
+        # the secret signs calls to the job's services: its owner's only, not an admin's
+        view = job_view(job, private=True, gpu_s=0.0, now=self.c.clock(),
+                        secret=job.uid == _who(request).uid)
         return _json({"job": view})
 
     async def open_session(self, request: web.Request) -> web.Response:
@@ -297,10 +304,14 @@ class Api:
         """Acquire (HTTP long poll and stream): (200, {"lease"}) or (202, {"state", ...})."""
         job = self.c.active_job(who, job_id)
         wait_s = 30.0 if b["wait_s"] is None else b["wait_s"]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s  # placement and grant together: wait_s at most
         phase = Phase(b["phase"])
         if job.pool_id is None:
             placed = await self.c.wait_placed(job.job_id, wait_s)
-            if placed is None or placed.pool_id is None:
+            if placed is not None:  # it may have ended since it was placed
+                placed = self.c.store.job(job.job_id)
+            if placed is None or placed.pool_id is None or placed.state.terminal:
                 state = "ended" if placed is None or placed.state.terminal else "unplaced"
                 return 202, {"request_id": None, "state": state,
                              "reason": placed.reason if placed else "gone"}
@@ -313,7 +324,7 @@ class Api:
             lease = self.c.scheduler.tables[job.pool_id].lease(rid)  # type: ignore[index]
         if lease is None:
             try:
-                lease = await self.c.scheduler.wait(rid, wait_s)
+                lease = await self.c.scheduler.wait(rid, max(0.0, deadline - loop.time()))
             except RequestEnded as exc:
                 raise RpcError(409, f"request-{exc.state}",
                                f"request {rid} was {exc.state}: {exc.reason}") from None
@@ -344,7 +355,8 @@ class Api:
         wait_s = parse_wait(q.get("wait_s"), 0.0, MAX_WAIT_S)
         if rec.state is LeaseState.WAITING and wait_s > 0:
             try:
-                lease = await self.c.scheduler.wait(lease_id, wait_s)
+                lease = await self.c.scheduler.wait(lease_id, wait_s,
+                                                    withdraw_on_cancel=False)
             except RequestEnded:
                 lease = None
             if lease is not None:
@@ -511,8 +523,12 @@ class Api:
         b = _body(request, {"reason": F("str")})
         self.c.require_admin(_who(request), "closing a pool")
         pool_id = parse_id(request.match_info["pool_id"], "pool id")
-        if self.c.store.pool(pool_id) is None:
+        pool = self.c.store.pool(pool_id)
+        if pool is None:
             raise RpcError(404, "no-such-pool", f"pool {pool_id} does not exist")
+        if pool.state != "open":  # its closing time and reason are history: kept
+            raise RpcError(409, "pool-not-running", f"pool {pool_id} is {pool.state} "
+                           "already")
         await self.c.close_pool(pool_id, b["reason"] or "closed by admin")
         return _json({"pool_id": pool_id, "state": "closed"})
 
@@ -521,12 +537,13 @@ class Api:
         admin = self.c.is_admin(who)
         jobs = self._jobs(request)
         own = {j["job_id"] for j in jobs if j["private"]}
+        shown = {j["job_id"] for j in jobs}  # `user=`/`ids=` select the leases too
         leases = []
         for pool_id, table in self.c.scheduler.tables.items():
             ids = [x.lease_id for x in table.leases] + [x.request_id for x in table.waiting]
             for lid in ids:
                 rec = self.c.store.lease(lid)
-                if rec is not None:
+                if rec is not None and rec.job_id in shown:
                     leases.append(self._lease(rec, pool_id,
                                               private=admin or rec.job_id in own))
         return _json({"jobs": jobs, "pools": self._pools(admin), "leases": leases,

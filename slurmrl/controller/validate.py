@@ -108,7 +108,7 @@ def fields(body: Mapping[str, Any], spec: Mapping[str, F]) -> dict[str, Any]:
     """Check `body` against `spec`; returns the fields given (absent optional ones: None)."""
     unknown = sorted(set(body) - set(spec))
     if unknown:
-        raise bad(f"unknown field(s) {', '.join(map(repr, unknown[:5]))}; "
+        raise bad(f"unknown field(s) {', '.join(repr(k[:40]) for k in unknown[:5])}; "
                   f"accepted: {', '.join(sorted(spec)) or '(none)'}", "unknown-field")
     out: dict[str, Any] = {}
     for name, f in spec.items():
@@ -119,6 +119,15 @@ def fields(body: Mapping[str, Any], spec: Mapping[str, F]) -> dict[str, Any]:
             continue
         out[name] = _check(name, body[name], f)
     return out
+
+
+def _text(label: str, v: str) -> None:
+    """JSON's `\\ud800` escapes decode to strings no UTF-8 file or DB can hold."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad(f"{label} is not valid Unicode text (it holds a lone surrogate "
+                  "escape such as \\ud800)", "bad-value") from None
 
 
 def _check(name: str, v: Any, f: F) -> Any:
@@ -142,6 +151,7 @@ def _check(name: str, v: Any, f: F) -> Any:
             raise bad(f"field {name!r} must be a string, got {_kind(v)}", "bad-type")
         if len(v) > MAX_STR:
             raise bad(f"field {name!r} is longer than {MAX_STR} characters", "bad-value")
+        _text(f"field {name!r}", v)
         if f.choices is not None and v not in f.choices:
             raise bad(f"field {name!r} must be one of {', '.join(f.choices)}, got {v[:40]!r}",
                       "bad-value")
@@ -171,8 +181,11 @@ def _check(name: str, v: Any, f: F) -> Any:
             if f.keys is not None and k not in f.keys:
                 raise bad(f"field {name!r}: unknown key {k[:40]!r}; accepted: "
                           f"{', '.join(f.keys)}", "unknown-field")
+            _text(f"field {name!r}: a key", k)
             if f.kind == "strmap" and not (isinstance(x, str) and len(x) <= MAX_STR):
                 raise bad(f"field {name!r}: {k[:40]!r} must be a string", "bad-type")
+            if f.kind == "strmap":
+                _text(f"field {name!r}: {k[:40]!r}", x)
             if f.kind == "nummap":
                 _number(f"field {name!r}: {k[:40]!r}", x, f)
         return dict(v)

@@ -1,0 +1,231 @@
+"""The RPC app in process with two users' jobs (a fake Slurm, a real Store and
+Controller, real HMAC sessions): what one caller's request may and may not do to the
+other's, and requests racing a job's end, as the callers see it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp.test_utils import TestClient, TestServer
+from test_server_inputs import FakeSlurm
+
+from slurmrl.auth import sessions
+from slurmrl.config import Config
+from slurmrl.controller.core import Controller
+from slurmrl.controller.server import SESSIONS, make_app
+from slurmrl.db import Store
+from slurmrl.model import Identity, JobState, LeaseState
+
+ALICE = Identity(1001, 1001, "alice")
+BOB = Identity(1002, 1002, "bob")
+ROOT = Identity(0, 0, "root")
+OPS = Identity(1500, 1500, "ops")  # an admin by name, not root
+A, B = 100, 101
+
+
+@dataclass
+class Rig:
+    c: Controller
+    client: TestClient[Any, Any]
+    grants: dict[int, sessions.SessionGrant]
+
+    def signed(self, who: Identity, method: str, path: str, raw: bytes) -> dict[str, str]:
+        g = self.grants[who.uid]
+        return sessions.sign(g.session_id, g.key, method, path, raw)
+
+    async def call(self, who: Identity, method: str, path: str,
+                   body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        raw = b"" if body is None else json.dumps(body).encode()
+        r = await self.client.request(method, path, data=raw,
+                                      headers=self.signed(who, method, path, raw))
+        return r.status, await r.json()
+
+
+@asynccontextmanager
+async def rig(tmp_path: Path, *, register: tuple[tuple[Identity, int], ...] = (
+        (ALICE, A), (BOB, B))) -> AsyncIterator[Rig]:
+    cfg = Config()
+    cfg = replace(cfg, controller=replace(cfg.controller, admins=("ops",)))
+    store = Store(tmp_path / "c.db")
+    c = Controller(cfg, store, FakeSlurm({A: ALICE, B: BOB}))  # type: ignore[arg-type]
+    await c.pools.start(c)
+    app = make_app(c)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    try:
+        r = Rig(c, client, {w.uid: app[SESSIONS].open(w) for w in (ALICE, BOB, ROOT, OPS)})
+        for who, job in register:
+            status, answer = await r.call(who, "POST", "/v1/jobs",
+                                          {"job_id": job, "env": {"SLURMRL_GPUS": "2"}})
+            assert status == 200, answer
+        yield r
+    finally:
+        await client.close()
+        store.close()
+
+
+def _pool_of_both(r: Rig) -> int:
+    pool = r.c.open_pool(gpus=2, slurm_job_id=None)
+    for job in (A, B):
+        r.c.place_job(job, pool.pool_id, (0, 1))
+    return pool.pool_id
+
+
+def test_a_string_no_utf8_can_hold_is_a_400_naming_the_field_and_changes_nothing(
+        tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            _pool_of_both(r)
+            status, held = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases",
+                                        {"phase": "train", "wait_s": 0})
+            assert status == 200
+            # json.dumps writes the lone surrogate as the escape \ud800
+            status, answer = await r.call(ALICE, "POST", f"/v1/jobs/{A}/end",
+                                          {"reason": "\ud800"})
+            assert status == 400 and answer["error"]["code"] == "bad-value"
+            assert "field 'reason' is not valid Unicode text" in answer["error"]["message"]
+            job = r.c.store.job(A)
+            assert job is not None and job.state is JobState.RUNNING
+            lease = r.c.store.lease(held["lease"]["lease_id"])
+            assert lease is not None and lease.state is LeaseState.HELD
+
+    asyncio.run(main())
+
+
+def test_reading_a_waiting_request_with_a_long_poll_and_hanging_up_leaves_it_queued(
+        tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            _pool_of_both(r)
+            await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases", {"phase": "train", "wait_s": 0})
+            status, waiting = await r.call(BOB, "POST", f"/v1/jobs/{B}/leases",
+                                           {"phase": "rollout", "wait_s": 0})
+            assert status == 202
+            rid = waiting["request_id"]
+            path = f"/v1/jobs/{B}/leases/{rid}?wait_s=30"  # an admin's read
+            with suppress(TimeoutError):
+                await r.client.get(path, headers=r.signed(ROOT, "GET", path, b""),
+                                   timeout=aiohttp.ClientTimeout(total=0.3))
+            await asyncio.sleep(0.2)
+            rec = r.c.store.lease(rid)
+            assert rec is not None and rec.state is LeaseState.WAITING, rec
+
+    asyncio.run(main())
+
+
+def test_an_acquire_waiting_for_placement_of_a_job_that_then_ends_gets_no_lease(
+        tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            pool = r.c.open_pool(gpus=2, slurm_job_id=None)
+            acquire = asyncio.create_task(r.call(ALICE, "POST", f"/v1/jobs/{A}/leases",
+                                                 {"phase": "train", "wait_s": 5}))
+            await asyncio.sleep(0.3)  # the acquire waits for the job's placement
+            r.c.place_job(A, pool.pool_id, (0, 1))
+            await r.c.end_job(A, JobState.CANCELLED, "scancel")  # before it wakes
+            status, answer = await acquire
+            assert status == 202 and answer["state"] == "ended", answer
+            assert r.c.store.leases(job_id=A) == []
+            assert r.c.scheduler.tables[pool.pool_id].leases == ()
+
+    asyncio.run(main())
+
+
+def test_an_acquire_waits_wait_s_in_all_placement_included(tmp_path: Path) -> None:
+    async def main() -> float:
+        async with rig(tmp_path) as r:
+            pool = r.c.open_pool(gpus=2, slurm_job_id=None)
+            r.c.place_job(B, pool.pool_id, (0, 1))
+            await r.call(BOB, "POST", f"/v1/jobs/{B}/leases", {"phase": "train", "wait_s": 0})
+            t0 = time.monotonic()
+            acquire = asyncio.create_task(r.call(ALICE, "POST", f"/v1/jobs/{A}/leases",
+                                                 {"phase": "train", "wait_s": 2}))
+            await asyncio.sleep(1.2)
+            r.c.place_job(A, pool.pool_id, (0, 1))  # placed, but bob holds the GPUs
+            status, answer = await acquire
+            assert status == 202 and answer["state"] == "waiting"
+            return time.monotonic() - t0
+
+    # it used to wait wait_s for placement and wait_s again for the grant (3.2 s here)
+    assert asyncio.run(main()) < 2.8
+
+
+def test_closing_a_closed_pool_is_a_409_and_keeps_its_history(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            pool_id = _pool_of_both(r)
+            status, _ = await r.call(ROOT, "POST", f"/v1/pools/{pool_id}/close",
+                                     {"reason": "maintenance"})
+            assert status == 200
+            first = r.c.store.pool(pool_id)
+            status, answer = await r.call(ROOT, "POST", f"/v1/pools/{pool_id}/close",
+                                          {"reason": "oops"})
+            assert status == 409 and answer["error"]["code"] == "pool-not-running"
+            again = r.c.store.pool(pool_id)
+            assert first is not None and again is not None
+            assert (again.closed_at, again.reason) == (first.closed_at, "maintenance")
+
+    asyncio.run(main())
+
+
+def test_an_admin_registering_anothers_job_gets_it_without_its_secret(
+        tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path, register=((ALICE, A),)) as r:
+            status, answer = await r.call(OPS, "POST", "/v1/jobs",
+                                          {"job_id": A, "env": {"SLURMRL_GPUS": "2"}})
+            assert status == 200 and answer["job"]["user"] == "alice"
+            assert "secret" not in answer["job"] or answer["job"]["secret"] is None
+            status, mine = await r.call(ALICE, "POST", "/v1/jobs",
+                                        {"job_id": A, "env": {"SLURMRL_GPUS": "2"}})
+            assert status == 200 and mine["job"]["secret"]
+
+    asyncio.run(main())
+
+
+def test_a_refused_shrink_names_the_gpus_in_the_callers_job_local_numbers(
+        tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            pool = r.c.open_pool(gpus=4, slurm_job_id=None)
+            r.c.place_job(A, pool.pool_id, (2, 3))
+            _, held = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases",
+                                   {"phase": "train", "wait_s": 0})
+            lid = held["lease"]["lease_id"]
+            path = f"/v1/jobs/{A}/leases/{lid}/shrink"
+            status, _ = await r.call(ALICE, "POST", path, {"gpus": [0]})
+            assert status == 200
+            status, answer = await r.call(ALICE, "POST", path, {"gpus": [1]})
+            assert status == 409
+            assert answer["error"]["message"] == (
+                "a shrink keeps a non-empty subset of the lease's GPUs [0] (job-local), "
+                "got [1]")
+
+    asyncio.run(main())
+
+
+def test_status_of_one_user_lists_only_that_users_leases(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            pool = r.c.open_pool(gpus=4, slurm_job_id=None)
+            r.c.place_job(A, pool.pool_id, (0, 1))
+            r.c.place_job(B, pool.pool_id, (2, 3))
+            await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases", {"phase": "train", "wait_s": 0})
+            await r.call(BOB, "POST", f"/v1/jobs/{B}/leases", {"phase": "train", "wait_s": 0})
+            for query in ("user=alice", f"ids={A}"):
+                status, answer = await r.call(ALICE, "GET", f"/v1/status?{query}")
+                assert status == 200
+                assert [j["job_id"] for j in answer["jobs"]] == [A]
+                assert [x["job_id"] for x in answer["leases"]] == [A], query
+            _, everyone = await r.call(ALICE, "GET", "/v1/status")
+            assert sorted(x["job_id"] for x in everyone["leases"]) == [A, B]
+
+    asyncio.run(main())
