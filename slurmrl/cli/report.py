@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import sys
 import time
 from typing import Any
@@ -30,13 +31,13 @@ from slurmrl.controller.validate import MAX_ID
 
 JOB_COLS: list[Field] = [
     ("JOBID", 7, True, lambda j: str(j["job_id"])),
-    ("USER", 9, False, lambda j: j["user"]),
+    ("USER", 9, False, lambda j: j["user"] or "-"),  # hidden: another user's
     ("NAME", 14, False, lambda j: j["name"] or "-"),
     ("POOL", 5, True, lambda j: f"p{j['pool_id']}" if j["pool_id"] else "-"),
     ("GPUS", 4, True, lambda j: str(j["gpus"])),
     ("ST", 2, False, lambda j: j["state"]),
     ("WALL", 8, True, lambda j: f"{j['wall_s']:.0f}s"),
-    ("GPU-S", 8, True, lambda j: f"{j['granted_gpu_s']:.1f}"),
+    ("GPU-S", 8, True, lambda j: _gpu_s(j["granted_gpu_s"])),
     ("DEDIC-S", 8, True, lambda j: f"{j['dedicated_gpu_s']:.1f}"),
     ("SAVED", 6, True, lambda j: _pct(j["saved"])),
     ("SLOWDN", 6, True, lambda j: "n/a" if j["slowdown"] is None else f"{j['slowdown']:.2f}"),
@@ -60,6 +61,10 @@ POOL_COLS: list[Field] = [
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _gpu_s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
 
 
 def _s(x: float | None) -> str:
@@ -170,6 +175,8 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
             try:
                 data = from_store(store, job_ids, now)
                 trace = build_trace(store, job_ids) if trace_path else None
+            except sqlite3.DatabaseError as exc:  # damaged past the header it checked
+                raise SourceError(f"cannot read {db_path}: {exc}") from None
             finally:
                 store.close()
         else:
@@ -222,7 +229,9 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
     click.echo(f"ledger: {t.jobs} jobs granted {t.granted_gpu_s:.1f} GPU-s "
                f"({t.granted_gpu_s / 3600:.3f} GPU-h) vs {t.dedicated_gpu_s:.1f} dedicated "
                f"({t.dedicated_gpu_s / 3600:.3f} GPU-h): saved {_pct(t.saved)}; pools held "
-               f"{t.pool_gpu_s:.1f} GPU-s")
+               f"{t.pool_gpu_s:.1f} GPU-s"
+               + (f" ({len(rep.jobs) - t.jobs} more jobs not counted: never placed in a "
+                  "pool, or another user's)" if t.jobs < len(rep.jobs) else ""))
     if plot_path:
         click.echo(f"timeline written to {plot_path}")
     if traced:

@@ -92,10 +92,6 @@ class Store:
             # isolation_level=None: we issue BEGIN/COMMIT ourselves (explicit transactions).
             self.conn = sqlite3.connect(self.path, isolation_level=None,
                                         check_same_thread=False)
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA synchronous=NORMAL")
-        self.conn.execute("PRAGMA foreign_keys=ON")
-        self.conn.execute("PRAGMA busy_timeout=5000")
         self.db = sqlite_utils.Database(self.conn)
         self._checkpointer: threading.Thread | None = None
         self._closing = threading.Event()
@@ -103,10 +99,18 @@ class Store:
         self._committed: list[Callable[[], None]] = []  #: `after_commit` of the one under way
         self._rolled_back: list[Callable[[], None]] = []  #: its `on_rollback`
         try:
+            if not read_only:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.execute("PRAGMA foreign_keys=ON")
+            self.conn.execute("PRAGMA busy_timeout=5000")
             if read_only:
                 self._check_schema()
             else:
                 self.migrate()
+        except sqlite3.DatabaseError as exc:  # e.g. "file is not a database": name it
+            self.conn.close()
+            raise StoreError(f"cannot open the colocation DB {self.path}: {exc}") from None
         except BaseException:
             self.conn.close()
             raise
@@ -168,6 +172,8 @@ class Store:
             current = self.version
             tables = {r[0] for r in self.conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.OperationalError as exc:  # SQLite, but unreadable here
+            raise StoreError(f"cannot open {self.path}: {exc}") from None
         except sqlite3.DatabaseError as exc:  # not SQLite at all: "file is not a database"
             raise StoreError(f"{self.path} is not a slurmrl colocation DB ({exc})") from None
         if current == 0 or not _TABLES.issubset(tables):
@@ -365,7 +371,9 @@ class Store:
         return [WindowRecord(window_id=r["window_id"], pool_id=r["pool_id"],
                              window=r["window"], slurm_job_id=r["slurm_job_id"],
                              gpu_indices=ints(r["gpu_indices"]), opened_at=r["opened_at"],
-                             closed_at=r["closed_at"], node=r["node"])
+                             # `node` came with schema 6; a report reads older ones
+                             closed_at=r["closed_at"],
+                             node=r.get("node"))
                 for r in self._q(sql + " ORDER BY window, window_id", (pool_id,))]
 
     def pool_gpu_seconds(self, pool: PoolRecord, now: float) -> float:

@@ -12,7 +12,11 @@ Definitions (also in docs/user-guide.md):
 - granted GPU-seconds: the sum over its lease holds of (end - start) per GPU (a shrink
   ends a GPU's hold early; a hold still open counts to `now`);
 - saved: `1 - granted / dedicated`; 0 for a `--rl-mux=off` job (its pool was its own:
-  the GPU time it left idle could not go to anyone else);
+  the GPU time it left idle could not go to anyone else); none for a job never placed
+  in a pool (it waited, it did not save 100%) or whose leases the caller may not read
+  (another user's, through the controller);
+- totals: over the jobs placed whose leases were read; a `--rl-mux=off` job counts as
+  granted its whole dedicated allocation (so the totals' saved agrees with the rows');
 - slowdown: wall time / wall time of the same job (matched by name) in a baseline run
   (a dedicated `--rl-mux=off` run); `None` — shown as "n/a" — when no baseline is given
   or the name is not in it. Never estimated;
@@ -43,7 +47,7 @@ class JobInfo:
     """One RL job as the report needs it."""
 
     job_id: int
-    user: str
+    user: str | None  #: None: hidden (another user's, where the site hides names)
     gpus: int
     registered_at: float
     name: str = ""
@@ -51,6 +55,9 @@ class JobInfo:
     ended_at: float | None = None
     pool_id: int | None = None
     dedicated: bool = False  #: ran with --rl-mux=off (a pool of its own)
+    #: its leases were read (False: another user's job, read through the controller,
+    #: whose GPU-seconds are not the caller's to see)
+    visible: bool = True
 
 
 @dataclass(frozen=True)
@@ -124,15 +131,17 @@ class WaitStats:
 @dataclass(frozen=True)
 class JobReport:
     job_id: int
-    user: str
+    user: str | None
     name: str
     state: str
     pool_id: int | None
     gpus: int
     wall_s: float
-    granted_gpu_s: float
+    granted_gpu_s: float | None  #: None: another user's, not visible to the caller
     dedicated_gpu_s: float
-    saved: float | None  #: fraction; None when dedicated is 0
+    #: fraction; 0 for a --rl-mux=off job; None when dedicated is 0, before the job was
+    #: placed in a pool, or where its GPU-seconds are not visible
+    saved: float | None
     slowdown: float | None  #: None: no baseline for this job
     baseline_wall_s: float | None
     wait: WaitStats
@@ -156,6 +165,8 @@ class PoolReport:
 
 @dataclass(frozen=True)
 class Totals:
+    """Over the jobs counted: placed in a pool, their GPU-seconds visible to the caller."""
+
     jobs: int
     granted_gpu_s: float
     dedicated_gpu_s: float
@@ -247,6 +258,7 @@ def compute(
         wall = max(0.0, end - j.registered_at)
         dedic = j.gpus * wall
         g = granted.get(j.job_id, 0.0)
+        placed = j.pool_id is not None or g > 0
         base = None
         if baseline is not None:
             if j.name in ambiguous:
@@ -263,10 +275,13 @@ def compute(
         w = min(5, max(1, len(vals) // 2))  # first/last window; never overlapping
         jobs.append(JobReport(
             job_id=j.job_id, user=j.user, name=j.name, state=j.state, pool_id=j.pool_id,
-            gpus=j.gpus, wall_s=wall, granted_gpu_s=g, dedicated_gpu_s=dedic,
+            gpus=j.gpus, wall_s=wall, granted_gpu_s=g if j.visible else None,
+            dedicated_gpu_s=dedic,
             # a --rl-mux=off job holds its pool alone: what it left idle nobody else
-            # could use, so it saved nothing
-            saved=0.0 if j.dedicated else (1 - g / dedic) if dedic > 0 else None,
+            # could use, so it saved nothing; a job never placed saved nothing either
+            # (it waited: not 100%)
+            saved=(None if not j.visible or not placed else 0.0 if j.dedicated
+                   else (1 - g / dedic) if dedic > 0 else None),
             slowdown=(wall / base) if base else None, baseline_wall_s=base,
             wait=WaitStats(len(ws), sum(ws), quantile(ws, 0.5), quantile(ws, 0.95),
                            never.get(j.job_id, 0)),
@@ -295,9 +310,17 @@ def compute(
             members=tuple(sorted(members.get(p.pool_id, ()))),
             handoffs=sum(1 for x in hand if x.pool_id == p.pool_id), dedicated=p.dedicated,
         ))
-    tg = sum(j.granted_gpu_s for j in jobs)
-    td = sum(j.dedicated_gpu_s for j in jobs)
-    totals = Totals(len(jobs), tg, td, (1 - tg / td) if td > 0 else None, pool_total)
+    # the totals count what the rows' SAVED counts: a --rl-mux=off job as costing its
+    # whole dedicated allocation; neither another user's job (its GPU-seconds unread)
+    # nor a job never placed (it used nothing, and would save 100%)
+    counted = [(r, info) for r, info in zip(jobs, sorted(data.jobs, key=lambda j: j.job_id),
+                                            strict=True)
+               if r.granted_gpu_s is not None and (info.pool_id is not None
+                                                    or r.granted_gpu_s > 0)]
+    tg = sum(r.dedicated_gpu_s if info.dedicated else r.granted_gpu_s or 0.0
+             for r, info in counted)
+    td = sum(r.dedicated_gpu_s for r, _ in counted)
+    totals = Totals(len(counted), tg, td, (1 - tg / td) if td > 0 else None, pool_total)
     return Report(tuple(jobs), tuple(pools), totals, tuple(hand), tuple(warnings))
 
 

@@ -126,11 +126,13 @@ def from_controller(url: str, ids: Sequence[int] | None,
         jobs, holds, requests, rewards = [], [], [], []
         for j in jobs_v:
             jid = int(j["job_id"])
-            jobs.append(JobInfo(jid, j["user"], int(j["gpus"]), float(j["registered_at"]),
-                                j.get("name") or "", j["state"], j.get("ended_at"),
-                                j.get("pool_id"), (j.get("request") or {}).get("mux") == "off"
-                                or bool(j.get("dedicated_pool"))))
-            if not j.get("private"):  # its leases are its owner's (and admins') to read
+            visible = bool(j.get("private"))  # its leases are its owner's (and admins')
+            jobs.append(JobInfo(jid, j.get("user"), int(j["gpus"]),
+                                float(j["registered_at"]), j.get("name") or "", j["state"],
+                                j.get("ended_at"), j.get("pool_id"),
+                                (j.get("request") or {}).get("mux") == "off"
+                                or bool(j.get("dedicated_pool")), visible))
+            if not visible:
                 warnings.append(f"job {jid} is another user's: its GPU-seconds and reward "
                                 "curve are not visible to you")
                 continue
@@ -152,10 +154,12 @@ def from_controller(url: str, ids: Sequence[int] | None,
         _, pa = rpc.call("GET", "/v1/pools", retry=False)
     except (ControllerError, ValueError, OSError) as exc:
         raise SourceError(str(exc)) from None
+    # with `ids`, only the pools the selected jobs used, as `from_store` keeps them
+    used = {j.pool_id for j in jobs} | {r.pool_id for r in requests}
     # a floating pool's size changed with its windows: the GPU-seconds Slurm allocated
     pools = [PoolInfo(p["pool_id"], p["gpus"], p["opened_at"], None, p.get("dedicated", False),
                       p.get("gpu_seconds") if p.get("floating") else None)
-             for p in pa.get("pools", [])]
+             for p in pa.get("pools", []) if not ids or p["pool_id"] in used]
     return ReportInput(tuple(jobs), tuple(pools), tuple(holds), tuple(requests),
                        tuple(rewards), now), warnings
 
@@ -174,6 +178,8 @@ def load_baseline(path: str, now: float) -> tuple[dict[str, float], set[str]]:
             raise SourceError(f"baseline: {exc}") from None
         try:
             return baseline_from_report(compute(from_store(store, None, now)))
+        except sqlite3.DatabaseError as exc:  # damaged past its header
+            raise SourceError(f"baseline: cannot read {path}: {exc}") from None
         finally:
             store.close()
     try:

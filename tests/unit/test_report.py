@@ -302,3 +302,54 @@ def test_a_baseline_wall_time_that_is_not_a_positive_number_is_refused_by_name(
     path.write_text(walls)
     with pytest.raises(SourceError, match=re.escape(f"baseline {path}: {says}")):
         load_baseline(str(path), 0.0)
+
+
+def test_a_job_never_placed_saved_nothing_and_the_totals_agree_with_the_rows() -> None:
+    # one --rl-mux=off job (2 GPUs x 100 s, 50 GPU-s leased) and one cancelled before
+    # any pool: neither saved anything, and the ledger must not say they did
+    data = ReportInput((JobInfo(1, "u", 2, 0.0, "solo", "CD", 100.0, 1, dedicated=True),
+                        JobInfo(2, "u", 2, 0.0, "gone", "CA", 100.0, None)),
+                       (PoolInfo(1, 2, 0.0, 100.0, dedicated=True),),
+                       (Hold(1, 1, 1, 0, "train", 0.0, 50.0),), (), now=300.0)
+    rep = compute(data)
+    solo, gone = rep.jobs
+    assert (solo.saved, gone.saved) == (0.0, None)
+    assert rep.totals.jobs == 1 and rep.totals.saved == 0.0
+
+
+def test_cli_reads_a_schema_5_db_with_a_floating_pool(tmp_path: Path) -> None:
+    # pool windows gained their `node` in schema 6; an older DB is read as it is
+    db = tmp_path / "v5.db"
+    conn = sqlite3.connect(db)
+    conn.executescript("".join(MIGRATIONS[:5]) + "PRAGMA user_version = 5;")
+    conn.execute("INSERT INTO pools (pool_id, gpus, state, opened_at, closed_at, floating) "
+                 "VALUES (1, 4, 'closed', 0, 100, 1)")
+    for window, sjob, gpus, opened in ((0, 900, "[0,1]", 0), (1, 901, "[2,3]", 50)):
+        conn.execute("INSERT INTO pool_windows (pool_id, window, slurm_job_id, gpu_indices, "
+                     "opened_at, closed_at) VALUES (1, ?, ?, ?, ?, 100)",
+                     (window, sjob, gpus, opened))
+    conn.execute("INSERT INTO jobs (job_id, user, uid, name, request, state, registered_at, "
+                 "ended_at, pool_id, pool_gpus) VALUES (11, 'u', 1, 'a', ?, 'CD', 0, 100, 1, "
+                 "'[0,1]')", (json.dumps({"gpus": 2}),))
+    conn.commit()
+    conn.close()
+    res = CliRunner().invoke(report, ["--db", str(db), "--json"])
+    assert res.exit_code == 0, res.output
+    (pool,) = json.loads(res.output)["pools"]
+    assert pool["open_s"] == 100.0
+
+
+def test_cli_a_db_damaged_past_its_header_is_a_clear_error(tmp_path: Path) -> None:
+    db = _db(tmp_path / "c.db")
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    page = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'leases'").fetchone()[0]
+    size = conn.execute("PRAGMA page_size").fetchone()[0]
+    conn.close()
+    raw = bytearray(db.read_bytes())
+    raw[(page - 1) * size:page * size] = b"\xa5" * size
+    db.write_bytes(bytes(raw))
+    res = CliRunner().invoke(report, ["--db", str(db), "--json"])
+    assert res.exit_code == 1 and not isinstance(res.exception, sqlite3.Error)
+    assert f"slurmrl report: cannot read {db}:" in res.output
+    assert json.loads(res.output[:res.output.rindex("}") + 1])["errors"]

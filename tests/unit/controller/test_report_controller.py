@@ -98,3 +98,57 @@ def test_a_users_report_via_the_controller_lists_others_jobs_without_their_lease
     assert mine.saved == 0.0
     (own,) = [j for j in data.jobs if j.job_id == 100]
     assert own.dedicated
+
+
+def _as_alice(monkeypatch: pytest.MonkeyPatch, grant: SessionGrant) -> None:
+    class Alices(RpcClient):  # signs with Alice's session (no munged in unit tests)
+        def __init__(self, url: str, **kw: Any) -> None:
+            super().__init__(url, **kw, use_sessions=True)
+            self._session = (grant.session_id, grant.key)
+
+    monkeypatch.setattr("slurmrl.client.rpc.RpcClient", Alices)
+
+
+def test_others_jobs_in_a_users_report_show_no_gpu_seconds_and_count_in_no_total(
+        controller: tuple[str, SessionGrant, Controller],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    url, grant, c = controller
+    _as_alice(monkeypatch, grant)
+    data, _ = sources.from_controller(url, None, c.clock())
+    out = compute(data)
+    theirs = [j for j in out.jobs if j.job_id in (200, 300)]
+    # their leases were not read: not "0 GPU-s, 100% saved"
+    assert [(j.granted_gpu_s, j.saved) for j in theirs] == [(None, None), (None, None)]
+    assert out.totals.jobs == 1  # Alice's own, dedicated: saved nothing
+    assert out.totals.saved == 0.0
+
+
+def test_a_users_report_renders_where_the_site_hides_other_users_names(
+        controller: tuple[str, SessionGrant, Controller],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from click.testing import CliRunner
+
+    from slurmrl.cli.report import report
+
+    url, grant, c = controller
+    c.config = replace(c.config, controller=replace(c.config.controller,
+                                                    hide_other_users=True))
+    _as_alice(monkeypatch, grant)
+    res = CliRunner().invoke(report, ["--controller", url])
+    assert res.exit_code == 0, res.output
+    rows = {line.split()[0]: line.split() for line in res.output.splitlines()
+            if line.split() and line.split()[0].isdigit()}
+    assert rows["100"][1] == "alice" and rows["200"][1] == "-"
+    assert "2 more jobs not counted: never placed in a pool, or another user's" in res.output
+
+
+def test_a_report_of_some_jobs_via_the_controller_lists_only_their_pools(
+        controller: tuple[str, SessionGrant, Controller],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    url, grant, c = controller
+    _as_alice(monkeypatch, grant)
+    data, _ = sources.from_controller(url, [100], c.clock())
+    assert [p.gpus for p in data.pools] == [2]  # her pool, not Bob's floating one
+    assert compute(data).totals.pool_gpu_s == pytest.approx(2 * 150)

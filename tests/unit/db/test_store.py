@@ -281,3 +281,12 @@ def test_memory_is_undone_though_sqlite_rolled_back_itself_and_every_commit_acti
         store.after_commit(broken)
         store.after_commit(lambda: ran.append("the next waiter told"))
     assert ran == ["the next waiter told"]  # committed: one failing action stops none
+
+
+def test_a_file_that_is_no_database_is_refused_naming_it(tmp_path: Path) -> None:
+    # `slurmrl controller` prints this message: it used to be "file is not a database"
+    bad = tmp_path / "slurmrl.db"
+    bad.write_bytes(b"not sqlite at all" * 512)
+    with pytest.raises(StoreError, match=f"cannot open the colocation DB {bad}: file is not a "
+                                         "database"):
+        Store(bad)
