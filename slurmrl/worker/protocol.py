@@ -21,6 +21,7 @@ refuses to take over a file older than the state it holds. The file's format is
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -246,6 +247,9 @@ class TrainSample:
         adv = raw.get("advantage")
         if isinstance(adv, bool) or not isinstance(adv, (int, float)):
             raise BackendError(f"samples[{index}].advantage must be a number")
+        if not math.isfinite(adv):  # one NaN step would poison the resident weights
+            raise BackendError(f"samples[{index}].advantage must be finite, got {adv} "
+                               "(a group of equal rewards normalised by a zero std?)")
         return cls(ids["prompt_ids"], ids["completion_ids"], float(adv))
 
     def to_json(self) -> dict[str, Any]:

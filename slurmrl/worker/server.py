@@ -138,6 +138,10 @@ class ServiceServer:
         #: the node file's identity (inode, size, mtime) -> its generation: a header is
         #: parsed once per file (a file is never changed, only replaced), not per status
         self._stored: tuple[tuple[int, int, int], int | None] | None = None
+        #: the backend's memory as of its last call, read on the backend thread after
+        #: each: `status` answers during a call, and reading it then raced the call (a
+        #: torch backend's read re-tracks the tensors a park is emptying, and lost them)
+        self._memory = backend.memory()
 
     def _nvml(self) -> NvmlMonitor:
         # started on first use, kept for the service's life (nvmlInit is not free)
@@ -168,7 +172,16 @@ class ServiceServer:
         """Run one backend call on the backend thread, after the one in flight."""
         async with self._lock:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._pool, fn, *args)
+            return await loop.run_in_executor(self._pool, self._then_memory, fn, *args)
+
+    def _then_memory(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return fn(*args)
+        finally:
+            try:
+                self._memory = self.backend.memory()
+            except Exception:  # the call's own error is the one to answer
+                log.exception("reading the backend's memory after a call failed")
 
     def shutdown_pool(self) -> None:
         self._pool.shutdown(wait=True)
@@ -273,7 +286,7 @@ class ServiceServer:
     # --- control plane -------------------------------------------------------------
 
     async def _status(self, request: web.Request) -> web.Response:
-        mem = self.backend.memory()
+        mem = self._memory  # as of the last backend call: never read beside one
         return web.json_response(
             {
                 "job_id": self.info.job_id,

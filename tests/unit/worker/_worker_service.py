@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from slurmrl.worker.protocol import Role
+from slurmrl.worker.protocol import Role, ServiceBackend
 from slurmrl.worker.server import ServiceInfo, ServiceServer, serve
 from slurmrl.worker.tiny import TinyBackend
 
@@ -24,9 +24,10 @@ class Running:
 
 def start(
     role: Role, secret: str, max_body_bytes: int = 1 << 20, control_secret: str | None = None,
-    handoff_dir: Path | None = None,
+    handoff_dir: Path | None = None, backend: ServiceBackend | None = None,
 ) -> tuple[Running, Callable[[], None]]:
-    server = ServiceServer(TinyBackend(role), secret, ServiceInfo("42", str(role), "tiny"),
+    server = ServiceServer(backend or TinyBackend(role), secret,
+                           ServiceInfo("42", str(role), "tiny"),
                            max_body_bytes=max_body_bytes, control_secret=control_secret,
                            handoff_dir=handoff_dir)
     ready = threading.Event()

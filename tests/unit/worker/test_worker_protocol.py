@@ -39,6 +39,11 @@ def test_generate_params_errors(raw: dict[str, Any], message: str) -> None:
         ({"prompt_ids": [1], "completion_ids": [], "advantage": 1}, "completion_ids is empty"),
         ({"prompt_ids": [1], "completion_ids": [2.5], "advantage": 1}, "completion_ids must"),
         ({"prompt_ids": [1], "completion_ids": [2], "advantage": "high"}, "advantage must be"),
+        # json.loads reads NaN and Infinity: one such step poisons the resident weights
+        ({"prompt_ids": [1], "completion_ids": [2], "advantage": float("nan")},
+         "advantage must be finite, got nan"),
+        ({"prompt_ids": [1], "completion_ids": [2], "advantage": float("-inf")},
+         "advantage must be finite, got -inf"),
     ],
 )
 def test_train_sample_errors(raw: Any, message: str) -> None:

@@ -24,7 +24,8 @@ from slurmrl.worker.handle import (
     ServiceUnauthorized,
     ServiceUnreachable,
 )
-from slurmrl.worker.protocol import Role
+from slurmrl.worker.protocol import MemoryUse, Role
+from slurmrl.worker.tiny import TinyBackend
 
 PROMPTS = ["1+2=", "30*4="]
 
@@ -261,4 +262,49 @@ def test_every_answer_of_a_service_is_signed_its_routers_404_too() -> None:
         assert err.value.status == 404 and "signature" not in str(err.value)
         assert h.status()["role"] == "rollout"  # and the service answers signed
     finally:
+        stop()
+
+
+class _GatedPark(TinyBackend):
+    """A tiny trainer whose park waits at a gate; `memory()` notes calls made while a
+    park is under way (a torch backend's memory read re-tracks the tensors a park is
+    emptying: a read beside a park lost the parked weights)."""
+
+    def __init__(self) -> None:
+        super().__init__(Role.TRAINER)
+        self.parking = threading.Event()
+        self.gate = threading.Event()
+        self.read_while_parking = 0
+
+    def park(self, level: int) -> None:
+        self.parking.set()
+        assert self.gate.wait(30)
+        super().park(level)
+        self.parking.clear()
+
+    def memory(self) -> MemoryUse:
+        if self.parking.is_set():
+            self.read_while_parking += 1
+        return super().memory()
+
+
+def test_status_during_a_park_answers_without_reading_the_backend_beside_it() -> None:
+    backend = _GatedPark()
+    secret, control = mint_secret(), mint_secret()
+    svc, stop = start(Role.TRAINER, secret, control_secret=control, backend=backend)
+    try:
+        parked = threading.Thread(
+            target=ServiceHandle(svc.address, control, "42", "trainer", timeout_s=30).park)
+        parked.start()
+        assert backend.parking.wait(30)
+        status = ServiceHandle(svc.address, secret, "42", "trainer", timeout_s=30).status()
+        assert status["residency"] == "active"  # as of before the park: it is under way
+        assert status["memory"]["device_bytes"] > 0
+        backend.gate.set()
+        parked.join(30)
+        after = ServiceHandle(svc.address, secret, "42", "trainer", timeout_s=30).status()
+        assert after["residency"] == "parked" and after["memory"]["device_bytes"] == 0
+        assert backend.read_while_parking == 0
+    finally:
+        backend.gate.set()
         stop()
