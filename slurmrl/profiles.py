@@ -180,7 +180,9 @@ class ProfileBuilder:
     _ewma: dict[Phase, float] = field(default_factory=dict)
     _share: dict[Phase, float] = field(default_factory=dict)
     _counts: dict[Phase, int] = field(default_factory=dict)
-    _done: dict[Phase, int] = field(default_factory=dict)
+    #: per phase: its occurrences in each of the last `window` complete steps (a phase
+    #: that stops recurring leaves the profile as the window moves on)
+    _per_step: dict[Phase, deque[int]] = field(default_factory=dict)
     #: per phase that recurs within a step: its total per complete step (last `window`)
     _totals: dict[Phase, deque[float]] = field(default_factory=dict)
     _step_sum: dict[Phase, float] = field(default_factory=dict)
@@ -233,8 +235,9 @@ class ProfileBuilder:
             self._last_shape = tuple(self._current)
             self._current = []
             self._steps += 1
-            self._done = dict(self._counts)  # occurrences in complete steps only
-            for ph in self._done:  # a phase absent from this step adds 0 to its totals
+            for ph in self._counts:  # a phase absent from this step adds 0
+                self._per_step.setdefault(ph, deque(maxlen=self.window)).append(
+                    self._last_shape.count(ph))
                 self._totals.setdefault(ph, deque(maxlen=self.window)).append(
                     self._step_sum.get(ph, 0.0))
             self._step_sum = {}
@@ -280,14 +283,22 @@ class ProfileBuilder:
         step = prior.step_s if prior is not None and prior.step_s else None
         phases: dict[Phase, PhaseStats] = {}
         used_prior = used_obs = False
-        steps = max(1, self._steps)
+        # after `min_obs` complete steps the job's own steps say which phases it has: a
+        # prior phase it never reported (a reward check it does not time) is not added
+        # beside the gap its leases show (that gap is observed, as idle)
+        prior_ok = self._steps < self.min_obs
         for phase in Phase:
             n = len(self._durations.get(phase, ()))
-            if n >= self.min_obs or (n > 0 and prior is None):
-                # occurrences per step: counted over complete steps once there are some
-                per_step = self._done.get(phase, 0) / steps if self._steps else 1.0
+            if n >= self.min_obs or (n > 0 and (prior is None or not prior_ok)):
+                # occurrences per step: over the last `window` complete steps, once
+                # there are some
+                recent = self._per_step.get(phase)
                 if self._steps == 0:
                     per_step = float(self._current.count(phase)) or 1.0
+                elif not recent or not any(recent):
+                    continue  # absent from every recent complete step: it stopped
+                else:
+                    per_step = sum(recent) / len(recent)
                 totals = self._totals.get(phase, ())
                 if per_step > 1.0 and len(totals) >= self.min_obs:
                     # a phase that recurs within a step (rollout turns, tool stalls): the
@@ -298,7 +309,8 @@ class ProfileBuilder:
                 phases[phase] = PhaseStats(phase, n, per_step, p10, p50, p90, self._ewma[phase],
                                            self._share.get(phase, 1.0))
                 used_obs = True
-            elif prior is not None and step is not None and prior.share(phase) > 0:
+            elif (prior_ok and prior is not None and step is not None
+                  and prior.share(phase) > 0):
                 phases[phase] = self._prior_stats(phase, prior.share(phase), step)
                 used_prior = True
         if self._last_shape:

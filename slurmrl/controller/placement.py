@@ -45,6 +45,7 @@ from policies.base import (
 from policies.complementarity import host_bytes
 from slurmrl.config import Config, ConfigError
 from slurmrl.db import JobRecord, ObservationRecord, PoolRecord
+from slurmrl.model import PhasePrior
 from slurmrl.profiles import Profile, ProfileBuilder, prior_for_model, profile_from_prior
 from slurmrl.slurm import JobInfo, NodeInfo, SlurmError, SlurmJobState
 
@@ -130,7 +131,11 @@ ROLLOUT_HELD_SHARE = 1.0
 def profile_of(job: JobRecord, observations: Iterable[ObservationRecord]) -> Profile:
     """The job's profile from its observations, its --rl-profile prior, or (neither) the
     prior by model size."""
-    b = ProfileBuilder(prior=job.request.profile, rollout_gpu_share=ROLLOUT_HELD_SHARE)
+    by_size = prior_for_model(job.request.model, job.request.gpus)
+    prior = job.request.profile or by_size  # blended phase by phase as observations come
+    if not prior.step_s:  # `--rl-profile` shares without `step=`: the model size's period
+        prior = PhasePrior(prior.shares, by_size.step_s)
+    b = ProfileBuilder(prior=prior, rollout_gpu_share=ROLLOUT_HELD_SHARE)
     for o in observations:
         if o.granted_at is None or o.released_at is None or o.released_at < o.granted_at:
             continue  # never granted (ended while waiting): no phase ran
@@ -141,8 +146,7 @@ def profile_of(job: JobRecord, observations: Iterable[ObservationRecord]) -> Pro
         else:
             b.observe(o.phase, o.granted_at, o.released_at)
     if b.observations == 0 and job.request.profile is None:
-        return profile_from_prior(prior_for_model(job.request.model, job.request.gpus),
-                                  rollout_gpu_share=ROLLOUT_HELD_SHARE)
+        return profile_from_prior(by_size, rollout_gpu_share=ROLLOUT_HELD_SHARE)
     return b.build()
 
 
@@ -163,8 +167,11 @@ def job_snapshot(job: JobRecord, partition: str,
     """`now`: the controller's clock, for how long a running job has run (since its
     first phase began: its services' start-up before it is not counted)."""
     obs = list(observations)
+    # its leases' stamps only: they are the controller's clock, a driver's reported gaps
+    # are the driver's (a `time.monotonic()` stamp there made a job decades old)
     begun = min((o.requested_at if o.requested_at is not None else o.granted_at
-                 for o in obs if o.granted_at is not None), default=None)
+                 for o in obs if o.granted_at is not None and o.phase.needs_gpu),
+                default=None)
     running = 0.0 if now is None or begun is None else max(0.0, now - begun)
     return JobSnapshot(job.job_id, job.user, job.request, profile_of(job, obs),
                        job.registered_at, partition, running_s=running,

@@ -27,7 +27,7 @@ from slurmrl.controller.placement import (
     pool_snapshot,
 )
 from slurmrl.db import JobRecord, PoolRecord, Store
-from slurmrl.model import JobState, Mux, Phase, RlRequest
+from slurmrl.model import JobState, Layout, Mux, Phase, PhasePrior, RlRequest
 from slurmrl.slurm import JobInfo, NodeInfo, SlurmJobState
 
 NODE = NodeInfo("n1", "IDLE", 8, 16, 64000, ("drivers", "pools"))
@@ -230,3 +230,53 @@ def test_a_running_job_is_snapshotted_with_how_long_it_has_run_and_its_steps(
     assert snap.request.steps == 40
     assert snap.profile is not None and snap.profile.steps == 5  # the 6th: not yet closed
     assert job_snapshot(job, "pools", [], now=100.0).running_s == 0.0
+
+
+def _disaggregated(store: Store, job_id: int, prior: PhasePrior) -> JobRecord:
+    job = JobRecord(job_id, f"user{job_id}", 1000 + job_id,
+                    RlRequest(4, "tiny", profile=prior, layout=Layout.DISAGGREGATED,
+                              rollout_gpus=2), JobState.PENDING, float(job_id),
+                    partition="drivers")
+    store.add_job(job)
+    return job
+
+
+def test_a_profile_prior_without_a_step_period_still_keeps_two_busy_jobs_apart(
+        tmp_path: Path) -> None:
+    # `--rl-profile=rollout=0.6,train=0.35,reward=0.05` (no `step=`, which is optional):
+    # the shares hold at the model size's period; they used to give an empty profile,
+    # a job with no GPU load, and two 95%-busy jobs then shared one pool
+    store = Store(tmp_path / "c.db")
+    site = load_policies(Config())
+    shares = ((Phase.ROLLOUT, 0.6), (Phase.TRAIN, 0.35), (Phase.REWARD, 0.05))
+    snaps = {}
+    for step, ids in ((10.0, (31, 32)), (None, (41, 42))):
+        jobs = [_disaggregated(store, j, PhasePrior(shares, step)) for j in ids]
+        snaps[step] = [job_snapshot(j, "pools", store.observations(j.job_id)) for j in jobs]
+    no_step = snaps[None][0].profile
+    assert no_step is not None and no_step.duty() == pytest.approx(0.95, abs=0.01)
+    for pair in snaps.values():
+        placed = site.pairing.place(cluster_snapshot(
+            10.0, [], pair, free_gpus([NODE], [], [], "pools"), site.limits))
+        assert placed[0].pool_id != placed[1].pool_id  # each its own pool
+
+
+def test_how_long_a_job_has_run_counts_from_its_leases_not_its_drivers_clock(
+        tmp_path: Path) -> None:
+    # a driver stamping its reward gaps with time.monotonic() (seconds since boot): the
+    # job used to be taken as running since then, decades on the controller's clock
+    store = Store(tmp_path / "c.db")
+    job = JobRecord(52, "user52", 1052, RlRequest(4, "tiny", steps=40), JobState.RUNNING,
+                    1.7e9, partition="drivers")
+    store.add_job(job)
+    t = 1.7e9 + 30.0
+    for _ in range(3):
+        for phase in (Phase.ROLLOUT, Phase.TRAIN):
+            store.add_observation(job_id=52, phase=phase, requested_at=t, granted_at=t,
+                                  released_at=t + 3.0, gpus=4)
+            t += 3.0
+        store.add_observation(job_id=52, phase=Phase.REWARD, requested_at=5_000.0,
+                              granted_at=5_000.0, released_at=5_004.0)
+        t += 4.0
+    snap = job_snapshot(job, "pools", store.observations(52), now=1.7e9 + 100.0)
+    assert snap.running_s == pytest.approx(70.0)

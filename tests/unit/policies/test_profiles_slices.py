@@ -156,3 +156,42 @@ def test_bounded_slowdown_takes_a_limit_of_one_as_no_wait_allowed() -> None:
     events = table.release(lease.request_id, 10.0)
     granted = [e for e in events if type(e).__name__ == "Grant"]
     assert granted[0].lease.job_id == 1
+
+
+def _leases_then(b: ProfileBuilder, t: float, reward_s: float) -> float:
+    """One step as the controller sees it: a rollout lease, a train lease (5 s each),
+    then a reported reward of `reward_s` (none where 0), and the next rollout after."""
+    for phase in (Phase.ROLLOUT, Phase.TRAIN):
+        b.observe_lease(phase, t, t, t + 5.0)
+        t += 5.0
+    if reward_s:
+        b.observe(Phase.REWARD, t, t + reward_s)
+        t += reward_s
+    return t
+
+
+def test_a_prior_phase_the_job_never_reports_leaves_once_its_steps_are_seen() -> None:
+    # prior: half of a 100 s step on reward; the job never times its reward, and its
+    # leases show a 10 s gap: counting the prior's 50 s reward beside that idle gap made
+    # it look 3.5x more complementary than it is
+    prior = PhasePrior(((Phase.ROLLOUT, 0.3), (Phase.TRAIN, 0.2), (Phase.REWARD, 0.5)), 100.0)
+    b = ProfileBuilder(prior=prior)
+    t = 0.0
+    for _ in range(20):
+        t = _leases_then(b, t, 0.0) + 10.0  # the gap, not reported
+    p = b.build()
+    assert p.source == "observed" and Phase.REWARD not in p.phases
+    assert p.period() == pytest.approx(20.0) and p.duty() == pytest.approx(0.5)
+
+
+def test_a_phase_that_stops_leaves_the_profile_within_its_window() -> None:
+    b = ProfileBuilder(window=32)
+    t = 0.0
+    for _ in range(100):
+        t = _leases_then(b, t, 20.0)
+    assert b.build().period() == pytest.approx(30.0)
+    for _ in range(40):  # more than a window of steps without a reward check
+        t = _leases_then(b, t, 0.0)
+    p = b.build()
+    assert Phase.REWARD not in p.phases  # it used to stay (1000 steps on: 1.7 s a step)
+    assert p.period() == pytest.approx(10.0)
