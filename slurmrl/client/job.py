@@ -14,7 +14,10 @@
 A background thread heartbeats every `heartbeat_s` while the job holds or waits for a
 lease. If the controller revokes the lease (missed heartbeats, job ended, pool lost),
 the next call through the lease or a service handle raises `LeaseRevoked`, and so does
-leaving the `with` block; once the job has ended the heartbeats stop. While the
+leaving the `with` block; once the job has ended the heartbeats stop, and so they do
+once the driver's main thread has ended (its lease then lapses, even where another
+thread of the driver still runs). The interval is the site's (`heartbeat_s` in the
+controller's answers), the first beat at once and one right after each grant. While the
 controller restarts every call retries with backoff. A phase request given up
 (`timeout_s`) is withdrawn, so the GPUs never go to a driver that stopped waiting.
 
@@ -232,6 +235,9 @@ class Job:
         #: why the controller ended the job under the driver (None: it has not)
         self.ended_reason: str | None = None
         self._stop = threading.Event()
+        #: set to beat at once: a grant (a new lease wants renewing within the site's
+        #: interval, not the one the thread sleeps on) or a stop
+        self._beat_now = threading.Event()
         self._hb = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                     name=f"slurmrl-heartbeat-{job_id}")
         self._hb.start()
@@ -265,6 +271,7 @@ class Job:
                 lease = Lease(self, data, asked_at=asked)
                 self.heartbeat_s = float(data.get("heartbeat_s") or self.heartbeat_s)
                 self.current = lease
+                self._beat_now.set()
                 return lease
             state, reason = need(ans, "state", str, status), ans.get("reason") or ""
             if state not in ("waiting", "unplaced", "ended"):
@@ -386,6 +393,7 @@ class Job:
         """Deregister: the job's leases end and its pool slot is freed. A job the
         controller already ended is left as it is."""
         self._stop.set()
+        self._beat_now.set()
         try:
             lease = self.current
             if lease is not None and lease.held:
@@ -429,7 +437,23 @@ class Job:
     def _heartbeat_loop(self) -> None:
         failing_since: float | None = None
         try:
-            while not self._stop.wait(self.heartbeat_s):
+            # the first beat at once: its answer says the site's interval, which may be
+            # shorter than the 2 s assumed until then (a waiting request would lapse)
+            first = True
+            while True:
+                if not first:
+                    self._beat_now.wait(self.heartbeat_s)
+                first = False
+                self._beat_now.clear()
+                if self._stop.is_set():
+                    return
+                if not threading.main_thread().is_alive():
+                    # the driver's main thread is gone (it raised, and Python waits for
+                    # its other threads): stop renewing, so its lease lapses rather than
+                    # being held for a hung thread
+                    log.warning("RL job %d: the driver's main thread has ended; heartbeats "
+                                "stop and its lease lapses", self.job_id)
+                    return
                 try:
                     self.heartbeat()
                 except ControllerError as exc:
@@ -464,6 +488,7 @@ class Job:
         if lease is not None and lease.held:
             lease.revoked_reason = reason
         self._stop.set()
+        self._beat_now.set()
 
     def heartbeat(self) -> None:
         lease = self.current
@@ -472,6 +497,9 @@ class Job:
         self._hb_rpc.timeout_s = min(HEARTBEAT_TIMEOUT_MAX_S, max(1.0, 2 * self.heartbeat_s))
         _, ans = self._hb_rpc.call("POST", f"/v1/jobs/{self.job_id}/heartbeat", {},
                                    idempotent=True)
+        beat = ans.get("heartbeat_s")  # the site's interval: follow it
+        if isinstance(beat, int | float) and not isinstance(beat, bool) and beat > 0:
+            self.heartbeat_s = float(beat)
         held = {need(x, "lease_id", int) for x in need(ans, "held", list)}
         if lease is not None and lease.held and lease.lease_id not in held:
             _, got = self._hb_rpc.call("GET", f"/v1/jobs/{self.job_id}/leases/{lease.lease_id}")

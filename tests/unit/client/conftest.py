@@ -26,4 +26,5 @@ def job(standin: StandIn) -> Iterator[Job]:
     j = Job(JOB_ID, standin.url, {"SLURMRL_GPUS": "2"}, retry_for_s=5.0)
     yield j
     j._stop.set()  # the tests close it themselves where closing is what they test
+    j._beat_now.set()
     j._hb.join(timeout=5.0)

@@ -8,8 +8,13 @@ test_controller_core.py.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from _controller_standin import Answer, Call, StandIn, error, lease, until
@@ -242,3 +247,52 @@ def test_connect_in_the_shell_salloc_started_says_to_run_the_driver_as_a_step() 
     with pytest.raises(RuntimeError, match=r"run the driver as a step of the allocation "
                        r"\(srun python driver\.py\)"):
         connect(env, retry_for_s=0)
+
+
+def test_heartbeats_follow_the_sites_interval_from_the_first_one(standin: StandIn) -> None:
+    # the stand-in's site beats every 0.05 s; the client assumed 2 s until its first
+    # grant, so a request waiting meanwhile lapsed at a lease timeout under 2 s
+    waiting = {"on": True}
+    standin.routes["POST", "/v1/jobs/N/leases"] = lambda call: (
+        (202, {"request_id": 9, "state": "waiting"}) if waiting["on"]
+        else (200, {"lease": lease(5)}))
+    job = Job(42, standin.url, {"SLURMRL_GPUS": "2"}, retry_for_s=5.0)
+    try:
+        with pytest.raises(TimeoutError):
+            job.acquire("rollout", timeout_s=1.0, poll_s=0.2)
+        beats = standin.seen("POST", "/v1/jobs/N/heartbeat")
+        assert len(beats) >= 5, len(beats)
+        waiting["on"] = False
+        job.acquire("rollout")
+        granted = len(standin.seen("POST", "/v1/jobs/N/heartbeat"))
+        until(lambda: len(standin.seen("POST", "/v1/jobs/N/heartbeat")) > granted, 0.5)
+    finally:
+        job.close()
+
+
+def test_a_driver_whose_main_thread_died_stops_renewing_its_lease(
+        standin: StandIn, tmp_path: Path) -> None:
+    # it raised with a non-daemon thread still running: Python waits for that thread,
+    # and the heartbeats kept the lease held (a hung thread held it forever)
+    driver = tmp_path / "driver.py"
+    driver.write_text(textwrap.dedent(f"""
+        import sys, threading, time
+        from slurmrl.client import rpc
+        from slurmrl.client.job import Job
+        rpc.sign_request = lambda *a, **k: "MUNGE stub"
+        job = Job(42, {standin.url!r}, {{"SLURMRL_GPUS": "2"}}, retry_for_s=2.0)
+        job.acquire("rollout")
+        threading.Thread(target=time.sleep, args=(3.0,)).start()  # not a daemon
+        raise RuntimeError("the driver failed")
+        """))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    proc = subprocess.Popen([sys.executable, str(driver)], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    until(lambda: standin.seen("POST", "/v1/jobs/N/leases"), 20.0)
+    time.sleep(1.0)  # the main thread has raised by now; the other thread sleeps on
+    beats = len(standin.seen("POST", "/v1/jobs/N/heartbeat"))
+    time.sleep(1.0)
+    assert len(standin.seen("POST", "/v1/jobs/N/heartbeat")) == beats
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1
+    assert "the driver's main thread has ended; heartbeats stop" in err

@@ -45,6 +45,16 @@ def _grants(standin: StandIn, **by_phase: int) -> None:
     standin.routes[ACQUIRE] = grant
 
 
+def _switches(standin: StandIn, to: int) -> None:
+    """A switch answers lease `to`, and heartbeats then answer it held (as the controller
+    does: the switched lease ended)."""
+    def switch(call: Call) -> Answer:
+        standin.held = [_phase_lease(to, call.body["phase"])]
+        return 200, {"lease": standin.held[0]}
+
+    standin.routes[SWITCH] = switch
+
+
 def _paths(standin: StandIn) -> list[str]:
     return [f"{c.method} {c.path}" for c in standin.calls
             if "/heartbeat" not in c.path and "/sessions" not in c.path
@@ -54,7 +64,7 @@ def _paths(standin: StandIn) -> list[str]:
 def test_the_switch_pattern_holds_one_lease_per_phase_and_releases_once(
         standin: StandIn, job: Job) -> None:
     _grants(standin, train=5)
-    standin.routes[SWITCH] = lambda call: (200, {"lease": _phase_lease(6, "sync")})
+    _switches(standin, 6)
     with job.phase("train") as train:
         time.sleep(0.2)
         sync = train.switch("sync")
@@ -73,7 +83,7 @@ def test_the_switch_pattern_holds_one_lease_per_phase_and_releases_once(
 
 def test_only_the_switched_lease_of_its_phase_is_taken_up(standin: StandIn, job: Job) -> None:
     _grants(standin, train=5)
-    standin.routes[SWITCH] = lambda call: (200, {"lease": _phase_lease(6, "sync")})
+    _switches(standin, 6)
     with job.phase("train") as train:
         with pytest.raises(RuntimeError, match=r"already holding lease 5 \(train\)"):
             job.acquire("train")  # a held lease no switch made is not taken up
@@ -139,7 +149,7 @@ def test_a_block_that_fails_after_its_switch_releases_the_lease_the_switch_made(
     # sync lease, never taken up by a phase, is released (held, it kept the GPUs from
     # the partner and the next phase was refused: "already holding lease 6")
     _grants(standin, train=5, rollout=7)
-    standin.routes[SWITCH] = lambda call: (200, {"lease": _phase_lease(6, "sync")})
+    _switches(standin, 6)
     with pytest.raises(ValueError, match="after the switch"), job.phase("train") as train:
         train.switch("sync")
         raise ValueError("the driver's code fails after the switch")
