@@ -22,7 +22,9 @@ APT_PKGS  := python3 python3-venv python3-dev gcc make libc6-dev libslurm-dev
 all: install
 
 deps:
-	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(APT_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q ' installed$$' || missing="$$missing $$p"; \
+	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "make: installing Debian packages:$$missing"; \
 	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
@@ -38,7 +40,10 @@ venv: $(STAMP)
 
 # Not editable on purpose: processes run as other users import the installed copy,
 # wherever this checkout lives (CI may clone under a directory they cannot read).
+# `build/` goes first: setuptools copies all of build/lib, so a module removed from the
+# checkout would stay installed from an earlier build.
 install: venv
+	@rm -rf build
 	$(PY) -m pip install -q --no-deps --no-build-isolation --force-reinstall .
 
 lint: install
@@ -60,13 +65,14 @@ cluster-down:
 	@if [ -x $(SLURMRL) ]; then $(SLURMRL) dev-cluster down --state-dir $(STATE); fi
 
 # Integration tests run on the real local Slurm; the daemons are stopped whatever happens:
-# pass, fail, Ctrl-C or SIGTERM (the run waits in the background so that the shell takes
-# the signal at once, ends it, and then stops the cluster).
+# pass, fail, Ctrl-C or SIGTERM (`up` and the run each go in the background and are
+# waited for, so that the shell takes the signal at once, ends it, and then stops the
+# cluster; a foreground command would hold the traps until it returned).
 WITH_CLUSTER = set -e; \
 	trap '$(SLURMRL) dev-cluster down --state-dir $(STATE) || true' EXIT; \
 	trap 'kill -TERM $$child 2>/dev/null || true; wait $$child 2>/dev/null || true; \
 	      exit 143' INT TERM; \
-	$(SLURMRL) dev-cluster up --state-dir $(STATE); \
+	$(SLURMRL) dev-cluster up --state-dir $(STATE) & child=$$!; wait $$child; \
 	SLURMRL_DEV_STATE=$(STATE) $(1) & child=$$!; wait $$child
 
 integration: install

@@ -27,6 +27,7 @@ import pytest
 
 from slurmrl.auth.tokens import mint_secret
 from slurmrl.worker.handle import ServiceHandle
+from tests.integration.controller_harness import _end_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples"))
@@ -40,7 +41,8 @@ def _start_worker(tmp: Path, role: str, secret: str) -> tuple[subprocess.Popen[s
     proc = subprocess.Popen(
         [sys.executable, "-m", "slurmrl.cli.main", "worker", "--backend", "tiny", "--role",
          role, "--job-id", "7", "--host", "127.0.0.1", "--address-file", str(addr_file)],
-        env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_end_with_parent)  # it dies with the test run, however that dies
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if addr_file.exists() and addr_file.read_text().strip():

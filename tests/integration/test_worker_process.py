@@ -26,6 +26,7 @@ from slurmrl.worker.handle import (
     ServiceUnauthorized,
     ServiceUnreachable,
 )
+from tests.integration.controller_harness import _end_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = ["12+7=", "3*4=", "99-9=", "5+5="]
@@ -44,9 +45,16 @@ class Worker:
         else:
             env.pop("SLURMRL_JOB_SECRET", None)
             args += ["--secret-file", str(secret_file)]
+        # it dies with the test run, however that dies (as the controller harness's)
         self.proc = subprocess.Popen(args, env=env, cwd=tmp, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-        self.handle = ServiceHandle(self._wait_address(), secret, job_id, role, timeout_s=60)
+                                     stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=_end_with_parent)
+        try:
+            self.handle = ServiceHandle(self._wait_address(), secret, job_id, role,
+                                        timeout_s=60)
+        except BaseException:
+            self.kill()  # it never started: no fixture's teardown will stop it
+            raise
 
     def _wait_address(self) -> str:
         deadline = time.monotonic() + 60
@@ -67,11 +75,14 @@ class Worker:
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[dict[str, Worker]]:
     secret = mint_secret()
-    started = {"rollout": Worker(tmp_path, "rollout", secret),
-               "trainer": Worker(tmp_path, "trainer", secret)}
-    yield started
-    for w in started.values():
-        w.kill()
+    started: dict[str, Worker] = {}
+    try:
+        for role in ("rollout", "trainer"):
+            started[role] = Worker(tmp_path, role, secret)
+        yield started
+    finally:
+        for w in started.values():
+            w.kill()
 
 
 def test_driver_path_park_activate_sync_and_stop(workers: dict[str, Worker]) -> None:
