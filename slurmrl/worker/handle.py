@@ -24,6 +24,7 @@ import hmac
 import http.client
 import io
 import json
+import math
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -70,11 +71,16 @@ class ServiceHandle:
 
     def __init__(
         self, address: str, secret: str, job_id: str, role: str, timeout_s: float = 120.0,
-        max_answer_bytes: int | None = None,
+        max_answer_bytes: int | None = None, compute_timeout_s: float | None = None,
     ) -> None:
-        """`max_answer_bytes`: the largest answer read (None: any); the controller sets
-        one, since a service runs the user's code and must not exhaust the controller's
-        memory or, through the readings it stores, its database's disk."""
+        """`timeout_s`: the control plane's calls (status, park, activate, ...), each
+        bounded whole. `compute_timeout_s`: how long a rollout, a train step or a weight
+        transfer may go without a byte of answer (None, the default: as long as it
+        computes; TCP keepalive still notices a service whose node vanished within
+        about two minutes). `max_answer_bytes`: the largest answer read (None: any);
+        the controller sets one, since a service runs the user's code and must not
+        exhaust the controller's memory or, through the readings it stores, its
+        database's disk."""
         addr = address.removeprefix("http://").rstrip("/")
         host, sep, port = addr.rpartition(":")
         if not sep or not host or not port.isdigit():
@@ -83,6 +89,7 @@ class ServiceHandle:
         self.job_id = job_id
         self.role = role
         self.timeout_s = timeout_s
+        self.compute_timeout_s = compute_timeout_s
         self.max_answer_bytes = max_answer_bytes
         self._host, self._port = host.strip("[]"), int(port)
         self._secret = secret
@@ -129,13 +136,14 @@ class ServiceHandle:
             body["continuation"] = continuation.to_json()
         if on_tail is None:
             return GenerateResult.from_json(self._json("generate", "POST", "/v1/generate",
-                                                       body, timeout_s))
+                                                       body, self._compute(timeout_s)))
         done = threading.Event()
         poller = threading.Thread(target=self._poll_tail, args=(on_tail, poll_s, done),
                                   daemon=True)
         poller.start()
         try:
-            raw = self._json("generate", "POST", "/v1/generate", body, timeout_s)
+            raw = self._json("generate", "POST", "/v1/generate", body,
+                             self._compute(timeout_s))
         finally:
             done.set()
             poller.join()
@@ -145,11 +153,13 @@ class ServiceHandle:
         self, samples: Sequence[TrainSample | Mapping[str, Any]], timeout_s: float | None = None
     ) -> dict[str, float]:
         wire = [s.to_json() if isinstance(s, TrainSample) else dict(s) for s in samples]
-        raw = self._json("train_step", "POST", "/v1/train_step", {"samples": wire}, timeout_s)
+        raw = self._json("train_step", "POST", "/v1/train_step", {"samples": wire},
+                         self._compute(timeout_s))
         return {k: float(v) for k, v in raw["metrics"].items()}
 
     def export_weights(self, timeout_s: float | None = None) -> bytes:
-        return self._call("export_weights", "GET", "/v1/weights", b"", None, timeout_s)
+        return self._call("export_weights", "GET", "/v1/weights", b"", None,
+                          self._compute(timeout_s))
 
     def handoff_state(self, timeout_s: float | None = None) -> bytes:
         """This copy's handoff state file as it is (a floating pool's copy on another
@@ -169,7 +179,7 @@ class ServiceHandle:
         """Load `blob` into this service; the answer says `staged: true` when it was
         parked (the weights are applied when the controller next activates it)."""
         raw = self._call("import_weights", "PUT", "/v1/weights", blob,
-                         "application/octet-stream", timeout_s)
+                         "application/octet-stream", self._compute(timeout_s))
         try:
             out = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -246,6 +256,13 @@ class ServiceHandle:
         finally:
             probe.close()
 
+    def _compute(self, timeout_s: float | None) -> float:
+        """A data-plane call's timeout: the caller's, else `compute_timeout_s` (inf:
+        none)."""
+        if timeout_s is not None:
+            return timeout_s
+        return math.inf if self.compute_timeout_s is None else self.compute_timeout_s
+
     def _json(self, call: str, method: str, path: str, obj: Any,
               timeout_s: float | None, whole: bool = False) -> dict[str, Any]:
         body = b"" if obj is None else json.dumps(obj).encode()
@@ -268,6 +285,7 @@ class ServiceHandle:
         byte at a time must not hold them for longer. With `sink`, a 200 answer's body
         is written there (b"" returned) instead of read into memory."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        assert not (whole and math.isinf(timeout)), "a whole call is bounded"
         expired = threading.Event()
         timer = threading.Timer(timeout, self._abort, (expired,)) if whole else None
         if timer is not None:
@@ -307,19 +325,23 @@ class ServiceHandle:
                     sink.seek(0)
                     sink.truncate()
                 reused = self._conn is not None
+                limit = None if math.isinf(timeout) else timeout  # inf: block
                 if self._conn is None:
                     self._conn = http.client.HTTPConnection(self._host, self._port,
-                                                            timeout=timeout)
+                                                            timeout=limit)
                 conn = self._conn
-                conn.timeout = timeout
+                conn.timeout = limit
                 if conn.sock is not None:
-                    conn.sock.settimeout(timeout)
+                    conn.sock.settimeout(limit)
                 # signed per attempt: a retry must not look like a replay
                 headers = dict(sign(self._secret, method, path, body))
                 nonce = headers[NONCE]
                 if content_type:
                     headers["Content-Type"] = content_type
                 try:
+                    if conn.sock is None:
+                        conn.connect()
+                        _keepalive(conn.sock)
                     conn.request(method, path, body=body, headers=headers)
                     resp = conn.getresponse()
                     status = resp.status
@@ -377,6 +399,18 @@ STREAM_CHUNK = 1 << 20  #: bytes read from the socket at a time when streaming a
 
 class _SinkFailed(Exception):
     """Writing a streamed answer failed (not the connection: the local file)."""
+
+
+def _keepalive(sock: socket.socket | None) -> None:
+    """Probe an idle connection after 60 s, every 10 s, 6 times: a call that waits
+    without a timeout on a service whose node vanished ends in about two minutes."""
+    if sock is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):  # the TCP_* names are Linux's
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 60)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 10)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 6)
 
 
 def _impostor(call: str, address: str) -> ServiceUnreachable:

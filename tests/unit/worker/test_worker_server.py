@@ -11,6 +11,7 @@ import http.client
 import json
 import re
 import threading
+import time
 from typing import Any, cast
 
 import pytest
@@ -307,4 +308,30 @@ def test_status_during_a_park_answers_without_reading_the_backend_beside_it() ->
         assert backend.read_while_parking == 0
     finally:
         backend.gate.set()
+        stop()
+
+
+class _SlowRollout(TinyBackend):
+    """A tiny rollout whose generate computes for 1.5 s before its answer."""
+
+    def __init__(self) -> None:
+        super().__init__(Role.ROLLOUT)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(1.5)
+        return super().generate(*args, **kwargs)
+
+
+def test_a_rollout_longer_than_the_control_planes_timeout_is_waited_for() -> None:
+    # the data plane waited at most the handle's timeout_s (120 s by default) for a
+    # rollout's answer: any rollout longer than that failed while the service went on
+    svc, stop = start(Role.ROLLOUT, mint_secret(), backend=_SlowRollout())
+    try:
+        h = ServiceHandle(svc.address, svc.secret, "42", "rollout", timeout_s=0.5)
+        assert len(h.generate(PROMPTS, max_tokens=2).samples) == len(PROMPTS)
+        capped = ServiceHandle(svc.address, svc.secret, "42", "rollout", timeout_s=0.5,
+                               compute_timeout_s=0.5)
+        with pytest.raises(ServiceUnreachable, match="timed out"):
+            capped.generate(PROMPTS, max_tokens=2)
+    finally:
         stop()
