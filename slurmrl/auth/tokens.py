@@ -6,7 +6,11 @@ HMAC-SHA256 over
 
     slurmrl-data/1 \\n METHOD \\n PATH \\n sha256(body) hex \\n timestamp \\n nonce
 
-and sends the result as three headers (`sign`). A service's `Verifier` refuses calls
+and sends the result as three headers (`sign`), with the body's sha256 in a fourth
+(`X-Slurmrl-Body-SHA256`): a service checks the signature over the headers alone
+before it reads a byte of the body (`Verifier.verify_head`), so that nobody without
+the secret makes it buffer a large body, then the body against that digest
+(`check_body`). A service's `Verifier` refuses calls
 that are unsigned, signed with another secret, altered in any bound part, outside the
 clock-skew window, or replayed (a nonce seen within the window).
 
@@ -50,12 +54,14 @@ TIMESTAMP = "X-Slurmrl-Timestamp"
 NONCE = "X-Slurmrl-Nonce"
 SIGNATURE = "X-Slurmrl-Signature"
 HEADERS = (TIMESTAMP, NONCE, SIGNATURE)
+BODY_SHA256 = "X-Slurmrl-Body-SHA256"  #: the digest the signature covers, sent ahead
 ANSWER = "X-Slurmrl-Answer"
 ANSWER_VERSION = "slurmrl-answer/1"
 STREAM_VERSION = "slurmrl-answer-stream/1"
 STREAM_MAC_BYTES = 64  #: the hex HMAC a streamed answer ends in
 
 _NONCE = re.compile(r"^[0-9a-f]{16,128}$")
+_HEADERS_LOWER = {h.lower() for h in HEADERS}
 _SIG = re.compile(r"^[0-9a-f]{64}$")
 _MIN_SECRET_BYTES = 16
 
@@ -79,8 +85,9 @@ def sign(
         raise ValueError(f"not an HTTP method: {method!r}")
     ts = int(time.time() if now is None else now)
     nonce = secrets.token_hex(16) if nonce is None else nonce
-    mac = _mac(_key(secret), method.upper(), path, body, ts, nonce)
-    return {TIMESTAMP: str(ts), NONCE: nonce, SIGNATURE: mac}
+    digest = hashlib.sha256(body).hexdigest()
+    mac = _mac_digest(_key(secret), method.upper(), path, digest, ts, nonce)
+    return {TIMESTAMP: str(ts), NONCE: nonce, SIGNATURE: mac, BODY_SHA256: digest}
 
 
 class Verifier:
@@ -109,6 +116,29 @@ class Verifier:
 
     def verify(self, headers: Mapping[str, str], method: str, path: str, body: bytes) -> None:
         """Return if the call is authentic and fresh; raise AuthError otherwise."""
+        self._verify(headers, method, path, hashlib.sha256(body).hexdigest())
+
+    def verify_head(self, headers: Mapping[str, str], method: str, path: str) -> str:
+        """Check a call's signature before its body is read, over the body digest its
+        `BODY_SHA256` header gives; return that digest, which the body must then match
+        (`check_body`). AuthError as `verify`, and where that header is absent or
+        malformed."""
+        digest = next((v.strip() for k, v in headers.items()
+                       if k.lower() == BODY_SHA256.lower()), None)
+        if digest is None:
+            if not any(k.lower() in _HEADERS_LOWER for k in headers):
+                raise AuthError(AuthCode.MISSING,
+                                "unsigned call: this service needs the job's key")
+            raise AuthError(AuthCode.MALFORMED, f"signed call lacks {BODY_SHA256} (a "
+                            "client older than this service: upgrade slurmrl)")
+        if not _SIG.match(digest):
+            raise AuthError(AuthCode.MALFORMED,
+                            f"{BODY_SHA256} must be 64 lowercase hex digits")
+        self._verify(headers, method, path, digest)
+        return digest
+
+    def _verify(self, headers: Mapping[str, str], method: str, path: str,
+                digest: str) -> None:
         lower = {k.lower(): v for k, v in headers.items()}
         present = [h for h in HEADERS if h.lower() in lower]
         if not present:
@@ -125,7 +155,7 @@ class Verifier:
         if not _SIG.match(sig):
             raise AuthError(AuthCode.MALFORMED, f"{SIGNATURE} must be 64 lowercase hex digits")
         ts = int(ts_text)
-        expected = _mac(self._key, method.upper(), path, body, ts, nonce)
+        expected = _mac_digest(self._key, method.upper(), path, digest, ts, nonce)
         if not hmac.compare_digest(expected, sig):
             raise AuthError(
                 AuthCode.INVALID,
@@ -190,7 +220,13 @@ def _key(secret: str | bytes) -> bytes:
     return key
 
 
-def _mac(key: bytes, method: str, path: str, body: bytes, ts: int, nonce: str) -> str:
-    digest = hashlib.sha256(body).hexdigest()
+def check_body(digest: str, body: bytes) -> None:
+    """The body a call's head was verified for (`Verifier.verify_head`), or AuthError."""
+    if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), digest):
+        raise AuthError(AuthCode.INVALID, "the body is not the one the call was signed for "
+                        "(altered on the way?)")
+
+
+def _mac_digest(key: bytes, method: str, path: str, digest: str, ts: int, nonce: str) -> str:
     message = f"{VERSION}\n{method}\n{path}\n{digest}\n{ts}\n{nonce}".encode()
     return hmac.new(key, message, hashlib.sha256).hexdigest()

@@ -62,7 +62,15 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from slurmrl.auth.errors import AuthCode, AuthError
-from slurmrl.auth.tokens import ANSWER, NONCE, STREAM_MAC_BYTES, Verifier, answer_mac, stream_mac
+from slurmrl.auth.tokens import (
+    ANSWER,
+    NONCE,
+    STREAM_MAC_BYTES,
+    Verifier,
+    answer_mac,
+    check_body,
+    stream_mac,
+)
 from slurmrl.gpu.nvml import NvmlMonitor, reading_json, visible_indices
 from slurmrl.model import Residency
 from slurmrl.worker import handoff
@@ -193,17 +201,20 @@ class ServiceServer:
         self, request: web.Request, handler: Callable[[web.Request], Any]
     ) -> web.StreamResponse:
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return _error(413, f"request body larger than {self._max_body} bytes")
-        try:
-            request[SIGNER] = self._authenticate(request, body)
+            # the headers first: nobody without a secret gets a byte of body read
+            signer, digest = self._authenticate(request)
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                return _error(413, f"request body larger than {self._max_body} bytes")
+            check_body(digest, body)
         except AuthError as exc:  # the one answer not signed: no secret opened the call
             return web.json_response(
                 {"error": f"unauthenticated: {exc.message}", "code": str(exc.code),
                  "status": 401},
                 status=401,
             )
+        request[SIGNER] = signer
         return self._signed(request, await self._answer(request, handler))
 
     def _signed(self, request: web.Request,
@@ -245,24 +256,22 @@ class ServiceServer:
             log.exception("%s %s failed", request.method, request.path)
             return _error(500, f"{type(exc).__name__}: {exc}")
 
-    def _authenticate(self, request: web.Request, body: bytes) -> str:
-        """The secret that signed the request, if one that opens this route did; else
+    def _authenticate(self, request: web.Request) -> tuple[str, str]:
+        """The secret that signed the request's head, if one that opens this route did,
+        and the body digest it signed (the body is checked against it once read); else
         raises AuthError."""
-        args = (request.headers, request.method, request.path_qs, body)
+        args = (request.headers, request.method, request.path_qs)
         if self._control is None or self._control_secret is None:
-            self._verifier.verify(*args)
-            return self._secret
+            return self._secret, self._verifier.verify_head(*args)
         try:
-            self._control.verify(*args)
-            return self._control_secret
+            return self._control_secret, self._control.verify_head(*args)
         except AuthError as exc:
             if request.path in CONTROL_ONLY:
                 if exc.code is AuthCode.INVALID:
                     raise AuthError(AuthCode.INVALID, f"{request.path} is the controller's: "
                                     "the job's key does not open it") from None
                 raise
-        self._verifier.verify(*args)
-        return self._secret
+        return self._secret, self._verifier.verify_head(*args)
 
     @staticmethod
     async def _json(request: web.Request) -> dict[str, Any]:

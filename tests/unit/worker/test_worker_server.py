@@ -10,6 +10,7 @@ import contextlib
 import http.client
 import json
 import re
+import socket
 import threading
 import time
 from typing import Any, cast
@@ -17,7 +18,7 @@ from typing import Any, cast
 import pytest
 from _worker_service import Running, start
 
-from slurmrl.auth.tokens import mint_secret, sign
+from slurmrl.auth.tokens import BODY_SHA256, mint_secret, sign
 from slurmrl.worker.handle import (
     ServiceError,
     ServiceHandle,
@@ -335,3 +336,35 @@ def test_a_rollout_longer_than_the_control_planes_timeout_is_waited_for() -> Non
             capped.generate(PROMPTS, max_tokens=2)
     finally:
         stop()
+
+
+def _head_then_wait(svc: Running, head: dict[str, str], declared: int) -> bytes:
+    """Send a PUT's head declaring a `declared`-byte body, and none of the body; the
+    answer it gets within 5 s (a server reading the body first gives none)."""
+    host, port = svc.address.split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        lines = ["PUT /v1/weights HTTP/1.1", f"Host: {svc.address}",
+                 f"Content-Length: {declared}", *(f"{k}: {v}" for k, v in head.items())]
+        s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        return s.recv(4096)
+
+
+def test_a_call_without_a_valid_signed_head_is_refused_before_its_body_is_read(
+        rollout_service: Running) -> None:
+    # anyone reaching the port made the service buffer up to --max-body-mb (1 GiB) per
+    # call before it looked at the signature
+    forged = {**sign("not-the-jobs-secret-" * 2, "PUT", "/v1/weights", b"x" * 10)}
+    for head in ({}, forged):
+        answer = _head_then_wait(rollout_service, head, 500 << 20)
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:80]
+
+
+def test_a_body_other_than_the_one_signed_for_is_refused(rollout_service: Running) -> None:
+    head = sign(rollout_service.secret, "POST", "/v1/generate", b'{"prompts": ["1+1="]}')
+    status, body = _raw(rollout_service, "POST", "/v1/generate", b'{"prompts": ["2+2="]}',
+                        head)
+    assert status == 401 and "not the one the call was signed for" in str(body["error"])
+    old_client = {k: v for k, v in head.items() if k != BODY_SHA256}
+    status, body = _raw(rollout_service, "POST", "/v1/generate", b'{"prompts": ["1+1="]}',
+                        old_client)
+    assert status == 401 and BODY_SHA256 in str(body["error"])
