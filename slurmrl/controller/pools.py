@@ -463,8 +463,12 @@ class SlurmPools:
         not own), under `services.handoff_dir` with `%n` there the node's name (nodes
         that share a machine, as the dev cluster's `spread` nodes do). Rollout replica
         i's copies have one of their own (`-r<i>`): each replica's state moves between
-        its copies, whichever window they are on."""
-        tag = hashlib.sha256(f"slurmrl-handoff:{job.secret}".encode()).hexdigest()[:16]
+        its copies, whichever window they are on. Each name is its own hash of the
+        job's secret, the node and the replica: one directory seen (the root may be
+        world-listable, as /dev/shm is) names no other."""
+        which = "" if replica is None else str(replica)
+        tag = hashlib.sha256(f"slurmrl-handoff:{job.secret}:{node}:{which}".encode()
+                             ).hexdigest()[:32]
         mine = "" if replica is None else f"-r{replica}"
         return os.path.join(self.c.config.services.handoff_dir.replace("%n", node),
                             f"slurmrl-job{job.job_id}-{tag}{mine}")

@@ -604,6 +604,9 @@ async def test_a_rollout_tail_packs_beside_anothers_and_its_replica_there_takes_
         dirs = [replica(job, g).spec.handoff_dir for g in range(4)]
         assert dirs[0] == dirs[2] != dirs[1] == dirs[3]
         assert dirs[0].endswith("-r0") and dirs[1].endswith("-r1")  # type: ignore[union-attr]
+        # replica 1's name does not follow from replica 0's (the root is world-listable:
+        # another user who saw one squatted the next, and that copy could not start)
+        assert dirs[0][:-3] != dirs[1][:-3]  # type: ignore[index]
     assert await site.grant(7, Phase.ROLLOUT) == {0, 1}
     assert await site.grant(8, Phase.ROLLOUT) == {2, 3}
     for s in site.launcher.launched:
