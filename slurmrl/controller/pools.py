@@ -1207,7 +1207,11 @@ class SlurmPools:
                     lambda: live.handle.park(level, handoff=True) if handoff
                     else live.handle.park(level))
         except ServiceError as exc:
+            # it may still land (the service queues it behind a call in flight): taken
+            # as active, holding its memory, and activated again where a grant needs it
             log.error("service %s of job %d: %s failed: %s", key[1], key[0], residency, exc)
+            live.footprint = replace(live.footprint, residency=Residency.ACTIVE,
+                                     uncertain=True)
             return
         try:  # the service's answer is the job user's process's: not trusted
             now = Residency(str(ans.get("residency", residency)))
@@ -1215,7 +1219,7 @@ class SlurmPools:
             log.error("service %s of job %d answered %s with no known residency",
                       key[1], key[0], residency)
             return
-        live.footprint = replace(live.footprint, residency=now)
+        live.footprint = replace(live.footprint, residency=now, uncertain=False)
         self.c.store.update_service(live.record_id, residency=str(now))
 
     # -- endings ------------------------------------------------------------------------------

@@ -64,6 +64,10 @@ class Footprint:
     residency: Residency = Residency.ACTIVE
     replica: int | None = None  #: a rollout replica's index (None: one engine, its set)
     window: int | None = None  #: a floating pool's window it runs on (None: fixed pool)
+    #: a park or an activation of it failed (timed out): the service may still do it
+    #: later, so it is taken as active (holding its memory) and, where a grant needs
+    #: it, activated again (a no-op where it is)
+    uncertain: bool = False
 
     @property
     def service(self) -> str:
@@ -252,7 +256,8 @@ def plan_grant(
                     and _host(by_key, state) + f.host_bytes <= host_budget_bytes):
                 state[f.key] = Residency.PARKED
                 park.append(f.key)
-    activate = tuple(k for k in needed if by_key[k].residency is not Residency.ACTIVE)
+    activate = tuple(k for k in needed if by_key[k].residency is not Residency.ACTIVE
+                     or by_key[k].uncertain)
     return ResidencyPlan(tuple(park), tuple(drop), activate, _host(by_key, state))
 
 
@@ -287,7 +292,8 @@ def plan_floating_grant(services: Sequence[Footprint], capacity: Sequence[GpuCap
     if held <= cap.keys():
         park += _park_until_fits(held, state, by_key, cap, idle, needed,
                                  f"job {job_id}'s {phase} services")
-    activate = [k for k in needed if by_key[k].residency is not Residency.ACTIVE]
+    activate = [k for k in needed if by_key[k].residency is not Residency.ACTIVE
+                or by_key[k].uncertain]
     return ResidencyPlan(park=tuple(park), activate=tuple(activate))
 
 

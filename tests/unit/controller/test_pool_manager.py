@@ -33,6 +33,7 @@ from slurmrl.gpu.estimate import GiB
 from slurmrl.leases import LeaseError
 from slurmrl.model import Identity, JobState, Phase, RlRequest
 from slurmrl.slurm import JobInfo, NodeInfo, SlurmJobState
+from slurmrl.worker.handle import ServiceUnreachable
 
 ALICE = Identity(1001, 1001, "alice")
 BOB = Identity(1002, 1002, "bob")
@@ -510,4 +511,57 @@ async def test_the_policy_is_told_the_host_budget_the_join_guard_holds(
     await site.c.register(ALICE, 7, ENV)
     await site.settle()
     assert policy.limits and policy.limits[-1].parked_host_mem_bytes == (64000 << 20) // 2
+    await site.c.stop()
+
+
+class LateHandle(FakeHandle):
+    """A service whose first park times out at the caller and lands afterwards (it was
+    queued behind a call in flight); records the calls it gets."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.residency = "active"
+
+    def activate(self) -> dict[str, Any]:
+        self.calls.append("activate")
+        self.residency = "active"
+        return {"residency": "active"}
+
+    def park(self, level: int) -> dict[str, Any]:
+        self.calls.append("park")
+        self.residency = "parked"  # it lands, but the answer does not come back in time
+        if self.calls.count("park") == 1:
+            raise ServiceUnreachable("park", None, "no whole answer within 120 s")
+        return {"residency": "parked"}
+
+
+@run
+async def test_a_service_whose_park_timed_out_is_activated_again_for_its_next_grant(
+        tmp_path: Path) -> None:
+    # the park landed after the controller gave up on it, which still took the service
+    # as active: the job's next grant sent no activate, and its driver got ServiceParked
+    site = await _site(Store(tmp_path / "c.db"), jobs={1: ALICE, 2: BOB})
+    late = LateHandle()
+    launch = site.launcher.launch
+
+    def launch_late(pool_job_id: int, node: str, spec: ServiceSpec,
+                    secret: str) -> FakeRunning:
+        running = launch(pool_job_id, node, spec, secret)
+        if (spec.job_id, spec.role) == (1, "rollout"):
+            running.handle = late
+        return running
+
+    site.launcher.launch = launch_late  # type: ignore[method-assign]
+    env = {"SLURMRL_GPUS": "2", "SLURMRL_MODEL": "tiny"}
+    for job_id, who in ((1, ALICE), (2, BOB)):
+        await site.c.register(who, job_id, env)
+        await site.settle()
+    assert site.job(1).pool_id == site.job(2).pool_id is not None
+    for job_id, phase in ((2, Phase.ROLLOUT), (1, Phase.ROLLOUT)):
+        ticket = site.c.scheduler.request(site.job(job_id), phase)
+        assert ticket.lease is not None
+        await site.pools.before_answer(site.job(job_id), ticket.lease)
+        site.c.scheduler.release(site.job(job_id), ticket.request_id, {})
+    assert late.calls[0] == "park" and "activate" in late.calls[1:]
+    assert late.residency == "active"  # what job 1's rollout needs
     await site.c.stop()
