@@ -126,16 +126,23 @@ def worker(
         raise click.UsageError(f"job secret or ${CONTROL_ENV}: {exc}") from exc
     shown_host = advertise_host or (socket.gethostname() if host in ("0.0.0.0", "::") else host)
 
+    class AddressFileError(Exception):
+        pass
+
     def on_ready(bound_port: int) -> None:
         address = f"{shown_host}:{bound_port}"
         if address_file is not None:
-            write_address_file(address_file, address)
+            try:
+                write_address_file(address_file, address)
+            except OSError as exc:  # not a failure to listen: say which it is
+                raise AddressFileError(f"cannot write --address-file {address_file}: "
+                                       f"{exc}") from exc
         click.echo(f"slurmrl worker: job {job_id} {role} ({backend_name}) listening on "
                    f"{address} pid {os.getpid()}", err=False)
 
     try:
         asyncio.run(serve(server, host, port, on_ready))
-    except BackendError as exc:
+    except (BackendError, AddressFileError) as exc:
         click.echo(f"slurmrl worker: error: {exc}", err=True)
         sys.exit(1)
     except OSError as exc:

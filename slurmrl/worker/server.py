@@ -540,7 +540,12 @@ async def serve(
 
     SIGTERM and SIGINT (what `scancel` and `srun` send a step) stop it like `stop` does.
     """
-    await server.run_backend(server.backend.load)
+    try:
+        await server.run_backend(server.backend.load)
+    except BackendError:
+        raise
+    except Exception as exc:  # the model's own code (a factory, a checkpoint) failed
+        raise BackendError(f"loading the model failed: {type(exc).__name__}: {exc}") from exc
     runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -112,3 +112,25 @@ def test_the_worker_refuses_to_start_with_such_a_handoff_dir(tmp_path: Path) -> 
         assert result.exit_code == 2, result.output
         assert "--handoff-dir" in result.output and message in result.output
         assert str(path) in result.output.replace("\n", "")
+
+
+def test_a_model_that_fails_to_load_is_a_one_line_error(tmp_path: Path) -> None:
+    # a factory that raises (here: called with no argument) used to print a traceback
+    argv = ["worker", "--backend", "torch", "--model", "json:loads", "--device", "cpu",
+            "--role", "trainer", "--job-id", "9", "--host", "127.0.0.1"]
+    result = CliRunner().invoke(cli, argv, env={SECRET_ENV: mint_secret()})
+    assert result.exit_code == 1, result.output
+    assert "slurmrl worker: error: loading the model failed: TypeError" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_an_address_file_it_cannot_write_is_named_not_taken_for_a_port(
+        tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    where = tmp_path / "a-file" / "addr"  # under a file: no directory can be made there
+    argv = ["worker", "--backend", "tiny", "--role", "trainer", "--job-id", "9",
+            "--host", "127.0.0.1", "--address-file", str(where)]
+    result = CliRunner().invoke(cli, argv, env={SECRET_ENV: mint_secret()})
+    assert result.exit_code == 1, result.output
+    assert f"cannot write --address-file {where}" in result.output
+    assert "cannot listen" not in result.output
