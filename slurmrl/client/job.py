@@ -150,7 +150,9 @@ class Lease:
     def release(self, timing: Mapping[str, float] | None = None) -> None:
         if self.released or self.revoked_reason is not None:
             return
-        self._post("release", {"timing": dict(timing or {})}, idempotent=True)
+        # after a call gave up on the controller, once: the lease lapses unrenewed anyway
+        self._post("release", {"timing": dict(timing or {})}, idempotent=True,
+                   retry=not self._job._rpc.lost)
         self.released = True
 
     def switch(self, phase: str, timing: Mapping[str, float] | None = None) -> Lease:
@@ -188,12 +190,14 @@ class Lease:
         lease._adoptable = True
         return lease
 
-    def _post(self, op: str, body: dict[str, Any], idempotent: bool = False) -> dict[str, Any]:
+    def _post(self, op: str, body: dict[str, Any], idempotent: bool = False,
+              retry: bool = True) -> dict[str, Any]:
         """POST to this lease's `op`; a 409 because the controller took the lease back
         (its job ended, it lapsed) raises `LeaseRevoked` with the reason."""
         path = f"/v1/jobs/{self._job.job_id}/leases/{self.lease_id}/{op}"
         try:
-            return self._job._rpc.call("POST", path, body, idempotent=idempotent)[1]
+            return self._job._rpc.call("POST", path, body, idempotent=idempotent,
+                                       retry=retry)[1]
         except ControllerError as exc:
             if exc.status != 409:
                 raise
@@ -404,7 +408,8 @@ class Job:
                                 lease.lease_id, exc)
             try:
                 self._rpc.call("POST", f"/v1/jobs/{self.job_id}/end",
-                               {"state": state, "reason": reason})
+                               {"state": state, "reason": reason},
+                               retry=not self._rpc.lost)  # gave up already: once
             except ControllerError as exc:
                 if exc.status != 409 or exc.code != "job-ended":
                     raise

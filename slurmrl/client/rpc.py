@@ -141,6 +141,9 @@ class RpcClient:
         self._session: tuple[str, str] | None = None  # (id, key)
         self._outage_lock = threading.Lock()
         self._outage_since: float | None = None  # when the outage being retried began
+        #: a call gave up on the controller (no answer for `retry_for_s`), and none has
+        #: been answered since: a driver's clean-up calls then try once, not for minutes
+        self.lost = False
 
     def close(self) -> None:
         with self._lock:
@@ -165,13 +168,17 @@ class RpcClient:
         while True:
             try:
                 status, answer = self._once(method, target, raw, wait_s)
-                if status not in again or time.monotonic() >= deadline:
+                if status not in again:
+                    break
+                if time.monotonic() >= deadline:
+                    self._gave_up(what)
                     break
                 why = f"answered HTTP {status} ({_error_code(answer) or _shown(answer)[:80]})"
             except AuthError as exc:  # munged unreachable on this node
                 raise ControllerError(None, f"auth-{exc.code}", exc.message) from None
             except _NET_ERRORS as exc:
                 if time.monotonic() >= deadline:
+                    self._gave_up(what)
                     raise ControllerError(None, "unreachable",
                                           f"controller {self.url} unreachable: {exc}") from exc
                 why = f"unreachable ({exc})"
@@ -192,7 +199,17 @@ class RpcClient:
             else:
                 log.debug("controller %s %s; retrying %s", self.url, why, what)
 
+    def _gave_up(self, what: str) -> None:
+        """This call stops retrying: said, so that the next call's retries are too."""
+        with self._outage_lock:
+            if self._outage_since is not None and self.retry_for_s > 0:
+                log.warning("controller %s: gave up on %s after %.1f s", self.url, what,
+                            time.monotonic() - self._outage_since)
+            self._outage_since = None
+            self.lost = True
+
     def _recovered(self, what: str) -> None:
+        self.lost = False
         with self._outage_lock:
             if self._outage_since is not None:
                 log.warning("controller %s answers again (%s) after %.1f s", self.url, what,

@@ -296,3 +296,19 @@ def test_a_driver_whose_main_thread_died_stops_renewing_its_lease(
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 1
     assert "the driver's main thread has ended; heartbeats stop" in err
+
+
+def test_after_giving_up_on_the_controller_the_drivers_clean_up_tries_once(
+        standin: StandIn, caplog: pytest.LogCaptureFixture) -> None:
+    # the release and the deregistration each retried for retry_for_s more, silently:
+    # a driver took three times retry_for_s (15 minutes by default) to stop
+    job = Job(42, standin.url, {"SLURMRL_GPUS": "2"}, retry_for_s=0.5)
+    with pytest.raises(ControllerError, match="controller restarting"), job, \
+            job.phase("rollout"):
+        for route in [*standin.routes, ("POST", "/v1/jobs/N/observations")]:
+            standin.routes[route] = lambda call: error(503, "unavailable",  # it went
+                                                      "controller restarting")
+        job.observe("reward", time.time(), time.time())
+    assert len(standin.seen("POST", "/v1/jobs/N/leases/N/release")) == 1
+    assert len(standin.seen("POST", "/v1/jobs/N/end")) == 1
+    assert "gave up on POST /v1/jobs/42/observations" in caplog.text
