@@ -45,10 +45,12 @@ def _dedic(j: dict[str, Any]) -> str:
 
 def _saved(j: dict[str, Any]) -> str:
     d, g = j.get("dedicated_gpu_seconds"), j.get("gpu_seconds")
+    if j.get("pool_id") is None:
+        return "-"  # never placed: nothing to save yet (not 100%, not 0%)
     if (j.get("request") or {}).get("mux") == "off" or j.get("dedicated_pool"):
         return "0.0%"  # its pool was its own: idle time there went to no one else
-    if not d or g is None or j.get("pool_id") is None:
-        return "-"  # never placed: nothing to save yet (not 100%)
+    if not d or g is None:
+        return "-"
     return f"{100 * (1 - g / d):.1f}%"
 
 

@@ -19,8 +19,11 @@ def test_saved_is_the_share_of_dedicated_gpu_time_not_leased() -> None:
 
 
 def test_a_mux_off_job_shows_no_saving_however_little_it_leased() -> None:
-    view = {"gpu_seconds": 24.0, "dedicated_gpu_seconds": 400.0, "request": {"mux": "off"}}
+    view = {"gpu_seconds": 24.0, "dedicated_gpu_seconds": 400.0, "request": {"mux": "off"},
+            "pool_id": 3}
     assert _saved(view) == "0.0%"
+    # before its pool: nothing yet, as any waiting job (the guide's "-")
+    assert _saved({**view, "pool_id": None}) == "-"
 
 
 def test_a_job_the_policy_placed_in_a_pool_of_its_own_shows_no_saving() -> None:
