@@ -151,9 +151,12 @@ class Controller:
             return existing
         if info is None:
             raise RpcError(404, "no-such-slurm-job", f"Slurm does not know job {job_id}")
-        if info.uid != who.uid and not self.is_admin(who):
+        if info.uid != who.uid:
+            # its request (model, GPUs, ...) is the caller's, and its services run as
+            # the job's owner: only the owner chooses what runs as the owner, admins too
             raise RpcError(403, "not-your-job",
-                           f"Slurm job {job_id} belongs to uid {info.uid}, not to the caller")
+                           f"Slurm job {job_id} belongs to uid {info.uid}, not to the "
+                           "caller: only its owner registers it as an RL job")
         if info.state is not SlurmJobState.RUNNING:
             raise RpcError(409, "job-not-running",
                            f"Slurm job {job_id} is {info.state}, not RUNNING")

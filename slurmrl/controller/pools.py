@@ -776,7 +776,9 @@ class SlurmPools:
         try:
             try:
                 for m in c.store.jobs(active=True, pool_id=pool.pool_id):
-                    await self._launch_on_windows(m, pool, [win])
+                    # a failure stops what this window launched (below), not the
+                    # members' copies elsewhere, nor their handed-off state
+                    await self._launch_on_windows(m, pool, [win], stop_job_on_failure=False)
             except Exception:
                 log.exception("pool %d: launching services on a new window failed",
                               pool.pool_id)
@@ -921,16 +923,18 @@ class SlurmPools:
         return {n.name: free_gpus([n], running, pools, part)[part] for n in nodes}
 
     async def _launch_on_windows(self, job: JobRecord, pool: PoolRecord,
-                                 windows: Sequence[WindowRecord]) -> None:
+                                 windows: Sequence[WindowRecord],
+                                 stop_job_on_failure: bool = True) -> None:
         """Launch the job's services on `windows` of a floating pool, each in that
         window's allocation, and hand each off at once: the job's state lives in one
         copy at a time, taken over by the copy its next grant activates. (A copy that
         comes up beside a newer handed-off state writes nothing: the worker keeps the
-        newer one.)"""
+        newer one.) `stop_job_on_failure`: as `_launch_services`."""
         for w in windows:
             fps = self._window_footprints(job, pool, [w])
             devices = {w.window * job.request.gpus + i: d for i, d in enumerate(w.gpu_indices)}
-            await self._launch_services(job, pool, fps, w.slurm_job_id, devices, w.node)
+            await self._launch_services(job, pool, fps, w.slurm_job_id, devices, w.node,
+                                        stop_job_on_failure)
             await asyncio.gather(*(self._set(f.key, Residency.PARKED, handoff=True)
                                    for f in fps))
 
@@ -1060,10 +1064,13 @@ class SlurmPools:
     async def _launch_services(self, job: JobRecord, pool: PoolRecord,
                                fps: list[Footprint], slurm_job_id: int | None = None,
                                devices: dict[int, int] | None = None,
-                               node: str | None = None) -> None:
+                               node: str | None = None,
+                               stop_job_on_failure: bool = True) -> None:
         """Launch `fps` as steps of the pool's allocation (or of `slurm_job_id`, a
         floating pool's window on `node` (default the pool's), whose pool GPUs are
-        Slurm's `devices`)."""
+        Slurm's `devices`). A launch that fails stops all the job's services (it cannot
+        run without them), unless `stop_job_on_failure` is False: then the caller
+        stops what it launched."""
         alloc = pool.slurm_job_id if slurm_job_id is None else slurm_job_id
         assert self.launcher is not None and alloc is not None
         node = node or (pool.nodes[0] if pool.nodes else "localhost")
@@ -1088,7 +1095,8 @@ class SlurmPools:
                                               job.secret)
             except Exception:
                 self.c.store.update_service(rid, state="failed", ended_at=self.c.clock())
-                await self._stop_job_services(job.job_id)
+                if stop_job_on_failure:
+                    await self._stop_job_services(job.job_id)
                 raise
             self.c.store.update_service(rid, step_id=svc.step_id, address=svc.address,
                                         residency="active", state="running",

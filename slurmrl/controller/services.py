@@ -233,6 +233,10 @@ class ServiceLauncher:
             raise ServiceLaunchError(
                 f"cannot run {spec.name} as {ids.name}: dropping to the job's user needs a "
                 "controller running as root")
+        if ids.uid == 0 and os.geteuid() == 0:
+            raise ServiceLaunchError(
+                f"{spec.name}: the job is root's, and slurmrl runs no service as root: "
+                "submit RL jobs as an ordinary user")
         last: Exception | None = None
         for attempt in range(1, self.launch_attempts + 1):
             try:
@@ -288,14 +292,20 @@ class ServiceLauncher:
             handle = ServiceHandle(address, control, str(spec.job_id), spec.role,
                                    max_answer_bytes=CONTROL_ANSWER_BYTES)
             status = self._await_status(step, handle, log_path)
+            # still inside: a step whose id Slurm cannot tell now, or whose answer is
+            # not what a worker answers, is killed, never left running untracked
+            step_id = step.step_id(self.slurm) or status.get("step_id")
+            pid = status.get("pid")
+            if isinstance(pid, bool) or not isinstance(pid, int):
+                raise ServiceLaunchError(f"{spec.name} answered its status with pid "
+                                         f"{str(pid)[:40]!r}, not a process id")
         except BaseException:
             self._kill(step)
             raise
-        step_id = step.step_id(self.slurm) or status.get("step_id")
         log.info("service %s up in pool job %d: step %s at %s as %s (%.2f s)", spec.name,
                  pool_job_id, step_id, address, ids.name, time.monotonic() - t0)
         return RunningService(spec, pool_job_id, step, None if step_id is None else str(step_id),
-                              address, int(status["pid"]), handle, workdir, log_path, control)
+                              address, pid, handle, workdir, log_path, control)
 
     def _await_address(self, step: StepHandle, path: Path, log_path: Path,
                        uid: int | None = None) -> str:

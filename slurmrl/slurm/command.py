@@ -25,6 +25,7 @@ import os
 import pwd
 import re
 import shlex
+import shutil
 import subprocess
 import tempfile
 import time
@@ -343,7 +344,10 @@ class CommandBackend:
             raise ValueError(f"launch_step cpus must be >= 1, got {cpus}")
         full = self.srun_argv(job_id, argv, gpus=gpus, cuda_visible_devices=cuda_visible_devices,
                               cpus=cpus, overlap=overlap, export=sorted({"PATH", *(env or {})}))
-        full[0] = self._cmd("srun")
+        # srun as the queries find theirs: on the controller's PATH, not on the step's
+        # (the env given sets the step's own PATH, which Popen would search instead)
+        full[0] = (self._cmd("srun") if self._bin
+                   else shutil.which("srun", path=self.env.get("PATH")) or "srun")
         # srun passes every variable whose name begins with "SLURM" whatever --export says
         # (SLURMRL_* too, measured on 22.05): only Slurm's own SLURM_* may ride along
         step_env = {k: v for k, v in self.env.items()

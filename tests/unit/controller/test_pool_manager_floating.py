@@ -28,7 +28,7 @@ from slurmrl.controller.core import Controller
 from slurmrl.controller.pools import PoolError, PoolLoss, SlurmPool, SlurmPools
 from slurmrl.controller.scheduler import LeaseScheduler
 from slurmrl.controller.server import Api
-from slurmrl.controller.services import ServiceSpec
+from slurmrl.controller.services import ServiceLaunchError, ServiceSpec
 from slurmrl.controller.views import physical_gpus, pool_view
 from slurmrl.db import Store
 from slurmrl.leases import LeaseError
@@ -1099,3 +1099,31 @@ def test_the_site_config_refuses_floating_across_nodes_without_floating_pools(
     cfg.write_text('[slurm]\nfloating_across_nodes = true\n')
     with pytest.raises(ConfigError, match=r"floating_across_nodes.*floating_pools = true"):
         load(cfg, env={})
+
+
+@run
+async def test_a_failed_launch_on_a_new_window_leaves_the_members_other_copies(
+        tmp_path: Path) -> None:
+    # job 7's copy on the window bob's arrival added fails to start (a slow model load):
+    # only that window's services stop; job 7's copies and its handed-off state on its
+    # first window stayed, where all of them used to be stopped and the state discarded
+    site = await _site(Store(tmp_path / "c.db"))
+    await site.register(ALICE, 7)
+    first = [s for s in site.launcher.launched if s.spec.job_id == 7]
+    assert {s.pool_job_id for s in first} == {101}
+    launch = site.launcher.launch
+
+    def fails_on_102(pool_job_id: int, node: str, spec: ServiceSpec,
+                     secret: str) -> FakeRunning:
+        if spec.job_id == 7 and pool_job_id == 102:
+            raise ServiceLaunchError("service not listening within 120 s")
+        return launch(pool_job_id, node, spec, secret)
+
+    site.launcher.launch = fails_on_102  # type: ignore[method-assign]
+    await site.register(BOB, 8)
+    assert site.job(7).state is JobState.RUNNING
+    assert not [s for s in site.launcher.stopped if s in first]
+    assert all(("discard", True) not in s.handle.calls for s in first)
+    kept = [lv for k, lv in site.pools._live.items() if k[0] == 7]
+    assert len(kept) == len(first) and {lv.footprint.window for lv in kept} == {0}
+    await site.c.stop()

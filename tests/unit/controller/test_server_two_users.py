@@ -229,3 +229,21 @@ def test_status_of_one_user_lists_only_that_users_leases(tmp_path: Path) -> None
             assert sorted(x["job_id"] for x in everyone["leases"]) == [A, B]
 
     asyncio.run(main())
+
+
+def test_only_its_owner_registers_a_job_admins_included(tmp_path: Path) -> None:
+    # a registration's request (the model, ...) is the caller's, and the job's services
+    # run as the job's owner: an admin registering Bob's job chose what ran as Bob
+    async def main() -> None:
+        async with rig(tmp_path, register=()) as r:
+            for who in (OPS, ALICE):
+                status, answer = await r.call(who, "POST", "/v1/jobs", {
+                    "job_id": B, "env": {"SLURMRL_GPUS": "2", "SLURMRL_MODEL": "/x/m"}})
+                assert status == 403 and answer["error"]["code"] == "not-your-job"
+                assert "only its owner registers it" in answer["error"]["message"]
+            assert r.c.store.job(B) is None
+            status, _ = await r.call(BOB, "POST", "/v1/jobs",
+                                     {"job_id": B, "env": {"SLURMRL_GPUS": "2"}})
+            assert status == 200
+
+    asyncio.run(main())

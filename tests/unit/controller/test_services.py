@@ -124,3 +124,57 @@ def test_services_are_advertised_at_the_nodes_slurm_address(tmp_path: Path) -> N
     assert launcher.address_of("n2") == "10.0.0.2" and slurm.calls == 2  # kept
     slurm.fail = True
     assert launcher.address_of("n9") == "n9"  # Slurm unreachable: by name
+
+
+def test_a_root_controller_runs_no_service_as_root(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # the controller's: root (CI's too)
+    launcher = ServiceLauncher(None, tmp_path)  # type: ignore[arg-type]
+    spec = ServiceSpec(7, "rollout", "root", (0,), uid=0)
+    with pytest.raises(ServiceLaunchError, match="slurmrl runs no service as root"):
+        launcher.launch(1, "node", spec, "s" * 32)
+    assert list(tmp_path.iterdir()) == []
+
+
+class _Step:
+    """A launched step that answers, but whose answer is not a worker's."""
+
+    killed = False
+
+    def poll(self) -> int | None:
+        return None
+
+    def step_id(self, slurm: object) -> str:
+        return "3"
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def test_a_step_whose_status_is_not_a_workers_is_killed_not_left_running(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the pid came from the service (the job user's code): an answer without one used
+    # to escape after the step's guard, leaving it running on the pool's GPUs untracked
+    from slurmrl.controller import services
+
+    step = _Step()
+
+    class Slurm:
+        def launch_step(self, *args: object, **kwargs: object) -> _Step:
+            return step
+
+        def nodes(self) -> list[object]:
+            return []
+
+    run_dir = tmp_path / "services"
+    launcher = ServiceLauncher(Slurm(), run_dir, launch_attempts=1)  # type: ignore[arg-type]
+    monkeypatch.setattr(launcher, "_await_address", lambda *a, **k: "127.0.0.1:1")
+    monkeypatch.setattr(launcher, "_await_status", lambda *a, **k: {"pid": "not-a-pid"})
+    monkeypatch.setattr(launcher, "_kill", lambda s: s.kill())
+    monkeypatch.setattr(services, "worker_argv", lambda *a, **k: ["true"])
+    # an ordinary account: a root controller runs no service as root
+    who = pwd.getpwnam("nobody") if ME == 0 else pwd.getpwuid(ME)
+    spec = ServiceSpec(7, "rollout", who.pw_name, (0,), uid=who.pw_uid)
+    with pytest.raises(ServiceLaunchError, match="not a process id"):
+        launcher.launch(1, "node", spec, "s" * 32)
+    assert step.killed

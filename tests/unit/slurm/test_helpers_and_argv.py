@@ -210,3 +210,23 @@ def test_a_job_name_with_a_newline_cannot_forge_another_jobs_record(tmp_path: Pa
     (job16,) = [j for j in jobs if j.job_id == 16]
     assert job16.state is SlurmJobState.RUNNING
     assert len({j.job_id for j in jobs}) == len(jobs)
+
+
+def test_a_step_is_launched_with_the_srun_the_queries_use(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Slurm in /opt/slurm/bin, on the controller's PATH: the queries ran that one, the
+    # launch searched the step's own PATH (the services' fixed one) and ran another
+    srun = tmp_path / "srun"
+    srun.write_text("#!/bin/sh\nexit 0\n")
+    srun.chmod(0o755)
+    backend = CommandBackend(env={"PATH": f"{tmp_path}:/usr/bin"})
+    started: list[list[str]] = []
+
+    def start(job_id: int, full: list[str], *args: object) -> StepHandle:
+        started.append(full)
+        raise SlurmError("not launching in a unit test")
+
+    monkeypatch.setattr(backend, "_start_srun", start)
+    with pytest.raises(SlurmError):
+        backend.launch_step(5, ["true"], env={"PATH": "/usr/bin"}, retries=0)
+    assert started[0][0] == str(srun)
