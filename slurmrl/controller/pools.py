@@ -152,7 +152,10 @@ class PoolAllocator:
             time_limit_min=self.time_limit_min,
             comment=" ".join(x for x in (POOL_COMMENT, self.tag, label) if x),
             output="/dev/null",
-            extra_args=() if node is None else (f"--nodelist={node}",))
+            # never requeued: a pool that went back to the queue lost its services, and
+            # its job id would come back on other GPUs
+            extra_args=("--no-requeue",) if node is None
+            else ("--no-requeue", f"--nodelist={node}"))
         with self._submitting:
             try:
                 job_id = self.slurm.submit(spec)
@@ -222,7 +225,9 @@ class PoolAllocator:
         self.slurm.cancel(slurm_job_id)
 
     def losses(self, slurm_job_ids: Sequence[int]) -> list[PoolLoss]:
-        """The pools among `slurm_job_ids` that Slurm no longer runs."""
+        """The pools among `slurm_job_ids` that Slurm no longer runs: ended, ending, or
+        back in the queue (requeued by an admin or after a node failure, in spite of
+        `--no-requeue`: its services are gone)."""
         if not slurm_job_ids:
             return []
         infos = {i.job_id: i for i in self.slurm.jobs(list(slurm_job_ids))}
@@ -231,13 +236,20 @@ class PoolAllocator:
             info = infos.get(jid)
             if info is None:
                 out.append(PoolLoss(jid, "GONE"))
-            elif info.state.terminal or info.state is SlurmJobState.COMPLETING:
+            elif info.state.terminal or info.state in _NOT_RUNNING_AGAIN:
                 out.append(PoolLoss(jid, str(info.state), info.reason))
         return out
 
 
 # --------------------------------------------------------------------------------------
 # The controller's pool manager (the `PoolManager` plug-in of controller/manager.py)
+
+
+#: states a pool that ran is lost in, besides the terminal ones: it ends, or it went back
+#: to the queue (a pool is recorded only once it runs)
+_NOT_RUNNING_AGAIN = frozenset({
+    SlurmJobState.COMPLETING, SlurmJobState.PENDING, SlurmJobState.CONFIGURING,
+    SlurmJobState.REQUEUED, SlurmJobState.SPECIAL_EXIT})
 
 
 @dataclass

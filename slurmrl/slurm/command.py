@@ -108,7 +108,10 @@ class CommandBackend:
         limit = self.timeout_s if timeout_s is None else timeout_s
         try:
             cp = subprocess.run(
-                argv, input=input_text, capture_output=True, text=True, shell=False,
+                # another user's job may carry any bytes (a Latin-1 name or path), which
+                # squeue prints as they are: a strict decode failed every query
+                argv, input=input_text, capture_output=True, encoding="utf-8",
+                errors="replace", shell=False,
                 timeout=limit, env=dict(env) if env is not None else self.env, check=False,
                 stdin=None if input_text is not None else subprocess.DEVNULL,
             )
@@ -228,7 +231,13 @@ class CommandBackend:
             return found
         log.warning("scontrol listed job(s) %s more than once (a job name with a newline);"
                     " asking for each alone", ", ".join(map(str, sorted(twice))))
-        alone = {i: self.job(i) for i in sorted(twice)}
+        alone: dict[int, JobInfo | None] = {}
+        for i in sorted(twice):
+            try:
+                alone[i] = self.job(i)
+            except SlurmParseError as exc:  # its owner's doing: not everyone's query's
+                log.warning("scontrol's record of job %d cannot be read (%s): left out", i,
+                            exc)
         out = [j for j in found if j.job_id not in twice]
         return out + [j for j in alone.values() if j is not None]
 

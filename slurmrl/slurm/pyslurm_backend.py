@@ -97,7 +97,7 @@ class PyslurmBackend:
         limit = spec.time_limit_min if spec.time_limit_min is not None else self.time_limit
         desc: dict[str, Any] = {
             "script": CommandBackend.script_text(spec),
-            "name": spec.name, "partition": spec.partition,
+            "name": spec.name, "partitions": spec.partition,
             "cpus_per_task": spec.cpus, "memory_per_node": spec.mem_mb,
             "account": self.account or None, "time_limit": limit if limit != "" else None,
             "user_id": spec.uid, "group_id": spec.gid,
@@ -106,13 +106,25 @@ class PyslurmBackend:
         }
         if spec.gpus:
             desc["gres_per_node"] = {"gpu": spec.gpus}
-        d = self.ps.JobSubmitDescription(**{k: v for k, v in desc.items() if v is not None})
+        # the sbatch options slurmrl itself passes, as the description's attributes;
+        # pyslurm takes no argv (`load_sbatch_options` reads a script's #SBATCH lines),
+        # so any other option is refused rather than silently dropped
+        for arg in spec.extra_args:
+            if arg == "--no-requeue":
+                desc["is_requeueable"] = False
+            elif arg.startswith("--nodelist="):
+                desc["required_nodes"] = arg.partition("=")[2]
+            else:
+                raise SlurmError(f"the pyslurm backend cannot pass sbatch option {arg!r}: "
+                                 "use the command backend (slurm.backend = \"command\")")
+        try:
+            d = self.ps.JobSubmitDescription(**{k: v for k, v in desc.items()
+                                                if v is not None})
+        except (AttributeError, TypeError, ValueError) as e:  # this pyslurm's attributes
+            raise SlurmError(f"pyslurm cannot describe the job: {e}") from e
         env = self._cmd.env
         env.update(spec.env)
         d.environment = env
-        if spec.extra_args:
-            # `--rl-*` and other sbatch options reach the SPANK plugin only as argv.
-            d.load_sbatch_options(list(spec.extra_args))
         return int(self._rpc("submit", d.submit))
 
     def jobs(

@@ -130,3 +130,17 @@ def test_without_a_tag_nothing_is_tagged_and_the_comment_says_so() -> None:
 def test_a_tag_that_is_not_one_word_is_refused() -> None:
     with pytest.raises(ValueError, match="letters and digits"):
         _allocator(FakeBackend(), tag="ab cd")
+
+
+def test_a_pool_is_never_requeued_and_one_back_in_the_queue_is_lost() -> None:
+    # a requeued pool (node failure, scontrol requeue) went back to PENDING under its job
+    # id: it counted as alive, its services gone, and the pool was never closed
+    slurm = FakeBackend()
+    alloc = PoolAllocator(slurm, "pools", tag=TAG)  # type: ignore[arg-type]
+    pool = alloc.open(2)
+    assert "--no-requeue" in slurm.specs[pool.slurm_job_id].extra_args
+    assert alloc.losses([pool.slurm_job_id]) == []
+    for state in (SlurmJobState.PENDING, SlurmJobState.REQUEUED, SlurmJobState.CONFIGURING):
+        slurm.queue[pool.slurm_job_id] = replace(slurm.queue[pool.slurm_job_id], state=state)
+        (loss,) = alloc.losses([pool.slurm_job_id])
+        assert loss.state == str(state)

@@ -230,3 +230,44 @@ def test_a_step_is_launched_with_the_srun_the_queries_use(
     with pytest.raises(SlurmError):
         backend.launch_step(5, ["true"], env={"PATH": "/usr/bin"}, retries=0)
     assert started[0][0] == str(srun)
+
+
+def _fake_bin(tmp_path: Path, **scripts: str) -> Path:
+    for name, text in scripts.items():
+        path = tmp_path / name
+        path.write_text(text)
+        path.chmod(0o755)
+    return tmp_path
+
+
+def test_a_job_record_in_bytes_not_utf8_is_read_not_a_crash(tmp_path: Path) -> None:
+    # another user's job in a Latin-1 directory: squeue prints its bytes as they are,
+    # and a strict decode failed every query (reconcile, placement) for everyone
+    fixture = Path(__file__).resolve().parents[2] / "fixtures/slurm/22.05/squeue.json"
+    bin_dir = _fake_bin(tmp_path, squeue=(
+        f"#!{sys.executable}\nimport sys\n"
+        f"raw = open({str(fixture)!r}, 'rb').read()\n"
+        "cwd = b'\"current_working_directory\": \"'\n"
+        "sys.stdout.buffer.write(raw.replace(cwd, cwd + b'caf' + bytes([0xe9]), 1))\n"))
+    jobs = CommandBackend(bin_dir=str(bin_dir), env={"PATH": "/usr/bin:/bin"}).jobs()
+    assert jobs  # every job read, that one's directory with a replacement character
+
+
+def test_one_users_unreadable_job_name_leaves_everyone_elses_jobs_readable(
+        tmp_path: Path) -> None:
+    # job 7 renamed by its owner to "a\nJobId=7 JobName=b\nc": scontrol -o prints it on
+    # three lines; without --json every jobs() query failed on it
+    rec7 = ("JobId=7 JobName=a\nJobId=7 JobName=b\nc UserId=alice(1001) GroupId=alice(1001) "
+            "JobState=RUNNING Reason=None TimeLimit=01:00:00 Partition=drivers NodeList=n1")
+    rec9 = ("JobId=9 JobName=driver UserId=bob(1002) GroupId=bob(1002) JobState=RUNNING "
+            "Reason=None TimeLimit=01:00:00 Partition=drivers NodeList=n2")
+    bin_dir = _fake_bin(
+        tmp_path,
+        squeue="#!/bin/sh\necho \"squeue: unrecognized option '--json'\" >&2; exit 1\n",
+        scontrol=("#!/bin/sh\ncase \"$*\" in\n"
+                  f"  \"-o -d show job\") printf '%s\\n%s\\n' '{rec7}' '{rec9}';;\n"
+                  f"  \"-o -d show job 7\") printf '%s\\n' '{rec7}';;\n"
+                  f"  \"-o -d show job 9\") printf '%s\\n' '{rec9}';;\n"
+                  "  *) exit 2;;\nesac\n"))
+    backend = CommandBackend(bin_dir=str(bin_dir), env={"PATH": "/usr/bin:/bin"})
+    assert [j.job_id for j in backend.jobs([9])] == [9]
