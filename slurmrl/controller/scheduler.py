@@ -78,6 +78,8 @@ GrantHook = Callable[[int, Lease], None]
 #: the reason recorded with a lease ended by a switch, naming the lease it became; a
 #: restart reads it back to know which held leases came from a switch (`restore`)
 SWITCHED_TO = "switched to lease {}"
+#: seconds before a pool whose lease expiry failed is tried again
+EXPIRY_RETRY_S = 1.0
 _SWITCHED_TO = re.compile(r"switched to lease (\d+)")
 
 
@@ -110,6 +112,8 @@ class LeaseScheduler:
         self._futures: dict[int, asyncio.Future[Lease]] = {}
         self._waiters: dict[int, int] = {}  # request id -> drivers long-polling on it
         self._wake = asyncio.Event()
+        #: pool -> when its failed expiry is tried again (`expire`)
+        self._expiry_failed: dict[int, float] = {}
         #: leases granted by this process and never shrunk: their GPU-seconds are
         #: GPUs x held time, no need to sum their lease_gpus rows at the end
         self._whole: set[int] = set()
@@ -522,15 +526,29 @@ class LeaseScheduler:
             self._apply(pool_id, self.tables[pool_id].remove_job(job_id, now, reason), now)
 
     def expire(self) -> None:
+        """Expire each pool's lapsed leases and requests. A pool whose expiry fails (a
+        slice policy's error, a DB error; its change rolled back) is logged and tried
+        again a second later, alone: the other pools' expiry goes on."""
         now = self.clock()
         for pool_id, table in list(self.tables.items()):
-            with self._change(pool_id):
-                self._apply(pool_id, table.expire(now), now)
+            if self._expiry_failed.get(pool_id, now) > now:
+                continue
+            try:
+                with self._change(pool_id):
+                    self._apply(pool_id, table.expire(now), now)
+            except Exception:
+                log.exception("lease expiry in pool %d failed; tried again in %g s",
+                              pool_id, EXPIRY_RETRY_S)
+                self._expiry_failed[pool_id] = now + EXPIRY_RETRY_S
+            else:
+                self._expiry_failed.pop(pool_id, None)
 
     async def run_timer(self) -> None:
         """Expire lapsed leases at their deadline; runs until cancelled."""
         while True:
-            deadlines = [d for t in self.tables.values() if (d := t.next_deadline())]
+            # a pool whose expiry failed waits for its retry, not its past deadline
+            deadlines = [max(d, self._expiry_failed.get(pid, d))
+                         for pid, t in self.tables.items() if (d := t.next_deadline())]
             delay = min(deadlines, default=self.clock() + 1.0) - self.clock()
             self._wake.clear()
             if delay > 0:

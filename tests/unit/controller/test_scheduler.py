@@ -387,3 +387,27 @@ async def test_a_restart_keeps_the_members_slice_history() -> None:
     granted = [x.lease_id for x in s2.tables[pool].leases]
     assert granted == [newer.request_id]  # job 1, never granted, goes first
     assert older.request_id in {x.request_id for x in s2.tables[pool].waiting}
+
+
+def test_a_pool_whose_expiry_fails_does_not_stop_the_other_pools_expiry() -> None:
+    # one pool's expiry raising (a slice policy's error, a DB error) ended the loop over
+    # pools: every pool after it kept its lapsed leases, and the timer spun at 10 Hz
+    store = Store(":memory:")
+    clock = Clock()
+    pools = [store.add_pool(gpus=1, opened_at=0.0) for _ in range(2)]
+    for job_id, pool in zip((1, 2), pools, strict=True):
+        store.add_job(JobRecord(job_id, "u", 1000 + job_id, RlRequest(gpus=1),
+                                JobState.RUNNING, 0.0, pool_id=pool, pool_gpus=(0,)))
+    s = _sched(store, clock)
+    held = {job_id: s.request(_job(store, job_id), Phase.TRAIN) for job_id in (1, 2)}
+
+    def broken(now: float) -> list[object]:
+        raise RuntimeError("the slice policy raised")
+
+    s.tables[pools[0]].expire = broken  # type: ignore[method-assign]
+    clock.now += TIMEOUT_S + 1
+    s.expire()
+    lapsed = store.lease(held[2].request_id)
+    assert lapsed is not None and lapsed.state is LeaseState.REVOKED
+    first = store.lease(held[1].request_id)
+    assert first is not None and first.state is LeaseState.HELD  # tried again later
