@@ -287,13 +287,14 @@ class LeaseScheduler:
         return Ticket(rid, table.lease(rid))
 
     async def wait(self, request_id: int, timeout_s: float,
-                   withdraw_on_cancel: bool = True) -> Lease | None:
+                   withdraw_on_cancel: bool | Callable[[], bool] = True) -> Lease | None:
         """Wait up to `timeout_s` for a grant; None if still waiting then.
 
         Raises `RequestEnded` if the request was cancelled or revoked meanwhile. If the
         caller is cancelled (its driver disconnected) and nobody else waits on the
-        request, the request is withdrawn, unless `withdraw_on_cancel` is False (a read
-        that long-polls: `GET .../leases/{id}?wait_s=` changes nothing).
+        request, the request is withdrawn, unless `withdraw_on_cancel` is (or, called
+        then, answers) False: a read that long-polls (`GET .../leases/{id}?wait_s=`
+        changes nothing), a stream the controller closed (its driver reopens it).
         """
         pool_id = self._pool_of_request.get(request_id)
         table = self.tables.get(pool_id) if pool_id is not None else None
@@ -315,7 +316,9 @@ class LeaseScheduler:
             return None
         except asyncio.CancelledError:
             alone = self._waiters.get(request_id, 0) <= 1
-            if (withdraw_on_cancel and alone and not self.stopping
+            withdraw = (withdraw_on_cancel() if callable(withdraw_on_cancel)
+                        else withdraw_on_cancel)
+            if (withdraw and alone and not self.stopping
                     and table.request_of(request_id)):
                 self.cancel(request_id, "driver disconnected")
             raise

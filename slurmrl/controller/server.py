@@ -299,9 +299,11 @@ class Api:
             _who(request), parse_id(request.match_info["job_id"], "job id"), b)
         return _json(answer, status)
 
-    async def acquire_op(self, who: Identity, job_id: int,
-                         b: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """Acquire (HTTP long poll and stream): (200, {"lease"}) or (202, {"state", ...})."""
+    async def acquire_op(self, who: Identity, job_id: int, b: dict[str, Any],
+                         withdraw_on_cancel: bool | Callable[[], bool] = True,
+                         ) -> tuple[int, dict[str, Any]]:
+        """Acquire (HTTP long poll and stream): (200, {"lease"}) or (202, {"state", ...}).
+        `withdraw_on_cancel`: as `LeaseScheduler.wait`."""
         job = self.c.active_job(who, job_id)
         wait_s = 30.0 if b["wait_s"] is None else b["wait_s"]
         loop = asyncio.get_running_loop()
@@ -324,7 +326,8 @@ class Api:
             lease = self.c.scheduler.tables[job.pool_id].lease(rid)  # type: ignore[index]
         if lease is None:
             try:
-                lease = await self.c.scheduler.wait(rid, max(0.0, deadline - loop.time()))
+                lease = await self.c.scheduler.wait(rid, max(0.0, deadline - loop.time()),
+                                                    withdraw_on_cancel)
             except RequestEnded as exc:
                 raise RpcError(409, f"request-{exc.state}",
                                f"request {rid} was {exc.state}: {exc.reason}") from None

@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 
 PATH = "/v1/stream"
 MAX_PENDING = 16  #: acquires and switches in flight per stream
+SEND_TIMEOUT_S = 10.0  #: a peer that reads nothing for this long has its stream closed
+CLOSE_TIMEOUT_S = 5.0  #: at shutdown, a stream not closed within this is cut
 CONCURRENT = frozenset({"acquire", "switch"})  #: ops that may wait: run beside the others
 CLOSE_EXPIRED = 4401  #: the stream outlived its session TTL: open a new one
 
@@ -105,13 +107,29 @@ def frame_id(raw: str | bytes) -> int | None:
 class Stream:
     """One open stream: its identity, its acquires in flight."""
 
-    def __init__(self, api: Api, who: Identity, ws: web.WebSocketResponse) -> None:
+    def __init__(self, api: Api, who: Identity, ws: web.WebSocketResponse,
+                 transport: asyncio.Transport | None = None) -> None:
         self.api, self.who, self.ws = api, who, ws
+        self.transport = transport  #: cut at shutdown if the close does not get through
         self.pending: dict[int, asyncio.Task[None]] = {}
+        #: the controller closes the stream (its session's TTL) and the driver reopens
+        #: it: its waiting acquires keep their place (a reopened acquire joins them)
+        self.reopen = False
 
     async def send(self, fid: int | None, status: int, answer: dict[str, Any]) -> None:
         if not self.ws.closed:
-            await self.ws.send_json({"id": fid, "status": status, **answer})
+            try:  # a peer that reads nothing must not hold the controller
+                await asyncio.wait_for(self.ws.send_json({"id": fid, "status": status,
+                                                          **answer}), SEND_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("stream of uid %d: no frame read for %g s; cut", self.who.uid,
+                            SEND_TIMEOUT_S)
+                self.cut()
+
+    def cut(self) -> None:
+        """End the connection at once, without a closing handshake."""
+        if self.transport is not None:
+            self.transport.abort()
 
     async def error(self, fid: int | None, exc: RpcError) -> None:
         self.api.c.metrics.rpc_errors.labels(str(exc.status)).inc()
@@ -152,7 +170,8 @@ class Stream:
         """Run one operation and send its answer, or its error as HTTP would have."""
         try:
             if op == "acquire":
-                status, answer = await self.api.acquire_op(self.who, b["job_id"], b)
+                status, answer = await self.api.acquire_op(
+                    self.who, b["job_id"], b, withdraw_on_cancel=lambda: not self.reopen)
             elif op == "release":
                 status, answer = 200, self.api.release_op(self.who, b["job_id"],
                                                           b["lease_id"], b)
@@ -179,7 +198,8 @@ class Stream:
     async def close(self) -> None:
         tasks = list(self.pending.values())
         for t in tasks:
-            t.cancel()  # withdraws waiting requests, as a dropped long poll does
+            # withdraws waiting requests, as a dropped long poll does (unless `reopen`)
+            t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
@@ -191,20 +211,28 @@ async def serve_stream(api: Api, request: web.Request, who: Identity,
     """The `/v1/stream` handler; the middleware has authenticated the upgrade as `who`."""
     if request.method != "GET":
         raise RpcError(405, "http", "open the stream with GET")
-    ws = web.WebSocketResponse(max_msg_size=api.c.config.controller.max_body_bytes,
-                               autoping=True)
+    limit = api.c.config.controller.max_body_bytes
+    # frames up to 4x the body limit are read and refused with an error frame, as HTTP
+    # refuses the body (413); beyond, aiohttp closes the stream (1009); pings find a
+    # peer that is gone
+    ws = web.WebSocketResponse(max_msg_size=max(4 * limit, 1 << 20), autoping=True,
+                               heartbeat=30.0)
     if not ws.can_prepare(request).ok:
         raise bad("GET /v1/stream must be a WebSocket upgrade", "not-websocket")
     await ws.prepare(request)
-    request.app[STREAMS].add(ws)
-    stream = Stream(api, who, ws)
+    stream = Stream(api, who, ws, request.transport)
+    request.app[STREAMS].add(stream)
     ends = time.monotonic() + ttl_s
     try:
         async for msg in ws:
             if time.monotonic() >= ends:
+                stream.reopen = True
                 await ws.close(code=CLOSE_EXPIRED, message=b"session TTL passed: reopen")
                 break
-            if msg.type is WSMsgType.TEXT:
+            if msg.type is WSMsgType.TEXT and len(msg.data.encode()) > limit:
+                await stream.error(frame_id(msg.data), RpcError(
+                    413, "too-large", f"frame larger than {limit} bytes"))
+            elif msg.type is WSMsgType.TEXT:
                 await stream.frame(msg.data)
             elif msg.type is WSMsgType.BINARY:
                 await stream.error(None, bad("frames must be JSON text, not binary",
@@ -219,5 +247,12 @@ async def serve_stream(api: Api, request: web.Request, who: Identity,
 async def close_all(app: web.Application) -> None:
     """On shutdown: close every stream (1001 going away), so cleanup does not wait."""
     streams: weakref.WeakSet[Any] = app[STREAMS]
-    for ws in list(streams):
-        await ws.close(code=1001, message=b"controller stopping")
+
+    async def close(stream: Stream) -> None:
+        try:  # all at once, each bounded: a peer that reads nothing holds none of them
+            await asyncio.wait_for(stream.ws.close(code=1001, message=b"controller stopping"),
+                                   CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            stream.cut()
+
+    await asyncio.gather(*(close(s) for s in list(streams)), return_exceptions=True)

@@ -247,3 +247,73 @@ def test_only_its_owner_registers_a_job_admins_included(tmp_path: Path) -> None:
             assert status == 200
 
     asyncio.run(main())
+
+
+async def _stream(r: Rig, who: Identity) -> aiohttp.ClientWebSocketResponse:
+    return await r.client.ws_connect("/v1/stream",
+                                     headers=r.signed(who, "GET", "/v1/stream", b""))
+
+
+async def _frame(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+    msg = await ws.receive(timeout=10)
+    assert msg.type is aiohttp.WSMsgType.TEXT, (msg.type, msg.data, msg.extra)
+    return json.loads(msg.data)  # type: ignore[no-any-return]
+
+
+def test_a_stream_closed_at_its_ttl_keeps_its_waiting_acquires_queued(
+        tmp_path: Path) -> None:
+    # the controller closes a stream whose session TTL passed and the driver reopens it:
+    # its waiting acquire was withdrawn as if the driver had gone, and lost its place
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            _pool_of_both(r)
+            await r.call(BOB, "POST", f"/v1/jobs/{B}/leases", {"phase": "train", "wait_s": 0})
+            r.client.server.app[SESSIONS].ttl_s = 1.0  # streams opened from now on
+            ws = await _stream(r, ALICE)
+            await ws.send_str(json.dumps({"id": 1, "op": "acquire", "job_id": A,
+                                          "phase": "rollout", "wait_s": 60}))
+            await asyncio.sleep(0.3)
+            (waiting,) = r.c.scheduler.tables[r.c.store.job(A).pool_id].waiting  # type: ignore[union-attr,index]
+            await asyncio.sleep(1.0)  # past the TTL
+            await ws.send_str(json.dumps({"id": 2, "op": "heartbeat", "job_id": A}))
+            msg = await ws.receive(timeout=10)
+            assert msg.type is aiohttp.WSMsgType.CLOSE and msg.data == 4401
+            await asyncio.sleep(0.2)
+            rec = r.c.store.lease(waiting.request_id)
+            assert rec is not None and rec.state is LeaseState.WAITING
+            again = await _stream(r, ALICE)  # the reopened stream's acquire joins it
+            await again.send_str(json.dumps({"id": 3, "op": "acquire", "job_id": A,
+                                             "phase": "rollout", "wait_s": 0}))
+            answer = await _frame(again)
+            assert (answer["status"], answer["request_id"]) == (202, waiting.request_id)
+            await again.close()
+
+    asyncio.run(main())
+
+
+def test_a_frame_over_the_body_limit_gets_a_413_frame_and_the_stream_goes_on(
+        tmp_path: Path) -> None:
+    # it closed the stream (1009), withdrawing its waiting acquires; over HTTP the same
+    # body is a 413 and changes nothing
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            _pool_of_both(r)
+            await r.call(BOB, "POST", f"/v1/jobs/{B}/leases", {"phase": "train", "wait_s": 0})
+            ws = await _stream(r, ALICE)
+            await ws.send_str(json.dumps({"id": 1, "op": "acquire", "job_id": A,
+                                          "phase": "rollout", "wait_s": 60}))
+            await asyncio.sleep(0.3)
+            big = r.c.config.controller.max_body_bytes + 10
+            await ws.send_str(json.dumps({"id": 2, "op": "heartbeat", "job_id": A,
+                                          "pad": "x" * big}))
+            refused = await _frame(ws)
+            assert (refused["id"], refused["status"]) == (2, 413)
+            assert refused["error"]["code"] == "too-large"
+            await ws.send_str(json.dumps({"id": 3, "op": "heartbeat", "job_id": A}))
+            beat = await _frame(ws)
+            assert (beat["id"], beat["status"]) == (3, 200)
+            pool = r.c.store.job(A).pool_id  # type: ignore[union-attr]
+            assert [w.job_id for w in r.c.scheduler.tables[pool].waiting] == [A]  # type: ignore[index]
+            await ws.close()
+
+    asyncio.run(main())
