@@ -142,6 +142,11 @@ class SlurmConfig:
         choices=SLURM_BACKENDS,
     )
     slurm_conf: str = opt("", 'SLURM_CONF for Slurm commands; "" for the environment\'s')
+    device_numbering: str = opt(
+        "auto", "how a service step names its GPUs: global (Slurm's node-wide indices, "
+        "every device visible), local (0..n-1: jobs confined to their devices, "
+        "TaskPlugin task/cgroup with ConstrainDevices=yes), auto (read from slurm.conf "
+        "and cgroup.conf)", choices=("auto", "global", "local"))
     floating_pools: bool = opt(
         False, "offer the pairing policy floating pools: whole windows of a job's GPU "
         "count, each its own allocation on the pool's node, every GPU phase of a member "

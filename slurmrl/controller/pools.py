@@ -59,6 +59,7 @@ from slurmrl.db.readings import add_lease_reading
 from slurmrl.leases.types import Lease
 from slurmrl.model import JobState, Mux, Phase, Residency
 from slurmrl.slurm import BatchSpec, JobInfo, SlurmBackend, SlurmError, SlurmJobState
+from slurmrl.slurm.devices import detect, step_devices
 from slurmrl.worker.handle import ServiceError, ServiceHandle
 
 if TYPE_CHECKING:
@@ -320,6 +321,7 @@ class SlurmPools:
         self._retiring: dict[int, set[int]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._next_sweep = 0.0  #: monotonic time of the next `_sweep_allocations`
+        self._device_numbering: str | None = None  #: `_numbering`, once resolved
         #: node -> its memory in bytes, and its partitions, as Slurm last reported them
         self._node_bytes: dict[str, int] = {}
         self._node_parts: dict[str, tuple[str, ...]] = {}
@@ -467,6 +469,18 @@ class SlurmPools:
                                             range(w.window * g, w.window * g + g),
                                             self.c.config.services.rollout_replica_gpus,
                                             window=w.window)]
+
+    def _numbering(self) -> str:
+        """How steps name their GPUs (`slurmrl.slurm.devices`): the site's
+        `[slurm] device_numbering`, or read from its Slurm config once."""
+        if self._device_numbering is None:
+            want = self.c.config.slurm.device_numbering
+            self._device_numbering = (want if want != "auto"
+                                      else detect(slurm_conf=self.c.config.slurm.slurm_conf))
+            log.info("service steps name their GPUs by %s indices",
+                     "Slurm's node-wide" if self._device_numbering == "global"
+                     else "their allocation's (0..n-1)")
+        return self._device_numbering
 
     def _handoff_dir(self, job: JobRecord, node: str, replica: int | None = None) -> str:
         """Where a floating member's services hand its state over on `node`: a
@@ -1094,7 +1108,8 @@ class SlurmPools:
             if self._ended(job.job_id):  # no more launches for a job that ended meanwhile
                 return
             spec = ServiceSpec(job.job_id, fp.role, job.user,
-                               tuple(where.get(g, g) for g in sorted(fp.gpus)),
+                               step_devices([where.get(g, g) for g in sorted(fp.gpus)],
+                                            list(where.values()), self._numbering()),
                                backend=backend[fp.role], model=job.request.model,
                                replica=fp.replica, uid=job.uid,
                                handoff_dir=None if fp.window is None

@@ -565,3 +565,34 @@ async def test_a_service_whose_park_timed_out_is_activated_again_for_its_next_gr
     assert late.calls[0] == "park" and "activate" in late.calls[1:]
     assert late.residency == "active"  # what job 1's rollout needs
     await site.c.stop()
+
+
+@pytest.mark.parametrize(("numbering", "devices"), [("global", (2, 3)), ("local", (0, 1))])
+@run
+async def test_a_pools_services_name_its_gpus_as_the_nodes_steps_see_them(
+        tmp_path: Path, numbering: str, devices: tuple[int, ...]) -> None:
+    # a pool on Slurm's GPUs 2 and 3 of its node: where jobs are confined to their
+    # devices its steps see them as 0 and 1 (CUDA_VISIBLE_DEVICES=2 named nothing there)
+    from slurmrl.config.schema import SlurmConfig
+
+    cfg = Config(slurm=SlurmConfig(device_numbering=numbering))
+    site = await _site(Store(tmp_path / "c.db"), cfg, jobs={1: ALICE})
+    opened = site.allocator.open
+
+    def on_gpus_2_3(gpus: int, label: str = "") -> SlurmPool:
+        pool = opened(gpus, label)
+        return replace(pool, gpu_indices=tuple(range(2, 2 + gpus)))
+
+    site.allocator.open = on_gpus_2_3  # type: ignore[method-assign]
+    launched: list[ServiceSpec] = []
+    launch = site.launcher.launch
+
+    def record(pool_job_id: int, node: str, spec: ServiceSpec, secret: str) -> FakeRunning:
+        launched.append(spec)
+        return launch(pool_job_id, node, spec, secret)
+
+    site.launcher.launch = record  # type: ignore[method-assign]
+    await site.c.register(ALICE, 1, {"SLURMRL_GPUS": "2", "SLURMRL_MODEL": "tiny"})
+    await site.settle()
+    assert launched and {s.cuda_devices for s in launched} == {devices}
+    await site.c.stop()

@@ -1,0 +1,73 @@
+"""How a step names its allocation's GPUs: Slurm's node-wide indices, or 0..n-1.
+
+A service step pins its GPUs with `CUDA_VISIBLE_DEVICES` (`CommandBackend.srun_argv`).
+On a node where Slurm confines each job to its own GPUs (`TaskPlugin` with
+`task/cgroup` and `ConstrainDevices=yes` in cgroup.conf) a step sees only its job's
+devices, and CUDA numbers them 0..n-1 in PCI order, as Slurm itself does then: index
+`IDX:4` of `scontrol -d` is the step's device 0. Without confinement (the dev cluster:
+`task/none`) every device of the node is visible and Slurm's index is CUDA's.
+
+`detect` reads the site's slurm.conf and cgroup.conf (next to it) where the controller
+can; `[slurm] device_numbering` overrides it. Known limit: a configless site
+(`SlurmctldParameters=enable_configless`) has no slurm.conf on the controller's host:
+`detect` then assumes node-wide indices and says so; set the key.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+GLOBAL, LOCAL = "global", "local"
+NUMBERINGS = ("auto", GLOBAL, LOCAL)
+
+
+def _settings(path: Path) -> dict[str, str]:
+    """`Key=Value` lines of a Slurm config file, keys lowercased (Slurm's are
+    case-insensitive), comments dropped; the last of a key given twice."""
+    out: dict[str, str] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        line = line.split("#", 1)[0].strip()
+        m = re.match(r"([A-Za-z]+)\s*=\s*(\S.*?)\s*$", line)
+        if m:
+            out[m.group(1).lower()] = m.group(2)
+    return out
+
+
+def detect(env: Mapping[str, str] | None = None, slurm_conf: str = "") -> str:
+    """`LOCAL` where slurm.conf's TaskPlugin has task/cgroup and cgroup.conf says
+    ConstrainDevices=yes, else `GLOBAL` (also where the files cannot be read)."""
+    environ = os.environ if env is None else env
+    conf = Path(slurm_conf or environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    try:
+        plugins = _settings(conf).get("taskplugin", "")
+    except OSError as exc:
+        log.warning("cannot read %s (%s): services get Slurm's node-wide GPU indices; "
+                    "set [slurm] device_numbering where jobs are confined to their "
+                    "devices", conf, exc)
+        return GLOBAL
+    if "task/cgroup" not in plugins.replace(" ", "").split(","):
+        return GLOBAL
+    try:
+        constrain = _settings(conf.parent / "cgroup.conf").get("constraindevices", "no")
+    except OSError:
+        return GLOBAL  # Slurm's default: ConstrainDevices=no
+    return LOCAL if constrain.lower() in ("yes", "true", "1") else GLOBAL
+
+
+def step_devices(wanted: Sequence[int], allocation: Sequence[int], numbering: str
+                 ) -> tuple[int, ...]:
+    """The `CUDA_VISIBLE_DEVICES` of a step that wants Slurm's GPUs `wanted` of an
+    allocation holding `allocation` (Slurm's indices on the node)."""
+    if numbering == GLOBAL:
+        return tuple(wanted)
+    order = sorted(allocation)
+    missing = [g for g in wanted if g not in order]
+    if missing:
+        raise ValueError(f"GPU(s) {missing} are not in the allocation's {order}")
+    return tuple(order.index(g) for g in wanted)
