@@ -10,7 +10,10 @@ devices, and CUDA numbers them 0..n-1 in PCI order, as Slurm itself does then: i
 `detect` reads the site's slurm.conf and cgroup.conf (next to it) where the controller
 can; `[slurm] device_numbering` overrides it. Known limit: a configless site
 (`SlurmctldParameters=enable_configless`) has no slurm.conf on the controller's host:
-`detect` then assumes node-wide indices and says so; set the key.
+`detect` then assumes node-wide indices and says so; set the key. A worker's NVML
+readings pick devices by the same numbers; whether NVML, under confinement, enumerates
+only the job's devices (so that they match) was not checked: no cluster here confines
+devices, and no GPU path has run.
 """
 
 from __future__ import annotations
