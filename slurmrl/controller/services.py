@@ -251,6 +251,7 @@ class ServiceLauncher:
 
     def _prepare_dir(self, pool_job_id: int, spec: ServiceSpec, ids: UserIds) -> Path:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._check_parents()
         st = self.run_dir.lstat()
         # the controller (root) creates, removes and chowns paths in here: a directory
         # someone else owns or may write to would let them point those at other files
@@ -266,6 +267,22 @@ class ServiceLauncher:
         workdir.mkdir(mode=0o700)
         os.chown(workdir, ids.uid, ids.gid)
         return workdir
+
+    def _check_parents(self) -> None:
+        """Every directory above the services directory is root's or the controller's,
+        and no one else may rename entries in it (not writable by others, or sticky, as
+        /tmp is): else another user could swap the services directory for a link between
+        its check and the controller's writes in it."""
+        me = os.geteuid()
+        for parent in self.run_dir.absolute().parents:
+            st = parent.lstat()
+            sticky = bool(st.st_mode & stat.S_ISVTX)
+            if (stat.S_ISLNK(st.st_mode) or st.st_uid not in (0, me)
+                    or (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky)):
+                raise ServiceLaunchError(
+                    f"services directory {self.run_dir}: {parent} is a link, or another "
+                    "user's, or others may write to it: its services directory could be "
+                    "swapped under the controller; use a directory only root controls")
 
     def _launch_once(self, pool_job_id: int, node: str, spec: ServiceSpec, ids: UserIds,
                      secret: str) -> RunningService:

@@ -178,3 +178,21 @@ def test_a_step_whose_status_is_not_a_workers_is_killed_not_left_running(
     with pytest.raises(ServiceLaunchError, match="not a process id"):
         launcher.launch(1, "node", spec, "s" * 32)
     assert step.killed
+
+
+def test_a_services_directory_under_a_directory_others_control_is_refused(
+        tmp_path: Path) -> None:
+    # a user who may write to its parent could swap `services` for a link between the
+    # check and the controller's chmod/chown/unlink in it
+    from slurmrl.controller.services import UserIds
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # writable by all, not sticky
+    spec = ServiceSpec(7, "rollout", pwd.getpwuid(ME).pw_name, (0,))
+    launcher = ServiceLauncher(None, shared / "services")  # type: ignore[arg-type]
+    with pytest.raises(ServiceLaunchError, match=f"{shared} is a link, or another user's"):
+        launcher._prepare_dir(1, spec, UserIds.lookup(ME))
+    shared.chmod(0o1777)  # sticky, as /tmp: others cannot rename root's entries
+    work = launcher._prepare_dir(1, spec, UserIds.lookup(ME))
+    assert work.parent == shared / "services"
