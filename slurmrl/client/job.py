@@ -261,6 +261,7 @@ class Job:
         asked = time.time()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         body: dict[str, Any] = {"phase": phase, "min_gpus": min_gpus}
+        told: tuple[str, str] | None = None  #: the state last logged
         while True:
             left = poll_s
             if deadline is not None:
@@ -284,6 +285,12 @@ class Job:
             if state == "ended":
                 raise ControllerError(409, "job-ended", f"RL job {self.job_id} has ended"
                                       + (f": {reason}" if reason else ""))
+            if (state, reason) != told:  # a long wait says why, once per change
+                told = (state, reason)
+                log.info("RL job %d: %s lease %s%s", self.job_id, phase,
+                         "waits for its placement in a pool" if state == "unplaced"
+                         else "queued behind the pool's other jobs",
+                         f" ({reason})" if reason else "")
             if deadline is not None and time.monotonic() >= deadline:
                 rid = ans.get("request_id")
                 what = (self._withdraw(rid) if isinstance(rid, int)

@@ -312,3 +312,18 @@ def test_after_giving_up_on_the_controller_the_drivers_clean_up_tries_once(
     assert len(standin.seen("POST", "/v1/jobs/N/leases/N/release")) == 1
     assert len(standin.seen("POST", "/v1/jobs/N/end")) == 1
     assert "gave up on POST /v1/jobs/42/observations" in caplog.text
+
+
+def test_a_long_wait_for_placement_says_why_once(standin: StandIn, job: Job,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    # acquire(timeout_s=None) polled in silence while the job was not placed: a user
+    # saw a hang, with the controller's reason only in a TimeoutError at the end
+    standin.routes["POST", "/v1/jobs/N/leases"] = lambda call: (202, {
+        "request_id": None, "state": "unplaced", "reason": "PoolPending (no free GPUs)"})
+    caplog.set_level("INFO", logger="slurmrl.client.job")
+    with pytest.raises(TimeoutError):
+        job.acquire("rollout", timeout_s=0.6, poll_s=0.1)
+    said = [r.getMessage() for r in caplog.records if "waits for its placement" in
+            r.getMessage()]
+    assert said == ["RL job 42: rollout lease waits for its placement in a pool "
+                    "(PoolPending (no free GPUs))"]
