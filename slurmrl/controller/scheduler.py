@@ -309,7 +309,11 @@ class LeaseScheduler:
         if fut is None or fut.done():
             fut = asyncio.get_running_loop().create_future()
             self._futures[request_id] = fut
-        self._waiters[request_id] = self._waiters.get(request_id, 0) + 1
+        # a reader (withdraw_on_cancel False) is no waiter whose presence keeps the
+        # request queued when its acquirer goes
+        counted = withdraw_on_cancel is not False
+        if counted:
+            self._waiters[request_id] = self._waiters.get(request_id, 0) + 1
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
         except TimeoutError:
@@ -323,11 +327,12 @@ class LeaseScheduler:
                 self.cancel(request_id, "driver disconnected")
             raise
         finally:
-            left = self._waiters.get(request_id, 1) - 1
-            if left:
-                self._waiters[request_id] = left
-            else:
-                self._waiters.pop(request_id, None)
+            if counted:
+                left = self._waiters.get(request_id, 1) - 1
+                if left:
+                    self._waiters[request_id] = left
+                else:
+                    self._waiters.pop(request_id, None)
 
     def cancel(self, request_id: int, reason: str = "cancelled") -> None:
         pool_id = self._pool_of_request[request_id]

@@ -411,3 +411,24 @@ def test_a_pool_whose_expiry_fails_does_not_stop_the_other_pools_expiry() -> Non
     assert lapsed is not None and lapsed.state is LeaseState.REVOKED
     first = store.lease(held[1].request_id)
     assert first is not None and first.state is LeaseState.HELD  # tried again later
+
+
+@run
+async def test_a_reader_waiting_on_a_request_does_not_keep_it_queued_for_a_gone_driver(
+) -> None:
+    # a GET long poll (a reader) counted as a waiter: the acquirer's disconnect then
+    # left the request queued, to be granted to nobody, until the read ended
+    store, _pool, clock = _setup()
+    s = _sched(store, clock)
+    s.request(_job(store, 1), Phase.ROLLOUT)
+    b = s.request(_job(store, 2), Phase.TRAIN)
+    reader = asyncio.create_task(s.wait(b.request_id, 30.0, withdraw_on_cancel=False))
+    acquirer = asyncio.create_task(s.wait(b.request_id, 30.0))
+    await asyncio.sleep(0)
+    acquirer.cancel()  # its driver disconnected
+    with pytest.raises(asyncio.CancelledError):
+        await acquirer
+    rec = store.lease(b.request_id)
+    assert rec is not None and rec.state is LeaseState.CANCELLED
+    with pytest.raises(RequestEnded):
+        await reader
