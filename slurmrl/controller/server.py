@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 
 API_VERSION = "v1"
 MAX_WAIT_S = 300.0
-PUBLIC = {("GET", "/v1/ping"), ("GET", "/metrics")}
+PUBLIC = {("GET", "/v1/ping"), ("HEAD", "/v1/ping"), ("GET", "/metrics"), ("HEAD", "/metrics")}
 CTRL: web.AppKey[Controller] = web.AppKey("controller", Controller)
 SESSIONS: web.AppKey[sessions.SessionTable] = web.AppKey("sessions", sessions.SessionTable)
 #: what the middleware learnt of a request: a session signed it (not MUNGE), who sent it,

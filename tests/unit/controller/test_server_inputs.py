@@ -212,3 +212,14 @@ def test_metrics_port_serves_metrics_there_and_not_on_the_rpc_port(tmp_path: Pat
     on_rpc, on_metrics, ping, text = asyncio.run(main())
     assert (on_rpc, on_metrics, ping) == (404, 200, 404)
     assert "slurmrl_lease_requests_waiting" in text
+
+
+def test_a_head_of_ping_needs_no_credential_as_its_get(tmp_path: Path) -> None:
+    # a load balancer's health check: HEAD /v1/ping was refused 401
+    async def main() -> tuple[int, int]:
+        async with rig(tmp_path) as r:
+            head = await r.client.head("/v1/ping")
+            get = await r.client.get("/v1/ping")
+            return head.status, get.status
+
+    assert asyncio.run(main()) == (200, 200)
