@@ -373,6 +373,37 @@ def check_python(s: Settings, run_as: str = "nobody") -> CheckResult:
     return CheckResult("python", Level.OK, f"{py} imports slurmrl; readable by other users")
 
 
+def check_services(s: Settings) -> CheckResult:
+    """What the pool manager needs of this host (the controller's): a services
+    directory it can trust (`services.check_run_dir`; one not made yet is judged by its
+    parents), and how steps will name their GPUs (`slurm.devices`)."""
+    from pathlib import Path
+
+    from slurmrl.controller.pools import services_dir
+    from slurmrl.controller.services import ServiceLaunchError, check_run_dir
+    from slurmrl.slurm.devices import explain
+
+    cfg = s.config
+    run_dir = Path(services_dir(cfg))
+    try:
+        check_run_dir(run_dir, create=False)
+    except (ServiceLaunchError, OSError) as exc:
+        return CheckResult("services", Level.FAIL, str(exc),
+                           "set [services] run_dir to a directory only root controls, "
+                           "shared with the pool nodes where they are other hosts")
+    want = cfg.slurm.device_numbering
+    numbering, problem = (want, None) if want != "auto" else explain(
+        s.env, cfg.slurm.slurm_conf)
+    detail = (f"services directory {run_dir} (the same path on every pool node); steps "
+              f"name their GPUs by {numbering} indices")
+    if problem:
+        return CheckResult("services", Level.WARN, f"{detail}: {problem}",
+                           "set [slurm] device_numbering = \"local\" where jobs are "
+                           "confined to their devices (ConstrainDevices=yes), else "
+                           "\"global\"")
+    return CheckResult("services", Level.OK, detail)
+
+
 CHECKS: tuple[tuple[str, Callable[[Settings], CheckResult]], ...] = (
     ("slurm", check_slurm),
     ("spank", check_spank),
@@ -381,6 +412,7 @@ CHECKS: tuple[tuple[str, Callable[[Settings], CheckResult]], ...] = (
     ("pool-partition", check_pool),
     ("nvml", check_nvml),
     ("python", check_python),
+    ("services", check_services),
 )
 
 

@@ -226,6 +226,12 @@ class ServicesConfig:
         "many GPUs (its tensor-parallel size), each a service of its own whose GPUs a "
         "partner can take as soon as its share of a batch is done; 0: one engine over the "
         "whole rollout set", lo=0, hi=1024)
+    run_dir: str = opt(
+        "", "directory of the services' work dirs and logs, at the same path on the "
+        "controller's host and on every pool node (a shared filesystem, root not "
+        "squashed, where pools run on other hosts), under directories only root "
+        "controls; \"\": services/ next to the DB (pools on the controller's host only); "
+        "`slurmrl controller --services-dir` overrides it")
     handoff_dir: str = opt(
         "/dev/shm", "node-local directory (memory-backed) under which a floating pool's "
         "services hand a job's state from one window to another; it must exist on every "

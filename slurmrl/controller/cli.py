@@ -68,6 +68,24 @@ def controller(config_path: str | None, host: str | None, port: int | None,
         sys.exit(1)
 
 
+def check_services_dir(cfg: Config, flag: str | None = None) -> None:
+    """The services directory (`pools.services_dir`) as the pool manager will use it,
+    made and checked now (`services.check_run_dir`): a ConfigError naming the key or
+    the flag that set it, before the DB is touched."""
+    from pathlib import Path
+
+    from slurmrl.controller.pools import services_dir
+    from slurmrl.controller.services import ServiceLaunchError, check_run_dir
+
+    path = services_dir(cfg, flag)
+    try:
+        check_run_dir(Path(path))
+    except (ServiceLaunchError, OSError) as exc:
+        key = "--services-dir" if flag else "services.run_dir"
+        raise ConfigError("command line" if flag else cfg.source_of("services.run_dir"),
+                          key, str(exc)) from None
+
+
 def check_policies(cfg: Config) -> None:
     """Build the configured policies as the Controller will (`placement.check_policies`,
     which `slurmrl doctor` runs too); ConfigError naming the key."""
@@ -124,6 +142,8 @@ async def _run(cfg: Config, debug_invariants: bool, pool_manager: str = "attache
 
     slurm = slurm_backend(cfg)  # before the DB: a backend that cannot be had changes nothing
     await check_listen(cfg)  # so is an address it cannot listen on
+    if pool_manager == "slurm":  # and a services directory it may not use
+        check_services_dir(cfg, services_dir)
     store = Store(cfg.controller.db_path)
     store.checkpoint_in_background()
     pools = None

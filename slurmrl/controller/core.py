@@ -157,6 +157,10 @@ class Controller:
             raise RpcError(403, "not-your-job",
                            f"Slurm job {job_id} belongs to uid {info.uid}, not to the "
                            "caller: only its owner registers it as an RL job")
+        if info.uid == 0 and self.pools.runs_services:
+            # refused now, not once a pool was opened for it: no service runs as root
+            raise RpcError(403, "root-job", f"Slurm job {job_id} runs as root: slurmrl "
+                           "runs no service as root; submit RL jobs as an ordinary user")
         if info.state is not SlurmJobState.RUNNING:
             raise RpcError(409, "job-not-running",
                            f"Slurm job {job_id} is {info.state}, not RUNNING")

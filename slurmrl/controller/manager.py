@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 @runtime_checkable
 class PoolManager(Protocol):
+    #: it launches each job's services, as the job's user (so root's jobs are refused)
+    runs_services: bool
+
     async def start(self, controller: Controller) -> None: ...
 
     async def stop(self) -> None: ...
@@ -51,6 +54,8 @@ class PoolManager(Protocol):
 
 class AttachedPools:
     """First-fit placement into admin-attached pools; closes pools Slurm ended."""
+
+    runs_services = False
 
     def __init__(self) -> None:
         self._controller: Controller | None = None

@@ -63,6 +63,7 @@ from slurmrl.slurm.devices import detect, step_devices
 from slurmrl.worker.handle import ServiceError, ServiceHandle
 
 if TYPE_CHECKING:
+    from slurmrl.config import Config
     from slurmrl.controller.core import Controller
 
 log = logging.getLogger(__name__)
@@ -253,6 +254,13 @@ _NOT_RUNNING_AGAIN = frozenset({
     SlurmJobState.REQUEUED, SlurmJobState.SPECIAL_EXIT})
 
 
+def services_dir(cfg: Config, flag: str | None = None) -> str:
+    """Where services' work dirs and logs go: `--services-dir`, else `[services]
+    run_dir`, else services/ next to the DB."""
+    return flag or cfg.services.run_dir or os.path.join(
+        os.path.dirname(cfg.controller.db_path), "services")
+
+
 @dataclass
 class _Live:
     """A live service as the manager tracks it (the step handle is lost on restart)."""
@@ -292,6 +300,8 @@ class SlurmPools:
     parks every other job's service on a granted lease's GPUs (an RL phase wants nearly
     all of HBM); `False` parks only what the residency plan needs.
     """
+
+    runs_services = True
 
     def __init__(
         self, *, run_dir: str | None = None, bind_host: str = "0.0.0.0",
@@ -341,13 +351,13 @@ class SlurmPools:
                 start_timeout_s=cfg.slurm.step_launch_timeout_s,
                 tag=controller.store.controller_tag())
         if self.launcher is None:
-            run_dir = self._run_dir or os.path.join(
-                os.path.dirname(cfg.controller.db_path), "services")
+            run_dir = services_dir(cfg, self._run_dir)
             self.launcher = ServiceLauncher(
                 controller.slurm, run_dir, python=cfg.services.python,
                 bind_host=self._bind_host, ready_timeout_s=cfg.services.launch_timeout_s,
                 step_timeout_s=cfg.slurm.step_launch_timeout_s,
                 step_retries=cfg.slurm.step_launch_retries)
+        self._numbering()  # resolved (and said in the log) at start, not at a first launch
         await self._refresh_node_memory()
         await self._reattach()
         await self._sweep_allocations()

@@ -120,8 +120,10 @@ class UserIds:
         try:
             pw = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)
         except KeyError:
-            raise ServiceLaunchError(f"no local account {user!r} to run the service as "
-                                     "(the pool's nodes need the site's user database)") from None
+            raise ServiceLaunchError(
+                f"no account {user!r} on the controller's host to run the service as: "
+                "the controller host needs the site's user database (NSS/LDAP), as the "
+                "pool nodes do") from None
         return cls(pw.pw_name, pw.pw_uid, pw.pw_gid, pw.pw_dir)
 
 
@@ -151,6 +153,40 @@ class RunningService:
         with contextlib.suppress(OSError):
             return read_tail(self.log_path, 4 * limit)[-limit:]
         return ""
+
+
+def check_run_dir(run_dir: Path, create: bool = True) -> None:
+    """Make the services directory if need be, and check that it is the controller's,
+    writable by no one else (mode 711 from here: traversable, not listable, users reach
+    only their own service dirs), under directories root or the controller owns and no
+    one else may rename entries in (not writable by others, or sticky, as /tmp is). The
+    controller (root) creates, removes and chowns paths in it: a directory another user
+    could write to, or swap for a link, would let them point those at other files.
+    ServiceLaunchError naming what is wrong. Without `create` (doctor), a directory not
+    made yet is judged by its parents alone."""
+    me = os.geteuid()
+    for parent in run_dir.absolute().parents:
+        if not os.path.lexists(parent):
+            continue  # made below, by root, as its own
+        st = parent.lstat()
+        sticky = bool(st.st_mode & stat.S_ISVTX)
+        if (stat.S_ISLNK(st.st_mode) or st.st_uid not in (0, me)
+                or (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky)):
+            raise ServiceLaunchError(
+                f"services directory {run_dir}: {parent} is a link, or another user's, "
+                "or others may write to it: its services directory could be swapped "
+                "under the controller; use a directory only root controls")
+    if not create and not os.path.lexists(run_dir):
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    st = run_dir.lstat()
+    if (not stat.S_ISDIR(st.st_mode) or st.st_uid != me
+            or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+        raise ServiceLaunchError(
+            f"services directory {run_dir} must be a directory of the controller's "
+            f"(uid {me}) that no one else may write to")
+    if create:
+        run_dir.chmod(0o711)
 
 
 def worker_argv(spec: ServiceSpec, ids: UserIds, *, python: str, workdir: Path,
@@ -250,39 +286,12 @@ class ServiceLauncher:
             f"{self.launch_attempts} attempt(s): {last}")
 
     def _prepare_dir(self, pool_job_id: int, spec: ServiceSpec, ids: UserIds) -> Path:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._check_parents()
-        st = self.run_dir.lstat()
-        # the controller (root) creates, removes and chowns paths in here: a directory
-        # someone else owns or may write to would let them point those at other files
-        if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid()
-                or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
-            raise ServiceLaunchError(
-                f"services directory {self.run_dir} must be a directory of the "
-                f"controller's (uid {os.geteuid()}) that no one else may write to")
-        # traversable, not listable: users reach only their own service dirs
-        self.run_dir.chmod(0o711)
+        check_run_dir(self.run_dir)
         workdir = self.run_dir / f"pool{pool_job_id}-{spec.name}"
         shutil.rmtree(workdir, ignore_errors=True)
         workdir.mkdir(mode=0o700)
         os.chown(workdir, ids.uid, ids.gid)
         return workdir
-
-    def _check_parents(self) -> None:
-        """Every directory above the services directory is root's or the controller's,
-        and no one else may rename entries in it (not writable by others, or sticky, as
-        /tmp is): else another user could swap the services directory for a link between
-        its check and the controller's writes in it."""
-        me = os.geteuid()
-        for parent in self.run_dir.absolute().parents:
-            st = parent.lstat()
-            sticky = bool(st.st_mode & stat.S_ISVTX)
-            if (stat.S_ISLNK(st.st_mode) or st.st_uid not in (0, me)
-                    or (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky)):
-                raise ServiceLaunchError(
-                    f"services directory {self.run_dir}: {parent} is a link, or another "
-                    "user's, or others may write to it: its services directory could be "
-                    "swapped under the controller; use a directory only root controls")
 
     def _launch_once(self, pool_job_id: int, node: str, spec: ServiceSpec, ids: UserIds,
                      secret: str) -> RunningService:

@@ -30,37 +30,56 @@ GLOBAL, LOCAL = "global", "local"
 NUMBERINGS = ("auto", GLOBAL, LOCAL)
 
 
-def _settings(path: Path) -> dict[str, str]:
-    """`Key=Value` lines of a Slurm config file, keys lowercased (Slurm's are
-    case-insensitive), comments dropped; the last of a key given twice."""
+def _settings(path: Path, depth: int = 0) -> dict[str, str]:
+    """`Key=Value` settings of a Slurm config file, keys lowercased (Slurm's are
+    case-insensitive), comments dropped, several on a line, `Include FILE` followed
+    (relative to this file's directory; globs too); the last of a key given twice."""
     out: dict[str, str] = {}
     for line in path.read_text(errors="replace").splitlines():
         line = line.split("#", 1)[0].strip()
-        m = re.match(r"([A-Za-z]+)\s*=\s*(\S.*?)\s*$", line)
-        if m:
-            out[m.group(1).lower()] = m.group(2)
+        inc = re.match(r"include\s+(\S+)$", line, re.IGNORECASE)
+        if inc and depth < 8:
+            for name in sorted(path.parent.glob(inc.group(1))) if not os.path.isabs(
+                    inc.group(1)) else sorted(Path("/").glob(inc.group(1).lstrip("/"))):
+                out.update(_settings(name, depth + 1))
+            continue
+        for key, value in re.findall(r"([A-Za-z]+)\s*=\s*(\"[^\"]*\"|\S+)", line):
+            out[key.lower()] = value.strip('"')
     return out
+
+
+def _plugins(value: str) -> set[str]:
+    """TaskPlugin's plugins by their short names (Slurm takes `task/cgroup` and
+    `cgroup` alike)."""
+    return {p.strip().removeprefix("task/") for p in value.split(",") if p.strip()}
 
 
 def detect(env: Mapping[str, str] | None = None, slurm_conf: str = "") -> str:
     """`LOCAL` where slurm.conf's TaskPlugin has task/cgroup and cgroup.conf says
-    ConstrainDevices=yes, else `GLOBAL` (also where the files cannot be read)."""
+    ConstrainDevices=yes, else `GLOBAL` (also where the files cannot be read: logged)."""
+    numbering, problem = explain(env, slurm_conf)
+    if problem:
+        log.warning("%s: services get Slurm's node-wide GPU indices; set [slurm] "
+                    "device_numbering where jobs are confined to their devices", problem)
+    return numbering
+
+
+def explain(env: Mapping[str, str] | None = None, slurm_conf: str = ""
+            ) -> tuple[str, str | None]:
+    """(`detect`'s answer, why it could not read the site's config, or None)."""
     environ = os.environ if env is None else env
     conf = Path(slurm_conf or environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
     try:
         plugins = _settings(conf).get("taskplugin", "")
     except OSError as exc:
-        log.warning("cannot read %s (%s): services get Slurm's node-wide GPU indices; "
-                    "set [slurm] device_numbering where jobs are confined to their "
-                    "devices", conf, exc)
-        return GLOBAL
-    if "task/cgroup" not in plugins.replace(" ", "").split(","):
-        return GLOBAL
+        return GLOBAL, f"cannot read {conf} ({exc.strerror or exc})"
+    if "cgroup" not in _plugins(plugins):
+        return GLOBAL, None
     try:
         constrain = _settings(conf.parent / "cgroup.conf").get("constraindevices", "no")
     except OSError:
-        return GLOBAL  # Slurm's default: ConstrainDevices=no
-    return LOCAL if constrain.lower() in ("yes", "true", "1") else GLOBAL
+        return GLOBAL, None  # Slurm's default: ConstrainDevices=no
+    return (LOCAL if constrain.lower() in ("yes", "true", "1") else GLOBAL), None
 
 
 def step_devices(wanted: Sequence[int], allocation: Sequence[int], numbering: str

@@ -242,3 +242,24 @@ def test_the_controller_url_of_an_ipv6_host_is_bracketed(tmp_path: Path) -> None
     assert load_settings(str(cfg), None).controller_url == "http://[::1]:6979"
     cfg.write_text('[controller]\nhost = "::"\nport = 6979\n')
     assert load_settings(str(cfg), None).controller_url == "http://[::1]:6979"
+
+
+def test_services_check_judges_the_directory_and_the_gpu_numbering(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # others may swap what is in it
+    (tmp_path / "slurm.conf").write_text("TaskPlugin=task/cgroup\n")
+    (tmp_path / "cgroup.conf").write_text("ConstrainDevices=yes\n")
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(f'[services]\nrun_dir = "{shared}/services"\n'
+                   f'[slurm]\nslurm_conf = "{tmp_path}/slurm.conf"\n')
+    (bad,) = run_checks(load_settings(str(cfg), None), ["services"])
+    assert bad.level is Level.FAIL and f"{shared} is a link, or another user's" in bad.detail
+    assert not (shared / "services").exists()  # doctor makes nothing
+    shared.chmod(0o755)
+    (good,) = run_checks(load_settings(str(cfg), None), ["services"])
+    assert good.level is Level.OK and "name their GPUs by local indices" in good.detail
+    cfg.write_text(f'[services]\nrun_dir = "{shared}/services"\n'
+                   f'[slurm]\nslurm_conf = "{tmp_path}/missing.conf"\n')
+    (unread,) = run_checks(load_settings(str(cfg), None), ["services"])
+    assert unread.level is Level.WARN and "device_numbering" in unread.remedy

@@ -102,3 +102,17 @@ def test_command_backend_is_used_without_asking_pyslurm(monkeypatch: pytest.Monk
     assert isinstance(default_backend({}, choice="command"), CommandBackend)
     with pytest.raises(ValueError, match="unknown Slurm backend 'rest'"):
         default_backend({}, choice="rest")
+
+
+def test_a_services_directory_another_user_could_swap_stops_it_before_the_db_exists(
+        tmp_path: Path) -> None:
+    # it was checked only at the first service launch, long after a clean start
+    open_to_all = tmp_path / "shared"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)
+    site, db_dir = _site(tmp_path, f'[services]\nrun_dir = "{open_to_all}/services"\n')
+    res = CliRunner().invoke(controller, ["--config", str(site), "--pool-manager", "slurm"])
+    assert res.exit_code == 1
+    assert f"{site}: services.run_dir: services directory {open_to_all}/services: " \
+        f"{open_to_all} is a link, or another user's" in res.output
+    assert not db_dir.exists()

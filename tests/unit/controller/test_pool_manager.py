@@ -28,6 +28,7 @@ from slurmrl.controller.core import Controller
 from slurmrl.controller.pools import SlurmPool, SlurmPools
 from slurmrl.controller.residency import footprints_for_job
 from slurmrl.controller.services import ServiceLaunchError, ServiceSpec
+from slurmrl.controller.validate import RpcError
 from slurmrl.db import JobRecord, Store
 from slurmrl.gpu.estimate import GiB
 from slurmrl.leases import LeaseError
@@ -595,4 +596,16 @@ async def test_a_pools_services_name_its_gpus_as_the_nodes_steps_see_them(
     await site.c.register(ALICE, 1, {"SLURMRL_GPUS": "2", "SLURMRL_MODEL": "tiny"})
     await site.settle()
     assert launched and {s.cuda_devices for s in launched} == {devices}
+    await site.c.stop()
+
+
+@run
+async def test_roots_rl_job_is_refused_at_registration_before_any_pool(tmp_path: Path) -> None:
+    # accepted, it had a pool opened and only then failed at its services' launch
+    root = Identity(0, 0, "root")
+    site = await _site(Store(tmp_path / "c.db"), jobs={9: root})
+    with pytest.raises(RpcError) as err:
+        await site.c.register(root, 9, {"SLURMRL_GPUS": "1", "SLURMRL_MODEL": "tiny"})
+    assert (err.value.status, err.value.code) == (403, "root-job")
+    assert site.allocator.running == set() and site.c.store.job(9) is None
     await site.c.stop()

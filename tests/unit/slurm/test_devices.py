@@ -25,6 +25,10 @@ def _conf(tmp_path: Path, slurm: str, cgroup: str | None = None) -> str:
     ("TaskPlugin=task/cgroup\n", None, GLOBAL),
     ("TaskPlugin=task/none\n", "ConstrainDevices=yes\n", GLOBAL),  # the dev cluster's
     ("# TaskPlugin=task/cgroup\nClusterName=x\n", "ConstrainDevices=yes\n", GLOBAL),
+    # Slurm takes the plugin's short name too, and settings several to a line
+    ("TaskPlugin=affinity,cgroup\n", "ConstrainDevices=yes\n", LOCAL),
+    ("ProctrackType=proctrack/cgroup TaskPlugin=task/cgroup\n",
+     "CgroupPlugin=autodetect ConstrainDevices=yes\n", LOCAL),
 ])
 def test_the_numbering_is_read_from_slurm_conf_and_cgroup_conf(
         tmp_path: Path, slurm: str, cgroup: str | None, numbering: str) -> None:
@@ -43,3 +47,9 @@ def test_a_confined_step_gets_its_allocations_own_numbers() -> None:
     assert step_devices([5], [4, 5], GLOBAL) == (5,)
     with pytest.raises(ValueError, match=r"\[6\] are not in the allocation's \[4, 5\]"):
         step_devices([6], [4, 5], LOCAL)
+
+
+def test_an_included_file_is_read(tmp_path: Path) -> None:
+    (tmp_path / "task.conf").write_text("TaskPlugin=task/cgroup\n")
+    conf = _conf(tmp_path, "ClusterName=x\nInclude task.conf\n", "ConstrainDevices=yes\n")
+    assert detect({}, conf) == LOCAL
