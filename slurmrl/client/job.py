@@ -287,7 +287,8 @@ class Job:
                                       + (f": {reason}" if reason else ""))
             if (state, reason) != told:  # a long wait says why, once per change
                 told = (state, reason)
-                log.info("RL job %d: %s lease %s%s", self.job_id, phase,
+                # WARNING: what a driver that configured no logging still shows
+                log.warning("RL job %d: %s lease %s%s", self.job_id, phase,
                          "waits for its placement in a pool" if state == "unplaced"
                          else "queued behind the pool's other jobs",
                          f" ({reason})" if reason else "")

@@ -251,7 +251,8 @@ class PoolAllocator:
 #: to the queue (a pool is recorded only once it runs)
 _NOT_RUNNING_AGAIN = frozenset({
     SlurmJobState.COMPLETING, SlurmJobState.PENDING, SlurmJobState.CONFIGURING,
-    SlurmJobState.REQUEUED, SlurmJobState.SPECIAL_EXIT})
+    SlurmJobState.REQUEUED, SlurmJobState.SPECIAL_EXIT, SlurmJobState.REQUEUE_HOLD,
+    SlurmJobState.REQUEUE_FED, SlurmJobState.RESV_DEL_HOLD})
 
 
 def services_dir(cfg: Config, flag: str | None = None) -> str:

@@ -165,16 +165,21 @@ def check_run_dir(run_dir: Path, create: bool = True) -> None:
     ServiceLaunchError naming what is wrong. Without `create` (doctor), a directory not
     made yet is judged by its parents alone."""
     me = os.geteuid()
-    for parent in run_dir.absolute().parents:
+    # the path as given (a link on it must be root's, in a directory checked too: then
+    # no one else can repoint it) and the path it leads to
+    given = list(run_dir.absolute().parents)
+    real = list(Path(os.path.realpath(run_dir)).parents)
+    for parent in dict.fromkeys([*given, *real]):
         if not os.path.lexists(parent):
             continue  # made below, by root, as its own
         st = parent.lstat()
         sticky = bool(st.st_mode & stat.S_ISVTX)
-        if (stat.S_ISLNK(st.st_mode) or st.st_uid not in (0, me)
-                or (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky)):
+        link = stat.S_ISLNK(st.st_mode)
+        if (st.st_uid not in (0, me)
+                or (not link and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky)):
             raise ServiceLaunchError(
-                f"services directory {run_dir}: {parent} is a link, or another user's, "
-                "or others may write to it: its services directory could be swapped "
+                f"services directory {run_dir}: {parent} is another user's, or others "
+                "may write to it: its services directory could be swapped "
                 "under the controller; use a directory only root controls")
     if not create and not os.path.lexists(run_dir):
         return

@@ -75,10 +75,12 @@ def explain(env: Mapping[str, str] | None = None, slurm_conf: str = ""
         return GLOBAL, f"cannot read {conf} ({exc.strerror or exc})"
     if "cgroup" not in _plugins(plugins):
         return GLOBAL, None
+    cgroup = conf.parent / "cgroup.conf"
     try:
-        constrain = _settings(conf.parent / "cgroup.conf").get("constraindevices", "no")
-    except OSError:
-        return GLOBAL, None  # Slurm's default: ConstrainDevices=no
+        constrain = _settings(cgroup).get("constraindevices", "no")
+    except OSError as exc:  # often on compute nodes only: slurmd reads it, not slurmctld
+        return GLOBAL, (f"TaskPlugin has task/cgroup but {cgroup} cannot be read "
+                        f"({exc.strerror or exc}); assuming ConstrainDevices=no")
     return (LOCAL if constrain.lower() in ("yes", "true", "1") else GLOBAL), None
 
 

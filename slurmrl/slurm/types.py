@@ -55,6 +55,11 @@ class SlurmJobState(StrEnum):
     RESIZING = "RESIZING"  #: changing size
     REQUEUED = "REQUEUED"  #: being requeued
     SPECIAL_EXIT = "SPECIAL_EXIT"  #: requeued in held state after a special exit
+    #: back in the queue, held (these flag names replace the base state in 22.05's
+    #: string form, as Slurm's job_state_string() prints them)
+    REQUEUE_HOLD = "REQUEUE_HOLD"
+    REQUEUE_FED = "REQUEUE_FED"  #: requeued by a federation
+    RESV_DEL_HOLD = "RESV_DEL_HOLD"  #: held: its reservation was deleted
     COMPLETED = "COMPLETED"  #: terminal: all processes exited 0
     CANCELLED = "CANCELLED"  #: terminal: scancel or admin
     FAILED = "FAILED"  #: terminal: non-zero exit or launch failure

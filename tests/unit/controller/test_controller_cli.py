@@ -114,5 +114,5 @@ def test_a_services_directory_another_user_could_swap_stops_it_before_the_db_exi
     res = CliRunner().invoke(controller, ["--config", str(site), "--pool-manager", "slurm"])
     assert res.exit_code == 1
     assert f"{site}: services.run_dir: services directory {open_to_all}/services: " \
-        f"{open_to_all} is a link, or another user's" in res.output
+        f"{open_to_all} is another user's, or others may write to it" in res.output
     assert not db_dir.exists()

@@ -144,3 +144,15 @@ def test_a_pool_is_never_requeued_and_one_back_in_the_queue_is_lost() -> None:
         slurm.queue[pool.slurm_job_id] = replace(slurm.queue[pool.slurm_job_id], state=state)
         (loss,) = alloc.losses([pool.slurm_job_id])
         assert loss.state == str(state)
+
+
+def test_a_pool_held_after_a_requeue_is_lost() -> None:
+    # 22.05 prints the flag's name for the state: REQUEUE_HOLD parsed as UNKNOWN, alive
+    slurm = FakeBackend()
+    alloc = PoolAllocator(slurm, "pools", tag=TAG)  # type: ignore[arg-type]
+    pool = alloc.open(1)
+    for name in ("REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"):
+        slurm.queue[pool.slurm_job_id] = replace(slurm.queue[pool.slurm_job_id],
+                                                 state=SlurmJobState.parse(name))
+        (loss,) = alloc.losses([pool.slurm_job_id])
+        assert loss.state == name

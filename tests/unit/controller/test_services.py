@@ -191,8 +191,26 @@ def test_a_services_directory_under_a_directory_others_control_is_refused(
     shared.chmod(0o777)  # writable by all, not sticky
     spec = ServiceSpec(7, "rollout", pwd.getpwuid(ME).pw_name, (0,))
     launcher = ServiceLauncher(None, shared / "services")  # type: ignore[arg-type]
-    with pytest.raises(ServiceLaunchError, match=f"{shared} is a link, or another user's"):
+    with pytest.raises(ServiceLaunchError,
+                       match=f"{shared} is another user's, or others may write to it"):
         launcher._prepare_dir(1, spec, UserIds.lookup(ME))
     shared.chmod(0o1777)  # sticky, as /tmp: others cannot rename root's entries
     work = launcher._prepare_dir(1, spec, UserIds.lookup(ME))
     assert work.parent == shared / "services"
+
+
+def test_a_root_owned_link_above_the_services_directory_is_trusted(tmp_path: Path) -> None:
+    # /var/lib/slurmrl -> /data/slurmrl, an automounted /shared -> /net/...: a link of
+    # the controller's in a directory no one else may write to cannot be repointed
+    from slurmrl.controller.services import check_run_dir
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "varlib").symlink_to(tmp_path / "data")
+    check_run_dir(tmp_path / "varlib" / "services")
+    assert (tmp_path / "data" / "services").is_dir()
+    # ... and a link into a directory others may write to is not
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)
+    (tmp_path / "to-open").symlink_to(tmp_path / "open")
+    with pytest.raises(ServiceLaunchError, match="others may write to it"):
+        check_run_dir(tmp_path / "to-open" / "services")

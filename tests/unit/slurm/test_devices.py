@@ -53,3 +53,12 @@ def test_an_included_file_is_read(tmp_path: Path) -> None:
     (tmp_path / "task.conf").write_text("TaskPlugin=task/cgroup\n")
     conf = _conf(tmp_path, "ClusterName=x\nInclude task.conf\n", "ConstrainDevices=yes\n")
     assert detect({}, conf) == LOCAL
+
+
+def test_task_cgroup_with_an_unreadable_cgroup_conf_is_said(tmp_path: Path) -> None:
+    # cgroup.conf often lives on the compute nodes only (slurmd reads it): assuming
+    # "not confined" there must be said, not silent
+    from slurmrl.slurm.devices import explain
+
+    numbering, problem = explain({}, _conf(tmp_path, "TaskPlugin=task/cgroup\n"))
+    assert numbering == GLOBAL and problem is not None and "cgroup.conf" in problem
