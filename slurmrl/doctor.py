@@ -90,6 +90,10 @@ def load_settings(config_path: str | None, controller_url: str | None,
         env["SLURM_CONF"] = cfg.slurm.slurm_conf
     if not controller_url:
         controller_url = os.environ.get("SLURMRL_CONTROLLER") or ""
+    if not controller_url:  # as `slurmrl status` finds it (the SPANK plugin's argument)
+        from slurmrl.slurm.plugstack import controller_url as plugin_url
+
+        controller_url = plugin_url(env, cfg.slurm.slurm_conf) or ""
     if not controller_url:
         controller_url = cfg.controller.local_url()
     return Settings(cfg, res, controller_url, env, timeout_s)

@@ -174,14 +174,19 @@ def _controller_url(given: str | None) -> str:
     try:
         from slurmrl.config import load
 
-        return load().controller.local_url()
+        cfg = load()
     except Exception as exc:
         raise StatusError(f"cannot read the site config: {exc}") from None
+    from slurmrl.slurm.plugstack import controller_url
+
+    # where the SPANK plugin tells drivers it is (a login node's view), else the site
+    # config's listening address (the controller's own host)
+    return controller_url(slurm_conf=cfg.slurm.slurm_conf) or cfg.controller.local_url()
 
 
 @click.command("status", context_settings={"help_option_names": ["--help"]})
 @click.option("--controller", "url", help="controller URL (default: $SLURMRL_CONTROLLER, "
-              "else the site config)")
+              "else the SPANK plugin's controller= in plugstack.conf, else the site config)")
 @click.option("--pools", "what", flag_value="pools", help="list pools")
 @click.option("--leases", "what", flag_value="leases", help="list current leases")
 @click.option("--json", "as_json", is_flag=True, help="one JSON envelope")

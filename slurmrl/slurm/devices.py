@@ -30,7 +30,7 @@ GLOBAL, LOCAL = "global", "local"
 NUMBERINGS = ("auto", GLOBAL, LOCAL)
 
 
-def _settings(path: Path, depth: int = 0) -> dict[str, str]:
+def slurm_settings(path: Path, depth: int = 0) -> dict[str, str]:
     """`Key=Value` settings of a Slurm config file, keys lowercased (Slurm's are
     case-insensitive), comments dropped, several on a line, `Include FILE` followed
     (relative to this file's directory; globs too); the last of a key given twice."""
@@ -41,7 +41,7 @@ def _settings(path: Path, depth: int = 0) -> dict[str, str]:
         if inc and depth < 8:
             for name in sorted(path.parent.glob(inc.group(1))) if not os.path.isabs(
                     inc.group(1)) else sorted(Path("/").glob(inc.group(1).lstrip("/"))):
-                out.update(_settings(name, depth + 1))
+                out.update(slurm_settings(name, depth + 1))
             continue
         for key, value in re.findall(r"([A-Za-z]+)\s*=\s*(\"[^\"]*\"|\S+)", line):
             out[key.lower()] = value.strip('"')
@@ -70,14 +70,14 @@ def explain(env: Mapping[str, str] | None = None, slurm_conf: str = ""
     environ = os.environ if env is None else env
     conf = Path(slurm_conf or environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
     try:
-        plugins = _settings(conf).get("taskplugin", "")
+        plugins = slurm_settings(conf).get("taskplugin", "")
     except OSError as exc:
         return GLOBAL, f"cannot read {conf} ({exc.strerror or exc})"
     if "cgroup" not in _plugins(plugins):
         return GLOBAL, None
     cgroup = conf.parent / "cgroup.conf"
     try:
-        constrain = _settings(cgroup).get("constraindevices", "no")
+        constrain = slurm_settings(cgroup).get("constraindevices", "no")
     except OSError as exc:  # often on compute nodes only: slurmd reads it, not slurmctld
         return GLOBAL, (f"TaskPlugin has task/cgroup but {cgroup} cannot be read "
                         f"({exc.strerror or exc}); assuming ConstrainDevices=no")
