@@ -131,6 +131,14 @@ class SlurmConfig:
     pool_time_limit: str = opt(
         "", 'sbatch --time of a pool; "" for the partition default', slurm_time=True
     )
+    pool_cpus_per_gpu: int = opt(
+        0, "sbatch --cpus-per-task of a pool, per GPU it holds (its services' CPU work); "
+        "0: one CPU for the whole pool", lo=0, hi=1024)
+    pool_mem_per_gpu: int = opt(
+        parse_size("256M"), "sbatch memory of a pool, per GPU it holds: where Slurm "
+        "confines job memory (ConstrainRAMSpace=yes) every service of the pool, its "
+        "parked state included, lives within it; 0: the whole memory of the node "
+        "(sbatch --mem=0)", lo=0, size=True)
     step_launch_timeout_s: float = opt(60.0, "how long a service step may take to start",
                                        above=0, hi=DAY_S)
     step_launch_retries: int = opt(2, "retries of a failed service step launch", lo=0, hi=20)

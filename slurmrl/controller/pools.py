@@ -121,11 +121,13 @@ class PoolAllocator:
 
     def __init__(
         self, slurm: SlurmBackend, partition: str, *, time_limit_min: int | None = None,
-        cpus: int = 1, mem_mb: int | None = 256, start_timeout_s: float = 60.0,
+        cpus_per_gpu: int = 0, mem_per_gpu_mb: int = 256, start_timeout_s: float = 60.0,
         poll_s: float = 0.1, tag: str = "",
     ) -> None:
         """`tag`: the controller's (`Store.controller_tag`), written into each pool's
-        comment so that `tagged` finds its own allocations; "" finds none."""
+        comment so that `tagged` finds its own allocations; "" finds none.
+        `cpus_per_gpu` (0: one CPU in all) and `mem_per_gpu_mb` (0: the node's whole
+        memory, sbatch --mem=0): what each pool asks, per GPU it holds."""
         if not partition:
             raise ValueError("a pool partition is needed ([slurm] pool_partition)")
         if tag and not tag.isalnum():
@@ -133,8 +135,8 @@ class PoolAllocator:
         self.slurm = slurm
         self.partition = partition
         self.time_limit_min = time_limit_min
-        self.cpus = cpus
-        self.mem_mb = mem_mb
+        self.cpus_per_gpu = cpus_per_gpu
+        self.mem_per_gpu_mb = mem_per_gpu_mb
         self.start_timeout_s = start_timeout_s
         self.poll_s = poll_s
         self.tag = tag
@@ -150,7 +152,8 @@ class PoolAllocator:
             raise ValueError(f"a pool needs at least one GPU, got {gpus}")
         spec = BatchSpec(
             command=("sleep", "infinity"), partition=self.partition,
-            name=POOL_NAME, gpus=gpus, cpus=self.cpus, mem_mb=self.mem_mb,
+            name=POOL_NAME, gpus=gpus, cpus=max(1, self.cpus_per_gpu * gpus),
+            mem_mb=self.mem_per_gpu_mb * gpus,
             time_limit_min=self.time_limit_min,
             comment=" ".join(x for x in (POOL_COMMENT, self.tag, label) if x),
             output="/dev/null",
@@ -349,6 +352,8 @@ class SlurmPools:
         if self.allocator is None:
             self.allocator = PoolAllocator(
                 controller.slurm, cfg.slurm.pool_partition,
+                cpus_per_gpu=cfg.slurm.pool_cpus_per_gpu,
+                mem_per_gpu_mb=cfg.slurm.pool_mem_per_gpu >> 20,
                 start_timeout_s=cfg.slurm.step_launch_timeout_s,
                 tag=controller.store.controller_tag())
         if self.launcher is None:

@@ -156,3 +156,15 @@ def test_a_pool_held_after_a_requeue_is_lost() -> None:
                                                  state=SlurmJobState.parse(name))
         (loss,) = alloc.losses([pool.slurm_job_id])
         assert loss.state == name
+
+
+def test_a_pool_asks_cpus_and_memory_per_gpu_it_holds() -> None:
+    # every pool asked 1 CPU and 256 MB, whatever its size: where Slurm confines job
+    # memory, all of a pool's services (parked state included) lived in that
+    slurm = FakeBackend()
+    small = PoolAllocator(slurm, "pools", tag=TAG)  # type: ignore[arg-type]
+    sized = PoolAllocator(slurm, "pools", tag=TAG, cpus_per_gpu=4,  # type: ignore[arg-type]
+                          mem_per_gpu_mb=64 << 10)
+    whole = PoolAllocator(slurm, "pools", tag=TAG, mem_per_gpu_mb=0)  # type: ignore[arg-type]
+    asked = [slurm.specs[a.open(2).slurm_job_id] for a in (small, sized, whole)]
+    assert [(s.cpus, s.mem_mb) for s in asked] == [(1, 512), (8, 128 << 10), (1, 0)]
