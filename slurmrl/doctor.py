@@ -400,12 +400,34 @@ def check_services(s: Settings) -> CheckResult:
         s.env, cfg.slurm.slurm_conf)
     detail = (f"services directory {run_dir} (the same path on every pool node); steps "
               f"name their GPUs by {numbering} indices")
+    if _confines_memory(s.env, cfg.slurm.slurm_conf) and 0 < cfg.slurm.pool_mem_per_gpu < (
+            8 << 30):
+        return CheckResult("services", Level.WARN, f"{detail}; but Slurm confines job "
+                           f"memory (ConstrainRAMSpace=yes) and a pool asks only "
+                           f"{cfg.slurm.pool_mem_per_gpu >> 20} MiB per GPU, in which its "
+                           "services and their parked state must live",
+                           "set [slurm] pool_mem_per_gpu for the models (e.g. 200G on a "
+                           "node of 8 GPUs and 2 TiB), or 0 for the node's whole memory")
     if problem:
         return CheckResult("services", Level.WARN, f"{detail}: {problem}",
                            "set [slurm] device_numbering = \"local\" where jobs are "
                            "confined to their devices (ConstrainDevices=yes), else "
                            "\"global\"")
     return CheckResult("services", Level.OK, detail)
+
+
+def _confines_memory(env: dict[str, str], slurm_conf: str) -> bool:
+    """cgroup.conf (next to slurm.conf) says ConstrainRAMSpace=yes, where it is read."""
+    from pathlib import Path
+
+    from slurmrl.slurm.devices import slurm_settings
+
+    conf = Path(slurm_conf or env.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    try:
+        value = slurm_settings(conf.parent / "cgroup.conf").get("constrainramspace", "no")
+    except OSError:
+        return False
+    return value.lower() in ("yes", "true", "1")
 
 
 CHECKS: tuple[tuple[str, Callable[[Settings], CheckResult]], ...] = (

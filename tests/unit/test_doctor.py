@@ -264,3 +264,18 @@ def test_services_check_judges_the_directory_and_the_gpu_numbering(tmp_path: Pat
                    f'[slurm]\nslurm_conf = "{tmp_path}/missing.conf"\n')
     (unread,) = run_checks(load_settings(str(cfg), None), ["services"])
     assert unread.level is Level.WARN and "device_numbering" in unread.remedy
+
+
+def test_services_check_warns_of_a_small_pool_where_slurm_confines_memory(
+        tmp_path: Path) -> None:
+    (tmp_path / "slurm.conf").write_text("TaskPlugin=task/cgroup\n")
+    (tmp_path / "cgroup.conf").write_text("ConstrainDevices=yes\nConstrainRAMSpace=yes\n")
+    cfg = tmp_path / "s.toml"
+    base = (f'[services]\nrun_dir = "{tmp_path}/services"\n'
+            f'[slurm]\nslurm_conf = "{tmp_path}/slurm.conf"\n')
+    cfg.write_text(base)
+    (small,) = run_checks(load_settings(str(cfg), None), ["services"])
+    assert small.level is Level.WARN and "only 256 MiB per GPU" in small.detail
+    cfg.write_text(base + 'pool_mem_per_gpu = "200G"\n')
+    (sized,) = run_checks(load_settings(str(cfg), None), ["services"])
+    assert sized.level is Level.OK
