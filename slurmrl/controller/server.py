@@ -529,9 +529,8 @@ class Api:
         pool = self.c.store.pool(pool_id)
         if pool is None:
             raise RpcError(404, "no-such-pool", f"pool {pool_id} does not exist")
-        if pool.state != "open":  # its closing time and reason are history: kept
-            raise RpcError(409, "pool-not-running", f"pool {pool_id} is {pool.state} "
-                           "already")
+        if pool.state == "closed":  # its closing time and reason are history: kept
+            raise RpcError(409, "pool-not-running", f"pool {pool_id} is closed already")
         await self.c.close_pool(pool_id, b["reason"] or "closed by admin")
         return _json({"pool_id": pool_id, "state": "closed"})
 
