@@ -418,11 +418,9 @@ def check_services(s: Settings) -> CheckResult:
 
 def _confines_memory(env: dict[str, str], slurm_conf: str) -> bool:
     """cgroup.conf (next to slurm.conf) says ConstrainRAMSpace=yes, where it is read."""
-    from pathlib import Path
+    from slurmrl.slurm.devices import slurm_conf_path, slurm_settings
 
-    from slurmrl.slurm.devices import slurm_settings
-
-    conf = Path(slurm_conf or env.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    conf = slurm_conf_path(env, slurm_conf)
     try:
         value = slurm_settings(conf.parent / "cgroup.conf").get("constrainramspace", "no")
     except OSError:

@@ -258,9 +258,8 @@ class LeaseScheduler:
         """Queue a phase request of a placed job; grants it at once if its GPUs are free."""
         if job.pool_id is None or job.pool_id not in self.tables:
             raise LeaseError(f"job {job.job_id} is not placed in an open pool yet")
-        now_rec = self.store.job(job.job_id)  # it may have ended since the caller read it
-        if now_rec is not None and now_rec.state.terminal:
-            raise LeaseError(f"job {job.job_id} has ended ({now_rec.state}): no new request")
+        if job.state.terminal:  # the caller's record, read fresh (Api.acquire_op)
+            raise LeaseError(f"job {job.job_id} has ended ({job.state}): no new request")
         if not phase.needs_gpu:
             raise LeaseError(f"phase {phase} needs no GPU; report it as an observation")
         table = self.tables[job.pool_id]

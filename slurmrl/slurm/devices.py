@@ -48,6 +48,13 @@ def slurm_settings(path: Path, depth: int = 0) -> dict[str, str]:
     return out
 
 
+def slurm_conf_path(env: Mapping[str, str] | None = None, slurm_conf: str = "") -> Path:
+    """The site's slurm.conf: `slurm_conf` ([slurm] slurm_conf), else `$SLURM_CONF`,
+    else Slurm's default path."""
+    environ = os.environ if env is None else env
+    return Path(slurm_conf or environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+
+
 def _plugins(value: str) -> set[str]:
     """TaskPlugin's plugins by their short names (Slurm takes `task/cgroup` and
     `cgroup` alike)."""
@@ -67,8 +74,7 @@ def detect(env: Mapping[str, str] | None = None, slurm_conf: str = "") -> str:
 def explain(env: Mapping[str, str] | None = None, slurm_conf: str = ""
             ) -> tuple[str, str | None]:
     """(`detect`'s answer, why it could not read the site's config, or None)."""
-    environ = os.environ if env is None else env
-    conf = Path(slurm_conf or environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    conf = slurm_conf_path(env, slurm_conf)
     try:
         plugins = slurm_settings(conf).get("taskplugin", "")
     except OSError as exc:

@@ -17,13 +17,12 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
-from slurmrl.slurm.devices import slurm_settings
+from slurmrl.slurm.devices import slurm_conf_path, slurm_settings
 
 
 def controller_url(env: Mapping[str, str] | None = None, slurm_conf: str = "") -> str | None:
     """The slurmrl plugin's `controller=` URL, or None (no such line, or unreadable)."""
-    environ = os.environ if env is None else env
-    conf = Path(slurm_conf or environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    conf = slurm_conf_path(env, slurm_conf)
     try:
         named = slurm_settings(conf).get("plugstackconfig")
     except OSError:
