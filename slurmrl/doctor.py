@@ -177,8 +177,11 @@ def check_spank(s: Settings) -> CheckResult:
 
 
 def evaluate_pool(name: str, part: PartitionInfo | None,
-                  node_gpus: Sequence[int]) -> CheckResult:
-    """Judge the pool partition: exists, UP, has GPUs (GRES), closed to ordinary users."""
+                  node_gpus: Sequence[int], time_limit: str = "") -> CheckResult:
+    """Judge the pool partition: exists, UP, has GPUs (GRES), lets a pool run as long as
+    `[slurm] pool_time_limit` asks, closed to ordinary users."""
+    from slurmrl.slurm.parse import parse_time_limit
+
     check = "pool-partition"
     if part is None:
         return CheckResult(check, Level.FAIL, f"no partition {name!r} in Slurm",
@@ -194,6 +197,12 @@ def evaluate_pool(name: str, part: PartitionInfo | None,
                            f"nodes ({part.nodes})", "configure GresTypes=gpu, gres.conf and "
                            "Gres=gpu:N on the pool nodes")
     summary = f"partition {name} UP, {len(node_gpus)} node(s), {gpus} GPU(s)"
+    asked, most = parse_time_limit(time_limit), parse_time_limit(part.max_time)
+    if most is not None and ((asked is None and time_limit) or (asked or 0) > most):
+        return CheckResult(check, Level.FAIL, f"[slurm] pool_time_limit {time_limit} is "
+                           f"over partition {name}'s MaxTime={part.max_time}: Slurm would "
+                           "refuse every pool or leave it pending (PartitionTimeLimit)",
+                           f"lower [slurm] pool_time_limit, or raise MaxTime of {name}")
     if part.allow_groups.upper() == "ALL" and not part.root_only:
         return CheckResult(check, Level.WARN, summary + "; any user may submit to it",
                            "restrict it: AllowGroups=root (the controller submits pools "
@@ -214,7 +223,35 @@ def check_pool(s: Settings) -> CheckResult:
     except SlurmError as exc:
         return CheckResult("pool-partition", Level.FAIL, f"cannot read partition {name}: "
                            f"{exc}", "make Slurm reachable first (see the slurm check)")
-    return evaluate_pool(name, part, nodes)
+    return evaluate_pool(name, part, nodes, s.config.slurm.pool_time_limit)
+
+
+def check_pool_submit(s: Settings) -> CheckResult:
+    """`sbatch --test-only` of the smallest pool the controller would submit, with its
+    account, time limit, CPUs and memory: what Slurm says of those without a job."""
+    from slurmrl.controller.pools import PoolAllocator
+    from slurmrl.slurm import CommandBackend, SlurmError
+
+    sc = s.config.slurm
+    b = CommandBackend(s.env, timeout_s=s.timeout_s, account=sc.pool_account,
+                       time_limit=sc.pool_time_limit)
+    spec = PoolAllocator(b, sc.pool_partition, cpus_per_gpu=sc.pool_cpus_per_gpu,
+                         mem_per_gpu_mb=sc.pool_mem_per_gpu >> 20).spec(1)
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    try:
+        cp = b.run([*b.sbatch_argv(spec), "--test-only"], input_text=b.script_text(spec),
+                   check=False)
+    except SlurmError as exc:
+        return CheckResult("pool-submit", Level.FAIL, f"sbatch --test-only failed: {exc}",
+                           "make Slurm reachable first (see the slurm check)")
+    said = " ".join((cp.stderr + cp.stdout).split())
+    if cp.returncode != 0:
+        return CheckResult("pool-submit", Level.FAIL, f"Slurm would refuse a 1-GPU pool "
+                           f"submitted as {user}: {said[:300]}",
+                           "run doctor as the controller's user; fix [slurm] pool_account, "
+                           "pool_time_limit, pool_cpus_per_gpu or pool_mem_per_gpu, or the "
+                           "partition's limits")
+    return CheckResult("pool-submit", Level.OK, f"as {user}: {said[:200]}")
 
 
 # -- MUNGE and the controller ---------------------------------------------------------------
@@ -434,6 +471,7 @@ CHECKS: tuple[tuple[str, Callable[[Settings], CheckResult]], ...] = (
     ("munge", check_munge),
     ("controller", check_controller),
     ("pool-partition", check_pool),
+    ("pool-submit", check_pool_submit),
     ("nvml", check_nvml),
     ("python", check_python),
     ("services", check_services),

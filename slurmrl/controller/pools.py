@@ -145,12 +145,11 @@ class PoolAllocator:
         self._unrecorded: set[int] = set()
         self._submitting = threading.Lock()
 
-    def open(self, gpus: int, label: str = "", node: str | None = None) -> SlurmPool:
-        """Submit a pool of `gpus` GPUs (on `node`, where named: a floating pool's next
-        window) and return it once Slurm runs it."""
+    def spec(self, gpus: int, label: str = "", node: str | None = None) -> BatchSpec:
+        """The batch job a pool of `gpus` GPUs is (`open` submits it; doctor tests it)."""
         if gpus < 1:
             raise ValueError(f"a pool needs at least one GPU, got {gpus}")
-        spec = BatchSpec(
+        return BatchSpec(
             command=("sleep", "infinity"), partition=self.partition,
             name=POOL_NAME, gpus=gpus, cpus=max(1, self.cpus_per_gpu * gpus),
             mem_mb=self.mem_per_gpu_mb * gpus,
@@ -161,6 +160,11 @@ class PoolAllocator:
             # its job id would come back on other GPUs
             extra_args=("--no-requeue",) if node is None
             else ("--no-requeue", f"--nodelist={node}"))
+
+    def open(self, gpus: int, label: str = "", node: str | None = None) -> SlurmPool:
+        """Submit a pool of `gpus` GPUs (on `node`, where named: a floating pool's next
+        window) and return it once Slurm runs it."""
+        spec = self.spec(gpus, label, node)
         with self._submitting:
             try:
                 job_id = self.slurm.submit(spec)

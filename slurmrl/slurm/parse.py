@@ -339,22 +339,25 @@ def _scontrol_time(value: str) -> float | None:
 
 
 def parse_time_limit(value: str) -> int | None:
-    """`UNLIMITED`, `D-HH:MM:SS`, `HH:MM:SS`, `MM:SS` or minutes -> minutes (None = unlimited)."""
+    """A Slurm time limit -> minutes, seconds rounded up (None = unlimited).
+
+    Slurm's forms (sbatch(1) --time): `MM`, `MM:SS`, `HH:MM:SS`, and with days `D-HH`,
+    `D-HH:MM`, `D-HH:MM:SS`; `UNLIMITED`/`INFINITE`. ValueError for anything else.
+    """
     v = value.strip()
     if not v or v.upper() in ("UNLIMITED", "INFINITE", "NONE", "N/A", "PARTITION_LIMIT"):
         return None
-    days = 0
-    if "-" in v:
-        d, v = v.split("-", 1)
-        days = int(d)
-    parts = [int(p) for p in v.split(":")]
-    if len(parts) == 3:
+    days, dash, rest = v.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if any(p < 0 for p in parts) or len(parts) > 3 or (dash and not days.isdigit()):
+        raise ValueError(f"not a Slurm time limit: {value!r}")
+    if dash:  # D-HH[:MM[:SS]]
+        h, m, s = [*parts, 0, 0][:3]
+    elif len(parts) == 3:
         h, m, s = parts
-    elif len(parts) == 2:
-        h, m, s = 0, parts[0], parts[1]
-    else:
-        h, m, s = 0, parts[0], 0
-    return days * 1440 + h * 60 + m + (1 if s else 0)
+    else:  # MM[:SS]
+        h, m, s = 0, parts[0], parts[1] if len(parts) == 2 else 0
+    return int(days or 0) * 1440 + h * 60 + m + (1 if s else 0)
 
 
 def _name_and_id(value: str) -> tuple[str, int]:

@@ -44,3 +44,27 @@ def test_doctor_passes_with_all_up_and_fails_on_a_stopped_controller(
     assert "systemctl start slurmrl-controller" in c["remedy"]
     # the rest of the installation is still reported as fine
     assert {x["name"] for x in out["checks"] if x["level"] == "FAIL"} == {"controller"}
+
+
+def test_doctor_asks_slurm_whether_it_would_take_a_pool(
+        shared_tmp: Path, slurm_env: dict[str, str]) -> None:
+    env = env_for_controller(slurm_env)
+    cp = subprocess.run([sys.executable, "-m", "slurmrl.cli.main", "doctor", "--check",
+                         "pool-submit"], capture_output=True, text=True, env=env, timeout=120,
+                        check=False)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert cp.stdout.startswith("OK   pool-submit") and "as root" in cp.stdout
+    # a pool asking more memory per GPU than the node has would never start
+    site = shared_tmp / "bigpools.toml"
+    site.write_text('[slurm]\npool_mem_per_gpu = "64T"\n')
+    cp = subprocess.run([sys.executable, "-m", "slurmrl.cli.main", "doctor", "--config",
+                         str(site), "--check", "pool-submit", "--json"],
+                        capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert cp.returncode == 1, cp.stdout + cp.stderr
+    (c,) = json.loads(cp.stdout)["checks"]
+    assert c["level"] == "FAIL" and "would refuse a 1-GPU pool" in c["detail"]
+    assert "pool_mem_per_gpu" in c["remedy"]
+    # a test, not a submission: no job was left behind
+    q = subprocess.run(["squeue", "-h", "-o", "%j"], capture_output=True, text=True,
+                       env=env, timeout=30, check=True)
+    assert "slurmrl-pool" not in q.stdout

@@ -43,6 +43,17 @@ def test_pool_partition_judgements() -> None:
         is Level.OK
 
 
+def test_a_pool_time_limit_over_the_partitions_max_time_fails() -> None:
+    day = _part(max_time="1-00:00:00")
+    assert evaluate_pool("pools", day, [4], "12:00:00").level is Level.OK
+    assert evaluate_pool("pools", day, [4], "").level is Level.OK  # the partition's default
+    for asked in ("2-00", "1-00:01", "UNLIMITED"):
+        over = evaluate_pool("pools", day, [4], asked)
+        assert over.level is Level.FAIL, asked
+        assert "MaxTime=1-00:00:00" in over.detail and "pool_time_limit" in over.remedy
+    assert evaluate_pool("pools", _part(), [4], "30-00").level is Level.OK  # UNLIMITED
+
+
 def test_spank_judgement_from_sbatch_help() -> None:
     ok = "  --rl-gpus=N  slurmrl: GPUs\n  --rl-model=NAME\n  --rl-mux=auto|on|off\n"
     assert evaluate_spank(ok).level is Level.OK

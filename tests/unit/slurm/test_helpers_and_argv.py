@@ -53,9 +53,17 @@ def test_node_gpu_counts(gres: str, n: int) -> None:
 
 @pytest.mark.parametrize(("text", "minutes"), [
     ("UNLIMITED", None), ("1-02:03:00", 1563), ("01:00:00", 60), ("05:30", 6), ("7", 7),
+    # sbatch's day forms: D-HH is days and hours, D-HH:MM days, hours and minutes
+    ("1-12", 2160), ("2-06:30", 3270),
 ])
 def test_time_limits_in_minutes(text: str, minutes: int | None) -> None:
     assert p.parse_time_limit(text) == minutes
+
+
+@pytest.mark.parametrize("text", ["1-2-3", "x-01", "1:2:3:4", "-5", "1h"])
+def test_time_limits_that_are_not_slurms_are_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        p.parse_time_limit(text)
 
 
 def test_wrapped_and_plain_numbers() -> None:
