@@ -83,6 +83,7 @@ class Controller:
                  self.store.path)
         await self.pools.start(self)
         await self._end_jobs_of_closed_pools()
+        self.scheduler.extend_grace()  # a lease timeout from now, not from before start-up
         self._tasks.append(asyncio.create_task(self.scheduler.run_timer()))
         self._tasks.append(asyncio.create_task(self._reconcile_loop()))
 
@@ -330,17 +331,22 @@ class Controller:
                  window.slurm_job_id)
         return window
 
-    async def close_pool(self, pool_id: int, reason: str) -> None:
-        """Revoke the pool's leases, end its jobs (a job never migrates), close it."""
+    async def close_pool(self, pool_id: int, reason: str,
+                         ended_at: float | None = None) -> None:
+        """Revoke the pool's leases, end its jobs (a job never migrates), close it.
+        `ended_at`: when its allocation ended, if before now (Slurm's end time of a
+        lost pool): no lease is charged past it."""
+        at = self.clock() if ended_at is None else min(self.clock(), ended_at)
         with self.store.transaction():
-            self.scheduler.close_pool(pool_id, reason)
-            self.store.update_pool(pool_id, state="closed", reason=reason,
-                                   closed_at=self.clock())
+            self.scheduler.close_pool(pool_id, reason, at)
+            pool = self.store.pool(pool_id)
+            self.store.update_pool(pool_id, state="closed", reason=reason, closed_at=max(
+                at, pool.opened_at if pool is not None else at))
             for w in self.store.windows(pool_id):
-                self.store.close_window(w.window_id, self.clock())
+                self.store.close_window(w.window_id, max(at, w.opened_at))
             for g in self.store.groups(pool_id=pool_id):
                 if g.dissolved_at is None:
-                    self.store.dissolve_group(g.group_id, self.clock())
+                    self.store.dissolve_group(g.group_id, max(at, g.created_at))
         for job in self.store.jobs(active=True, pool_id=pool_id):
             await self.end_job(job.job_id, JobState.CANCELLED, reason)
 

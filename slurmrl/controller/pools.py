@@ -102,6 +102,8 @@ class PoolLoss:
     slurm_job_id: int
     state: str  #: Slurm's state name, or "GONE" when Slurm forgot the job
     reason: str = ""
+    #: when Slurm ended it (its end time, for an allocation that ended); None: unknown
+    ended_at: float | None = None
 
     @property
     def message(self) -> str:
@@ -246,7 +248,8 @@ class PoolAllocator:
             if info is None:
                 out.append(PoolLoss(jid, "GONE"))
             elif info.state.terminal or info.state in _NOT_RUNNING_AGAIN:
-                out.append(PoolLoss(jid, str(info.state), info.reason))
+                out.append(PoolLoss(jid, str(info.state), info.reason,
+                                    info.end_time if info.state.terminal else None))
         return out
 
 
@@ -369,6 +372,9 @@ class SlurmPools:
                 step_retries=cfg.slurm.step_launch_retries)
         self._numbering()  # resolved (and said in the log) at start, not at a first launch
         await self._refresh_node_memory()
+        # pools Slurm ended while the controller was down: before anything is placed in
+        # them, and before their services are talked to (theirs are stopped as strays)
+        await self._close_lost_pools()
         await self._reattach()
         await self._sweep_allocations()
         # nothing is being placed at start: an open pool with no active member is empty
@@ -1361,6 +1367,14 @@ class SlurmPools:
         self._handoff_locks.pop(pool_id, None)
 
     async def reconcile(self) -> None:
+        await self._close_lost_pools()
+        if time.monotonic() >= self._next_sweep:
+            await self._sweep_allocations()
+        self._spawn(self._place_pending())
+
+    async def _close_lost_pools(self) -> None:
+        """Close the pools whose allocation Slurm no longer runs; their leases end when
+        Slurm ended the allocation, where it says, not when this notices."""
         assert self.allocator is not None
         pools = [p for p in self.c.store.pools(open_only=True) if p.slurm_job_id is not None]
         # a floating pool is all its windows' allocations: losing one loses the pool
@@ -1377,8 +1391,5 @@ class SlurmPools:
             log.warning("pool %d: %s", pool.pool_id, loss.message)
             # its steps died with it; the drivers learn the reason from their revoked
             # leases and from the job's state
-            await self.c.close_pool(pool.pool_id, loss.message)
+            await self.c.close_pool(pool.pool_id, loss.message, ended_at=loss.ended_at)
             self._next_sweep = 0.0  # a floating pool's other windows go now
-        if time.monotonic() >= self._next_sweep:
-            await self._sweep_allocations()
-        self._spawn(self._place_pending())

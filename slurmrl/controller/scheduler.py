@@ -166,12 +166,14 @@ class LeaseScheduler:
         table = self.tables.get(pool_id)
         return table is not None and table.can_retire(gpus)
 
-    def close_pool(self, pool_id: int, reason: str = "pool-lost") -> None:
-        """Revoke everything in the pool and stop scheduling it."""
+    def close_pool(self, pool_id: int, reason: str = "pool-lost",
+                   at: float | None = None) -> None:
+        """Revoke everything in the pool and stop scheduling it; its leases end `at`
+        (a lost allocation's end; default now), none before it was granted."""
         table = self.tables.get(pool_id)
         if table is None:
             return
-        now = self.clock()
+        now = self.clock() if at is None else min(at, self.clock())
         with self._change(pool_id):
             # waiters first: none is granted GPUs of the pool being closed
             self._apply(pool_id, table.close(now, reason), now)
@@ -523,6 +525,23 @@ class LeaseScheduler:
                 self.store.renew(ids, now + self.lease_timeout_s)
         return [x for x in table.leases if x.job_id == job.job_id]
 
+    def extend_grace(self) -> int:
+        """Renew every lease and waiting request for one lease timeout from now; returns
+        how many. For a restart: `restore` counted its grace from before the pools'
+        start-up (Slurm commands, stopping stray services), which may outlast a lease
+        timeout, and no driver can renew until the controller listens again."""
+        now, n = self.clock(), 0
+        for pool_id, table in self.tables.items():
+            jobs = {x.job_id for x in table.leases} | {r.job_id for r in table.waiting}
+            if not jobs:
+                continue
+            with self._change(pool_id):
+                n += sum(table.heartbeat(job_id, now) for job_id in jobs)
+                ids = [x.lease_id for x in table.leases]
+                ids += [x.request_id for x in table.waiting]
+                self.store.renew(ids, now + self.lease_timeout_s)
+        return n
+
     def remove_job(self, job_id: int, pool_id: int | None, reason: str) -> None:
         """The job ended: revoke all it holds or waits for."""
         if pool_id is None or pool_id not in self.tables:
@@ -656,7 +675,7 @@ class LeaseScheduler:
                     state = (LeaseState.CANCELLED if ev.reason == "cancelled"
                              else LeaseState.REVOKED)
                     why = cancel_reason or ev.reason
-                    self.store.lease_ended(rid, state, now, why)
+                    self.store.lease_ended(rid, state, max(now, ev.request.requested_at), why)
                     self._pool_of_request.pop(rid, None)
                     after.append(functools.partial(self._request_ended, pool_id, rid, state,
                                                    why))
@@ -690,6 +709,7 @@ class LeaseScheduler:
         timing: dict[str, Any] | None,
     ) -> Callable[[], None]:
         """Record a lease's end; returns what to count once that is committed."""
+        at = max(at, lease.granted_at)  # a lost pool's end may precede a late grant
         known = None
         if lease.lease_id in self._whole:
             self._whole.discard(lease.lease_id)

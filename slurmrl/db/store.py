@@ -505,7 +505,8 @@ class Store:
                 (str(state), at, reason, lease_id),
             )
             self.conn.execute(
-                "UPDATE lease_gpus SET end_at = ? WHERE lease_id = ? AND end_at IS NULL",
+                "UPDATE lease_gpus SET end_at = MAX(?, start_at) WHERE lease_id = ? AND "
+                "end_at IS NULL",
                 (at, lease_id),
             )
             if gpu_s is not None:

@@ -25,7 +25,7 @@ from slurmrl.auth.tokens import mint_secret
 from slurmrl.config import Config
 from slurmrl.config.schema import LimitsConfig
 from slurmrl.controller.core import Controller
-from slurmrl.controller.pools import SlurmPool, SlurmPools
+from slurmrl.controller.pools import PoolLoss, SlurmPool, SlurmPools
 from slurmrl.controller.residency import footprints_for_job
 from slurmrl.controller.services import ServiceLaunchError, ServiceSpec
 from slurmrl.controller.validate import RpcError
@@ -609,3 +609,86 @@ async def test_roots_rl_job_is_refused_at_registration_before_any_pool(tmp_path:
     assert (err.value.status, err.value.code) == (403, "root-job")
     assert site.allocator.running == set() and site.c.store.job(9) is None
     await site.c.stop()
+
+
+@run
+async def test_a_slow_restart_keeps_the_leases_it_restored(tmp_path: Path) -> None:
+    # drivers cannot renew until the controller listens again: a restart whose start-up
+    # (Slurm slow to answer after a head-node reboot) outlasts a lease timeout must not
+    # revoke what it restored before the first driver could reach it
+    cfg = replace(Config(), controller=replace(Config().controller, lease_timeout_s=1.0,
+                                               heartbeat_s=0.25))
+    site = await _site(Store(tmp_path / "c.db"), cfg, jobs={21: ALICE})
+    await site.c.register(ALICE, 21, ENV)
+    await site.settle()
+    ticket = site.c.scheduler.request(site.job(21), Phase.TRAIN)
+    for task in site.c._tasks:  # the controller is killed: nothing more runs or is written
+        task.cancel()
+    site.c.store.conn.close()
+
+    class SlowSlurm(FakeSlurm):
+        def nodes(self) -> list[NodeInfo]:
+            time.sleep(1.5)
+            return super().nodes()
+
+    slurm = SlowSlurm()
+    slurm.add(21, ALICE)
+    pools = SlurmPools(allocator=FakeAllocator(201), launcher=FakeLauncher())  # type: ignore[arg-type]
+    c = Controller(cfg, Store(tmp_path / "c.db"), slurm, pools=pools)  # type: ignore[arg-type]
+    c.policies = replace(c.policies, pairing=JoinFirst())
+    started = time.monotonic()
+    await c.start()
+    assert time.monotonic() - started > cfg.controller.lease_timeout_s
+    await asyncio.sleep(0.3)  # the timer has run; no driver has renewed yet
+    lease = c.store.lease(ticket.request_id)
+    assert lease is not None and lease.state == "held", lease
+    await asyncio.sleep(1.2)  # and one lease timeout later, unrenewed, it lapses
+    lease = c.store.lease(ticket.request_id)
+    assert lease is not None and lease.state == "revoked" and lease.reason == "expired"
+    await c.stop()
+
+
+@run
+async def test_a_pool_lost_while_the_controller_was_down_is_closed_at_start(
+        tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"), jobs={21: ALICE})
+    await site.c.register(ALICE, 21, ENV)
+    await site.settle()
+    lost_pool = site.job(21).pool_id
+    ticket = site.c.scheduler.request(site.job(21), Phase.TRAIN)
+    for task in site.c._tasks:  # the controller is killed
+        task.cancel()
+    site.c.store.conn.close()
+    node_failed_at = time.time()  # Slurm loses the pool's node meanwhile
+    await asyncio.sleep(0.5)
+
+    class LostAllocator(FakeAllocator):
+        def losses(self, slurm_job_ids: list[int]) -> list[Any]:
+            return [PoolLoss(101, "NODE_FAIL", ended_at=node_failed_at)] * (
+                101 in slurm_job_ids)
+
+    slurm = FakeSlurm()
+    slurm.add(21, ALICE)
+    slurm.add(22, BOB)  # started while the controller was down
+    allocator = LostAllocator(201)
+    pools = SlurmPools(allocator=allocator, launcher=FakeLauncher())  # type: ignore[arg-type]
+    c = Controller(Config(), Store(tmp_path / "c.db"), slurm, pools=pools)  # type: ignore[arg-type]
+    c.policies = replace(c.policies, pairing=JoinFirst())
+    await c.start()
+    # closed before anything could be placed in it, not one reconcile later
+    pool = c.store.pool(lost_pool)  # type: ignore[arg-type]
+    assert pool is not None and pool.state == "closed" and "node failure" in pool.reason
+    assert c.store.job(21).state is JobState.CANCELLED  # type: ignore[union-attr]
+    # the lease is charged up to the node's failure, not for the GPUs that were gone
+    lease = c.store.lease(ticket.request_id)
+    assert lease is not None and lease.state == "revoked"
+    assert lease.released_at == pytest.approx(node_failed_at)
+    assert c.store.gpu_seconds([21])[21] == pytest.approx(
+        2 * (node_failed_at - lease.granted_at))  # type: ignore[operator]
+    # a job registering now gets a pool that runs
+    await c.register(BOB, 22, ENV)
+    while pools._tasks:
+        await asyncio.gather(*list(pools._tasks), return_exceptions=True)
+    job = c.store.job(22)
+    assert job is not None and job.state is JobState.RUNNING and job.pool_id != lost_pool
+    await c.stop()
