@@ -5,7 +5,10 @@ how to fix it). The `evaluate_*` functions are pure (they judge values already r
 the `check_*` functions read the system: the site config, Slurm (through
 `slurmrl.slurm`), munged (through `slurmrl.auth.munge`), the controller (a MUNGE-signed
 RPC), NVML, and file permissions of the services' Python. `run_checks` runs them all,
-never raising: a check that crashes is reported as FAIL with the exception.
+never raising: a check that crashes is reported as FAIL with the exception. A site config
+that does not load is a FAIL whatever checks were asked for, and the checks that read
+the config (all but `CONFIG_FREE`) are skipped rather than run on defaults the site never
+chose.
 
 Known limits: the SPANK check sees this host's plugstack.conf only (run doctor on a
 login node and a compute node); the Python check tests permission bits (and, as root,
@@ -54,6 +57,9 @@ class Settings:
     controller_url: str
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     timeout_s: float = 10.0
+    #: False when the site config did not load: `config` is then the built-in defaults,
+    #: which no check may judge as the site's
+    config_loaded: bool = True
 
 
 # -- site config -------------------------------------------------------------------------
@@ -71,7 +77,9 @@ def load_settings(config_path: str | None, controller_url: str | None,
         fix = ("fix the key named above (every key: site-configs/slurmrl.toml)" if exc.key
                else "fix the file named above (an example: site-configs/slurmrl.toml)")
         cfg, res = Config(), CheckResult("config", Level.FAIL, str(exc), fix)
+        loaded = False
     else:
+        loaded = True
         src = cfg.source or ""
         bad = _policy_problem(cfg) or _backend_problem(cfg)
         if bad:
@@ -96,7 +104,7 @@ def load_settings(config_path: str | None, controller_url: str | None,
         controller_url = plugin_url(env, cfg.slurm.slurm_conf) or ""
     if not controller_url:
         controller_url = cfg.controller.local_url()
-    return Settings(cfg, res, controller_url, env, timeout_s)
+    return Settings(cfg, res, controller_url, env, timeout_s, config_loaded=loaded)
 
 
 def _policy_problem(cfg: Config) -> str:
@@ -198,6 +206,8 @@ def evaluate_pool(name: str, part: PartitionInfo | None,
                            "Gres=gpu:N on the pool nodes")
     summary = f"partition {name} UP, {len(node_gpus)} node(s), {gpus} GPU(s)"
     asked, most = parse_time_limit(time_limit), parse_time_limit(part.max_time)
+    if asked == 0:  # "0", "0:0", "0-0": sbatch --time=0 asks for no limit at all
+        asked, time_limit = None, f"{time_limit} (no limit, as sbatch reads a time of 0)"
     if most is not None and ((asked is None and time_limit) or (asked or 0) > most):
         return CheckResult(check, Level.FAIL, f"[slurm] pool_time_limit {time_limit} is "
                            f"over partition {name}'s MaxTime={part.max_time}: Slurm would "
@@ -478,11 +488,23 @@ CHECKS: tuple[tuple[str, Callable[[Settings], CheckResult]], ...] = (
 )
 
 
+#: the checks that read nothing of the site config, run even when it does not load
+CONFIG_FREE = ("nvml",)
+
+
 def run_checks(s: Settings, only: Sequence[str] | None = None) -> list[CheckResult]:
-    """Every check (or `only` these, by name), in order; the config's result first."""
-    out = [s.config_result] if not only or "config" in only else []
+    """Every check (or `only` these, by name), in order; the config's result first, and
+    always when the config does not load (the other checks then say they were skipped)."""
+    wanted = not only or "config" in only or not s.config_loaded
+    out = [s.config_result] if wanted else []
     for name, fn in CHECKS:
         if only and name not in only:
+            continue
+        if not s.config_loaded and name not in CONFIG_FREE:
+            out.append(CheckResult(
+                name, Level.WARN, "skipped: the site config does not load (see config), "
+                "and the built-in defaults are not this site's", "fix the site config, "
+                "then run slurmrl doctor again"))
             continue
         try:
             out.append(fn(s))

@@ -4,7 +4,9 @@
                    [--timeout SECS]
 
 One line per check: `OK`, `WARN` or `FAIL`, the check's name, what was found, and for
-WARN/FAIL the fix. Exit 0 when no check FAILs, 1 otherwise (2 for usage errors).
+WARN/FAIL the fix. Exit 0 when no check FAILs, 1 otherwise (2 for usage errors). A site
+config that does not load is reported, and fails, whatever `--check` names; the checks
+that read it then say they were skipped (they would judge built-in defaults).
 `--json` prints the envelope `slurmrl status --json` uses (`meta`, `errors`,
 `warnings`, payload `checks`); FAILs go to `errors`, WARNs to `warnings`.
 """
@@ -28,7 +30,8 @@ from slurmrl.doctor import CHECK_NAMES, Level, as_dict, load_settings, run_check
 @click.option("--controller", "url", help="controller URL (default: $SLURMRL_CONTROLLER, "
               "else the site config's host and port)")
 @click.option("--check", "only", multiple=True, type=click.Choice(CHECK_NAMES),
-              help="run only this check (repeatable)")
+              help="run only this check (repeatable; a site config that does not load "
+              "is reported anyway)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON envelope")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.5, 3600), default=10.0,
               show_default=True, callback=finite,

@@ -277,7 +277,7 @@ def _coerce(raw: object, f: Field[Any], hint: Any, source: str, key: str, textua
             value = _as_names(raw, textual)
         else:  # pragma: no cover - a schema field of a type this loader does not know
             raise TypeError(f"config field {key} has unsupported type {hint!r}")
-        _check_limits(value, meta)
+        _check_limits(value, meta, raw)
     except ValueError as exc:
         raise ConfigError(source, key, str(exc)) from None
     return value
@@ -343,7 +343,7 @@ def _as_names(raw: object, textual: bool) -> tuple[str | int, ...]:
     return tuple(out)
 
 
-def _check_limits(value: Any, meta: Mapping[str, Any]) -> None:
+def _check_limits(value: Any, meta: Mapping[str, Any], raw: object = None) -> None:
     lo, hi, above = meta.get("lo"), meta.get("hi"), meta.get("above")
     if lo is not None and value < lo:
         raise ValueError(f"must be at least {lo}, got {value}")
@@ -354,8 +354,15 @@ def _check_limits(value: Any, meta: Mapping[str, Any]) -> None:
     choices = meta.get("choices")
     if choices and value not in choices:
         raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
-    if meta.get("absolute_path") and not str(value).startswith("/"):
-        raise ValueError(f"expected an absolute path, got {value!r}")
+    least = meta.get("zero_or_at_least")
+    if least and 0 < value < least[0]:
+        shown = raw.strip() if isinstance(raw, str) else raw
+        raise ValueError(f"expected {least[1]}, got {shown!r}"
+                         + (f" ({value} bytes)" if str(shown) != str(value) else ""))
+    if meta.get("absolute_path") and not str(value).startswith("/") and not (
+            meta.get("empty_ok") and value == ""):
+        also = ' or ""' if meta.get("empty_ok") else ""
+        raise ValueError(f"expected an absolute path{also}, got {value!r}")
     pattern = meta.get("pattern")
     if pattern and not re.fullmatch(pattern[0], str(value)):
         raise ValueError(f"expected {pattern[1]}, got {value!r}")

@@ -42,14 +42,18 @@ def opt(
     slurm_time: bool = False,
     host: bool = False,
     absolute_path: bool = False,
+    empty_ok: bool = False,
     pattern: tuple[str, str] | None = None,
+    zero_or_at_least: tuple[int, str] | None = None,
 ) -> Any:
     """A config field with its documentation and limits.
 
     `lo`/`hi` are inclusive bounds, `above` an exclusive lower bound; `size` accepts
     "512G"-style strings; `choices` a closed set of strings; `pattern` (a regular
     expression the whole string must match, what it is in words) an open set; `host` a
-    host name or an IP address (`units.check_host`).
+    host name or an IP address (`units.check_host`); `absolute_path` a path from "/"
+    (`empty_ok`: or "" too); `zero_or_at_least` (the least, what is expected in words)
+    a number that is 0 or at least the least.
     """
     meta = {
         "doc": doc,
@@ -61,7 +65,9 @@ def opt(
         "slurm_time": slurm_time,
         "host": host,
         "absolute_path": absolute_path,
+        "empty_ok": empty_ok,
         "pattern": pattern,
+        "zero_or_at_least": zero_or_at_least,
     }
     if isinstance(default, tuple | list):
         value = tuple(default)
@@ -129,7 +135,8 @@ class SlurmConfig:
         "", 'sbatch --account of a pool; "" for the controller account\'s default'
     )
     pool_time_limit: str = opt(
-        "", 'sbatch --time of a pool; "" for the partition default', slurm_time=True
+        "", 'sbatch --time of a pool; "" for the partition default; 0 (or UNLIMITED): no '
+        "limit, as sbatch reads a time limit of 0", slurm_time=True
     )
     pool_cpus_per_gpu: int = opt(
         0, "sbatch --cpus-per-task of a pool, per GPU it holds (its services' CPU work); "
@@ -138,7 +145,10 @@ class SlurmConfig:
         parse_size("256M"), "sbatch memory of a pool, per GPU it holds: where Slurm "
         "confines job memory (ConstrainRAMSpace=yes) every service of the pool, its "
         "parked state included, lives within it; 0: the whole memory of the node "
-        "(sbatch --mem=0)", lo=0, size=True)
+        "(sbatch --mem=0); else at least 1M (a bare number is bytes, not MB as in "
+        "sbatch --mem: write 200G or 200000M)", lo=0, size=True,
+        zero_or_at_least=(parse_size("1M"), "0 for the node's whole memory, or at least "
+                          "1M; a bare number is bytes (200000M or 200G, not 200000)"))
     step_launch_timeout_s: float = opt(60.0, "how long a service step may take to start",
                                        above=0, hi=DAY_S)
     step_launch_retries: int = opt(2, "retries of a failed service step launch", lo=0, hi=20)
@@ -236,10 +246,11 @@ class ServicesConfig:
         "whole rollout set", lo=0, hi=1024)
     run_dir: str = opt(
         "", "directory of the services' work dirs and logs, at the same path on the "
-        "controller's host and on every pool node (a shared filesystem, root not "
-        "squashed, where pools run on other hosts), under directories only root "
-        "controls; \"\": services/ next to the DB (pools on the controller's host only); "
-        "`slurmrl controller --services-dir` overrides it")
+        "controller's host and on every pool node (an absolute path; a shared "
+        "filesystem, root not squashed, where pools run on other hosts), under "
+        "directories only root controls; \"\": services/ next to the DB (pools on the "
+        "controller's host only); `slurmrl controller --services-dir` overrides it",
+        absolute_path=True, empty_ok=True)
     handoff_dir: str = opt(
         "/dev/shm", "node-local directory (memory-backed) under which a floating pool's "
         "services hand a job's state from one window to another; it must exist on every "

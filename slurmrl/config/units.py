@@ -1,10 +1,11 @@
 """Human-friendly units in the site config: byte sizes ("512G"), Slurm time limits and
 host names.
 
-Sizes use binary multiples (K = 1024), as Slurm's own `--mem=512G` does; a bare number
-is bytes; at most `MAX_SIZE` (what fits a signed 64-bit integer). Time limits are
-validated, not converted: they are handed to `sbatch --time` as written, so the accepted
-forms are Slurm's own. Digits are ASCII 0-9 only (`re.ASCII`), not "١٢" and the like.
+Sizes use binary multiples (K = 1024), as Slurm's own `--mem=512G` does; but a bare
+number is bytes (where `--mem=200000` is megabytes); at most `MAX_SIZE` (what fits a
+signed 64-bit integer). Time limits are validated, not converted: they are handed to
+`sbatch --time` as written, so the accepted forms are Slurm's own. Digits are ASCII
+0-9 only (`re.ASCII`), not "١٢" and the like.
 """
 
 from __future__ import annotations

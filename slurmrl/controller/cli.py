@@ -77,6 +77,9 @@ def check_services_dir(cfg: Config, flag: str | None = None) -> None:
     from slurmrl.controller.pools import services_dir
     from slurmrl.controller.services import ServiceLaunchError, check_run_dir
 
+    if flag is not None and not flag.startswith("/"):  # the path pool nodes share
+        raise ConfigError("command line", "--services-dir",
+                          f"expected an absolute path, got {flag!r}")
     path = services_dir(cfg, flag)
     try:
         check_run_dir(Path(path))

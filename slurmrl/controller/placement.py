@@ -91,7 +91,9 @@ def check_policies(cfg: Config) -> None:
             try:
                 registry.load(kind, name, params)
             except registry.UnknownPolicy as exc:
-                key = f"policies.params.{name}" if params else f"policies.{kind}"
+                # the parameters table where they are at fault, else the policy's name
+                bad_params = str(exc).startswith(f"{kind} policy {name!r}: bad parameters")
+                key = f"policies.params.{name}" if params and bad_params else f"policies.{kind}"
                 raise ConfigError(cfg.source_of(key), key, str(exc)) from None
     try:
         load_policies(cfg)  # the checks the controller adds (e.g. a lease-mode pairing)

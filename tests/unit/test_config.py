@@ -574,3 +574,79 @@ def test_an_error_names_where_its_value_came_from(tmp_path: Path) -> None:
     assert cfg.source_of("controller.port") == str(site)
     assert cfg.source_of("controller.host") == str(site)  # a default, in a file's config
     assert load(None, env={}).source_of("controller.host") == "defaults"
+
+
+# -- reviewed faults: values Slurm would read otherwise -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "shown"),
+    [
+        # an admin used to sbatch --mem writes megabytes: 200000 bytes >> 20 is 0, and
+        # the pool was submitted with --mem=0, the node's whole memory
+        ("[slurm]\npool_mem_per_gpu = 200000\n", {}, "got 200000"),
+        ('[slurm]\npool_mem_per_gpu = "512K"\n', {}, "got '512K' (524288 bytes)"),
+        ('[slurm]\npool_mem_per_gpu = "0.5M"\n', {}, "got '0.5M' (524288 bytes)"),
+        ("", {"SLURMRL_SLURM__POOL_MEM_PER_GPU": "200000"}, "got '200000'"),
+        ('[slurm]\npool_mem_per_gpu = "1048575"\n', {}, "got '1048575'"),
+    ],
+)
+def test_pool_mem_per_gpu_under_one_mebibyte_is_refused_naming_the_key(
+    tmp_path: Path, text: str, env: dict[str, str], shown: str,
+) -> None:
+    site = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load(site, env=env)
+    err = info.value
+    assert err.key == "slurm.pool_mem_per_gpu"
+    assert ("0 for the node's whole memory, or at least 1M; a bare number is bytes"
+            in err.message), err.message
+    assert str(err).endswith(shown), str(err)
+
+
+@pytest.mark.parametrize(("value", "size"), [("0", 0), ('"0"', 0), ('"1M"', 1 << 20),
+                                              ("1048576", 1 << 20), ('"200G"', 200 << 30)])
+def test_pool_mem_per_gpu_of_zero_or_at_least_one_mebibyte_loads(
+    tmp_path: Path, value: str, size: int,
+) -> None:
+    site = write(tmp_path, f"[slurm]\npool_mem_per_gpu = {value}\n")
+    assert load(site, env={}).slurm.pool_mem_per_gpu == size
+
+
+def test_no_doc_says_a_bare_size_is_read_as_slurms_mem_reads_it() -> None:
+    from slurmrl.config import units
+    from slurmrl.config.schema import SlurmConfig
+
+    example = " ".join(EXAMPLE.read_text().replace("#", " ").split())
+    assert "as Slurm's --mem does" not in example
+    assert "a bare number is bytes, not megabytes" in example
+    assert "a bare number is bytes (where `--mem=200000` is megabytes)" in " ".join(
+        (units.__doc__ or "").split())
+    doc = {f.name: f.metadata["doc"] for f in dataclasses.fields(SlurmConfig)}
+    assert "a bare number is bytes, not MB" in doc["pool_mem_per_gpu"]
+    assert "0 (or UNLIMITED): no limit" in doc["pool_time_limit"]
+
+
+@pytest.mark.parametrize("value", ["services", "./services", "var/lib/slurmrl/services",
+                                   "~/services"])
+def test_a_relative_services_run_dir_is_refused_naming_the_key(
+    tmp_path: Path, value: str,
+) -> None:
+    # the controller's host and the pool nodes resolve it against different directories
+    err = error(tmp_path, f'[services]\nrun_dir = "{value}"\n')
+    assert err.key == "services.run_dir"
+    assert str(err).endswith(f'services.run_dir: expected an absolute path or "", '
+                             f"got {value!r}")
+    with pytest.raises(ConfigError, match=r"SLURMRL_SERVICES__RUN_DIR: services\.run_dir: "
+                       r"expected an absolute path"):
+        load(env={"SLURMRL_SERVICES__RUN_DIR": value})
+
+
+def test_services_run_dir_may_be_empty_or_absolute(tmp_path: Path) -> None:
+    assert load(write(tmp_path, '[services]\nrun_dir = ""\n'), env={}).services.run_dir == ""
+    site = write(tmp_path, '[services]\nrun_dir = "/srv/slurmrl/services"\n')
+    assert load(site, env={}).services.run_dir == "/srv/slurmrl/services"
+    # the keys that were absolute before still refuse ""
+    err = error(tmp_path, '[services]\nhandoff_dir = ""\n')
+    assert err.key == "services.handoff_dir"
+    assert str(err).endswith("expected an absolute path, got ''")

@@ -290,3 +290,92 @@ def test_services_check_warns_of_a_small_pool_where_slurm_confines_memory(
     cfg.write_text(base + 'pool_mem_per_gpu = "200G"\n')
     (sized,) = run_checks(load_settings(str(cfg), None), ["services"])
     assert sized.level is Level.OK
+
+
+# -- reviewed faults ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("zero", ["0", "0:0", "0-0", "00:00:00", "0-00:00"])
+def test_a_pool_time_limit_of_zero_is_judged_as_no_limit(zero: str) -> None:
+    # sbatch --time=0 asks for no limit: over any MaxTime, as UNLIMITED is (it passed)
+    over = evaluate_pool("pools", _part(max_time="7-00:00:00"), [8, 8], zero)
+    assert over.level is Level.FAIL, zero
+    assert over.detail.startswith(f"[slurm] pool_time_limit {zero} (no limit, as sbatch "
+                                  "reads a time of 0) is over partition pools's "
+                                  "MaxTime=7-00:00:00")
+    assert "pool_time_limit" in over.remedy
+    assert evaluate_pool("pools", _part(), [8], zero).level is Level.OK  # MaxTime UNLIMITED
+    # a short limit that is not 0 is still minutes
+    assert evaluate_pool("pools", _part(max_time="7-00:00:00"), [8], "0:30").level \
+        is Level.OK
+
+
+def _broken(tmp_path: Path) -> Path:
+    bad = tmp_path / "broken.toml"
+    bad.write_text("[controller]\nport = 0\n")
+    return bad
+
+
+def test_a_config_that_does_not_load_fails_whatever_check_is_asked(tmp_path: Path) -> None:
+    # it judged the built-in defaults (config OK, python OK) and exited 0
+    bad = _broken(tmp_path)
+    res = CliRunner().invoke(doctor, ["--config", str(bad), "--check", "python",
+                                      "--check", "nvml"])
+    assert res.exit_code == 1, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith(f"FAIL config  {bad}: controller.port: must be at least 1")
+    assert lines[1].startswith("OK   nvml")  # reads nothing of the site config
+    assert lines[2].startswith("WARN python  skipped: the site config does not load")
+    assert "fix the site config" in lines[2]
+    assert len(lines) == 3
+
+
+def test_a_config_that_does_not_load_skips_every_check_that_reads_it(
+        tmp_path: Path) -> None:
+    s = load_settings(str(_broken(tmp_path)), "http://127.0.0.1:1")
+    assert not s.config_loaded
+    results = run_checks(s)
+    assert results[0].name == "config" and results[0].level is Level.FAIL
+    for r in results[1:]:
+        if r.name == "nvml":
+            assert r.level is Level.OK
+        else:
+            assert r.level is Level.WARN and r.detail.startswith(
+                "skipped: the site config does not load"), (r.name, r.detail)
+    res = CliRunner().invoke(doctor, ["--config", str(_broken(tmp_path)), "--json",
+                                      "--check", "services"])
+    assert res.exit_code == 1
+    env = json.loads(res.stdout)
+    assert [c["name"] for c in env["checks"]] == ["config", "services"]
+    assert env["errors"][0].startswith("config: ")
+    assert env["warnings"][0].startswith("services: skipped")
+
+
+def test_a_config_that_loads_is_reported_only_when_asked(tmp_path: Path) -> None:
+    good = tmp_path / "g.toml"
+    good.write_text('[slurm]\npool_partition = "gpus"\n')
+    s = load_settings(str(good), None)
+    assert s.config_loaded
+    assert [r.name for r in run_checks(s, ["nvml"])] == ["nvml"]
+
+
+def test_a_pool_mem_per_gpu_slurm_would_read_as_the_whole_node_fails_the_config(
+        tmp_path: Path) -> None:
+    cfg = tmp_path / "s.toml"
+    cfg.write_text("[slurm]\npool_mem_per_gpu = 200000\n")  # meant: 200000 MB
+    r = load_settings(str(cfg), None).config_result
+    assert r.level is Level.FAIL
+    assert r.detail == (f"{cfg}: slurm.pool_mem_per_gpu: expected 0 for the node's whole "
+                        "memory, or at least 1M; a bare number is bytes (200000M or 200G, "
+                        "not 200000), got 200000")
+
+
+def test_services_check_names_the_smallest_pool_memory_right(tmp_path: Path) -> None:
+    (tmp_path / "slurm.conf").write_text("TaskPlugin=task/cgroup\n")
+    (tmp_path / "cgroup.conf").write_text("ConstrainDevices=yes\nConstrainRAMSpace=yes\n")
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(f'[services]\nrun_dir = "{tmp_path}/services"\n'
+                   f'[slurm]\nslurm_conf = "{tmp_path}/slurm.conf"\n'
+                   'pool_mem_per_gpu = "1M"\n')
+    (small,) = run_checks(load_settings(str(cfg), None), ["services"])
+    assert small.level is Level.WARN and "a pool asks only 1 MiB per GPU" in small.detail

@@ -116,3 +116,25 @@ def test_a_services_directory_another_user_could_swap_stops_it_before_the_db_exi
     assert f"{site}: services.run_dir: services directory {open_to_all}/services: " \
         f"{open_to_all} is another user's, or others may write to it" in res.output
     assert not db_dir.exists()
+
+
+def test_a_relative_services_dir_flag_stops_it_before_the_db_exists(tmp_path: Path) -> None:
+    # the pool nodes find the services directory at the same path: a relative one would
+    # be the controller's working directory here and something else there
+    site, db_dir = _site(tmp_path, "")
+    res = CliRunner().invoke(controller, ["--config", str(site), "--pool-manager", "slurm",
+                                          "--services-dir", "svc"])
+    assert res.exit_code == 1
+    assert "command line: --services-dir: expected an absolute path, got 'svc'" in res.output
+    assert not db_dir.exists() and not Path("svc").exists()
+
+
+def test_a_policy_that_cannot_be_imported_is_named_by_its_key_not_its_parameters(
+        tmp_path: Path) -> None:
+    site, db_dir = _site(tmp_path, '[policies]\nslice = "no_such_site_module:Slice"\n'
+                         '[policies.params."no_such_site_module:Slice"]\nk = 1\n')
+    res = CliRunner().invoke(controller, ["--config", str(site)])
+    assert res.exit_code == 1
+    assert f"{site}: policies.slice: slice policy 'no_such_site_module:Slice' cannot be " \
+        "imported" in res.output, res.output
+    assert not db_dir.exists()
