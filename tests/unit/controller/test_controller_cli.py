@@ -118,9 +118,11 @@ def test_a_services_directory_another_user_could_swap_stops_it_before_the_db_exi
     assert not db_dir.exists()
 
 
-def test_a_relative_services_dir_flag_stops_it_before_the_db_exists(tmp_path: Path) -> None:
+def test_a_relative_services_dir_flag_stops_it_before_the_db_exists(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the pool nodes find the services directory at the same path: a relative one would
     # be the controller's working directory here and something else there
+    monkeypatch.chdir(tmp_path)
     site, db_dir = _site(tmp_path, "")
     res = CliRunner().invoke(controller, ["--config", str(site), "--pool-manager", "slurm",
                                           "--services-dir", "svc"])
