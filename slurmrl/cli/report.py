@@ -21,13 +21,17 @@ import os
 import sqlite3
 import sys
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from slurmrl import __version__
+from slurmrl.cli import job_ids
 from slurmrl.cli.status import Field, render
-from slurmrl.controller.validate import MAX_ID
+
+if TYPE_CHECKING:
+    from slurmrl.report.compute import Report, ReportInput
 
 JOB_COLS: list[Field] = [
     ("JOBID", 7, True, lambda j: str(j["job_id"])),
@@ -78,20 +82,6 @@ def _reward(j: dict[str, Any]) -> str:
             f"({len(j['rewards'])} steps)")
 
 
-def _ids(raw: str | None) -> list[int] | None:
-    if not raw:
-        return None
-    out = []
-    for part in (p.strip() for p in raw.split(",")):
-        # isascii(): isdigit() alone admits "²"; the bound (the controller's) fits SQLite
-        ok = part.isascii() and part.isdigit() and len(part) <= 16
-        if not ok or not 1 <= int(part) <= MAX_ID:
-            raise click.UsageError("-j takes comma-separated job ids (1 to 2^53), "
-                                   f"got {part[:40]!r}")
-        out.append(int(part))
-    return out
-
-
 def _default_db() -> str | None:
     try:
         from slurmrl.config import load
@@ -140,7 +130,7 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
 
     if db_path and url:
         raise click.UsageError("--db and --controller are exclusive")
-    job_ids = _ids(ids)
+    wanted = job_ids(ids)
     if plot_path and not plot_path.lower().endswith(".png"):
         raise click.UsageError(f"--plot writes a PNG: give a FILE.png, got {plot_path!r}")
     if trace_path and url:
@@ -173,45 +163,41 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
         if db_path:
             store = open_store(db_path)
             try:
-                data = from_store(store, job_ids, now)
-                trace = build_trace(store, job_ids) if trace_path else None
+                data = from_store(store, wanted, now)
+                trace = build_trace(store, wanted) if trace_path else None
             except sqlite3.DatabaseError as exc:  # damaged past the header it checked
                 raise SourceError(f"cannot read {db_path}: {exc}") from None
             finally:
                 store.close()
         else:
             assert url is not None
-            data, warnings = from_controller(url, job_ids, now)
+            data, warnings = from_controller(url, wanted, now)
         base, dup = load_baseline(baseline, now) if baseline else (None, set())
     except SourceError as exc:
-        if as_json:
-            click.echo(json.dumps(_envelope({}, [str(exc)], warnings, query), indent=2))
-        click.echo(f"slurmrl report: {exc}", err=True)
-        sys.exit(1)
-    if job_ids:
-        missing = sorted(set(job_ids) - {j.job_id for j in data.jobs})
+        _fail(str(exc), as_json, warnings, query)
+    if wanted:
+        missing = sorted(set(wanted) - {j.job_id for j in data.jobs})
         if missing:
             warnings.append(f"no RL job {', '.join(map(str, missing))} in this record")
     rep = compute(data, base, dup)
     warnings += list(rep.warnings)
     payload = rep.to_dict()
     payload.pop("warnings")
-    if plot_path:
-        from slurmrl.report.plot import plot_timeline
-
-        try:
-            plot_timeline(data, rep, plot_path)
-        except OSError as exc:
-            click.echo(f"slurmrl report: cannot write {plot_path}: {exc}", err=True)
-            sys.exit(1)
-    if trace is not None and trace_path:  # last: a failed report leaves no trace
-        try:
+    # a failed report leaves neither file: the plot is drawn beside its target first,
+    # the trace (written whole or not at all) next, and the plot renamed into place last
+    drawn = None
+    try:
+        drawn = _draw(data, rep, plot_path) if plot_path else None
+        if trace is not None and trace_path:
             save_trace(trace, trace_path)
-        except TraceError as exc:
-            if as_json:
-                click.echo(json.dumps(_envelope({}, [str(exc)], warnings, query), indent=2))
-            click.echo(f"slurmrl report: {exc}", err=True)
-            sys.exit(1)
+        if drawn is not None and plot_path:
+            os.replace(drawn, plot_path)
+    except (OSError, TraceError) as exc:
+        if drawn is not None:
+            drawn.unlink(missing_ok=True)
+        _fail(str(exc) if isinstance(exc, TraceError)
+              else f"cannot write {plot_path}: {exc.strerror or exc}", as_json, warnings, query)
+    if trace is not None and trace_path:
         traced = {"path": trace_path, "leases": len(trace.rows), "jobs": trace.jobs}
         if trace.left_out:
             warnings.append("no ended lease, left out of the trace: job "
@@ -224,14 +210,8 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
     click.echo(render(payload["jobs"], JOB_COLS, not noheader))
     click.echo()
     click.echo(render(payload["pools"], POOL_COLS, not noheader))
-    t = rep.totals
     click.echo()
-    click.echo(f"ledger: {t.jobs} jobs granted {t.granted_gpu_s:.1f} GPU-s "
-               f"({t.granted_gpu_s / 3600:.3f} GPU-h) vs {t.dedicated_gpu_s:.1f} dedicated "
-               f"({t.dedicated_gpu_s / 3600:.3f} GPU-h): saved {_pct(t.saved)}; pools held "
-               f"{t.pool_gpu_s:.1f} GPU-s"
-               + (f" ({len(rep.jobs) - t.jobs} more jobs not counted: never placed in a "
-                  "pool, or another user's)" if t.jobs < len(rep.jobs) else ""))
+    click.echo(_ledger(rep))
     if plot_path:
         click.echo(f"timeline written to {plot_path}")
     if traced:
@@ -239,6 +219,53 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
                    f"{trace_path}")
     for w in warnings:
         click.echo(f"slurmrl report: warning: {w}", err=True)
+
+
+def _fail(error: str, as_json: bool, warnings: list[str], query: dict[str, str]) -> NoReturn:
+    """Exit 1 on `error`: on stderr, and with `--json` in the envelope on stdout."""
+    if as_json:
+        click.echo(json.dumps(_envelope({}, [error], warnings, query), indent=2))
+    click.echo(f"slurmrl report: {error}", err=True)
+    sys.exit(1)
+
+
+def _draw(data: ReportInput, rep: Report, target: str) -> Path:
+    """The timeline PNG, drawn to a temporary file beside `target` (OSError if it
+    cannot be written; nothing is left behind then)."""
+    from slurmrl.report.plot import plot_timeline
+
+    path = Path(target)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
+    try:
+        plot_timeline(data, rep, tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _ledger(rep: Report) -> str:
+    """The totals line. Its GPU-s is the GPU-S column's sum but for jobs in a pool of
+    their own (`--rl-mux=off`, or alone by the site's policy): those count at their whole
+    dedicated allocation (the GPU time they left idle went to no one else), and the line
+    names them, since its sum is then not the column's."""
+    t = rep.totals
+    alone = [j for j in rep.jobs if j.job_id in t.charged_whole]
+    whole = ""
+    if alone:
+        one = len(alone) == 1
+        whole = (f"; job{'' if one else 's'} {', '.join(str(j.job_id) for j in alone)} "
+                 f"in {'a pool of its' if one else 'pools of their'} own counted at "
+                 f"{'its' if one else 'their'} dedicated "
+                 f"{sum(j.dedicated_gpu_s for j in alone):.1f} GPU-s, not the "
+                 f"{sum(j.granted_gpu_s or 0.0 for j in alone):.1f} "
+                 f"{'it' if one else 'they'} leased")
+    return (f"ledger: {t.jobs} jobs granted {t.granted_gpu_s:.1f} GPU-s "
+            f"({t.granted_gpu_s / 3600:.3f} GPU-h{whole}) vs {t.dedicated_gpu_s:.1f} "
+            f"dedicated ({t.dedicated_gpu_s / 3600:.3f} GPU-h): saved {_pct(t.saved)}; "
+            f"pools held {t.pool_gpu_s:.1f} GPU-s"
+            + (f" ({len(rep.jobs) - t.jobs} more jobs not counted: never placed in a "
+               "pool, or another user's)" if t.jobs < len(rep.jobs) else ""))
 
 
 def _envelope(payload: dict[str, Any], errors: list[str], warnings: list[str],

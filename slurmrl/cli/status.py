@@ -25,7 +25,7 @@ from typing import Any
 import click
 
 from slurmrl import __version__
-from slurmrl.cli import finite
+from slurmrl.cli import finite, job_ids
 
 Field = tuple[str, int, bool, Callable[[dict[str, Any]], str]]  # header, width, right, get
 
@@ -187,8 +187,8 @@ def _controller_url(given: str | None) -> str:
 @click.command("status", context_settings={"help_option_names": ["--help"]})
 @click.option("--controller", "url", help="controller URL (default: $SLURMRL_CONTROLLER, "
               "else the SPANK plugin's controller= in plugstack.conf, else the site config)")
-@click.option("--pools", "what", flag_value="pools", help="list pools")
-@click.option("--leases", "what", flag_value="leases", help="list current leases")
+@click.option("--pools", is_flag=True, help="list pools")
+@click.option("--leases", is_flag=True, help="list current leases")
 @click.option("--json", "as_json", is_flag=True, help="one JSON envelope")
 @click.option("-o", "--format", "fmt", help="comma-separated fields; 'help' lists them")
 @click.option("-h", "--noheader", is_flag=True, help="no header line")
@@ -198,11 +198,13 @@ def _controller_url(given: str | None) -> str:
 @click.option("-u", "--user", help="only this user's jobs")
 @click.option("-j", "--jobs", "ids", help="only these job ids (comma-separated)")
 @click.option("-a", "--all", "show_all", is_flag=True, help="include ended jobs")
-def status(url: str | None, what: str | None, as_json: bool, fmt: str | None,
+def status(url: str | None, pools: bool, leases: bool, as_json: bool, fmt: str | None,
            noheader: bool, iterate: float | None, me: bool, user: str | None,
            ids: str | None, show_all: bool) -> None:
     """Show RL jobs (or --pools, --leases) known to the slurmrl controller."""
-    what = what or "jobs"
+    if pools and leases:
+        raise click.UsageError("--pools and --leases are exclusive")
+    what = "pools" if pools else "leases" if leases else "jobs"
     table = {"jobs": JOB_FIELDS, "pools": POOL_FIELDS, "leases": LEASE_FIELDS}[what]
     if fmt == "help":
         click.echo("\n".join(f"{k:10} {v[0]}" for k, v in table.items()))
@@ -211,10 +213,10 @@ def status(url: str | None, what: str | None, as_json: bool, fmt: str | None,
     if me and user:
         raise click.UsageError("--me and -u are exclusive")
     if me:
-        import pwd
-
-        user = pwd.getpwuid(os.getuid()).pw_name
-    query = {k: v for k, v in {"user": user, "ids": ids,
+        user = _my_name()
+    wanted = job_ids(ids)
+    query = {k: v for k, v in {"user": user,
+                               "ids": ",".join(map(str, wanted)) if wanted else None,
                                "all": "1" if show_all else None}.items() if v}
     while True:
         try:
@@ -234,6 +236,22 @@ def status(url: str | None, what: str | None, as_json: bool, fmt: str | None,
         time.sleep(iterate)
         if not as_json:
             click.echo()
+
+
+def _my_name() -> str:
+    """The caller's user name for `--me`: the passwd entry of its uid, else $USER or
+    $LOGNAME (a uid from a directory service this host cannot reach has no entry)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        pass
+    name = os.environ.get("USER") or os.environ.get("LOGNAME")
+    if not name:
+        raise click.ClickException(f"--me: uid {os.getuid()} has no passwd entry and "
+                                   "neither $USER nor $LOGNAME is set; give -u USER")
+    return name
 
 
 def _envelope(what: str, rows: list[Any], errors: list[str],

@@ -67,6 +67,39 @@ def _private(path: str) -> None:
             os.chmod(path + side, 0o600)
 
 
+def _open_read_only(path: str) -> sqlite3.Connection:
+    """A connection that cannot write to the DB at `path` (mode=ro: SQLite itself refuses
+    every write, a checkpoint's included).
+
+    Reading a WAL-mode DB needs its `-shm` file, which SQLite creates beside the DB: in a
+    directory the reader may not write to, a DB with no `-wal` file (its log checkpointed,
+    no writer open) is read as immutable instead; with a `-wal`, whose last transactions
+    only the `-shm` can index, it is refused by a `StoreError` saying what to do."""
+    uri = Path(path).resolve().as_uri()
+
+    def connect(params: str) -> sqlite3.Connection:
+        return sqlite3.connect(f"{uri}?{params}", uri=True, isolation_level=None,
+                               check_same_thread=False)
+
+    conn = connect("mode=ro")
+    try:
+        conn.execute("PRAGMA user_version").fetchone()
+    except sqlite3.DatabaseError as exc:
+        # without a -wal SQLite says READONLY_DIRECTORY, with one CANTOPEN
+        no_shm = getattr(exc, "sqlite_errorname", "") in {"SQLITE_READONLY_DIRECTORY",
+                                                           "SQLITE_CANTOPEN"}
+        if not no_shm or os.access(Path(path).resolve().parent, os.W_OK):
+            return conn  # not a DB, damaged...: the schema check names it
+        conn.close()
+        if Path(path + "-wal").exists():
+            raise StoreError(
+                f"cannot read {path}: its directory is not writable and SQLite needs to "
+                f"create {path}-shm there to read {path}-wal; copy the DB (with its -wal "
+                "file) somewhere writable") from None
+        return connect("mode=ro&immutable=1")
+    return conn
+
+
 def _gpus(g: Iterable[int]) -> str:
     return json.dumps(sorted(g))
 
@@ -81,10 +114,7 @@ class Store:
         may leave SQLite's empty `-wal`/`-shm` side files next to it."""
         self.path = str(path)
         if read_only:
-            # mode=ro: SQLite itself refuses every write, a checkpoint's included
-            uri = Path(self.path).resolve().as_uri() + "?mode=ro"
-            self.conn = sqlite3.connect(uri, uri=True, isolation_level=None,
-                                        check_same_thread=False)
+            self.conn = _open_read_only(self.path)
         else:
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)

@@ -16,13 +16,16 @@ Definitions (also in docs/user-guide.md):
   in a pool (it waited, it did not save 100%) or whose leases the caller may not read
   (another user's, through the controller);
 - totals: over the jobs placed whose leases were read; a `--rl-mux=off` job counts as
-  granted its whole dedicated allocation (so the totals' saved agrees with the rows');
+  granted its whole dedicated allocation (so the totals' saved agrees with the rows'),
+  not its GPU-S: `Totals.charged_whole` names such jobs;
 - slowdown: wall time / wall time of the same job (matched by name) in a baseline run
   (a dedicated `--rl-mux=off` run); `None` — shown as "n/a" — when no baseline is given
   or the name is not in it. Never estimated;
 - wait: `granted_at - requested_at` of each granted lease; requests never granted
   are counted apart;
-- pool utilisation: leased GPU-seconds / (pool GPUs × time the pool was open);
+- pool utilisation: leased GPU-seconds / (pool GPUs × time the pool was open), over
+  every hold in the pool, whichever jobs the report lists (`ReportInput.holds` may hold
+  other jobs' holds for that: they count in no job row);
 - handoffs: the instants a pool GPU passed from one job's lease to another job's. With
   `park_others` (the default) each is where the controller parked the previous job's
   services and activated the next one's. They are derived from lease history, not
@@ -70,6 +73,8 @@ class PoolInfo:
     #: GPU-seconds Slurm allocated to it, where its size changed (a floating pool's
     #: windows); None: `gpus` for its whole life
     gpu_s: float | None = None
+    #: the jobs placed in it, listed in the report's jobs or not
+    members: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -172,6 +177,9 @@ class Totals:
     dedicated_gpu_s: float
     saved: float | None
     pool_gpu_s: float
+    #: jobs in a pool of their own (--rl-mux=off) counted in `granted_gpu_s` at their
+    #: whole dedicated GPU-seconds, not at what they leased
+    charged_whole: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -297,6 +305,8 @@ def compute(
     for j in data.jobs:
         if j.pool_id is not None:
             members[j.pool_id].add(j.job_id)
+    for p in data.pools:
+        members[p.pool_id].update(p.members)
     pools = []
     pool_total = 0.0
     for p in sorted(data.pools, key=lambda p: p.pool_id):
@@ -320,7 +330,8 @@ def compute(
     tg = sum(r.dedicated_gpu_s if info.dedicated else r.granted_gpu_s or 0.0
              for r, info in counted)
     td = sum(r.dedicated_gpu_s for r, _ in counted)
-    totals = Totals(len(counted), tg, td, (1 - tg / td) if td > 0 else None, pool_total)
+    totals = Totals(len(counted), tg, td, (1 - tg / td) if td > 0 else None, pool_total,
+                    tuple(r.job_id for r, info in counted if info.dedicated))
     return Report(tuple(jobs), tuple(pools), totals, tuple(hand), tuple(warnings))
 
 

@@ -64,7 +64,8 @@ def plot_timeline(data: ReportInput, report: Report, path: str | Path) -> None:
                  f"GPU-h vs {report.totals.dedicated_gpu_s / 3600:.3f} dedicated"
                  + (f" (saved {100 * report.totals.saved:.1f}%)"
                     if report.totals.saved is not None else ""))
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    if ax.get_legend_handles_labels()[0]:  # no lease at all: no legend (nor its warning)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     ax.grid(axis="x", alpha=0.3)
     if has_rewards:
         rx = axes[1][0]
@@ -79,6 +80,8 @@ def plot_timeline(data: ReportInput, report: Report, path: str | Path) -> None:
         rx.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
         rx.grid(alpha=0.3)
     axes[-1][0].set_xlabel("minutes since the first job registered")
-    fig.tight_layout()
-    fig.savefig(str(path), dpi=110)
-    plt.close(fig)
+    try:
+        fig.tight_layout()
+        fig.savefig(str(path), dpi=110)
+    finally:
+        plt.close(fig)
