@@ -94,7 +94,12 @@ class PoolSnapshot:
 
 @dataclass(frozen=True)
 class SiteLimits:
-    """The site's limits a policy must respect."""
+    """The site's limits a policy must respect.
+
+    The controller builds them from its config's `[limits]` (`placement.site_limits`),
+    the simulator from a workload's `limits` over those keys' config defaults
+    (`slurmrl.sim.workload.DEFAULT_LIMITS`); the defaults here are a bare object's (a
+    test's), more lenient than a site's: no GPU bound to speak of, 1.25."""
 
     max_slowdown: float = 1.5  #: site cap on any member's predicted slowdown
     default_max_slowdown: float = 1.25  #: used when the user gave no --rl-max-slowdown

@@ -130,6 +130,20 @@ def compatible(a: JobSnapshot, b: JobSnapshot) -> str | None:
     return None
 
 
+def share_key(job: JobSnapshot) -> tuple[object, ...]:
+    """What `compatible` requires two shareable jobs to agree on besides their GPU-set
+    split (`split_of`): jobs of different keys never share."""
+    r = job.request
+    return (job.partition, job.gpu_type, r.gpus, r.group)
+
+
+def split_of(job: JobSnapshot) -> tuple[int, int] | None:
+    """A disaggregated job's (rollout set, trainer set) sizes, None for a colocated job.
+    Of two shareable jobs of one `share_key`, `compatible` lets them share unless both
+    have a split and the splits differ: a colocated job shares with any split."""
+    return _sets(job) if job.request.layout is Layout.DISAGGREGATED else None
+
+
 def fits_memory(members: Sequence[JobSnapshot], pool: PoolSnapshot | None,
                 limits: SiteLimits) -> str | None:
     """None if every member can be parked in host memory while another runs."""

@@ -62,13 +62,16 @@ three) it is the predicted slowdown while sharing.
 
 Known limits: large batches are pruned to the `neighbours` nearest jobs by period
 before matching (matching is O(n^3)), the nearest half for staggered pools (always
-simulated); a job is matched once per round; a staggered pool takes two members. The
+simulated), among the jobs it may share with (of its partition, GPU type, GPU count
+and group; colocated, or disaggregated of its split: a colocated job's include every
+split); a job is matched once per round; a staggered pool takes two members. The
 floating path simulates every candidate pool for every job, uncached (a batch of 1,000
 waiting jobs: about 2 s, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import bisect
 import copy
 import itertools
 from collections import defaultdict
@@ -99,7 +102,9 @@ from policies.complementarity import (
     period_of,
     predict,
     predict_floating,
+    share_key,
     shareable,
+    split_of,
 )
 from slurmrl.model import Layout
 
@@ -471,23 +476,32 @@ class ComplementaryPairing:
         weighed: dict[int, list[tuple[int, int, GroupPrediction, int]]] = defaultdict(list)
         #: edge -> (prediction, pool GPUs for a pair | the joiner's first GPU for a join)
         preds: dict[tuple[int, int, int, int], tuple[GroupPrediction, int]] = {}
-        by_bucket: dict[tuple[object, ...], list[JobSnapshot]] = defaultdict(list)
+        by_key: dict[tuple[object, ...], list[JobSnapshot]] = defaultdict(list)
         for j in jobs:
-            r = j.request
-            # jobs pair only within a bucket (`compatible`): a group of its own keeps a
-            # job's `neighbours` to jobs it may share with
-            by_bucket[(j.partition, j.gpu_type, r.gpus, r.layout, r.rollout_gpus,
-                       r.group)].append(j)
+            # jobs of different keys never share (`compatible`): a key's own list keeps
+            # a job's `neighbours` to jobs it may share with
+            by_key[share_key(j)].append(j)
             for pool in pools:
                 w = self._join_weight(j, pool, limits)
                 if w is not None:
                     graph.add_edge((JOB, j.job_id), (POOL, pool.pool_id), weight=w[0])
                     preds[(JOB, j.job_id, POOL, pool.pool_id)] = (w[1], w[2])
                     weighed[j.job_id].append((-w[0], pool.pool_id, w[1], w[2]))
-        for bucket in by_bucket.values():
-            bucket.sort(key=period_of)
-            for i, a in enumerate(bucket):
-                for n, b in enumerate(bucket[i + 1:i + 1 + self.neighbours]):
+        for group in by_key.values():
+            group.sort(key=period_of)
+            # each job's `neighbours` next by period among those it may share with: a
+            # colocated job shares with every job of its key, a disaggregated one with
+            # colocated jobs and those of its own split (positions in `group`, sorted)
+            split = [split_of(j) for j in group]
+            mates: dict[tuple[int, int] | None, list[int]] = {None: list(range(len(group)))}
+            for sp in dict.fromkeys(split):
+                if sp is not None:
+                    mates[sp] = [i for i, x in enumerate(split) if x is None or x == sp]
+            for i, a in enumerate(group):
+                after = mates[split[i]]
+                k = bisect.bisect_right(after, i)
+                for n, t in enumerate(after[k:k + self.neighbours]):
+                    b = group[t]
                     # a staggered pool is simulated (no formula): the nearest half only
                     got = self.pair(a, b, limits, stagger=n < max(1, self.neighbours // 2),
                                     node=node_gpus.get(a.partition))
@@ -496,7 +510,7 @@ class ComplementaryPairing:
                         graph.add_edge((JOB, a.job_id), (JOB, b.job_id), weight=weight)
                         preds[(JOB, a.job_id, JOB, b.job_id)] = got
         # matching is superlinear in the graph's size: match each connected component
-        # (a bucket, with the pools its jobs may join) on its own; same result
+        # (a key's jobs, with the pools they may join) on its own; same result
         matching: set[tuple[tuple[int, int], tuple[int, int]]] = set()
         for comp in nx.connected_components(graph):
             # a copy: the view's filtered lookups cost ~3x in the matching's inner loop

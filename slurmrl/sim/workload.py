@@ -20,6 +20,7 @@ asked scales the bulk by G/g (memory-bound decode), the tail keeps its length.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import SiteLimits
+from slurmrl.config.schema import LimitsConfig
 from slurmrl.directives import GPUS_MAX, MAX_SLOWDOWN, STEP_MAX_S, STEPS_MAX
 from slurmrl.model import Layout, Phase, PhasePrior
 from slurmrl.sim import schema as sc
@@ -168,7 +170,9 @@ class Workload:
 
     @property
     def limits(self) -> Mapping[str, Any]:
-        return dict(self.data.get("limits", {}))
+        """Its `limits`, each one it does not set at the controller's default
+        (`DEFAULT_LIMITS`)."""
+        return limits_of(self.data)
 
     @property
     def n_jobs(self) -> int:
@@ -255,6 +259,20 @@ WORKLOAD = sc.table({
 })
 
 
+#: a workload's limits where it does not set them: the controller's `[limits]` defaults
+#: (`slurmrl.config.LimitsConfig`, as a default `Config` gives `placement.site_limits`) of
+#: the `SiteLimits` fields of the same name, so that a workload file without `limits`
+#: simulates a site that runs the controller as shipped
+DEFAULT_LIMITS: Mapping[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(LimitsConfig)
+    if f.name in SiteLimits.__dataclass_fields__}
+
+
+def limits_of(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A workload's (`data`'s) limits: its `limits`, over `DEFAULT_LIMITS`."""
+    return {**DEFAULT_LIMITS, **data.get("limits", {})}
+
+
 def load(name_or_path: str) -> Workload:
     """A workload by suite name (workloads/NAME.json) or by path."""
     p = Path(name_or_path)
@@ -279,11 +297,13 @@ def validate(data: Any, where: str = "workload", path: Path | None = None) -> Wo
     if data.get("format") != FORMAT:
         raise WorkloadError(f"{where}: format must be {FORMAT!r}, got {data.get('format')!r}")
     sc.check(WORKLOAD, data, where)
-    lim = SiteLimits(**data.get("limits", {}))
+    lim = SiteLimits(**limits_of(data))
     if lim.default_max_slowdown > lim.max_slowdown:  # as the site config refuses it
+        unset = "default_max_slowdown" not in data.get("limits", {})
         raise WorkloadError(f"{where}: limits.default_max_slowdown must not exceed "
                             f"limits.max_slowdown ({lim.max_slowdown}), got "
-                            f"{lim.default_max_slowdown}")
+                            f"{lim.default_max_slowdown}"
+                            + (" (the controller's default: set it)" if unset else ""))
     # a job that admission accepts but no pool could ever hold would wait forever
     cluster = data["cluster"]["gpus"]
     most = lim.max_gpus_per_job

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurmrl.sim.cli import simulate
-from slurmrl.sim.workload import WorkloadError, generate, validate
+from slurmrl.sim.workload import WORKLOAD_DIR, WorkloadError, generate, validate
 
 BASE: dict[str, Any] = {
     "format": "slurmrl-workload/1", "name": "files", "jobs": 4,
@@ -66,6 +66,15 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     return edit
 
 
+def _both(*edits: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """Several edits of BASE as one."""
+
+    def edit(d: dict[str, Any]) -> None:
+        for e in edits:
+            e(d)
+    return edit
+
+
 MALFORMED = [
     (_set("classes", 5), "classes must be a non-empty list"),
     (_set("classes.0.steps", 0), "classes[0].steps must be a whole number >= 1"),
@@ -76,8 +85,9 @@ MALFORMED = [
     (_set("limits.max_slowdwn", 1.2), "limits.max_slowdwn is not a known key"),
     (_set("classes.0.gpus", {"weights": [1]}), "classes[0].gpus.choices is missing"),
     (_set("classes.0.gpus", {"choices": [4, "8"]}), "classes[0].gpus.choices[1] must be"),
-    (_set("classes.0.gpus", 64), "classes[0].gpus draws jobs of 64 GPUs, more than "
-                                 "cluster.gpus (32)"),
+    # (a site that admits them: the controller's default admits at most 8 GPUs a job)
+    (_both(_set("classes.0.gpus", 64), _set("limits.max_gpus_per_job", 64)),
+     "classes[0].gpus draws jobs of 64 GPUs, more than cluster.gpus (32)"),
     (_set("classes.0.sync", 1.0), "classes[0].sync is not a known key"),
     (_set("classes.0.model", "nonsense"), "classes[0].model must be a model name"),
     (_set("classes.0.weight", 0), "classes[0].weight must be a number > 0"),
@@ -133,6 +143,10 @@ MALFORMED = [
     # as the site config refuses them
     (_set("limits.default_max_slowdown", 2.0), "limits.default_max_slowdown must not "
                                                "exceed limits.max_slowdown (1.5), got 2.0"),
+    # a cap under the controller's default 1.3, the default left out: it says which
+    (_set("limits", {"max_slowdown": 1.2}),
+     "limits.default_max_slowdown must not exceed limits.max_slowdown (1.2), got 1.3 "
+     "(the controller's default: set it)"),
     (_set("limits.max_slowdown", 1000), "limits.max_slowdown must be a number >= 1 and "
                                         "<= 100, got 1000"),
     (_set("jobs", 10**20), "jobs must be a whole number >= 1 and <= 1,000,000"),
@@ -440,3 +454,42 @@ def test_a_trace_error_names_the_files_own_line_number(tmp_path: Path) -> None:
     one_line_error(run("--replay", str(path)), f"{path}:6: times must satisfy")
     path.write_text("\n".join([json.dumps(header), json.dumps(good), "{oops"]) + "\n")
     one_line_error(run("--replay", str(path)), f"{path}:3: not a JSON line")
+
+
+def test_a_workload_without_limits_simulates_the_controllers_default_limits(
+        tmp_path: Path) -> None:
+    # a site that leaves `[limits]` out admits at most 8 GPUs a job and gives a job
+    # without --rl-max-slowdown 1.3: a workload file that leaves `limits` out simulates
+    # that site, not a more lenient one (1,024 GPUs a job, 1.25)
+    from slurmrl.config import Config
+    from slurmrl.controller.placement import site_limits
+    from slurmrl.sim.runner import config_for
+
+    data = copy.deepcopy(BASE)
+    del data["limits"]
+    data["classes"][0]["gpus"] = {"choices": [8, 16]}
+    data["jobs"] = 12
+    assert config_for(validate(data)).limits == site_limits(Config())
+    path = tmp_path / "nolimits.json"
+    path.write_text(json.dumps(data))
+    res = run("-w", str(path), "--json", "--no-check")
+    assert res.exit_code == 0, res.output
+    m = json.loads(res.stdout)["metrics"]
+    assert m["rejected"] > 0 and m["jobs"] == 12 - m["rejected"]  # the 16-GPU jobs
+    # a limit it leaves out takes the controller's default; one it sets, its own
+    data["limits"] = {"max_slowdown": 1.4}
+    lim = config_for(validate(data)).limits
+    default = Config().limits.default_max_slowdown
+    assert (lim.max_slowdown, lim.default_max_slowdown) == (1.4, default)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in WORKLOAD_DIR.glob("*.json")))
+def test_the_suite_states_every_limit_it_runs_with(name: str) -> None:
+    # the suite's figures (docs/benchmarks.md) must not move with the controller's
+    # defaults: every limit is in the file, 16- and 32-GPU jobs admitted as they were
+    from slurmrl.sim.runner import config_for
+    from slurmrl.sim.workload import DEFAULT_LIMITS, load
+
+    w = load(name)
+    assert set(w.data["limits"]) == set(DEFAULT_LIMITS)
+    assert config_for(w).limits.max_gpus_per_job == 1024

@@ -407,3 +407,50 @@ def test_every_two_members_of_a_group_must_be_able_to_share() -> None:
     lax = SiteLimits(max_slowdown=100.0, default_max_slowdown=100.0, max_jobs_per_pool=3)
     assert pol.accepts((a, b), lax) is not None and pol.accepts((a, c), lax) is not None
     assert pol.accepts((a, b, c), lax) is None
+
+
+def _layout(j: JobSnapshot, rollout: int | None, *, disaggregated: bool = True) -> JobSnapshot:
+    from slurmrl.model import Layout
+
+    layout = Layout.DISAGGREGATED if disaggregated else Layout.COLOCATED
+    return replace(j, request=replace(j.request, layout=layout, rollout_gpus=rollout))
+
+
+def test_a_batch_pairs_a_colocated_job_with_a_disaggregated_one_as_arrivals_one_by_one_do(
+) -> None:
+    # a colocated job and a disaggregated one of its GPU count may share (`compatible`);
+    # arriving one by one, the second joins the first's pool: waiting together in one
+    # batch, they must share one new pool too, not open two
+    co = _layout(job(1, 50, 50, gpus=4), None, disaggregated=False)
+    di = _layout(job(2, 40, 60, gpus=4), 2)
+    pol = registry.load("pairing", "complementary")
+    limits = SiteLimits(max_slowdown=1.5, default_max_slowdown=1.25)
+    assert pol.accepts((co, di), limits) is not None
+    (one,) = pol.place(snap([di], (PoolSnapshot(7, 4, (co,)),)))
+    assert one.action is Action.JOIN and one.pool_id == 7
+    out = by_job(pol.place(snap([co, di])))
+    assert out[1].action is Action.OPEN and out[2].action is Action.OPEN
+    assert out[1].pool_id == out[2].pool_id and out[1].gpus == 4
+    # either way round (the disaggregated job submitted first)
+    out = by_job(pol.place(snap([replace(di, submitted_at=0.5), co])))
+    assert out[1].pool_id == out[2].pool_id
+
+
+def test_a_batch_pairs_disaggregated_jobs_of_one_split_given_or_defaulted() -> None:
+    # --rl-rollout-gpus 4 of 8 is the default split: the two jobs may share
+    a = _layout(job(1, 50, 50), None)
+    b = _layout(job(2, 40, 60), 4)
+    pol = registry.load("pairing", "complementary")
+    out = by_job(pol.place(snap([a, b])))
+    assert out[1].action is Action.OPEN and out[1].pool_id == out[2].pool_id
+
+
+def test_a_colocated_job_in_a_batch_finds_a_partner_of_either_split() -> None:
+    # two disaggregated jobs of different splits may not share; a colocated one shares
+    # with either: the batch pairs it with one of them, and the other opens alone
+    co = _layout(job(1, 50, 50, gpus=4), None, disaggregated=False)
+    d2, d1 = _layout(job(2, 40, 60, gpus=4), 2), _layout(job(3, 45, 55, gpus=4), 1)
+    pol = registry.load("pairing", "complementary")
+    out = by_job(pol.place(snap([co, d2, d1])))
+    assert out[2].pool_id != out[3].pool_id
+    assert out[1].pool_id in (out[2].pool_id, out[3].pool_id)
