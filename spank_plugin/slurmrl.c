@@ -480,7 +480,38 @@ static void option_var(char *var, size_t size, const char *prefix, const char *n
 			*q = '_';
 }
 
-static void forget_inherited_options(void)
+/* The variables an RL job's directives reach its batch script and steps by. */
+static const char *const contract_vars[] = {
+	"SLURMRL_GPUS", "SLURMRL_MUX", "SLURMRL_LAYOUT", "SLURMRL_ROLLOUT_GPUS", "SLURMRL_MODEL",
+	"SLURMRL_MEM", "SLURMRL_GROUP", "SLURMRL_MAX_SLOWDOWN", "SLURMRL_PROFILE",
+	"SLURMRL_STEPS", "SLURMRL_CONTROLLER", NULL
+};
+
+/* Unsets `var` in the step's environment (remote) or in this process's (allocator). */
+static int forget(spank_t sp, int remote, const char *var)
+{
+	spank_err_t rc;
+
+	if (!remote) {
+		unsetenv(var);
+		return 0;
+	}
+	rc = spank_unsetenv(sp, var);
+	if (rc != ESPANK_SUCCESS && rc != ESPANK_ENV_NOEXIST) {
+		slurm_error("slurmrl: cannot unset %s: %s", var, spank_strerror(rc));
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * Besides the options' copies, a job submitted from inside an RL job inherits its
+ * SLURMRL_* variables and the SLURM_SPANK_SLURMRL_* copies of its job control env (which
+ * sbatch and salloc set in their environment). sbatch and salloc forget them all (an RL
+ * job gets its own back), and so does each step of a job that is no RL job: its driver's
+ * connect() says it is no RL job rather than registering its parent's request.
+ */
+static int forget_inherited(spank_t sp, int remote)
 {
 	char var[128];
 	int i, p;
@@ -488,9 +519,16 @@ static void forget_inherited_options(void)
 	for (i = 0; options[i].name != NULL; i++) {
 		for (p = 0; option_prefixes[p] != NULL; p++) {
 			option_var(var, sizeof(var), option_prefixes[p], options[i].name);
-			unsetenv(var);
+			if (forget(sp, remote, var) < 0)
+				return -1;
 		}
 	}
+	for (i = 0; contract_vars[i] != NULL; i++) {
+		snprintf(var, sizeof(var), "SLURM_SPANK_%s", contract_vars[i]);
+		if (forget(sp, remote, contract_vars[i]) < 0 || forget(sp, remote, var) < 0)
+			return -1;
+	}
+	return 0;
 }
 
 /*
@@ -531,7 +569,7 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	if (parse_plugin_args(ac, av) < 0)
 		return -1;
 	if (ctx == S_CTX_ALLOCATOR)
-		forget_inherited_options();
+		forget_inherited(sp, 0);
 	for (i = 0; options[i].name != NULL; i++) {
 		rc = spank_option_register(sp, &options[i]);
 		if (rc != ESPANK_SUCCESS) {
@@ -585,12 +623,6 @@ typedef spank_err_t (*setenv_f)(spank_t, const char *, const char *, int);
 
 struct env_var { const char *name; const char *value; };
 
-static const char *const contract_vars[] = {
-	"SLURMRL_GPUS", "SLURMRL_MUX", "SLURMRL_LAYOUT", "SLURMRL_ROLLOUT_GPUS", "SLURMRL_MODEL",
-	"SLURMRL_MEM", "SLURMRL_GROUP", "SLURMRL_MAX_SLOWDOWN", "SLURMRL_PROFILE",
-	"SLURMRL_STEPS", "SLURMRL_CONTROLLER", NULL
-};
-
 /*
  * A job submitted from inside another RL job inherits its SLURMRL_* variables through
  * sbatch's environment; in an RL step only the variables this job's options set may stay.
@@ -624,8 +656,8 @@ static int export_all(spank_t sp, setenv_f set, const char *how)
 	char gpus_s[16], mem_s[24], steps_s[16];
 	spank_err_t rc;
 
-	if (gpus == 0)
-		return 0;
+	if (gpus == 0) /* no RL job: a step keeps none of an RL parent's variables */
+		return set == spank_setenv ? forget_inherited(sp, 1) : 0;
 	snprintf(gpus_s, sizeof(gpus_s), "%ld", gpus);
 	vars[n].name = "SLURMRL_GPUS"; vars[n++].value = gpus_s;
 	vars[n].name = "SLURMRL_MUX"; vars[n++].value = mux[0] ? mux : "auto";

@@ -126,24 +126,45 @@ def test_inherited_slurmrl_variables_do_not_leak_into_an_rl_job(jobs: JobFactory
     assert "SLURMRL_GROUP" not in env
 
 
-#: what an RL job's environment holds of its options (sbatch put them there), as a job
-#: submitted from inside it inherits them
-PARENT_OPTIONS = {f"{prefix}slurmrl_rl_{k}": v
-                  for prefix in ("SLURM_SPANK__SLURM_SPANK_OPTION_", "_SLURM_SPANK_OPTION_")
-                  for k, v in (("gpus", "4"), ("group", "outer"), ("model", "big"))}
+#: what an RL job's environment holds of its directives, as a job submitted from inside it
+#: inherits them: its SLURMRL_* variables, the SLURM_SPANK_SLURMRL_* copies of its job
+#: control env, and its options (sbatch put them all there)
+PARENT_ENV = {
+    **{f"{prefix}slurmrl_rl_{k}": v
+       for prefix in ("SLURM_SPANK__SLURM_SPANK_OPTION_", "_SLURM_SPANK_OPTION_")
+       for k, v in (("gpus", "4"), ("group", "outer"), ("model", "big"))},
+    **{f"{prefix}SLURMRL_{k}": v
+       for prefix in ("", "SLURM_SPANK_")
+       for k, v in (("GPUS", "4"), ("MUX", "auto"), ("LAYOUT", "colocated"),
+                    ("MODEL", "big"), ("GROUP", "outer"), ("CONTROLLER", CONTROLLER))},
+}
+
+
+def _inherited(text: str) -> dict[str, str]:
+    """The variables of PARENT_ENV's names in an `env` output."""
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
+    return {k: v for k, v in pairs if k in PARENT_ENV}
 
 
 def test_a_job_submitted_from_inside_an_rl_job_takes_none_of_its_directives(
         jobs: JobFactory) -> None:
-    # sbatch reads such variables back as options, above the script's #SBATCH lines:
-    # a plain job became an RL job of 4 GPUs, and a child's own directives were
-    # replaced by its parent's
-    jobs.env = {**jobs.env, **PARENT_OPTIONS}
-    assert _slurmrl_env(_run_and_read(jobs, ["--wrap", "env"])) == {}
+    # sbatch reads the options' copies back as options, above the script's #SBATCH
+    # lines: a plain job became an RL job of 4 GPUs, and a child's own directives were
+    # replaced by its parent's; and a plain child kept its parent's SLURMRL_* variables,
+    # so that its connect() registered it with its parent's request
+    jobs.env = {**jobs.env, **PARENT_ENV}
+    out = _run_and_read(jobs, ["--wrap", "env; echo STEP; srun /usr/bin/env; echo LEAK; "
+                               "SLURMRL_GPUS=4 SLURM_SPANK_SLURMRL_GPUS=4 srun /usr/bin/env"])
+    head, leak = out.split("LEAK\n", 1)
+    batch, step = head.split("STEP\n", 1)
+    for text in (batch, step, leak):  # a plain job's steps keep none, however they came
+        assert _inherited(text) == {}
     script = "#!/bin/sh\n#SBATCH --rl-gpus=2\n#SBATCH --rl-group=mine\nenv\n"
-    env = _slurmrl_env(_run_and_read(jobs, [], script=script))
+    out = _run_and_read(jobs, [], script=script)
+    env = _slurmrl_env(out)
     assert (env["SLURMRL_GPUS"], env["SLURMRL_GROUP"]) == ("2", "mine")
     assert "SLURMRL_MODEL" not in env
+    assert "SLURM_SPANK_SLURMRL_MODEL" not in _inherited(out)
 
 
 def test_help_lists_the_directives(jobs: JobFactory) -> None:
