@@ -482,7 +482,8 @@ class SlurmPools:
 
     def _footprints(self, job: JobRecord, gpus: Sequence[int]) -> list[Footprint]:
         return footprints_for_job(job.job_id, job.request, gpus,
-                                  self.c.config.services.rollout_replica_gpus)
+                                  self.c.config.services.rollout_replica_gpus,
+                                  rollout_backend=self.c.config.services.rollout_backend)
 
     def _window_footprints(self, job: JobRecord, pool: PoolRecord,
                            windows: Sequence[WindowRecord] | None = None) -> list[Footprint]:
@@ -494,7 +495,8 @@ class SlurmPools:
                 for f in footprints_for_job(job.job_id, job.request,
                                             range(w.window * g, w.window * g + g),
                                             self.c.config.services.rollout_replica_gpus,
-                                            window=w.window)]
+                                            window=w.window, rollout_backend=self.c.config
+                                            .services.rollout_backend)]
 
     def _numbering(self) -> str:
         """How steps name their GPUs (`slurmrl.slurm.devices`): the site's
@@ -1138,6 +1140,7 @@ class SlurmPools:
                                             list(where.values()), self._numbering()),
                                backend=backend[fp.role], model=job.request.model,
                                replica=fp.replica, uid=job.uid,
+                               mem_bytes=job.request.mem_bytes,
                                handoff_dir=None if fp.window is None
                                else self._handoff_dir(job, node, fp.replica))
             rid = self.c.store.add_service(job_id=job.job_id, role=fp.role,

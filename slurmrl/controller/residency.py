@@ -23,10 +23,25 @@ hand-built cases and could run in the simulator unchanged.
 - `admit()` refuses, with a reason the user sees, a job whose services cannot fit on
   the pool even with every other member parked or dropped.
 
-GPU capacity per GPU comes from NVML when there is a GPU (`GpuCapacity.from_reading`:
-total minus what processes that are not our services use) and from an assumed size
-otherwise. Known limits: memory is planned per GPU, not per allocation block
-(fragmentation is not modelled); NVML readings are point-in-time.
+GPU capacity per GPU is what the caller gives. The controller gives every pool GPU the
+site's assumed size (`SlurmPools._capacity`: `gpu_memory_bytes`), because it runs away
+from the pools' nodes and has no NVML reading of them; `GpuCapacity.from_reading`
+(total minus what processes that are not our services use) is for a caller that has
+one, and no caller in the controller does today.
+
+A rollout's footprint is also what its engine is launched with: `services.worker_argv`
+tells a `vllm` rollout the same per-GPU budget (`estimate.rollout_budget`: its KV cache
+as `kv_cache_memory_bytes`, its whole footprint as the share of the GPU vLLM may
+take), so the engine does not take the ~85% of the GPU vLLM's default would.
+
+Drops: a rollout parked in this plan may be dropped instead (a level-2 park from active
+frees its host copy in every backend). One already PARKED is counted as freed by a drop
+only where its backend frees its host copy on a level-2 park from parked
+(`Footprint.drops_parked`: `tiny`; not `vllm`, whose sleeping engine cannot give up its
+CPU copy of the weights without waking first, `worker/protocol.py`).
+
+Known limits: memory is planned per GPU, not per allocation block (fragmentation is not
+modelled); NVML readings are point-in-time.
 """
 
 from __future__ import annotations
@@ -34,7 +49,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from slurmrl.gpu.estimate import estimate_model_memory
+from slurmrl.gpu.estimate import estimate_model_memory, rollout_budget
 from slurmrl.model import Phase, Residency, RlRequest
 
 ServiceKey = tuple[int, str]  #: (RL job id, service name: the role, or "rollout:i")
@@ -45,6 +60,11 @@ PHASE_ROLES: Mapping[Phase, tuple[str, ...]] = {
     Phase.TRAIN: ("trainer",),
     Phase.SYNC: ("trainer", "rollout"),
 }
+
+
+#: rollout backends whose park(level=2) of a PARKED service frees its host copy (the
+#: contract in `slurmrl.worker.protocol`); a drop of a parked `vllm` rollout frees nothing
+DROPS_PARKED_BACKENDS = frozenset({"tiny"})
 
 
 class ResidencyError(ValueError):
@@ -68,6 +88,10 @@ class Footprint:
     #: later, so it is taken as active (holding its memory) and, where a grant needs
     #: it, activated again (a no-op where it is)
     uncertain: bool = False
+    #: a level-2 park of it while PARKED frees its host copy (its backend does:
+    #: `DROPS_PARKED_BACKENDS`); False (unknown, or `vllm`): the planner never counts a
+    #: drop of it freed once it is parked, only a drop straight from active
+    drops_parked: bool = False
 
     @property
     def service(self) -> str:
@@ -140,9 +164,12 @@ def replica_sets(gpus: Sequence[int], replica_gpus: int) -> list[tuple[int, ...]
 
 def footprints_for_job(job_id: int, request: RlRequest, pool_gpus: Sequence[int],
                        rollout_replica_gpus: int = 0,
-                       window: int | None = None) -> list[Footprint]:
+                       window: int | None = None,
+                       rollout_backend: str | None = None) -> list[Footprint]:
     """The rollout (one engine, or replicas of `rollout_replica_gpus` GPUs) and trainer
-    footprints of one job placed on `pool_gpus` (`window`: a floating pool's copy)."""
+    footprints of one job placed on `pool_gpus` (`window`: a floating pool's copy).
+    `rollout_backend` (the site's `services.rollout_backend`) says whether a parked
+    rollout can be dropped (`DROPS_PARKED_BACKENDS`); None: not counted on."""
     if len(pool_gpus) != request.gpus:
         raise ResidencyError(f"job {job_id} asks for {request.gpus} GPUs but is placed on "
                              f"{len(pool_gpus)}")
@@ -173,8 +200,14 @@ def footprints_for_job(job_id: int, request: RlRequest, pool_gpus: Sequence[int]
             assert est is not None
             active, parked = est.device_bytes, est.parked_device_bytes()
             host = est.parked_host_bytes(1) * len(gpus)
+        if role == "rollout":
+            # what a vllm engine is launched with (services.worker_argv): the same number
+            active = rollout_budget(request.model, gpus=max(1, len(gpus)),
+                                    mem_bytes=request.mem_bytes).device_bytes
         out.append(Footprint(job_id, role, gpus, active, parked, host, replica=replica,
-                             window=window))
+                             window=window,
+                             drops_parked=role == "rollout"
+                             and rollout_backend in DROPS_PARKED_BACKENDS))
     return out
 
 
@@ -324,11 +357,17 @@ def _host(by_key: Mapping[ServiceKey, Footprint], state: Mapping[ServiceKey, Res
 
 def _fit_host(by_key: Mapping[ServiceKey, Footprint], state: dict[ServiceKey, Residency],
               parked: list[ServiceKey], budget: int) -> tuple[list[ServiceKey], list[ServiceKey]]:
-    """Turn parks into drops (rollouts, largest first) until parked state fits the host."""
+    """Turn parks into drops (rollouts, largest first) until parked state fits the host.
+
+    A rollout parked by this plan (`parked`: active until now) may be dropped instead; an
+    already-parked one only where its backend frees its host copy on a level-2 park from
+    parked (`Footprint.drops_parked`), else its drop would free nothing."""
     drop: list[ServiceKey] = []
+    fresh = set(parked)
     # already-parked rollouts may be dropped too, to make room for a trainer's state
     droppable = sorted((k for k, f in by_key.items() if f.can_drop
-                        and state[k] is Residency.PARKED),
+                        and state[k] is Residency.PARKED
+                        and (k in fresh or f.drops_parked)),
                        key=lambda k: -by_key[k].host_bytes)
     for k in droppable:
         if _host(by_key, state) <= budget:

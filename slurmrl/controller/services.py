@@ -23,6 +23,12 @@ started through `SlurmBackend.launch_step`:
   a launch that fails or times out is killed and retried (the step launch itself is
   retried by the backend).
 
+- **It is sized from the job's model.** The worker's request-size limit takes the
+  model's whole state_dict (`PUT /v1/weights`; `estimate.weights_body_bytes`), and a
+  `vllm` rollout is told the GPU memory the residency planner counts for it
+  (`--gpu-memory-bytes`, `--kv-cache-bytes`; `estimate.rollout_budget`, which
+  `residency.footprints_for_job` uses too), so the engine takes what was planned.
+
 Known limits: one node per service (`-n1`); the worker's address is `<node>:<port>` on
 the node Slurm named for the pool, so that name must resolve for drivers.
 """
@@ -44,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmrl.auth.tokens import mint_secret
+from slurmrl.gpu.estimate import rollout_budget, weights_body_bytes
 from slurmrl.slurm import SlurmBackend, SlurmError, StepHandle
 from slurmrl.slurm.backend import read_tail
 from slurmrl.worker.handle import ServiceError, ServiceHandle
@@ -88,6 +95,9 @@ class ServiceSpec:
     #: service hand their state to each other; the worker creates it (mode 0700) as the
     #: job's user and refuses one it does not own. None: no hand-off
     handoff_dir: str | None = None
+    #: the job's declared `--rl-mem` (GPU memory per GPU), where it declared one: sizes
+    #: the service as the residency planner does (a model without a size in its name)
+    mem_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -211,15 +221,49 @@ def worker_argv(spec: ServiceSpec, ids: UserIds, *, python: str, workdir: Path,
         argv += ["--model", spec.model]
     if spec.lr is not None:
         argv += ["--lr", repr(spec.lr)]
-    return [*drop, *env, *argv]
+    return [*drop, *env, *argv, *sizing_args(spec)]
+
+
+#: the worker's own request-size limit (`--max-body-mb`), below which none is passed
+WORKER_BODY_MB = 1024
+
+
+def sizing_args(spec: ServiceSpec) -> list[str]:
+    """The worker's arguments that size it from the job's model: a request-size limit
+    that takes the model's whole state_dict (a weight sync's `PUT /v1/weights`), and for
+    a `vllm` rollout the GPU memory the residency planner counts for it. `tiny` serves
+    its own small model whatever the job names: nothing to size."""
+    if spec.backend == "tiny":
+        return []
+    gpus = max(1, len(spec.cuda_devices))
+    out: list[str] = []
+    body = weights_body_bytes(spec.model, gpus=gpus, mem_bytes=spec.mem_bytes)
+    if body is None:
+        log.warning("%s: model %r has no size in its name and no --rl-mem: weight uploads "
+                    "over %d MiB will be refused", spec.name, spec.model, WORKER_BODY_MB)
+    elif -(-body >> 20) > WORKER_BODY_MB:
+        out += ["--max-body-mb", str(-(-body >> 20))]
+    if spec.backend == "vllm" and spec.role == "rollout":
+        try:
+            budget = rollout_budget(spec.model, gpus=gpus, mem_bytes=spec.mem_bytes)
+        except ValueError as exc:
+            log.warning("%s: no GPU memory budget for the vLLM engine (%s): it will take "
+                        "vLLM's default share of the GPU", spec.name, exc)
+            return out
+        out += ["--gpu-memory-bytes", str(budget.device_bytes)]
+        if budget.kv_cache_bytes is not None:
+            out += ["--kv-cache-bytes", str(budget.kv_cache_bytes)]
+    return out
 
 
 def step_env(spec: ServiceSpec, secret: str, control: str) -> dict[str, str]:
     """The step's environment (readable by root and the user only): the controller's
-    `PASS_THROUGH` variables, `PATH`, the job's and the control secret and, for a
-    floating member's copy, its hand-off directory."""
+    `PASS_THROUGH` variables, `PATH`, `CUDA_DEVICE_ORDER=PCI_BUS_ID`, the job's and the
+    control secret and, for a floating member's copy, its hand-off directory."""
     env = {k: os.environ[k] for k in PASS_THROUGH if k in os.environ}
-    env.update({SECRET_ENV: secret, CONTROL_ENV: control, "PATH": _STEP_PATH})
+    # CUDA numbers GPUs in PCI bus order, as NVML and Slurm do (slurmrl/gpu/nvml.py)
+    env.update({SECRET_ENV: secret, CONTROL_ENV: control, "PATH": _STEP_PATH,
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
     if spec.handoff_dir is not None:
         env[HANDOFF_ENV] = spec.handoff_dir
     return env

@@ -9,6 +9,12 @@ Rules (bytes per parameter, per GPU after sharding over `gpus`):
   and v: 12) = 16 bytes per parameter, plus the same overhead. Parked, everything but
   the gradients sits in host memory (14 bytes per parameter).
 
+The same rules size what a service is launched with, so the planner and the engine
+agree: `rollout_budget` is the GPU memory per GPU the planner counts for a rollout and
+the KV cache the `vllm` backend is told to allocate (vLLM's `kv_cache_memory_bytes`),
+and `weights_body_bytes` the largest weights upload (`PUT /v1/weights`, the whole
+state_dict) a service of the model must accept.
+
 Known limits: activations are not estimated (they depend on batch and sequence length;
 pass them as `extra_bytes`); names are parsed for a size like "7B", "1.5b", "125M",
 "30B-A3B" (total, not active, parameters); mixtures written "8x7B" are refused.
@@ -104,3 +110,60 @@ def estimate_model_memory(
     if kv < 0:
         raise ValueError(f"kv_cache_bytes must be >= 0, got {kv}")
     return MemoryEstimate(role, params, gpus, weights, 0, 0, kv, OVERHEAD_BYTES, extra_bytes)
+
+
+#: the widest dtype a weights upload carries: a trainer's state_dict may hold its
+#: parameters in fp32 (the model a `torch` factory builds), whatever the rollout serves
+BLOB_DTYPE_BYTES = 4
+#: a torch.save'd state_dict's own bytes besides the tensors' (names, zip headers)
+BLOB_OVERHEAD_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class RolloutBudget:
+    """What the residency planner counts for one rollout engine, per GPU: its GPU memory
+    while active, and the part of it for the KV cache (None where the weights' size is
+    unknown: a `--rl-mem` job of a model without a size in its name)."""
+
+    device_bytes: int
+    kv_cache_bytes: int | None
+
+
+def rollout_budget(model: str | int | None, *, gpus: int = 1,
+                   mem_bytes: int | None = None) -> RolloutBudget:
+    """A rollout of `model` over `gpus` GPUs, as `residency.footprints_for_job` plans it:
+    a declared `mem_bytes` (`--rl-mem`, per GPU) is the whole footprint and the KV cache
+    what is left of it after the weights and the overhead; else the estimate (weights,
+    KV as large as the weights and at least 1 GiB, overhead). ValueError for a model it
+    cannot size without `mem_bytes`."""
+    try:
+        est = None if model is None else estimate_model_memory(model, "rollout", gpus=gpus)
+    except ValueError:
+        if mem_bytes is None:
+            raise
+        est = None
+    if mem_bytes is None:
+        if est is None:
+            raise ValueError("a rollout of no named model needs a declared --rl-mem")
+        return RolloutBudget(est.device_bytes, est.kv_cache_bytes)
+    kv = None if est is None else mem_bytes - est.weights_bytes - est.overhead_bytes
+    return RolloutBudget(mem_bytes, kv if kv is not None and kv > 0 else None)
+
+
+def weights_body_bytes(model: str | int | None, *, gpus: int = 1,
+                       mem_bytes: int | None = None) -> int | None:
+    """The largest weights upload a service of `model` must take: its whole state_dict
+    (every GPU's shard) at `BLOB_DTYPE_BYTES` per parameter, plus an eighth and
+    `BLOB_OVERHEAD_BYTES`. For a model without a size in its name, a declared `mem_bytes`
+    per GPU bounds it (weights at 2 bytes per parameter fit in it on `gpus` GPUs); None
+    where neither tells."""
+    try:
+        params: int | None = None if model is None else parse_param_count(model)
+    except ValueError:
+        params = None
+    if params is None and mem_bytes is not None:
+        params = mem_bytes * gpus // 2
+    if params is None:
+        return None
+    tensors = params * BLOB_DTYPE_BYTES
+    return tensors + tensors // 8 + BLOB_OVERHEAD_BYTES

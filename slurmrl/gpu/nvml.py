@@ -6,6 +6,21 @@ sets `available=False` with a `reason` and every reading is empty/None — calle
 from declared sizes instead. A reading a device does not support (`NotSupported`,
 `NoPermission`: e.g. utilisation on MIG instances) is None, not an error.
 
+Devices this process may not open are left out. Where Slurm confines a job to its GPUs
+(`task/cgroup`, `ConstrainDevices=yes`) NVML still counts every GPU of the node, but
+`nvmlDeviceGetHandleByIndex` of one outside the job raises `NVMLError_NoPermission`:
+such a GPU is skipped (`devices()`), never taken for a failed reading.
+
+Which GPUs a service uses: `visible()` maps `CUDA_VISIBLE_DEVICES` to NVML indices. An
+entry that is a UUID (`GPU-...`, `MIG-...`, or a unique prefix, as CUDA takes it) is
+matched by UUID. A number N is CUDA's N-th device among those this process may open,
+taken in NVML's order: with confinement the job's devices (CUDA numbers them 0..n-1, as
+slurmrl's `local` numbering does), without it the node's (N is Slurm's node-wide index).
+That holds where CUDA orders devices by PCI bus id as NVML does: service steps get
+`CUDA_DEVICE_ORDER=PCI_BUS_ID` (`controller/services.step_env`); under CUDA's default
+(fastest first) the order of unlike GPUs on one node may differ. slurmrl pins services
+by number, not UUID (the controller does not know the UUIDs of a pool's GPUs).
+
 Known limits: per-process memory is matched by PID, which breaks across PID namespaces
 (containers); only compute processes are listed (graphics contexts are not).
 """
@@ -55,6 +70,7 @@ class NvmlMonitor:
     def __init__(self, nvml: Any | None = None) -> None:
         self.available = False
         self.reason = ""
+        self._devices: tuple[int, ...] | None = None
         self._nvml: Any = nvml
         if nvml is None:
             try:
@@ -95,7 +111,51 @@ class NvmlMonitor:
             return None
 
     def device_count(self) -> int:
+        """GPUs on the node, as NVML counts them (also those this process may not open)."""
         return int(self._nvml.nvmlDeviceGetCount()) if self.available else 0
+
+    def devices(self) -> tuple[int, ...]:
+        """NVML indices of the GPUs this process may open, in NVML's order: the node's
+        less those outside its job (handle refused with NoPermission). Read once."""
+        if not self.available:
+            return ()
+        if self._devices is None:
+            found = []
+            for i in range(self.device_count()):
+                try:
+                    self._nvml.nvmlDeviceGetHandleByIndex(i)
+                except self._nvml.NVMLError_NoPermission:
+                    continue  # another job's GPU (Slurm's ConstrainDevices)
+                found.append(i)
+            self._devices = tuple(found)
+        return self._devices
+
+    def visible(self, env: Mapping[str, str] = os.environ) -> tuple[int, ...]:
+        """NVML indices of the GPUs `CUDA_VISIBLE_DEVICES` gives this process (all it may
+        open where unset), by UUID or by number among `devices()` (the module's
+        docstring); as CUDA does, the list ends at the first entry that names none."""
+        mine = self.devices()
+        raw = env.get("CUDA_VISIBLE_DEVICES")
+        if raw is None:
+            return mine
+        uuids: dict[int, str] | None = None
+        out: list[int] = []
+        for entry in (e.strip() for e in raw.split(",")):
+            if entry.isdigit():
+                n = int(entry)
+                if n >= len(mine):
+                    break
+                out.append(mine[n])
+                continue
+            if uuids is None:
+                uuids = {i: _text(u) for i in mine
+                         if (u := self._maybe(self._nvml.nvmlDeviceGetUUID,
+                                              self._nvml.nvmlDeviceGetHandleByIndex(i)))}
+            hits = [i for i, u in uuids.items() if entry and u.startswith(entry)]
+            if len(hits) != 1:
+                break
+            out.append(hits[0])
+        return tuple(dict.fromkeys(out))
 
     def read(self, index: int) -> GpuReading:
         """One GPU's utilisation, memory and compute processes."""
@@ -119,8 +179,8 @@ class NvmlMonitor:
         )
 
     def snapshot(self) -> tuple[GpuReading, ...]:
-        """Every GPU this process can see; empty without a GPU."""
-        return tuple(self.read(i) for i in range(self.device_count()))
+        """Every GPU this process may open (`devices()`); empty without a GPU."""
+        return tuple(self.read(i) for i in self.devices())
 
     def process_memory(self, pids: Iterable[int]) -> int | None:
         """GPU memory all of `pids` hold, summed over every GPU; None if unknown.
@@ -148,18 +208,22 @@ class NvmlMonitor:
         return total
 
 
-def reading_json(monitor: NvmlMonitor, indices: Iterable[int]) -> dict[str, Any]:
+def reading_json(monitor: NvmlMonitor, indices: Iterable[int] | None = None
+                 ) -> dict[str, Any]:
     """A JSON reading of GPUs `indices` for the record, or an explicit no-GPU marker.
 
     `{"nvml": "ok", "gpus": [...]}` with per-GPU utilisation, memory and per-process
     memory (None where the device does not report it), or `{"nvml": "unavailable",
     "reason": ...}` — never made-up numbers. A failing read is recorded as
     `{"nvml": "error", "reason": ...}`: a reading is evidence, not a reason to fail a lease.
+    `indices` are NVML's (default: this process's own GPUs, `NvmlMonitor.visible()`),
+    and so is each GPU's `index` in the record.
     """
     if not monitor.available:
         return {"nvml": "unavailable", "reason": monitor.reason}
     try:
-        readings = [monitor.read(i) for i in sorted(set(indices))]
+        wanted = monitor.visible() if indices is None else indices
+        readings = [monitor.read(i) for i in sorted(set(wanted))]
     except monitor._nvml.NVMLError as exc:
         return {"nvml": "error", "reason": str(exc)}
     return {"nvml": "ok", "gpus": [
@@ -172,7 +236,9 @@ def reading_json(monitor: NvmlMonitor, indices: Iterable[int]) -> dict[str, Any]
 
 
 def visible_indices(env: Mapping[str, str] = os.environ) -> tuple[int, ...]:
-    """The node GPU indices in CUDA_VISIBLE_DEVICES (slurmrl pins services by index)."""
+    """The numbers in CUDA_VISIBLE_DEVICES as written (CUDA's numbering: node-wide or,
+    under device confinement, the job's 0..n-1); not NVML's indices under confinement,
+    which `NvmlMonitor.visible` maps them to."""
     raw = env.get("CUDA_VISIBLE_DEVICES", "")
     return tuple(int(x) for x in raw.split(",") if x.strip().isdigit())
 

@@ -23,6 +23,10 @@ class BackendOptions:
     seed: int = 0
     lr: float | None = None
     gpu_memory_utilization: float = 0.85
+    #: vllm: the KV cache and the whole footprint per GPU the residency planner counts
+    #: (`--kv-cache-bytes`, `--gpu-memory-bytes`; None: vLLM sizes them itself)
+    kv_cache_bytes: int | None = None
+    gpu_memory_bytes: int | None = None
 
 
 def load_factory(spec: str) -> Any:
@@ -63,6 +67,7 @@ def make_backend(name: str, role: Role, opts: BackendOptions) -> ServiceBackend:
         if not opts.model:
             raise BackendError("the vllm backend needs --model (a model name or path)")
         return VllmBackend(
-            opts.model, seed=opts.seed, gpu_memory_utilization=opts.gpu_memory_utilization
+            opts.model, seed=opts.seed, gpu_memory_utilization=opts.gpu_memory_utilization,
+            kv_cache_bytes=opts.kv_cache_bytes, gpu_memory_bytes=opts.gpu_memory_bytes,
         )
     raise BackendError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")

@@ -69,13 +69,23 @@ def read_secret(secret_file: Path | None) -> str:
 @click.option("--device", default="cuda", show_default=True, help="torch backend device.")
 @click.option("--seed", default=0, show_default=True, help="Model initialisation seed.")
 @click.option("--lr", type=float, default=None, help="Trainer learning rate.")
-@click.option("--gpu-memory-utilization", type=float, default=0.85, show_default=True)
+@click.option("--gpu-memory-utilization", type=float, default=0.85, show_default=True,
+              help="vllm: the share of the GPU the engine takes, where no "
+                   "--gpu-memory-bytes is given.")
+@click.option("--gpu-memory-bytes", type=click.IntRange(min=1), default=None,
+              help="vllm: the GPU memory per GPU the residency planner counts for this "
+                   "engine (the controller passes it); its share of the GPU becomes "
+                   "vLLM's gpu_memory_utilization.")
+@click.option("--kv-cache-bytes", type=click.IntRange(min=1), default=None,
+              help="vllm: the KV cache per GPU (vLLM's kv_cache_memory_bytes).")
 @click.option("--handoff-dir", type=click.Path(path_type=Path), default=None,
               envvar="SLURMRL_HANDOFF_DIR", show_envvar=True,
               help="Private node-local directory (e.g. under /dev/shm) where this "
                    "service and its copies hand their state to each other; created 0700 "
                    "(the controller passes it in the environment: not in argv).")
-@click.option("--max-body-mb", default=1024, show_default=True, help="Largest request body.")
+@click.option("--max-body-mb", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Largest request body, e.g. a weights upload (the controller sizes it "
+                   "from the model).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
 def worker(
@@ -92,6 +102,8 @@ def worker(
     seed: int,
     lr: float | None,
     gpu_memory_utilization: float,
+    gpu_memory_bytes: int | None,
+    kv_cache_bytes: int | None,
     handoff_dir: Path | None,
     max_body_mb: int,
     log_level: str,
@@ -112,7 +124,8 @@ def worker(
         except ValueError as exc:
             raise click.UsageError(f"--handoff-dir: {exc}") from exc
     opts = BackendOptions(model=model, device=device, seed=seed, lr=lr,
-                          gpu_memory_utilization=gpu_memory_utilization)
+                          gpu_memory_utilization=gpu_memory_utilization,
+                          kv_cache_bytes=kv_cache_bytes, gpu_memory_bytes=gpu_memory_bytes)
     try:
         backend = make_backend(backend_name, Role(role), opts)
     except BackendError as exc:

@@ -17,6 +17,12 @@ into the host buffers (`write_host`), never onto the device: the next `onload` c
 them up like any parked state. On CUDA that write is a host-to-host copy into pinned
 memory; no kernel runs on the GPU until activation.
 
+A dropped model (level-2 park) keeps no host copy either: `offload(keep_host_copy=False,
+keep=...)` then `release_host(keep=...)` frees all but the buffers no weight import
+refills; weights synced into it later get buffers again (`write_host(...,
+allocate=True)`), and so does its next level-1 park (`refresh`), at the cost of
+allocating pinned memory anew (~3 ms per tensor).
+
 A service that hands its state to another copy of itself (`handoff.py`) frees both
 copies: `offload(keep_host_copy=False)`, then `release_host()`; the tensors keep their
 shapes, and `onload(restore=False)` gives them device storage again for the state to be
@@ -135,16 +141,21 @@ class Offloader:
             raise
         self.offloaded = False
 
-    def release_host(self) -> None:
-        """While offloaded: free the host buffers too; no copy of the state is kept.
+    def release_host(self, keep: Iterable[torch.Tensor] = ()) -> None:
+        """While offloaded: free the host buffers too, but those of `keep` (tracked
+        tensors no weight import refills); no copy of the rest is kept.
 
-        `onload` then allocates zeros; `refresh` allocates the buffers again. On CUDA the
-        freed pinned blocks are also returned from torch's host cache where it can.
+        `onload` then allocates zeros for the rest; `refresh` allocates the buffers
+        again, and so does `write_host(..., allocate=True)` for the tensors it writes. On
+        CUDA the freed pinned blocks are also returned from torch's host cache where it
+        can.
         """
         if not self.offloaded:
             raise RuntimeError("release_host is for offloaded state; offload first")
-        self._host = {k: torch.empty(0, dtype=b.dtype) for k, b in self._host.items()}
-        self._valid = set()
+        kept = {id(t) for t in keep}
+        self._host = {k: b if k in kept else torch.empty(0, dtype=b.dtype)
+                      for k, b in self._host.items()}
+        self._valid &= kept
         if self.cuda:
             empty_host_cache = getattr(torch._C, "_host_emptyCache", None)
             if empty_host_cache is not None:
@@ -156,25 +167,33 @@ class Offloader:
             return None
         return self._shapes[id(tensor)] if self.offloaded else tensor.shape
 
-    def write_host(self, values: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def write_host(self, values: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                   allocate: bool = False) -> None:
         """While offloaded: overwrite the host copies of tracked tensors with new values.
 
         Checks every pair before writing any (tracked, same shape), so a bad set leaves
         the parked state as it was. The device is not touched; `onload` brings them up.
+        A released buffer (`release_host`) is refused, unless `allocate`: then it is
+        allocated again (pinned on CUDA) for the value (weights synced into a dropped
+        model, which holds no host copy).
         """
         if not self.offloaded:
             raise RuntimeError("write_host is for offloaded state; copy into the tensor")
         for t, value in values:
             if id(t) not in self._host:
                 raise ValueError("tensor is not tracked by this offloader")
-            if self._host[id(t)].shape != self._shapes[id(t)]:
+            if self._host[id(t)].shape != self._shapes[id(t)] and not allocate:
                 raise ValueError("the host buffers were released (the state was handed off)")
             if value.shape != self._shapes[id(t)]:
                 raise ValueError(f"shape {tuple(value.shape)} does not match the parked "
                                  f"tensor's {tuple(self._shapes[id(t)])}")
         with torch.no_grad():
             for t, value in values:
-                self._host[id(t)].copy_(value)
+                buf = self._host[id(t)]
+                if buf.shape != self._shapes[id(t)]:
+                    buf = self._host[id(t)] = torch.empty(
+                        self._shapes[id(t)], dtype=t.dtype, device="cpu", pin_memory=self.cuda)
+                buf.copy_(value)
                 self._valid.add(id(t))
 
     def _copy(self, tensors: Sequence[torch.Tensor], to_host: bool) -> None:

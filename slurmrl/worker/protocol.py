@@ -8,6 +8,14 @@ to this protocol. Backends are not thread-safe: the server serialises calls to t
 Park levels follow vLLM's sleep levels: level 1 keeps the weights in (pinned) host
 memory (`Residency.PARKED`), level 2 discards them (`Residency.DROPPED`) and the next
 weight import refills them. A trainer cannot drop: its optimizer state would be lost.
+A DROPPED service holds no host copy of its weights (weights imported into it since are
+held until its activation). A level-2 park of an already PARKED service either frees
+its host copy and makes it DROPPED (`tiny`, `torch`), or, where the backend cannot
+(`vllm`: a sleeping engine cannot give up its CPU copy of the weights without waking
+first, and waking needs the GPU memory), changes nothing and it stays PARKED, as its
+answer says. The residency planner counts a drop of a parked service as freeing host
+memory only for backends of the first kind (`controller/residency.py`,
+`DROPS_PARKED_BACKENDS`).
 
 Hand-off (floating pools): one service may run as several copies, one per GPU window of
 a pool, in separate processes on one node, one of them active. `hand_off(path)` writes
@@ -46,12 +54,27 @@ class NotReady(BackendError):
     """The backend's residency forbids the call right now (HTTP 409)."""
 
 
+#: the largest sampling temperature: vLLM's SamplingParams refuses more (its own error)
+MAX_TEMPERATURE = 2.0
+#: the largest `GenerateParams.seed`, and every per-sequence seed is below it too
+MAX_SEED = 2**63 - 1
+
+
+def sequence_seed(seed: int, index: int) -> int:
+    """The seed of the sequence at `index` of a batch sampled with `seed`: within signed
+    64 bits (a torch.Generator or vLLM's per-request seed takes no more)."""
+    return (seed * 1_000_003 + index) % (MAX_SEED + 1)
+
+
 @dataclass(frozen=True)
 class GenerateParams:
     """Sampling parameters of one `generate` call.
 
     `seed` makes sampling reproducible: the same prompts, parameters and weights give the
-    same outputs, also across park/activate. `micro_batch` is how many prompts decode
+    same outputs, also across park/activate. Every backend takes seeds in 0..2**63-1
+    (`MAX_SEED`: `time.time_ns()` fits), and derives each sequence's seed from it and the
+    sequence's index within signed 64 bits (`sequence_seed`). `temperature` is in 0..2,
+    the range vLLM's SamplingParams takes (0: greedy). `micro_batch` is how many prompts decode
     together; prompts are processed micro-batch after micro-batch, which is what makes
     the active-sequence count shrink through the long tail. `first_index` is the position
     of the call's first prompt in a larger batch split over rollout replicas: sampling
@@ -68,8 +91,11 @@ class GenerateParams:
     def __post_init__(self) -> None:
         if not 1 <= self.max_tokens <= 65536:
             raise BackendError(f"max_tokens must be in 1..65536, got {self.max_tokens}")
-        if not 0.0 <= self.temperature <= 100.0:
-            raise BackendError(f"temperature must be in 0..100, got {self.temperature}")
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise BackendError(f"temperature must be in 0..{MAX_TEMPERATURE:g}, got "
+                               f"{self.temperature}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise BackendError(f"seed must be in 0..2**63-1, got {self.seed}")
         if self.micro_batch < 1:
             raise BackendError(f"micro_batch must be >= 1, got {self.micro_batch}")
         if not 0 <= self.first_index <= 2**31:
@@ -295,7 +321,11 @@ class ServiceBackend(Protocol):
         """Build the model on its device; afterwards residency is ACTIVE."""
 
     def park(self, level: int) -> None:
-        """Free device memory: level 1 keeps weights on the host, level 2 drops them."""
+        """Free device memory: level 1 keeps weights on the host, level 2 drops them.
+
+        A no-op when DROPPED, or PARKED at level 1. Level 2 when PARKED: frees the host
+        copy (DROPPED) where the backend can, else changes nothing (see the module's
+        docstring: the caller reads `residency` for which happened)."""
 
     def activate(self) -> None:
         """Bring parked state back onto the device; a no-op when already ACTIVE."""

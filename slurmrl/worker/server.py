@@ -71,7 +71,7 @@ from slurmrl.auth.tokens import (
     check_body,
     stream_mac,
 )
-from slurmrl.gpu.nvml import NvmlMonitor, reading_json, visible_indices
+from slurmrl.gpu.nvml import NvmlMonitor, reading_json
 from slurmrl.model import Residency
 from slurmrl.worker import handoff
 from slurmrl.worker.protocol import (
@@ -311,7 +311,7 @@ class ServiceServer:
                 "active_sequences": self.backend.active_sequences(),
                 "memory": mem.to_json(),
                 "calls": self.calls,
-                "gpus": reading_json(self._nvml(), visible_indices()),
+                "gpus": reading_json(self._nvml()),  # its CUDA_VISIBLE_DEVICES
             }
         )
 

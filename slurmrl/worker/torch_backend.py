@@ -7,6 +7,12 @@ parameters *and* the optimizer state into persistent pinned host buffers (alloca
 non-blocking copies on a side stream, then `torch.cuda.empty_cache()`, see `offload.py`)
 and activation copies them back, so training resumes exactly where it stopped.
 
+A level-2 park (a rollout's drop) keeps no host copy of the weights: the pinned buffers
+are freed (all but non-persistent buffers, which no weight import brings back), also
+when the model was already parked at level 1 (its host copy, and any weights staged in
+it, are freed then). That is the contract `ServiceBackend.park` states and the residency
+planner counts on (`Footprint.drops_parked`).
+
 Weights imported while parked (level 1 or 2) are staged: checked against the model
 (names and shapes, as `load_state_dict(strict=True)` would) and written into the
 host buffers of the parked parameters, without touching the device; `activate` copies
@@ -144,16 +150,26 @@ class TorchModelBackend:
             raise BackendError(f"park level must be 1 (keep weights) or 2 (drop), got {level}")
         if self.role is Role.TRAINER and level == 2:
             raise BackendError("a trainer cannot be parked at level 2: its state would be lost")
-        if self._residency in (Residency.PARKED, Residency.DROPPED):
+        if self._residency is Residency.DROPPED or (
+                self._residency is Residency.PARKED and (level == 1 or self._handed_off)):
+            return  # a handed-off copy holds nothing to drop
+        # a drop keeps what no weight import brings back: buffers outside the state_dict
+        # (non-persistent, e.g. rotary frequencies), else they would come back as zeros
+        keep = self._non_persistent() if level == 2 else ()
+        if self._residency is Residency.PARKED:
+            # from parked: the host copy goes (weights staged meanwhile with it); the
+            # planner counts a dropped rollout as pinning no host memory
+            self._offloader.release_host(keep=keep)
+            self._staged = False
+            self._residency = Residency.DROPPED
             return
         self._require(Residency.ACTIVE, "parking")
         if self._opt is not None:
             self._opt.zero_grad(set_to_none=True)  # grads are step-local: never kept
         self._offloader.refresh(self._tensors())  # optimizer state appears after step 1
-        # a drop keeps what no weight import brings back: buffers outside the state_dict
-        # (non-persistent, e.g. rotary frequencies), else they would come back as zeros
-        self._offloader.offload(keep_host_copy=level == 1,
-                                keep=() if level == 1 else self._non_persistent())
+        self._offloader.offload(keep_host_copy=level == 1, keep=keep)
+        if level == 2:
+            self._offloader.release_host(keep=keep)  # no host copy of what a drop drops
         self._residency = Residency.PARKED if level == 1 else Residency.DROPPED
 
     def activate(self) -> None:
@@ -445,7 +461,9 @@ class TorchModelBackend:
                 raise BackendError(f"weights do not fit this model: {key} is not parked")
             pairs.append((target, value))
         try:
-            self._offloader.write_host(pairs)
+            # a dropped model holds no host buffers for its weights: allocated for them
+            self._offloader.write_host(pairs,
+                                       allocate=self._residency is Residency.DROPPED)
         except ValueError as exc:
             raise BackendError(f"weights do not fit this model: {exc}") from exc
         self._staged = True

@@ -4,7 +4,8 @@ NOT RUN ON A GPU IN THIS PROJECT. The development machine has no GPU and vLLM is
 installed in CI (it is the optional extra `slurmrl[vllm]`); this module is written
 against vLLM's documented offline API (`LLM(..., enable_sleep_mode=True)`, `sleep`,
 `wake_up(tags=...)`, `reset_prefix_cache`, `collective_rpc` with a
-`worker_extension_cls`) and only its import guard and argument checks are tested here.
+`worker_extension_cls`); here only its import guard, argument checks and the calls it
+makes of FAKE `vllm` modules, engines and NVML are tested (tests/unit/worker/).
 
 Residency:
 - park(2) → `llm.sleep(level=2)`: weights and KV cache discarded (DROPPED). The next
@@ -15,7 +16,15 @@ Residency:
   weights without a reload gives gibberish (vllm#29341) — so `generate` refuses until
   weights were imported.
 - park(1) → `llm.sleep(level=1)`: weights copied to pinned host memory (PARKED);
-  activate → `wake_up()`.
+  activate → `wake_up()`. Its host memory (`memory().host_bytes`) is the weights'
+  bytes, summed over the engine's workers (`WeightSyncExtension.slurmrl_weights_bytes`
+  at load): what vLLM copies to the host, not what NVML saw freed (that includes the
+  discarded KV cache).
+- park(2) of a PARKED engine changes nothing: vLLM's executor ignores a `sleep` while
+  it sleeps ("Executor is already sleeping"), and the CPU copy of the weights goes only
+  with a wake, which needs the GPU memory back. It stays PARKED, pinning its host copy,
+  and says so; the residency planner does not count on freeing it
+  (`controller/residency.py`, `DROPS_PARKED_BACKENDS`).
 - Weights imported while asleep (a disaggregated job's sync leases the trainer's GPUs
   only, and a partner may hold this rollout's) are staged: the blob is checked to be a
   state_dict of tensors and kept in this process's host memory; nothing is sent to the
@@ -23,6 +32,18 @@ Residency:
   at level 1 that copies the old weights back first: vLLM offers no wake without it),
   loads the staged weights, then wakes the KV cache and resets the prefix cache — the
   same order as the level-2 refill. An active engine loads imported weights at once.
+Memory: the engine is started with the GPU memory the residency planner counts for it
+(`services.worker_argv` passes `--gpu-memory-bytes` and `--kv-cache-bytes`, from
+`estimate.rollout_budget`): `kv_cache_memory_bytes` sizes its KV cache (vLLM >= 0.11;
+slurmrl asks for >= 0.16), and `gpu_memory_utilization` is that footprint's share of the
+GPU's total memory (NVML), which vLLM checks is free at start. Without a budget it takes
+`gpu_memory_utilization` as given (0.85: most of the GPU, which the planner does not
+know).
+
+Sampling: `temperature` in 0..2 and seeds in 0..2**63-1 (`GenerateParams`); each
+sequence's vLLM seed is `protocol.sequence_seed` (within signed 64 bits). A sampling
+parameter vLLM refuses is a BackendError, not a crash of the call.
+
 Pausing: the server runs one backend call at a time, so no request is in flight when
 `sleep` runs (sleeping mid-request is a known corruption). After each sleep the freed
 memory is checked with NVML per-process readings over this process and its children
@@ -32,7 +53,10 @@ Hand-off: not offered. `hand_off`/`take_over` (floating pools: handing the state
 copy of the service on another GPU window) raise BackendError; floating pools need a
 backend that can, `torch` or `tiny`.
 
-Limits: one engine per process (vLLM's own limit with sleep mode); the CUDA context,
+Limits: one engine per process (vLLM's own limit with sleep mode); pinned host memory
+vLLM allocated for a level-1 sleep is not given back after the wake (vllm#16663: torch's
+pinned-memory cache keeps it), so `memory()` reads 0 host bytes while the process still
+holds them, until the next sleep reuses them; the CUDA context,
 CUDA-graph pool and NCCL buffers are never freed (~1 GiB per GPU); `import_weights`
 passes the whole state_dict blob through `collective_rpc` (fine for one GPU; large
 tensor-parallel models want NCCL weight transfer instead); exporting weights from a
@@ -63,9 +87,12 @@ from slurmrl.worker.protocol import (
     Role,
     Sample,
     TrainSample,
+    sequence_seed,
 )
 
 log = logging.getLogger("slurmrl.worker.vllm")
+#: the range of `gpu_memory_utilization` this backend passes vLLM
+MIN_UTIL, MAX_UTIL = 0.05, 0.99
 EXTENSION = "slurmrl.worker.vllm_backend.WeightSyncExtension"
 _NO_HANDOFF = ("the vllm backend cannot hand its state to another copy of the service: "
                "floating pools need a backend that can (torch or tiny)")
@@ -82,6 +109,13 @@ class WeightSyncExtension:
         state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
         self.model_runner.model.load_weights(weights=list(state.items()))
         return len(state)
+
+    def slurmrl_weights_bytes(self) -> int:
+        """Bytes of this worker's model tensors (parameters and buffers): what a level-1
+        sleep copies to pinned host memory."""
+        model = self.model_runner.model
+        tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
+        return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def _check_state_dict(blob: bytes) -> None:
@@ -105,15 +139,25 @@ class VllmBackend:
     role = Role.ROLLOUT
 
     def __init__(self, model: str, seed: int = 0, gpu_memory_utilization: float = 0.85,
-                 tensor_parallel_size: int = 1) -> None:
-        if not 0.05 <= gpu_memory_utilization <= 0.99:
+                 tensor_parallel_size: int = 1, kv_cache_bytes: int | None = None,
+                 gpu_memory_bytes: int | None = None) -> None:
+        if not MIN_UTIL <= gpu_memory_utilization <= MAX_UTIL:
             raise BackendError(
-                f"gpu_memory_utilization must be in 0.05..0.99, got {gpu_memory_utilization}"
+                f"gpu_memory_utilization must be in {MIN_UTIL}..{MAX_UTIL}, got "
+                f"{gpu_memory_utilization}"
             )
+        for name, value in (("kv_cache_bytes", kv_cache_bytes),
+                            ("gpu_memory_bytes", gpu_memory_bytes)):
+            if value is not None and value <= 0:
+                raise BackendError(f"{name} must be > 0, got {value}")
         self.model = model
         self._seed = seed
         self._util = gpu_memory_utilization
         self._tp = tensor_parallel_size
+        self._kv_bytes = kv_cache_bytes
+        self._gpu_bytes_planned = gpu_memory_bytes
+        #: model tensors over the engine's workers, read at load (None: unknown)
+        self._weights_bytes: int | None = 0
         self._llm: Any = None
         self._residency = Residency.STOPPED
         self._kv_asleep = False
@@ -139,12 +183,58 @@ class VllmBackend:
             model=self.model,
             enable_sleep_mode=True,
             seed=self._seed,
-            gpu_memory_utilization=self._util,
             tensor_parallel_size=self._tp,
             worker_extension_cls=EXTENSION,
+            **self.memory_args(),
         )
         self._residency = Residency.ACTIVE
         self._weights_valid = True
+        try:
+            self._weights_bytes = sum(
+                int(n) for n in self._llm.collective_rpc("slurmrl_weights_bytes"))
+        except Exception as exc:  # a figure for the record: never fail a loaded engine
+            log.warning("the engine's weights could not be sized (%s): a level-1 park "
+                        "reports what NVML saw freed, the KV cache included", exc)
+            self._weights_bytes = None
+
+    def memory_args(self) -> dict[str, Any]:
+        """The memory arguments of `vllm.LLM`: the planned KV cache
+        (`kv_cache_memory_bytes`) and the planned footprint's share of the smallest of
+        this engine's GPUs (`gpu_memory_utilization`, which vLLM checks is free at start
+        and, without a KV budget, fills); the configured share where no budget or no
+        NVML reading of the GPU's size is at hand."""
+        args: dict[str, Any] = {"gpu_memory_utilization": self._util}
+        if self._kv_bytes is not None:
+            args["kv_cache_memory_bytes"] = self._kv_bytes
+        if self._gpu_bytes_planned is None:
+            log.warning("no planned GPU memory for this engine: vLLM may take %.0f%% of "
+                        "the GPU, which the residency planner does not count", 100 * self._util)
+            return args
+        total = self._gpu_total()
+        if total is None:
+            log.warning("GPU size unknown (NVML: %s): vLLM starts with "
+                        "gpu_memory_utilization=%s", self._nvml.reason or "no reading",
+                        self._util)
+            return args
+        share = self._gpu_bytes_planned / total
+        if not MIN_UTIL <= share <= MAX_UTIL:
+            log.warning("planned %d bytes are %.3f of the GPU's %d: clamped to %s..%s",
+                        self._gpu_bytes_planned, share, total, MIN_UTIL, MAX_UTIL)
+        args["gpu_memory_utilization"] = min(MAX_UTIL, max(MIN_UTIL, share))
+        return args
+
+    def _gpu_total(self) -> int | None:
+        """The total memory of the smallest GPU this engine runs on (the first
+        `tensor_parallel_size` of CUDA_VISIBLE_DEVICES), from NVML; None if unknown."""
+        try:
+            gpus = self._nvml.visible()[: self._tp]
+            totals = [self._nvml.read(i).memory_total_bytes for i in gpus]
+        except Exception as exc:  # NVML's errors, or no NVML at all
+            log.warning("reading the GPU's size failed: %s", exc)
+            return None
+        if not totals or any(t is None for t in totals):
+            return None
+        return min(t for t in totals if t is not None)
 
     def _gpu_bytes(self) -> int | None:
         return self._nvml.process_memory(descendant_pids(os.getpid()))
@@ -152,6 +242,12 @@ class VllmBackend:
     def park(self, level: int) -> None:
         if level not in (1, 2):
             raise BackendError(f"park level must be 1 (keep weights) or 2 (drop), got {level}")
+        if self._residency is Residency.PARKED and level == 2:
+            # vLLM cannot go deeper asleep, nor drop the CPU copy without a wake: stays
+            # PARKED, as the answer says (protocol.py: the planner does not count on it)
+            log.info("park(level=2) of a parked vLLM engine: it stays parked with its "
+                     "weights in host memory (a sleeping engine cannot drop them)")
+            return
         if self._residency in (Residency.PARKED, Residency.DROPPED):
             return
         if self._residency is not Residency.ACTIVE:
@@ -168,7 +264,11 @@ class VllmBackend:
         if self.last_freed_bytes is not None and self.last_freed_bytes <= 0:
             log.warning("vLLM sleep(level=%d) freed no GPU memory (NVML: %s -> %s bytes)",
                         level, before, after)
-        self._host_bytes = (self.last_freed_bytes or 0) if level == 1 else 0
+        # level 1: the weights' bytes went to pinned host memory (what NVML saw freed
+        # holds the discarded KV cache too); level 2: nothing did
+        weights = (self.last_freed_bytes or 0) if self._weights_bytes is None else (
+            self._weights_bytes)
+        self._host_bytes = weights if level == 1 else 0
         self._residency = Residency.PARKED if level == 1 else Residency.DROPPED
 
     def activate(self) -> None:
@@ -209,10 +309,13 @@ class VllmBackend:
                 chunk = list(prompts[start : start + params.micro_batch])
                 # a sequence's seed is its place in the whole batch; a continued one is
                 # sampled anew from its cut (vLLM's per-request generator cannot resume)
-                sps = [SamplingParams(temperature=params.temperature,
-                                      max_tokens=params.max_tokens,
-                                      seed=params.seed * 1_000_003 + indices[start + i])
-                       for i in range(len(chunk))]
+                try:
+                    sps = [SamplingParams(temperature=params.temperature,
+                                          max_tokens=params.max_tokens,
+                                          seed=sequence_seed(params.seed, indices[start + i]))
+                           for i in range(len(chunk))]
+                except ValueError as exc:  # vLLM's own checks (VLLMValidationError)
+                    raise BackendError(f"vLLM refused the sampling parameters: {exc}") from exc
                 heads: list[tuple[int, ...]] = [()] * len(chunk)
                 inputs: list[Any] = chunk
                 if cont is not None and tok is not None:

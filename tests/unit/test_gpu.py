@@ -205,3 +205,63 @@ def test_rollout_weights_plus_kv_budget() -> None:
 def test_estimate_rejects_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         estimate_model_memory("7B", **kwargs)
+
+
+class ConfinedNvml(FakeNvml):
+    """FAKE pynvml of a node of 4 GPUs where Slurm confines the job to GPUs 1 and 3
+    (ConstrainDevices): NVML counts all four, and opening another job's GPU is refused
+    with NoPermission, as the reviewer's repro has it (not seen on a real node here)."""
+
+    MINE = (1, 3)
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 4
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        if i not in self.MINE:
+            raise self.NVMLError_NoPermission("Insufficient Permissions")
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+        return SimpleNamespace(gpu=50)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
+        return [SimpleNamespace(pid=100, usedGpuMemory=(h + 1) * GiB)]
+
+
+def test_another_jobs_gpu_is_skipped_not_taken_for_a_failed_reading() -> None:
+    mon = NvmlMonitor(ConfinedNvml())
+    assert mon.device_count() == 4 and mon.devices() == (1, 3)
+    assert [r.index for r in mon.snapshot()] == [1, 3]
+    assert mon.process_memory([100]) == 2 * GiB + 4 * GiB  # its own GPUs only
+
+
+def test_cuda_numbers_map_to_the_gpus_this_process_may_open() -> None:
+    confined = NvmlMonitor(ConfinedNvml())
+    # confined: CUDA numbers the job's GPUs 0..n-1 (Slurm's `local` numbering)
+    assert confined.visible({"CUDA_VISIBLE_DEVICES": "1"}) == (3,)
+    assert confined.visible({"CUDA_VISIBLE_DEVICES": "0,1"}) == (1, 3)
+    assert confined.visible({}) == (1, 3)  # unset: all it may open
+    assert confined.visible({"CUDA_VISIBLE_DEVICES": "1,7,0"}) == (3,)  # ends at 7, as CUDA
+    # by UUID (or a unique prefix), whatever the numbering
+    assert confined.visible({"CUDA_VISIBLE_DEVICES": "GPU-3,GPU-1"}) == (3, 1)
+    assert confined.visible({"CUDA_VISIBLE_DEVICES": "GPU-0"}) == ()  # not the job's
+    # not confined: every GPU opens, and a number is the node-wide index
+    assert NvmlMonitor(FakeNvml()).visible({"CUDA_VISIBLE_DEVICES": "1"}) == (1,)
+
+
+def test_a_services_reading_is_of_its_own_gpus_under_confinement(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurmrl.gpu.nvml import reading_json
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # the job's second GPU: node GPU 3
+    got = reading_json(NvmlMonitor(ConfinedNvml()))
+    assert got["nvml"] == "ok"
+    assert [(g["index"], g["uuid"]) for g in got["gpus"]] == [(3, "GPU-3")]
+
+
+def test_service_steps_number_gpus_in_pci_order_as_nvml_does() -> None:
+    from slurmrl.controller.services import ServiceSpec, step_env
+
+    env = step_env(ServiceSpec(1, "rollout", "someone", (0,)), "s" * 64, "c" * 64)
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"

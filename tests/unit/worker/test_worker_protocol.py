@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
-from slurmrl.worker.protocol import BackendError, GenerateParams, TrainSample
+from slurmrl.worker.protocol import (
+    MAX_SEED,
+    BackendError,
+    GenerateParams,
+    Role,
+    TrainSample,
+    sequence_seed,
+)
 
 
 def test_generate_params_parse_and_defaults() -> None:
@@ -14,11 +22,26 @@ def test_generate_params_parse_and_defaults() -> None:
     assert p == GenerateParams(max_tokens=4, temperature=0.0, seed=3)
 
 
+def test_seeds_up_to_63_bits_sample_on_tiny_and_derive_64_bit_sequence_seeds() -> None:
+    # both backends take the same seeds: tiny samples with the largest one, and every
+    # sequence's seed (what vllm passes vLLM) stays within signed 64 bits
+    from slurmrl.worker.tiny import TinyBackend
+
+    b = TinyBackend(Role.ROLLOUT)
+    b.load()
+    for seed in (MAX_SEED, time.time_ns()):
+        assert len(b.generate(["1+2="], GenerateParams(max_tokens=3, seed=seed)).samples) == 1
+        assert 0 <= sequence_seed(seed, 2**31) <= MAX_SEED
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
         ({"max_tokens": 0}, "max_tokens must be in"),
         ({"temperature": -1.0}, "temperature must be in"),
+        ({"temperature": 2.5}, r"temperature must be in 0\.\.2"),  # vLLM takes no more
+        ({"seed": -1}, r"seed must be in 0\.\.2\*\*63-1"),
+        ({"seed": 2**63}, r"seed must be in 0\.\.2\*\*63-1"),
         ({"micro_batch": 0}, "micro_batch must be"),
         ({"top_k": 3}, r"unknown generate param\(s\) \['top_k'\]"),
         ({"seed": "1"}, "'seed' has the wrong type"),

@@ -1,0 +1,105 @@
+"""A service is launched sized from its job's model: its worker takes a weights upload
+of the whole state_dict (a model over 1 GiB was refused with 413), and a `vllm` rollout
+is told the GPU memory the residency planner counts for it (it took 85% of the GPU).
+
+The worker is run as far as the server it would listen with (its command line, as the
+launcher builds it, parsed by the worker's own parser, and the request-size limit of
+the `ServiceServer` that makes): no GPU, no vLLM and no multi-GiB upload here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from slurmrl.auth.tokens import mint_secret
+from slurmrl.controller.residency import footprints_for_job
+from slurmrl.controller.services import ServiceSpec, UserIds, worker_argv
+from slurmrl.gpu.estimate import GiB
+from slurmrl.model import Layout, RlRequest
+from slurmrl.worker import server as worker_server
+from slurmrl.worker.cli import SECRET_ENV, worker
+
+
+def _worker_args(spec: ServiceSpec, tmp_path: Path) -> list[str]:
+    ids = UserIds("someone", os.geteuid(), os.getegid(), "/home/someone")
+    argv = worker_argv(spec, ids, python="/usr/bin/python3", workdir=tmp_path,
+                       bind_host="127.0.0.1", advertise_host="node1")
+    return argv[argv.index("slurmrl.worker") + 1:]
+
+
+def _served_limit(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    """The request-size limit of the server the worker would listen with."""
+    seen: dict[str, Any] = {}
+
+    async def serve(server: Any, *a: Any, **k: Any) -> None:
+        seen["server"] = server
+
+    monkeypatch.setattr(worker_server, "serve", serve)
+    # no engine is started: vLLM would only load in serve (as the tiny model does)
+    result = CliRunner().invoke(worker, [a for a in args if a != "--address-file"
+                                         and not a.endswith("/address")],
+                                env={SECRET_ENV: mint_secret()})
+    assert result.exit_code == 0, result.output
+    # what aiohttp refuses a body over (413): the limit the server was built with
+    return int(seen["server"].app()._client_max_size)
+
+
+@pytest.mark.parametrize(("model", "params"), [("Qwen/Qwen2.5-1.5B", 1.5e9),
+                                               ("Qwen2.5-7B", 7e9)])
+def test_a_rollout_takes_a_weights_upload_of_its_whole_model(
+        model: str, params: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = ServiceSpec(7, "rollout", "someone", (0,), backend="vllm", model=model)
+    limit = _served_limit(_worker_args(spec, tmp_path), monkeypatch)
+    # the state_dict in bf16 is over the old 1 GiB limit; even in fp32 it fits now
+    assert params * 2 > GiB
+    assert limit >= params * 4 + (64 << 20)
+
+
+def test_a_torch_trainer_is_sized_the_same(tmp_path: Path) -> None:
+    spec = ServiceSpec(7, "trainer", "someone", (0, 1), backend="torch", model="Qwen2.5-7B")
+    args = _worker_args(spec, tmp_path)
+    assert int(args[args.index("--max-body-mb") + 1]) << 20 >= 7e9 * 4
+    assert "--gpu-memory-bytes" not in args  # a trainer is no vLLM engine
+
+
+def test_a_model_sized_only_by_its_rl_mem_is_bounded_by_it(tmp_path: Path) -> None:
+    spec = ServiceSpec(7, "rollout", "someone", (0, 1), backend="vllm",
+                       model="/models/house-model", mem_bytes=20 * GiB)
+    args = _worker_args(spec, tmp_path)
+    # weights at 2 bytes per parameter fit 2 x 20 GiB: <= 20 Gi parameters, 80 GiB in fp32
+    assert int(args[args.index("--max-body-mb") + 1]) << 20 >= 80 * GiB
+    # the engine gets the declared footprint; its KV cache vLLM sizes (weights unknown)
+    assert args[args.index("--gpu-memory-bytes") + 1] == str(20 * GiB)
+    assert "--kv-cache-bytes" not in args
+
+
+def test_tiny_serves_its_own_model_whatever_the_job_names(tmp_path: Path) -> None:
+    spec = ServiceSpec(7, "rollout", "someone", (0,), model="Qwen2.5-72B")
+    args = _worker_args(spec, tmp_path)
+    assert "--max-body-mb" not in args and "--gpu-memory-bytes" not in args
+
+
+@pytest.mark.parametrize(("request_", "replica_gpus"), [
+    (RlRequest(gpus=1, model="Qwen/Qwen2.5-1.5B"), 0),
+    (RlRequest(gpus=4, model="Qwen2.5-32B"), 0),
+    (RlRequest(gpus=4, model="Qwen2.5-7B"), 1),
+    (RlRequest(gpus=2, model="Qwen2.5-7B", mem_bytes=40 * GiB), 0),
+    (RlRequest(gpus=4, model="Qwen2.5-7B", layout=Layout.DISAGGREGATED, rollout_gpus=1), 0),
+])
+def test_a_vllm_rollout_is_launched_with_the_footprint_the_planner_counts(
+        request_: RlRequest, replica_gpus: int, tmp_path: Path) -> None:
+    for fp in footprints_for_job(3, request_, list(range(request_.gpus)), replica_gpus):
+        if fp.role != "rollout":
+            continue
+        spec = ServiceSpec(3, "rollout", "someone", tuple(sorted(fp.gpus)), backend="vllm",
+                           model=request_.model, replica=fp.replica,
+                           mem_bytes=request_.mem_bytes)
+        args = _worker_args(spec, tmp_path)
+        assert int(args[args.index("--gpu-memory-bytes") + 1]) == fp.active_bytes
+        kv = int(args[args.index("--kv-cache-bytes") + 1])
+        # the KV cache is the footprint less the weights and the CUDA context/graphs
+        assert 0 < kv < fp.active_bytes
