@@ -190,6 +190,8 @@ class Controller:
         if verdict.verdict is Verdict.DEDICATED and request.mux is not Mux.OFF:
             job = replace(job, request=replace(request, mux=Mux.OFF),
                           reason=f"PoolPending (dedicated: {verdict.reason})")
+        elif verdict.verdict is Verdict.ACCEPT and verdict.reason:
+            job = replace(job, reason=f"PoolPending ({verdict.reason})")  # e.g. a cap
         self.store.add_job(job)
         log.info("registered RL job %d of %s (%d GPUs, %s)", job_id, info.user,
                  request.gpus, request.layout)

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from policies import registry
@@ -55,6 +55,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: node state flags under which Slurm allocates nothing new
+#: states of a job that holds no allocation yet (or again): queued, or back in the queue
+_QUEUED = frozenset({SlurmJobState.PENDING, SlurmJobState.REQUEUED,
+                     SlurmJobState.SPECIAL_EXIT, SlurmJobState.REQUEUE_HOLD,
+                     SlurmJobState.REQUEUE_FED, SlurmJobState.RESV_DEL_HOLD})
 _UNUSABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER", "MAINT", "RESERVED", "FUTURE")
 
 
@@ -182,10 +186,12 @@ def job_snapshot(job: JobRecord, partition: str,
 
 def pool_snapshot(pool: PoolRecord, members: Sequence[JobSnapshot], partition: str,
                   gpu_mem_bytes: int | None, limits: SiteLimits,
-                  offsets: Sequence[int] = (), closed: bool = False) -> PoolSnapshot:
+                  offsets: Sequence[int] = (), closed: bool = False,
+                  host_budget: int | None = None) -> PoolSnapshot:
     """`offsets`: each member's first pool GPU, in `members`' order (empty: all 0);
-    `closed`: it takes no new member (a fixed group was complete)."""
-    budget = limits.parked_host_mem_bytes
+    `closed`: it takes no new member (a fixed group was complete); `host_budget`: the
+    host memory its parked services may pin (None: the limits' figure)."""
+    budget = limits.parked_host_mem_bytes if host_budget is None else host_budget
     free = None if budget is None else budget - sum(host_bytes(m) for m in members)
     return PoolSnapshot(pool.pool_id, pool.gpus, tuple(members), pool.partition or partition,
                         None, gpu_mem_bytes, free, pool.dedicated, closed,
@@ -199,7 +205,7 @@ def free_gpus(nodes: Sequence[NodeInfo], running: Sequence[JobInfo],
               and not any(flag in n.state.upper() for flag in _UNUSABLE)}
     used, seen = 0, set()
     for j in running:
-        if j.state is not SlurmJobState.RUNNING:
+        if j.state.terminal or j.state in _QUEUED:  # else its GPUs are allocated still
             continue
         by_node = dict(j.gpu_indices_by_node) or (
             {j.nodes[0]: j.gpu_indices} if j.nodes and j.gpu_indices else {})
@@ -236,11 +242,19 @@ def cluster_snapshot(now: float, pools: Sequence[PoolSnapshot],
                            floating_max_gpus=floating_max_gpus or {})
 
 
-async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
-                              gpu_mem_bytes: int | None) -> ClusterSnapshot:
-    """What the pairing policy sees now: open pools, `waiting` jobs, free GPUs."""
+async def controller_snapshot(
+        c: Controller, waiting: Sequence[JobRecord], gpu_mem_bytes: int | None,
+        host_budget: Callable[[PoolRecord | None], int] | None = None) -> ClusterSnapshot:
+    """What the pairing policy sees now: open pools, `waiting` jobs, free GPUs.
+    `host_budget`: the pool manager's budget for parked state on a pool's node (None:
+    a pool not opened yet), where the site config leaves it to the nodes' memory (its
+    `parked_host_mem_per_node` = 0): the policy is held to the budget the join guard is."""
     part = c.config.slurm.pool_partition
     limits = c.policies.limits
+    budget_of = host_budget if host_budget is not None and (
+        limits.parked_host_mem_bytes is None) else None
+    if budget_of is not None:
+        limits = replace(limits, parked_host_mem_bytes=budget_of(None))
     now = c.clock()
 
     def snap(job: JobRecord) -> JobSnapshot:
@@ -255,7 +269,8 @@ async def controller_snapshot(c: Controller, waiting: Sequence[JobRecord],
         members = c.store.jobs(active=True, pool_id=p.pool_id)
         closed = group is not None and len(c.store.jobs(pool_id=p.pool_id)) >= group
         pools.append(pool_snapshot(p, [snap(m) for m in members], part, gpu_mem_bytes, limits,
-                                   [min(m.pool_gpus, default=0) for m in members], closed))
+                                   [min(m.pool_gpus, default=0) for m in members], closed,
+                                   None if budget_of is None else budget_of(p)))
     try:
         nodes, running = await asyncio.to_thread(lambda: (c.slurm.nodes(), c.slurm.jobs()))
         free = free_gpus(nodes, running, open_pools, part)

@@ -597,12 +597,10 @@ class SlurmPools:
             if not waiting:
                 return
             await self._refresh_node_memory()
-            snap = await controller_snapshot(c, waiting, self._gpu_bytes)
-            if not c.config.limits.parked_host_mem_per_node:
-                # the budget the join guard holds a new pool to, told to the policy too
-                # (its own limits say none: the site config's 0 means "from the nodes")
-                snap = replace(snap, limits=replace(
-                    snap.limits, parked_host_mem_bytes=self._host_budget(None)))
+            # the budgets the join guard holds each pool (and a new one) to, told to the
+            # policy too (its own limits say none: the site config's 0 means "from the
+            # nodes")
+            snap = await controller_snapshot(c, waiting, self._gpu_bytes, self._host_budget)
             try:
                 placements = list(c.policies.pairing.place(snap))
             except Exception:  # a site policy's bug: leave the jobs waiting, retry later

@@ -210,9 +210,15 @@ class Api:
         if bad_keys:
             raise bad(f"env may only carry SLURMRL_* variables, got {bad_keys[0][:40]!r}")
         job = await self.c.register(_who(request), b["job_id"], b["env"])
+        # a repeated registration (another rank) answers the job as it is by now
+        now = self.c.clock()
+        pool = self.c.store.pool(job.pool_id) if job.pool_id is not None else None
         # the secret signs calls to the job's services: its owner's only, not an admin's
-        view = job_view(job, private=True, gpu_s=0.0, now=self.c.clock(),
-                        secret=job.uid == _who(request).uid)
+        view = job_view(job, private=True, now=now,
+                        gpu_s=self.c.gpu_seconds_now([job.job_id]).get(job.job_id, 0.0),
+                        waits=self.c.store.lease_waits([job.job_id], now).get(job.job_id),
+                        floating=pool is not None and pool.floating,
+                        dedicated_pool=_dedicated(pool), secret=job.uid == _who(request).uid)
         return _json({"job": view})
 
     async def open_session(self, request: web.Request) -> web.Response:
@@ -251,7 +257,8 @@ class Api:
                  if pid is not None}
         return [job_view(j, private=admin or j.uid == who.uid, hide_user=hide,
                          gpu_s=gpu_s.get(j.job_id, 0.0), now=now, waits=waits.get(j.job_id),
-                         dedicated_pool=_dedicated(pools.get(j.pool_id or -1))) for j in jobs]
+                         floating=(p := pools.get(j.pool_id or -1)) is not None and p.floating,
+                         dedicated_pool=_dedicated(p)) for j in jobs]
 
     async def get_job(self, request: web.Request) -> web.Response:
         _query(request, set())

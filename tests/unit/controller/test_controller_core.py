@@ -204,3 +204,16 @@ async def test_site_limits_partitions_judge_the_partition_the_job_was_submitted_
             assert "'drivers'" in rec.reason
     finally:
         await c.stop()
+
+
+@run
+async def test_a_max_slowdown_over_the_sites_cap_is_accepted_and_the_user_told() -> None:
+    store = Store(":memory:")
+    c = Controller(Config(), store, OneJobSlurm())  # type: ignore[arg-type]
+    await c.start()
+    env = {"SLURMRL_GPUS": "2", "SLURMRL_MODEL": "tiny", "SLURMRL_MAX_SLOWDOWN": "3.0"}
+    job = await c.register(ALICE, 100, env)
+    assert job.state is JobState.PENDING
+    # what `slurmrl status` shows while it waits for a pool
+    assert job.reason == "PoolPending (--rl-max-slowdown=3.0 capped at the site's 1.5)"
+    await c.stop()

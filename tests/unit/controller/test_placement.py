@@ -280,3 +280,22 @@ def test_how_long_a_job_has_run_counts_from_its_leases_not_its_drivers_clock(
         t += 4.0
     snap = job_snapshot(job, "pools", store.observations(52), now=1.7e9 + 100.0)
     assert snap.running_s == pytest.approx(70.0)
+
+
+@pytest.mark.parametrize("state", [SlurmJobState.RUNNING, SlurmJobState.CONFIGURING,
+                                   SlurmJobState.COMPLETING, SlurmJobState.SUSPENDED,
+                                   SlurmJobState.STOPPED, SlurmJobState.RESIZING])
+def test_gpus_a_job_still_holds_are_not_free(state: SlurmJobState) -> None:
+    # a job booting its nodes, ending, or suspended keeps its GPUs: a pool opened on them
+    # would pend until the start timeout failed the user's RL job
+    other = JobInfo(901, "x", "u", 1, state, partition="other", nodes=("n1",),
+                    gpu_indices=(0, 1, 2, 3), gpu_indices_by_node=(("n1", (0, 1, 2, 3)),))
+    assert free_gpus([NODE], [other], [], "pools") == {"pools": NODE.gpus - 4}
+
+
+@pytest.mark.parametrize("state", [SlurmJobState.PENDING, SlurmJobState.COMPLETED,
+                                   SlurmJobState.REQUEUE_HOLD])
+def test_gpus_of_a_job_queued_or_ended_are_free(state: SlurmJobState) -> None:
+    other = JobInfo(901, "x", "u", 1, state, partition="other", nodes=("n1",),
+                    gpu_indices=(0, 1, 2, 3), gpu_indices_by_node=(("n1", (0, 1, 2, 3)),))
+    assert free_gpus([NODE], [other], [], "pools") == {"pools": NODE.gpus}

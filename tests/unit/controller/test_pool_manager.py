@@ -495,9 +495,11 @@ class Recorder(JoinFirst):
 
     def __init__(self) -> None:
         self.limits: list[Any] = []
+        self.pool_room: list[list[int | None]] = []  #: each open pool's host room
 
     def place(self, snap: ClusterSnapshot) -> list[Placement]:
         self.limits.append(snap.limits)
+        self.pool_room.append([p.host_mem_free_bytes for p in snap.pools])
         return super().place(snap)
 
 
@@ -512,6 +514,24 @@ async def test_the_policy_is_told_the_host_budget_the_join_guard_holds(
     await site.c.register(ALICE, 7, ENV)
     await site.settle()
     assert policy.limits and policy.limits[-1].parked_host_mem_bytes == (64000 << 20) // 2
+    await site.c.stop()
+
+
+@run
+async def test_the_policy_is_told_each_open_pools_host_room(tmp_path: Path) -> None:
+    # an open pool's room was unknown to the policy (None: not checked) though the join
+    # guard holds it to its node's budget: first-fit picked a pool the guard refused
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE, 8: BOB})
+    policy = Recorder()
+    site.c.policies = replace(site.c.policies, pairing=policy)
+    await site.c.register(ALICE, 7, ENV)
+    await site.settle()
+    await site.c.register(BOB, 8, ENV)
+    await site.settle()
+    from policies.complementarity import host_bytes
+    from slurmrl.controller.placement import job_snapshot
+    member = host_bytes(job_snapshot(site.job(7), "pools"))
+    assert policy.pool_room[-1] == [(64000 << 20) // 2 - member]
     await site.c.stop()
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from test_server_inputs import FakeSlurm
 
@@ -315,5 +316,30 @@ def test_a_frame_over_the_body_limit_gets_a_413_frame_and_the_stream_goes_on(
             pool = r.c.store.job(A).pool_id  # type: ignore[union-attr]
             assert [w.job_id for w in r.c.scheduler.tables[pool].waiting] == [A]  # type: ignore[index]
             await ws.close()
+
+    asyncio.run(main())
+
+
+def test_every_answer_with_a_job_in_it_says_the_same_of_it(tmp_path: Path) -> None:
+    # the list, the status and a repeated registration (another rank) said "not
+    # floating" and, re-registering, "no GPU-seconds": only GET /v1/jobs/{id} was right
+    async def main() -> None:
+        async with rig(tmp_path, register=((ALICE, A),)) as r:
+            pool = r.c.open_pool(gpus=2, slurm_job_id=777, floating=True)
+            r.c.place_job(A, pool.pool_id, (0, 1))
+            _, got = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases",
+                                  {"phase": "train", "wait_s": 0})
+            await asyncio.sleep(0.2)
+            await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases/{got['lease']['lease_id']}/release",
+                         {})
+            one = (await r.call(ALICE, "GET", f"/v1/jobs/{A}"))[1]["job"]
+            listed = (await r.call(ALICE, "GET", "/v1/jobs"))[1]["jobs"][0]
+            status = (await r.call(ALICE, "GET", "/v1/status"))[1]["jobs"][0]
+            again = (await r.call(ALICE, "POST", "/v1/jobs",
+                                  {"job_id": A, "env": {"SLURMRL_GPUS": "2"}}))[1]["job"]
+            assert one["floating"] is True and one["gpu_seconds"] > 0.3
+            for view in (listed, status, again):
+                for key in ("floating", "gpu_seconds", "lease_wait_seconds", "slowdown"):
+                    assert view[key] == pytest.approx(one[key]), (key, view[key], one[key])
 
     asyncio.run(main())
