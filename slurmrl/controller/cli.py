@@ -13,6 +13,7 @@ import asyncio
 import errno
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -105,12 +106,33 @@ def slurm_backend(cfg: Config) -> SlurmBackend:
     s = cfg.slurm
     env = dict(os.environ)
     if s.slurm_conf:
+        if not os.access(s.slurm_conf, os.R_OK) or os.path.isdir(s.slurm_conf):
+            # every Slurm command would fail (or retry for a minute) on it
+            raise ConfigError(cfg.source_of("slurm.slurm_conf"), "slurm.slurm_conf",
+                              f"{s.slurm_conf} is not a readable file")
         env["SLURM_CONF"] = s.slurm_conf
     try:
         return default_backend(env, choice=s.backend, timeout_s=s.command_timeout_s,
                                account=s.pool_account, time_limit=s.pool_time_limit)
     except SlurmError as exc:  # slurm.backend = "pyslurm" where it cannot be used
         raise ConfigError(cfg.source_of("slurm.backend"), "slurm.backend", str(exc)) from None
+
+
+#: the Slurm commands the pool manager runs (`slurmrl.slurm.command`, service steps)
+POOL_COMMANDS = ("sbatch", "scancel", "scontrol", "sinfo", "squeue", "srun")
+
+
+def check_slurm_commands(path: str | None = None) -> None:
+    """Each of `POOL_COMMANDS` on the controller's PATH (`path`: instead of $PATH), or a
+    ConfigError naming those missing: without them no pool opens and no service starts."""
+    missing = [c for c in POOL_COMMANDS
+               if shutil.which(c, path=path if path is not None else os.environ.get("PATH"))
+               is None]
+    if missing:
+        raise ConfigError("environment", "PATH",
+                          f"the Slurm commands {', '.join(missing)} are not on the "
+                          "controller's PATH; install Slurm's client commands, or start it "
+                          "with a PATH that has them (the systemd unit's Environment=PATH)")
 
 
 async def check_listen(cfg: Config) -> None:
@@ -147,6 +169,7 @@ async def _run(cfg: Config, debug_invariants: bool, pool_manager: str = "attache
     await check_listen(cfg)  # so is an address it cannot listen on
     if pool_manager == "slurm":  # and a services directory it may not use
         check_services_dir(cfg, services_dir)
+        check_slurm_commands()  # and Slurm commands it cannot run
     store = Store(cfg.controller.db_path)
     store.checkpoint_in_background()
     pools = None

@@ -140,3 +140,30 @@ def test_a_policy_that_cannot_be_imported_is_named_by_its_key_not_its_parameters
     assert f"{site}: policies.slice: slice policy 'no_such_site_module:Slice' cannot be " \
         "imported" in res.output, res.output
     assert not db_dir.exists()
+
+
+def test_a_slurm_conf_that_cannot_be_read_stops_it_before_the_db_exists(
+        tmp_path: Path) -> None:
+    # every Slurm command retried for a minute on it, while the controller ran blind
+    site, db_dir = _site(tmp_path, f'[slurm]\nslurm_conf = "{tmp_path}/no/slurm.conf"\n')
+    res = CliRunner().invoke(controller, ["--config", str(site)])
+    assert res.exit_code == 1
+    assert f"{site}: slurm.slurm_conf: {tmp_path}/no/slurm.conf is not a readable file" \
+        in res.output
+    assert not db_dir.exists()
+
+
+def test_a_pool_manager_without_slurms_commands_stops_it_before_the_db_exists(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for name in ("sbatch", "squeue"):  # some, not all
+        (bare / name).write_text("#!/bin/sh\n")
+        (bare / name).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bare))
+    site, db_dir = _site(tmp_path, f'[services]\nrun_dir = "{tmp_path}/svc"\n')
+    res = CliRunner().invoke(controller, ["--config", str(site), "--pool-manager", "slurm"])
+    assert res.exit_code == 1
+    assert "PATH: the Slurm commands scancel, scontrol, sinfo, srun are not on the " \
+        "controller's PATH" in res.output, res.output
+    assert not db_dir.exists()
