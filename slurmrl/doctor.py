@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import stat
 import subprocess
 from collections.abc import Callable, Sequence
@@ -42,10 +43,18 @@ class Level(StrEnum):
 
 @dataclass(frozen=True)
 class CheckResult:
+    """One check's finding. `detail` and `remedy` are kept to one line each (runs of
+    whitespace, a command's multi-line stderr among them, fold to one space): the CLI
+    prints one line per check."""
+
     name: str
     level: Level
     detail: str
     remedy: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "detail", " ".join(self.detail.split()))
+        object.__setattr__(self, "remedy", " ".join(self.remedy.split()))
 
 
 @dataclass(frozen=True)
@@ -181,7 +190,8 @@ def check_spank(s: Settings) -> CheckResult:
         return evaluate_spank(sbatch_help(CommandBackend(s.env, timeout_s=s.timeout_s)))
     except SlurmError as exc:
         return CheckResult("spank", Level.FAIL, f"sbatch --help failed: {exc}",
-                           "a bad plugstack.conf line makes sbatch fail: check it")
+                           "make Slurm reachable first (see the slurm check); else a bad "
+                           "plugstack.conf line makes sbatch fail: check it")
 
 
 def evaluate_pool(name: str, part: PartitionInfo | None,
@@ -248,13 +258,18 @@ def check_pool_submit(s: Settings) -> CheckResult:
     spec = PoolAllocator(b, sc.pool_partition, cpus_per_gpu=sc.pool_cpus_per_gpu,
                          mem_per_gpu_mb=sc.pool_mem_per_gpu >> 20).spec(1)
     user = pwd.getpwuid(os.geteuid()).pw_name
+    unreachable = "make Slurm reachable first (see the slurm check)"
     try:
         cp = b.run([*b.sbatch_argv(spec), "--test-only"], input_text=b.script_text(spec),
                    check=False)
     except SlurmError as exc:
-        return CheckResult("pool-submit", Level.FAIL, f"sbatch --test-only failed: {exc}",
-                           "make Slurm reachable first (see the slurm check)")
+        return CheckResult("pool-submit", Level.FAIL, f"cannot ask Slurm: {exc}", unreachable)
     said = " ".join((cp.stderr + cp.stdout).split())
+    # Slurm's own failure (no configuration, no slurmctld) says nothing of the pool's
+    # settings: sbatch then refuses every job alike
+    if cp.returncode != 0 and (_SLURM_ITSELF.search(said) or not b.ping()):
+        return CheckResult("pool-submit", Level.FAIL, f"cannot ask Slurm: sbatch --test-only "
+                           f"as {user}: {said[:300] or f'exit {cp.returncode}'}", unreachable)
     if cp.returncode != 0:
         return CheckResult("pool-submit", Level.FAIL, f"Slurm would refuse a 1-GPU pool "
                            f"submitted as {user}: {said[:300]}",
@@ -262,6 +277,13 @@ def check_pool_submit(s: Settings) -> CheckResult:
                            "pool_time_limit, pool_cpus_per_gpu or pool_mem_per_gpu, or the "
                            "partition's limits")
     return CheckResult("pool-submit", Level.OK, f"as {user}: {said[:200]}")
+
+
+#: what Slurm's commands print when Slurm itself cannot be asked (no configuration
+#: source, slurmctld down or unreachable), whatever the job
+_SLURM_ITSELF = re.compile(r"\bfatal:|could not establish a configuration source|"
+                           r"unable to contact slurm controller|slurm controller not "
+                           r"responding", re.IGNORECASE)
 
 
 # -- MUNGE and the controller ---------------------------------------------------------------

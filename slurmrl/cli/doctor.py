@@ -28,7 +28,7 @@ from slurmrl.doctor import CHECK_NAMES, Level, as_dict, load_settings, run_check
 @click.option("--config", "config_path", help="site config (default: $SLURMRL_CONFIG, "
               "else /etc/slurmrl/slurmrl.toml)")
 @click.option("--controller", "url", help="controller URL (default: $SLURMRL_CONTROLLER, "
-              "else the site config's host and port)")
+              "else plugstack.conf's controller=, else the site config's host and port)")
 @click.option("--check", "only", multiple=True, type=click.Choice(CHECK_NAMES),
               help="run only this check (repeatable; a site config that does not load "
               "is reported anyway)")

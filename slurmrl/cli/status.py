@@ -171,14 +171,24 @@ def _controller_url(given: str | None) -> str:
         return given
     if os.environ.get("SLURMRL_CONTROLLER"):
         return os.environ["SLURMRL_CONTROLLER"]
+    from slurmrl.slurm.plugstack import controller_url
+
     try:
         from slurmrl.config import load
 
         cfg = load()
     except Exception as exc:
-        raise StatusError(f"cannot read the site config: {exc}") from None
-    from slurmrl.slurm.plugstack import controller_url
+        # a login node's users often may not read the site file (root's, mode 0600): the
+        # plugstack.conf of $SLURM_CONF (else Slurm's default) still says where it is
+        from slurmrl.slurm.devices import slurm_conf_path
 
+        found = controller_url(os.environ)
+        if found:
+            return found
+        raise StatusError(
+            f"cannot read the site config: {exc}; and the plugstack.conf of "
+            f"{slurm_conf_path(os.environ)} names no slurmrl.so controller= URL: give "
+            "--controller URL or set $SLURMRL_CONTROLLER") from None
     # where the SPANK plugin tells drivers it is (a login node's view), else the site
     # config's listening address (the controller's own host)
     return controller_url(slurm_conf=cfg.slurm.slurm_conf) or cfg.controller.local_url()

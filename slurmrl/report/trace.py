@@ -23,6 +23,7 @@ import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -99,11 +100,19 @@ def build_trace(store: Store, job_ids: Iterable[int] | None = None) -> Trace:
 
 
 def profile_text(prior: PhasePrior) -> str:
-    """A `--rl-profile` value as the user would write it (`parse_profile` reads it)."""
-    parts = [f"{ph.value}={x:g}" for ph, x in prior.shares]
+    """A `--rl-profile` value as the user would write it (`parse_profile` reads it back
+    to the same floats: plain decimals, no exponent, no digit lost)."""
+    parts = [f"{ph.value}={_plain(x)}" for ph, x in prior.shares]
     if prior.step_s is not None:
-        parts.append(f"step={prior.step_s:g}")
+        parts.append(f"step={_plain(prior.step_s)}")
     return ",".join(parts)
+
+
+def _plain(x: float) -> str:
+    """`x` as the shortest decimal that reads back as it, without an exponent (`:g`
+    wrote `1e+06` and `5e-05`, which `--rl-profile` refuses, and kept 6 digits)."""
+    text = format(Decimal(repr(x)), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def save_trace(trace: Trace, path: str | Path) -> None:

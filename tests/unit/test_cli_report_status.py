@@ -320,3 +320,73 @@ def test_pools_and_leases_together_are_a_usage_error(asked: list[dict[str, str]]
     assert res.exit_code == 2 and "--pools and --leases are exclusive" in res.output
     res = CliRunner().invoke(status, ["--controller", "http://ctl:1", "--leases", "--json"])
     assert res.exit_code == 0 and "leases" in _json(res)
+
+
+# -- 8: a site config the user cannot read still leaves plugstack.conf's controller= --------
+
+@pytest.fixture
+def login_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A login node's Slurm config ($SLURM_CONF) whose plugstack.conf gives the plugin
+    `controller=http://ctl.example:6999`; no $SLURMRL_CONTROLLER."""
+    (tmp_path / "slurm.conf").write_text("ClusterName=x\n")
+    (tmp_path / "plugstack.conf").write_text(
+        "required /usr/lib/slurm/slurmrl.so controller=http://ctl.example:6999\n")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    monkeypatch.delenv("SLURMRL_CONTROLLER", raising=False)
+    return tmp_path
+
+
+def _site_config_users_cannot_load(tmp_path: Path, how: str) -> Path:
+    if how == "bad key":
+        (tmp_path / "slurmrl.toml").write_text("[controller]\nbogus = 1\n")
+        return tmp_path / "slurmrl.toml"
+    (tmp_path / "f").write_text("")  # a path the loader cannot stat: "cannot be read"
+    return tmp_path / "f" / "slurmrl.toml"
+
+
+UNLOADABLE = ["bad key", "cannot be read"]
+
+
+@pytest.mark.parametrize("how", UNLOADABLE)
+def test_status_finds_the_controller_in_plugstack_conf_without_the_site_config(
+        login_node: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    monkeypatch.setenv("SLURMRL_CONFIG", str(_site_config_users_cannot_load(login_node, how)))
+    urls: list[str] = []
+
+    def fetch(url: str, query: dict[str, str]) -> dict[str, Any]:
+        urls.append(url)
+        return {"jobs": [], "pools": [], "leases": []}
+
+    monkeypatch.setattr("slurmrl.cli.status.fetch", fetch)
+    res = CliRunner().invoke(status, [])
+    assert res.exit_code == 0, res.output
+    assert urls == ["http://ctl.example:6999"]
+
+
+def test_report_reads_the_controller_of_plugstack_conf_without_the_site_config(
+        login_node: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURMRL_CONFIG", str(_site_config_users_cannot_load(login_node,
+                                                                            "bad key")))
+    urls: list[str] = []
+
+    class Rpc(_Rpc):
+        def __init__(self, url: str, *args: Any, **kwargs: Any) -> None:
+            urls.append(url)
+
+    monkeypatch.setattr("slurmrl.client.rpc.RpcClient", Rpc)
+    res = CliRunner().invoke(report, ["--json"])
+    assert res.exit_code == 0, res.output
+    assert set(urls) == {"http://ctl.example:6999"}
+
+
+def test_without_any_controller_url_status_names_the_config_and_plugstack_conf(
+        login_node: Path, monkeypatch: pytest.MonkeyPatch,
+        asked: list[dict[str, str]]) -> None:
+    (login_node / "plugstack.conf").write_text("required /usr/lib/slurm/other.so\n")
+    monkeypatch.setenv("SLURMRL_CONFIG", str(_site_config_users_cannot_load(login_node,
+                                                                            "bad key")))
+    res = CliRunner().invoke(status, [])
+    assert res.exit_code == 1 and asked == []
+    assert "cannot read the site config: " in res.stderr and "bogus" in res.stderr
+    assert (f"the plugstack.conf of {login_node / 'slurm.conf'} names no slurmrl.so "
+            "controller= URL") in res.stderr

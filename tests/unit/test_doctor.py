@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from click.testing import CliRunner
 
 from slurmrl.cli.doctor import doctor
 from slurmrl.doctor import (
+    CheckResult,
     Level,
     evaluate_path_access,
     evaluate_pool,
@@ -379,3 +381,84 @@ def test_services_check_names_the_smallest_pool_memory_right(tmp_path: Path) -> 
                    'pool_mem_per_gpu = "1M"\n')
     (small,) = run_checks(load_settings(str(cfg), None), ["services"])
     assert small.level is Level.WARN and "a pool asks only 1 MiB per GPU" in small.detail
+
+
+# -- pool-submit when Slurm cannot be asked; one line per check ------------------------------
+
+NO_CONFIG = ("{cmd}: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
+             "{cmd}: fatal: Could not establish a configuration source\n")
+
+
+def _fake_slurm(tmp_path: Path, ping: str, sbatch_err: str, others_fail: bool = False) -> str:
+    """A PATH whose scontrol, sinfo, sbatch and squeue are shell scripts: `scontrol ping`
+    prints `ping` (exit 0 when it says UP), `sbatch` prints `sbatch_err` and exits 1;
+    with `others_fail` every other command fails as where no Slurm config is found."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for cmd in ("scontrol", "sinfo", "sbatch", "squeue"):
+        if cmd == "sbatch":
+            body = f"cat >/dev/null\nprintf '%s' '{sbatch_err}' >&2\nexit 1\n"
+        elif others_fail:
+            body = f"printf '%s' '{NO_CONFIG.format(cmd=cmd)}' >&2\nexit 1\n"
+        elif cmd == "scontrol":
+            body = f"echo '{ping}'\ncase '{ping}' in *UP) exit 0;; esac\nexit 1\n"
+        else:
+            body = "exit 1\n"
+        (bin_dir / cmd).write_text("#!/bin/sh\n" + body)
+        (bin_dir / cmd).chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
+def _pool_submit(tmp_path: Path, path: str) -> CheckResult:
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('[slurm]\npool_partition = "gpus"\npool_account = "rl"\n')
+    s = load_settings(str(cfg), "http://127.0.0.1:1")
+    s = replace(s, env={**s.env, "PATH": path})
+    (r,) = run_checks(s, ["pool-submit"])
+    return r
+
+
+def test_pool_submit_blames_slurm_not_the_pool_settings_where_slurm_has_no_config(
+        tmp_path: Path) -> None:
+    r = _pool_submit(tmp_path, _fake_slurm(tmp_path, "", NO_CONFIG.format(cmd="sbatch"),
+                                           others_fail=True))
+    assert r.level is Level.FAIL
+    assert r.detail.startswith("cannot ask Slurm: ") and "configuration source" in r.detail
+    assert r.remedy == "make Slurm reachable first (see the slurm check)"
+
+
+def test_pool_submit_blames_slurm_where_slurmctld_does_not_answer(tmp_path: Path) -> None:
+    err = "sbatch: error: Batch job submission failed: Zero Bytes were transmitted\n"
+    r = _pool_submit(tmp_path, _fake_slurm(tmp_path, "Slurmctld(primary) at ctl is DOWN",
+                                           err))
+    assert r.level is Level.FAIL and r.detail.startswith("cannot ask Slurm: ")
+    assert r.remedy == "make Slurm reachable first (see the slurm check)"
+
+
+def test_pool_submit_blames_the_pool_settings_where_slurm_answers_and_refuses(
+        tmp_path: Path) -> None:
+    err = ("sbatch: error: Batch job submission failed: Invalid account or "
+           "account/partition combination specified\n")
+    r = _pool_submit(tmp_path, _fake_slurm(tmp_path, "Slurmctld(primary) at ctl is UP", err))
+    assert r.level is Level.FAIL and r.detail.startswith("Slurm would refuse a 1-GPU pool")
+    assert "Invalid account" in r.detail and "pool_account" in r.remedy
+
+
+def test_multi_line_slurm_errors_print_one_line_per_check(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", _fake_slurm(tmp_path, "", NO_CONFIG.format(cmd="sbatch"),
+                                           others_fail=True))
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('[slurm]\npool_partition = "gpus"\n')
+    checks = ["slurm", "spank", "pool-partition", "pool-submit"]
+    res = CliRunner().invoke(doctor, ["--config", str(cfg), "--timeout", "5",
+                                      *(x for c in checks for x in ("--check", c))])
+    assert res.exit_code == 1
+    lines = res.stdout.splitlines()
+    assert [ln.split()[:2] for ln in lines] == [["FAIL", c] for c in checks], res.stdout
+    assert all("fatal: Could not establish a configuration source" in ln for ln in lines)
+    # and in --json, one line each too
+    res = CliRunner().invoke(doctor, ["--config", str(cfg), "--json",
+                                      *(x for c in checks for x in ("--check", c))])
+    for c in json.loads(res.stdout)["checks"]:
+        assert "\n" not in c["detail"] + c["remedy"], c

@@ -6,6 +6,7 @@ import json
 import re
 import resource
 import signal
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,17 @@ from click.testing import CliRunner
 
 from slurmrl.cli.report import report
 from slurmrl.db import JobRecord, Store
+from slurmrl.directives import STEP_MAX_S, parse_profile
 from slurmrl.leases.types import Lease
 from slurmrl.model import JobState, Layout, LeaseState, Mux, Phase, PhasePrior, RlRequest
 from slurmrl.report.sources import SourceError
-from slurmrl.report.trace import TraceError, build_trace, save_trace, write_trace
+from slurmrl.report.trace import (
+    TraceError,
+    build_trace,
+    profile_text,
+    save_trace,
+    write_trace,
+)
 from slurmrl.sim.replay import replay, trace_jobs
 
 
@@ -220,3 +228,53 @@ def test_a_report_whose_plot_fails_writes_no_trace(tmp_path: Path) -> None:
                                       "--plot", str(tmp_path / "no" / "such" / "t.png")])
     assert res.exit_code == 1 and "cannot write" in res.output
     assert not out.exists()
+
+
+# -- a job's --rl-profile comes back from the trace as it was parsed -----------------------
+
+def _profiles_at_the_bounds() -> list[str]:
+    """The --rl-profile values of tests/data/directives.toml's valid cases, and values at
+    the parser's bounds: shares in (0,1] and step in (0,STEP_MAX_S], each of at most 16
+    characters, so at most 15 significant digits."""
+    cases = tomllib.loads((Path(__file__).parents[1] / "data" / "directives.toml")
+                          .read_text())
+    written = [c["options"]["rl-profile"] for c in cases["valid"]
+               if "rl-profile" in c["options"]]
+    assert written  # the table still has some
+    step_max = f"{STEP_MAX_S:.0f}"  # 1000000 (:g wrote 1e+06, which the parser refuses)
+    return [*written,
+            f"rollout=1,step={step_max}",
+            "rollout=0.99995,idle=0.00005,step=0.00000000000001",  # 5e-05 and 1e-14
+            "rollout=0.99999999999999,idle=0.00000000000001,step=999999.999999999",
+            "rollout=0.123456789012,train=0.876543210988,step=123456.789",  # > 6 digits
+            "rollout=00.25,train=0.2500,sync=0.1,reward=0.3,idle=0.1,step=060.50",
+            "train=1.0,step=0.5"]
+
+
+@pytest.mark.parametrize("written", _profiles_at_the_bounds())
+def test_a_profile_the_parser_accepts_comes_back_identical(written: str) -> None:
+    prior = parse_profile(written)
+    text = profile_text(prior)
+    for item in text.split(","):  # plain decimals, as the plugin takes them: no exponent
+        assert re.fullmatch(r"[a-z]+=[0-9]+(\.[0-9]+)?", item), text
+    assert parse_profile(text) == prior
+    assert len(text) <= len(written)  # within the parser's length limit too
+
+
+def test_a_trace_of_jobs_with_profiles_at_the_bounds_replays_them_identical(
+        tmp_path: Path) -> None:
+    store = Store(tmp_path / "c.db")
+    pool = store.add_pool(gpus=1, opened_at=0.0, slurm_job_id=9)
+    priors = {jid: parse_profile(w) for jid, w in enumerate(_profiles_at_the_bounds(), 20)}
+    t = 10.0
+    for jid, prior in priors.items():
+        store.add_job(JobRecord(jid, "u", 2000, RlRequest(gpus=1, profile=prior),
+                                JobState.RUNNING, 0.0, name="j", pool_id=pool,
+                                pool_gpus=(0,)))
+        store.lease_ended(_grant(store, pool, jid, Phase.ROLLOUT, {0}, t - 1, t),
+                          LeaseState.RELEASED, t + 5)
+        t += 10
+    out = tmp_path / "t.jsonl"
+    assert write_trace(store, out) == len(priors)
+    store.close()
+    assert {j.job_id: j.prior for j in trace_jobs(out)} == priors
