@@ -117,7 +117,8 @@ def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
 @click.option("--parked-host-mem", "parked_host_mem", default=None, metavar="SIZE",
               help="what-if: host memory per pool for parked state, e.g. 64G (the "
                    "controller's [limits] parked_host_mem_per_node; default: the "
-                   "workload's, none for most: unlimited)")
+                   "workload's, none for most: unlimited; a trace's (-w FILE.jsonl): "
+                   "64G, the controller's where Slurm reports no node memory)")
 @click.option("--rl-steps/--no-rl-steps", "declare_steps", default=True, show_default=True,
               help="every job declares its step count (#SBATCH --rl-steps), which lets "
                    "pairing judge a pool member on its whole run; or none does")

@@ -43,6 +43,10 @@ shared/research/prior-art.md).
 
 Nodes: a staggered pool either fits one node or has every window on whole nodes
 (`SimConfig.gpus_per_node`, checked at every placement); no window straddles a node.
+A floating pool's windows are laid out as the controller allocates them
+(`window_layout`): each within one node, a node's GPUs left over where the window size
+does not divide it held by none, or a window of whole nodes; a window wider than a node
+that is not whole nodes is refused (`SimError`), the one the controller could not run.
 
 Floating pools (`SimConfig.floating`; benchmarks/floating.py), as the controller runs
 them (site config `slurm.floating_pools`; with `pack_tails`, as it runs them with
@@ -175,7 +179,7 @@ class Pool:
     sized_at: float = 0.0  #: when it last changed size (opened, or windows added/retired)
     #: (when, GPUs from then on), from its opening: a floating pool's size changes
     sizes: list[tuple[float, int]] = field(default_factory=list)
-    next_gpu: int = 0  #: the id its next added GPU takes
+    next_gpu: int = 0  #: the id past its newest GPU: an added window's are later ones
     gang_holder: JobRun | None = None
     gang_since: float = 0.0
     gang_token: int = 0
@@ -235,6 +239,22 @@ class SimConfig:
     #: all of a GPU's memory); False: where the members' models fit GPU memory together
     #: it costs a context switch (`costs.switch_s`), the designed system's price
     park_always: bool = False
+
+
+def window_layout(start: int, count: int, g: int, node: int) -> list[range]:
+    """`count` floating windows of `g` GPUs numbered from pool GPU `start` on, laid out
+    as the controller's are (each its own Slurm allocation, on the pool's node unless
+    windows may span nodes): a window of at most a node's GPUs within one node (pool
+    GPUs `k * node` .. `k * node + node - 1` are node k's), so that where `node % g` is
+    not 0 the node's last `node % g` GPUs hold no window and the next window starts on
+    the next node; a wider one on whole nodes (`g % node == 0`, checked by the caller)."""
+    out: list[range] = []
+    for _ in range(count):
+        if g <= node and start % node + g > node:
+            start += node - start % node  # the node's leftover GPUs: no window's
+        out.append(range(start, start + g))
+        start += g
+    return out
 
 
 class Simulation:
@@ -487,24 +507,28 @@ class Simulation:
     def _open(self, gpus: int, dedicated: bool, run: JobRun | None = None,
               floating: bool = False) -> Pool:
         """A new pool of `gpus` GPUs; a floating one (whole windows of the job's GPU
-        count) where the placement asks for one (`Placement.floating`) and the run lets
-        pools float (`SimConfig.floating`)."""
+        count, laid out on nodes by `window_layout`) where the placement asks for one
+        (`Placement.floating`) and the run lets pools float (`SimConfig.floating`)."""
         pid = next(self._pool_ids)
-        table = LeaseTable(pid, range(gpus), self.slice_factory(), lease_timeout_s=1e15)
-        pool = Pool(pid, gpus, table, self.mode, dedicated, self.now, sized_at=self.now,
-                    next_gpu=gpus, sizes=[(self.now, gpus)])
         g = run.job.gpus if run is not None else 0
+        windows: list[range] | None = None
         if (self.cfg.floating and floating and self.mode is PoolMode.LEASE and not dedicated
                 and run is not None and run.job.rollout_gpus == g and gpus % g == 0):
             node = self.cfg.gpus_per_node
-            if g % node and node % g:
-                raise SimError(f"floating windows of {g} GPUs would straddle nodes of "
-                               f"{node} GPUs")
+            if g > node and g % node:
+                raise SimError(f"a floating window of {g} GPUs would straddle nodes of "
+                               f"{node} GPUs (each window is one Slurm allocation: "
+                               "within one node, or of whole nodes)")
             if not self.cfg.floating_across_nodes and gpus > node:
                 raise SimError(f"a floating pool of {gpus} GPUs would span nodes of {node} "
                                "GPUs (its windows share one node; "
                                "SimConfig.floating_across_nodes lifts that)")
-            pool.windows = [range(i, i + g) for i in range(0, gpus, g)]
+            windows = window_layout(0, gpus // g, g, node)
+        held = range(gpus) if windows is None else sorted(set().union(*windows))
+        table = LeaseTable(pid, held, self.slice_factory(), lease_timeout_s=1e15)
+        pool = Pool(pid, gpus, table, self.mode, dedicated, self.now, sized_at=self.now,
+                    next_gpu=gpus if windows is None else windows[-1].stop,
+                    sizes=[(self.now, gpus)], windows=windows)
         self.pools[pid] = pool
         self.free -= gpus
         return pool
@@ -529,11 +553,11 @@ class Simulation:
                            "one node; SimConfig.floating_across_nodes lifts that)")
         if self.free < gpus:
             return False
-        new = [range(pool.next_gpu + i, pool.next_gpu + i + g) for i in range(0, gpus, g)]
-        pool.next_gpu += gpus
+        new = window_layout(pool.next_gpu, gpus // g, g, self.cfg.gpus_per_node)
+        pool.next_gpu = new[-1].stop
         self._resize(pool, pool.gpus + gpus)
         pool.windows.extend(new)
-        self._handle(pool, pool.table.add_gpus(range(new[0].start, new[-1].stop), self.now))
+        self._handle(pool, pool.table.add_gpus(set().union(*new), self.now))
         return True
 
     def _retire_spare(self, pool: Pool) -> None:

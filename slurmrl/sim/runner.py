@@ -60,14 +60,21 @@ def trace_config(jobs: list[SimJob], check_invariants: bool = True) -> SimConfig
     queued for one another), the controller's default site limits (`[limits]` of a
     default `Config`, through the controller's own `placement.site_limits`), its host
     memory for parked state also each pool's budget, as the controller's join guard
-    holds it. One exception: `max_gpus_per_job` is raised to the trace's largest job, so
-    that no recorded job (admitted by the controller that ran it) is rejected."""
+    holds it. The default `parked_host_mem_per_node` (0) has the controller take half
+    of the pool node's memory as Slurm reports it (`SlurmPools._host_budget`); a trace
+    does not say the nodes' memory, so the budget is the controller's fallback where
+    Slurm reports none (`pools.UNKNOWN_HOST_BUDGET`, 64 GiB), not unlimited. One
+    exception: `max_gpus_per_job` is raised to the trace's largest job, so that no
+    recorded job (admitted by the controller that ran it) is rejected."""
     from dataclasses import replace
 
     from slurmrl.config import Config
     from slurmrl.controller.placement import site_limits
+    from slurmrl.controller.pools import UNKNOWN_HOST_BUDGET
 
     lim = site_limits(Config())
+    if lim.parked_host_mem_bytes is None:  # the site config's 0: "from the nodes"
+        lim = replace(lim, parked_host_mem_bytes=UNKNOWN_HOST_BUDGET)
     largest = max((j.gpus for j in jobs), default=1)
     lim = replace(lim, max_gpus_per_job=max(lim.max_gpus_per_job, largest))
     return SimConfig(max(1, sum(j.gpus for j in jobs)),

@@ -310,6 +310,12 @@ def validate(data: Any, where: str = "workload", path: Path | None = None) -> Wo
     for i, c in enumerate(data["classes"]):
         spec = c["gpus"]
         spans = [tuple(spec)] if isinstance(spec, list) else [(g, g) for g in sc.values(spec)]
+        if Layout(c["layout"]) is Layout.DISAGGREGATED and min(lo for lo, _ in spans) < 2:
+            # else the run fails at the first such draw, depending on the seed and --jobs
+            raise WorkloadError(
+                f"{where}: classes[{i}].gpus can draw jobs of 1 GPU, but a disaggregated "
+                f"class's jobs need at least 2 (a rollout set and a trainer set), got "
+                f"{json.dumps(spec)}: draw from 2 up, or make the class colocated")
         for lo, hi in spans:
             if max(lo, cluster + 1) <= min(hi, most):
                 raise WorkloadError(

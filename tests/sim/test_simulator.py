@@ -70,11 +70,13 @@ def test_invariants_hold_on_generated_workloads(layout: str, tail: str, turns: i
                                                 gpus: list[int], rate: float, model: str,
                                                 mux_off: float, policy: str, arrivals: str,
                                                 seed: int, grow_free_only: bool) -> None:
-    w = validate(small_workload(layout, tail, turns, gpus, rate, model, mux_off))
-    if layout == "disaggregated" and 1 in gpus:
-        with pytest.raises(WorkloadError, match="at least 2 GPUs"):
-            run_workload(w, seed, arrivals, pairing=policy)
+    data = small_workload(layout, tail, turns, gpus, rate, model, mux_off)
+    if layout == "disaggregated" and 1 in gpus:  # refused when read, whatever it draws
+        with pytest.raises(WorkloadError, match=r"gen: classes\[0\]\.gpus can draw jobs "
+                                                "of 1 GPU, but a disaggregated class"):
+            validate(data, "gen")
         return
+    w = validate(data)
     # check_invariants=True: check_table runs after every event (raises on a double grant);
     # rollouts grow as designed (a queued request) or as the controller does
     r = run_jobs(generate(w, seed, arrivals), replace(config_for(w, True),
@@ -426,6 +428,9 @@ def test_a_trace_runs_under_the_controllers_default_limits(tmp_path: Path) -> No
     want = site_limits(Config())  # the controller's own, from its default [limits]
     assert (want.default_max_slowdown, want.max_slowdown, want.max_gpus_per_job,
             want.max_jobs_per_pool, want.parked_host_mem_bytes) == (1.3, 1.5, 8, 2, None)
+    # parked_host_mem_per_node 0: the controller takes half the node's memory, 64 GiB
+    # where Slurm reports none, as for a trace, which does not say the nodes' memory
+    want = replace(want, parked_host_mem_bytes=64 << 30)
     jobs = trace_jobs(recorded_trace(tmp_path / "t.jsonl", None, steps=2))
     cfg = trace_config(jobs)
     assert cfg.limits == want
@@ -443,6 +448,39 @@ def test_a_trace_runs_under_the_controllers_default_limits(tmp_path: Path) -> No
     res = run_jobs(jobs, cfg)
     assert res.metrics.rejected == 0
     assert all(r.finished_at is not None for r in res.sim.runs.values())
+
+
+def test_a_trace_preview_holds_pools_to_the_controllers_host_memory_fallback(
+        tmp_path: Path) -> None:
+    # the controller, with [limits] parked_host_mem_per_node = 0 (its default), holds a
+    # pool's parked state to half of the node's memory, 64 GiB where Slurm reports none
+    # (`SlurmPools._host_budget`): two 7B jobs (16 bytes a parameter parked, about 114
+    # GiB each) do not share. The preview shared them, as if unlimited
+    from slurmrl.controller.pools import UNKNOWN_HOST_BUDGET
+
+    assert trace_config([]).host_mem_per_pool_bytes == UNKNOWN_HOST_BUDGET == 64 << 30
+    rows = [{"job_id": j, "phase": ph, "requested_at": t, "granted_at": t,
+             "released_at": t + d, "gpus": [0]}
+            for j in (1, 2) for k in range(20)
+            for ph, t, d in (("rollout", 20.0 * k + j - 1, 3.0),
+                             ("train", 20.0 * k + j + 2, 1.0))]
+    trace = tmp_path / "t7b.jsonl"
+    trace.write_text("\n".join(json.dumps(x) for x in [
+        {"format": "slurmrl-trace/1",
+         "jobs": [{"job_id": j, "gpus": 1, "model": "Qwen2.5-7B"} for j in (1, 2)]},
+        *rows]) + "\n")
+
+    def run(*extra: str) -> dict[str, Any]:
+        res = CliRunner().invoke(simulate, ["-w", str(trace), "--assume-profiles",
+                                            "--json", *extra])
+        assert res.exit_code == 0, res.output
+        return dict(json.loads(res.output))
+
+    preview = run()
+    assert preview["meta"]["parked_host_mem_bytes"] == 64 << 30
+    assert preview["metrics"]["shared_pools"] == 0
+    roomy = run("--parked-host-mem", "1T")  # the what-if of larger nodes: they share
+    assert roomy["metrics"]["shared_pools"] == 1 and roomy["metrics"]["savings"] > 0.2
 
 
 PLACE = """

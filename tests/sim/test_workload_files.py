@@ -150,6 +150,12 @@ MALFORMED = [
     (_set("limits.max_slowdown", 1000), "limits.max_slowdown must be a number >= 1 and "
                                         "<= 100, got 1000"),
     (_set("jobs", 10**20), "jobs must be a whole number >= 1 and <= 1,000,000"),
+    # a disaggregated class that can draw a 1-GPU job passed and then failed at the first
+    # such draw (depending on the seed and --jobs), naming neither the file nor the key
+    *((_both(_set("classes.0.layout", "disaggregated"), _set("classes.0.gpus", gpus)),
+       f"classes[0].gpus can draw jobs of 1 GPU, but a disaggregated class's jobs need "
+       f"at least 2 (a rollout set and a trainer set), got {json.dumps(gpus)}")
+      for gpus in (1, [1, 2], {"choices": [4, 1], "weights": [1, 1]})),
 ]
 
 
