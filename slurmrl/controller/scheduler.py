@@ -151,7 +151,8 @@ class LeaseScheduler:
         """A floating pool took another window: schedule its GPUs too."""
         now = self.clock()
         with self._change(pool_id):
-            self._apply(pool_id, self.tables[pool_id].add_gpus(gpus, now), now)
+            self._apply(pool_id, self.tables[pool_id].add_gpus(
+                gpus, now, window=pool_id in self._window_size), now)
         self._wake.set()
 
     def retire(self, pool_id: int, gpus: Iterable[int]) -> None:
@@ -201,11 +202,14 @@ class LeaseScheduler:
             held, waiting = self.store.open_state(pool.pool_id)
             held = [replace(x, deadline_at=max(x.deadline_at, grace)) for x in held]
             waiting = [replace(r, deadline_at=max(r.deadline_at, grace)) for r in waiting]
-            if size is not None:  # a request's options are not stored: its windows now
+            if size is not None:  # a request's options are not stored: every window now,
+                # those it named first (a window added after it was made is one too)
                 wins = self.windows(pool.pool_id)
                 waiting = [replace(r, gpus=frozenset().union(*alts), options=alts,
                                    min_gpus=size)
-                           for r in waiting if (alts := tuple(w for w in wins if w & r.gpus))]
+                           for r in waiting if (alts := tuple(sorted(
+                               wins, key=lambda w, r=r: (not w & r.gpus, min(w))))) and any(
+                               w & r.gpus for w in wins)]
             switched = self._switched_to(pool.pool_id) if held else set()
             held = [replace(x, switched=x.lease_id in switched) for x in held]
             table = self.tables[pool.pool_id]

@@ -340,13 +340,20 @@ class LeaseTable:
         _, moves, _, free = min(fits)
         return frozenset(g for b in free[:keep // unit] for g in b) if moves else None
 
-    def add_gpus(self, gpus: Iterable[int], now: float) -> list[Event]:
-        """The pool grew (a floating pool took another window from Slurm)."""
+    def add_gpus(self, gpus: Iterable[int], now: float, window: bool = False) -> list[Event]:
+        """The pool grew (a floating pool took another window from Slurm). `window`: the
+        GPUs are one more window, which every waiting request of whole windows of its
+        size may now be granted too (a request names every window)."""
         new = frozenset(gpus)
         if not new or new & self.gpus:
             raise LeaseError(f"GPUs to add must be new to pool {self.pool_id}, got "
                              f"{sorted(new)}")
         self.gpus |= new
+        if window:
+            for rid, req in list(self._waiting.items()):
+                if req.options and all(len(o) == len(new) for o in req.options):
+                    self._waiting[rid] = replace(req, gpus=req.gpus | new,
+                                                 options=(*req.options, new))
         return self._schedule(now)
 
     def retire(self, gpus: Iterable[int], now: float) -> list[Event]:

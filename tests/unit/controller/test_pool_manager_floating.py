@@ -14,7 +14,7 @@ import asyncio
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from _loop import run
@@ -1127,3 +1127,36 @@ async def test_a_failed_launch_on_a_new_window_leaves_the_members_other_copies(
     kept = [lv for k, lv in site.pools._live.items() if k[0] == 7]
     assert len(kept) == len(first) and {lv.footprint.window for lv in kept} == {0}
     await site.c.stop()
+
+
+class _Windows:
+    """Pairing: job 7 opens a floating pool of one window; each later job joins it,
+    asking the pool to have `windows[job]` windows."""
+
+    name, mode = "script", PoolMode.LEASE
+    windows: ClassVar[dict[int, int]] = {7: 1, 8: 1, 9: 2}
+
+    def place(self, snap: ClusterSnapshot) -> list[Placement]:
+        pool = next((p for p in snap.pools if p.floating), None)
+        return [Placement(j.job_id, Action.OPEN, -1, 2, floating=True) if pool is None
+                else Placement(j.job_id, Action.JOIN, pool.pool_id, 2 * self.windows[j.job_id],
+                               floating=True) for j in snap.waiting]
+
+
+@run
+async def test_a_window_added_while_a_member_waits_is_granted_to_it(tmp_path: Path) -> None:
+    # a waiting request named the windows at its making: the new one sat free beside it
+    s = await _site(Store(tmp_path / "c.db"))
+    s.c.policies = replace(s.c.policies, pairing=_Windows())
+    await s.register(ALICE, 7)
+    await s.register(BOB, 8)
+    pool = s.job(7).pool_id
+    assert pool is not None
+    await s.grant(7, Phase.TRAIN)
+    ticket = s.c.scheduler.request(s.job(8), Phase.TRAIN)
+    assert ticket.lease is None  # the pool's one window is held
+    await s.register(CAROL, 9)  # a second window comes
+    assert [w.window for w in s.c.store.windows(pool)] == [0, 1]
+    held = [sorted(x.gpus) for x in s.c.scheduler.tables[pool].leases if x.job_id == 8]
+    assert held == [[2, 3]]
+    await s.c.stop()
