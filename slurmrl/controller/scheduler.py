@@ -207,9 +207,8 @@ class LeaseScheduler:
                 wins = self.windows(pool.pool_id)
                 waiting = [replace(r, gpus=frozenset().union(*alts), options=alts,
                                    min_gpus=size)
-                           for r in waiting if (alts := tuple(sorted(
-                               wins, key=lambda w, r=r: (not w & r.gpus, min(w))))) and any(
-                               w & r.gpus for w in wins)]
+                           for r in waiting if any(w & r.gpus for w in wins)
+                           for alts in [_named_first(wins, r.gpus)]]
             switched = self._switched_to(pool.pool_id) if held else set()
             held = [replace(x, switched=x.lease_id in switched) for x in held]
             table = self.tables[pool.pool_id]
@@ -735,6 +734,12 @@ class LeaseScheduler:
             self.metrics.gpu_seconds.labels(str(pool_id)).inc(gpu_s)
 
         return counted
+
+
+def _named_first(windows: Sequence[frozenset[int]],
+                 named: frozenset[int]) -> tuple[frozenset[int], ...]:
+    """Every window, those among `named` first (a restored request's options)."""
+    return tuple(sorted(windows, key=lambda w: (not w & named, min(w))))
 
 
 def _pool_gpus(job: JobRecord, local_gpus: Sequence[int]) -> list[int]:

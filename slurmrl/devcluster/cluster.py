@@ -24,6 +24,7 @@ import pwd
 import stat
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,23 +128,33 @@ class DevCluster:
 
     def _make_dirs(self) -> None:
         lay = self.layout
+        _make_state_dir(lay.state_dir)
         # The spool must be traversable: jobs exec their batch script from it as the user.
-        for path in (lay.state_dir, lay.etc, lay.run, lay.log, lay.dev, lay.lib,
+        for path in (lay.etc, lay.run, lay.log, lay.dev, lay.lib,
                      lay.slurmd_spool().parent, *map(lay.slurmd_spool, lay.nodes)):
-            path.mkdir(parents=True, exist_ok=True)
-            path.chmod(0o755)
-        lay.ctld_state.mkdir(parents=True, exist_ok=True)
-        lay.ctld_state.chmod(0o700)
+            _make_dir(path, 0o755)
+        _make_dir(lay.ctld_state, 0o700)
 
     def _make_gpu_devices(self) -> None:
         # Slurm only checks that the device files exist; the null device is harmless.
+        # Anything else at a device's path (a symlink, another device, a file) is
+        # replaced, never followed: these nodes are made world-writable.
         for i in range(self.layout.total_gpus):
             dev = self.layout.gpu_device(i)
-            if dev.exists() and not stat.S_ISCHR(dev.stat().st_mode):
-                dev.unlink()
-            if not dev.exists():
-                os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-            dev.chmod(0o666)
+            try:
+                st: os.stat_result | None = os.lstat(dev)
+            except FileNotFoundError:
+                st = None
+            if st is not None and not _is_our_device(st):
+                try:
+                    dev.unlink()  # a symlink itself, not its target
+                except IsADirectoryError as exc:
+                    raise DevClusterError(f"refusing {dev}: a directory where the dev "
+                                          "cluster keeps a fake GPU device") from exc
+                st = None
+            if st is None:
+                os.mknod(dev, 0o600 | stat.S_IFCHR, NULL_DEVICE)
+            _chmod_nofollow(dev, 0o666, _is_our_device)
 
     def _write_configs(self) -> list[Path]:
         changed = []
@@ -383,3 +394,81 @@ class DevCluster:
             if left is not None and not left.strip():
                 return
             time.sleep(0.2)
+
+
+#: What the fake GPU device files are: the null device's numbers.
+NULL_DEVICE = os.makedev(1, 3)
+
+
+def _is_our_device(st: os.stat_result) -> bool:
+    """A fake GPU device as `up` makes it: root's character device node of /dev/null."""
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == NULL_DEVICE and st.st_uid == 0
+
+
+def _is_root_dir(st: os.stat_result) -> bool:
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == 0
+
+
+def _chmod_nofollow(path: Path, mode: int, check: Callable[[os.stat_result], bool]) -> None:
+    """chmod `path` itself, never what a symlink there points to, and only if `check`
+    accepts what is there (checked on the very inode that is chmodded)."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise DevClusterError(f"cannot open {path}: {exc.strerror}") from exc
+    try:
+        if not check(os.fstat(fd)):
+            raise DevClusterError(f"refusing {path}: it changed while the dev cluster "
+                                  "set it up")
+        # Linux has no lchmod; the fd's /proc link reaches this inode, not a target.
+        os.chmod(f"/proc/self/fd/{fd}", mode)
+    finally:
+        os.close(fd)
+
+
+def _describe_unsafe(path: Path, st: os.stat_result) -> str | None:
+    """Why an existing directory is not one `up` may use as (or in) its state dir."""
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory"
+    if st.st_uid != 0:
+        return f"it is owned by uid {st.st_uid}, not root"
+    return None
+
+
+def _make_state_dir(path: Path) -> None:
+    """Create the state dir (and missing parents, 0755), or check an existing one: a
+    root-owned directory, not a symlink, writable by root only. An existing one keeps
+    its mode (`--state-dir /tmp` must not turn /tmp into a 0755 directory)."""
+    missing = []
+    p = path
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        _make_dir(d, 0o755)
+    if missing:
+        return
+    st = os.lstat(path)
+    why = _describe_unsafe(path, st)
+    if why is None and st.st_mode & 0o022:
+        why = f"it is group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o})"
+    if why is None and not st.st_mode & stat.S_IXOTH:
+        why = (f"other users cannot traverse it (mode {stat.S_IMODE(st.st_mode):04o}); "
+               "jobs run their batch script from its spool")
+    if why is not None:
+        raise DevClusterError(f"refusing state dir {path}: {why}")
+
+
+def _make_dir(path: Path, mode: int) -> None:
+    """Create `path` with `mode`, or use an existing root-owned directory (not a
+    symlink) and set its mode; anything else there is refused."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        why = _describe_unsafe(path, os.lstat(path))
+        if why is not None:
+            raise DevClusterError(f"refusing {path} in the dev cluster's state dir: "
+                                  f"{why}") from None
+    _chmod_nofollow(path, mode, _is_root_dir)
