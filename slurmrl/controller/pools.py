@@ -834,8 +834,14 @@ class SlurmPools:
             except Exception:
                 log.exception("pool %d: launching services on a new window failed",
                               pool.pool_id)
+                # on a node no other window of the pool is on, the copies that came up
+                # handed their state off into its hand-off directory, which no later
+                # end of their jobs would clear: they remove it first
+                alone = there not in {w.node or home for w in wins}
                 for key in [k for k, lv in self._live.items() if lv.pool_id == pool.pool_id
                             and lv.footprint.window == win.window]:
+                    if alone:
+                        await self._discard(self._live[key])
                     await self._stop_service(key)
                 with contextlib.suppress(SlurmError):
                     await asyncio.to_thread(self.allocator.close, opened.slurm_job_id)
@@ -1155,8 +1161,15 @@ class SlurmPools:
             self.c.store.update_service(rid, step_id=svc.step_id, address=svc.address,
                                         residency="active", state="running",
                                         control_secret=svc.control_secret)
-            self._live[fp.key] = _Live(rid, job.job_id, fp.name, pool.pool_id,
-                                                      svc.handle, fp, svc)
+            live = _Live(rid, job.job_id, fp.name, pool.pool_id, svc.handle, fp, svc)
+            if self._ended(job.job_id):
+                # it ended during the launch (a model loads for minutes): its end has
+                # stopped its other copies already, and would never stop this one
+                if fp.window is not None:
+                    await self._discard(live)
+                await self._stop_live(live)
+                return
+            self._live[fp.key] = live
 
     # -- handoffs -----------------------------------------------------------------------------
     async def before_answer(self, job: JobRecord, lease: Lease) -> None:

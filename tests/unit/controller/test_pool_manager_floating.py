@@ -1160,3 +1160,68 @@ async def test_a_window_added_while_a_member_waits_is_granted_to_it(tmp_path: Pa
     held = [sorted(x.gpus) for x in s.c.scheduler.tables[pool].leases if x.job_id == 8]
     assert held == [[2, 3]]
     await s.c.stop()
+
+
+@run
+async def test_a_member_ending_while_its_copy_on_a_new_window_launches_leaves_none_running(
+        tmp_path: Path) -> None:
+    # the copy came up after the job's end had stopped its others and cleared its state:
+    # nothing stopped it, and it held the ended job's model on the window's GPUs
+    site = await _site(Store(tmp_path / "c.db"))
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)  # windows 0 and 1
+    gate, started = threading.Event(), threading.Event()
+    launch = site.launcher.launch
+
+    def slow(pool_job_id: int, node: str, spec: ServiceSpec, secret: str) -> FakeRunning:
+        if spec.job_id == 7 and pool_job_id == 103 and spec.role == "rollout":
+            started.set()  # its model loads
+            gate.wait(10)
+        return launch(pool_job_id, node, spec, secret)
+
+    site.launcher.launch = slow  # type: ignore[method-assign]
+    site.slurm.add(9, CAROL)
+    joining = asyncio.create_task(site.c.register(CAROL, 9, ENV))  # a third window
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    await site.c.end_job(7, JobState.CANCELLED, "scancel")
+    gate.set()
+    await joining
+    await site.settle()
+    assert [r for r in site.c.store.services(job_id=7) if r.state == "running"] == []
+    assert not [k for k in site.pools._live if k[0] == 7]
+    (late,) = [s for s in site.launcher.launched if s.spec.job_id == 7
+               and s.pool_job_id == 103 and s.spec.role == "rollout"]
+    assert late in site.launcher.stopped
+    assert ("discard", True) in late.handle.calls  # its state file removed from the node
+    assert site.job(9).state is JobState.RUNNING
+    await site.c.stop()
+
+
+@run
+async def test_a_window_that_fails_on_another_node_leaves_no_state_there(
+        tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"), ACROSS)
+    free = {"n1": 4, "n2": 4}
+    site.slurm.nodes = lambda: [  # type: ignore[method-assign]
+        NodeInfo("n1", "MIXED", free["n1"], 8, 64000, ("pools",)),
+        NodeInfo("n2", "IDLE", free["n2"], 8, 64000, ("pools",))]
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)  # windows 0 and 1 on n1
+    free["n1"] = 0  # the next window goes to n2
+    launch = site.launcher.launch
+
+    def fails(pool_job_id: int, node: str, spec: ServiceSpec, secret: str) -> FakeRunning:
+        if spec.job_id == 8 and node == "n2":
+            raise ServiceLaunchError("service not listening within 120 s")
+        return launch(pool_job_id, node, spec, secret)
+
+    site.launcher.launch = fails  # type: ignore[method-assign]
+    await site.register(CAROL, 9)
+    assert [w.node for w in site.c.store.windows(site.job(7).pool_id)] == [None, None]
+    # job 7's copies came up on n2 and handed their state off there: they remove it
+    on_n2 = [s for s, n in zip(site.launcher.launched, site.launcher.nodes, strict=True)
+             if n == "n2"]
+    assert on_n2 and all(s in site.launcher.stopped for s in on_n2)
+    assert all(("discard", True) in s.handle.calls for s in on_n2)
+    await site.c.stop()
