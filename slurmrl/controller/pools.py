@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 from collections import Counter
@@ -263,6 +264,12 @@ _NOT_RUNNING_AGAIN = frozenset({
     SlurmJobState.COMPLETING, SlurmJobState.PENDING, SlurmJobState.CONFIGURING,
     SlurmJobState.REQUEUED, SlurmJobState.SPECIAL_EXIT, SlurmJobState.REQUEUE_HOLD,
     SlurmJobState.REQUEUE_FED, SlurmJobState.RESV_DEL_HOLD})
+
+
+def _replica_of(handoff_dir: str) -> int | None:
+    """The rollout replica a hand-off directory is for (`-r<i>` at its end), else None."""
+    m = re.search(r"-r(\d+)$", handoff_dir)
+    return int(m.group(1)) if m else None
 
 
 def services_dir(cfg: Config, flag: str | None = None) -> str:
@@ -524,6 +531,12 @@ class SlurmPools:
         tag = hashlib.sha256(f"slurmrl-handoff:{job.secret}:{node}:{which}".encode()
                              ).hexdigest()[:32]
         mine = "" if replica is None else f"-r{replica}"
+        # a copy of the job already on that node keeps its directory: the state is there
+        # (named by an earlier controller, or under an earlier `services.handoff_dir`)
+        for svc in self.c.store.services(job_id=job.job_id, live_only=True):
+            if (svc.handoff_dir and svc.address.rpartition(":")[0] == node
+                    and _replica_of(svc.handoff_dir) == replica):
+                return svc.handoff_dir
         return os.path.join(self.c.config.services.handoff_dir.replace("%n", node),
                             f"slurmrl-job{job.job_id}-{tag}{mine}")
 
@@ -1149,7 +1162,8 @@ class SlurmPools:
                                else self._handoff_dir(job, node, fp.replica))
             rid = self.c.store.add_service(job_id=job.job_id, role=fp.role,
                                            started_at=self.c.clock(), pool_id=pool.pool_id,
-                                           backend=spec.backend, gpus=sorted(fp.gpus))
+                                           backend=spec.backend, gpus=sorted(fp.gpus),
+                                           handoff_dir=spec.handoff_dir)
             try:
                 svc = await asyncio.to_thread(self.launcher.launch, alloc, node, spec,
                                               job.secret)

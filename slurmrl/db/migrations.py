@@ -180,6 +180,12 @@ MIGRATIONS: tuple[str, ...] = (
         value TEXT NOT NULL
     );
     """,
+    # 8: the hand-off directory a floating member's copy was started with: a copy
+    # started later on its node takes the same one, whatever the controller's version or
+    # `services.handoff_dir` by then; NULL: none, or started before this
+    """
+    ALTER TABLE services ADD COLUMN handoff_dir TEXT;
+    """,
 )
 
 LATEST = len(MIGRATIONS)

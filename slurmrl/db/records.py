@@ -150,6 +150,9 @@ class ServiceRecord:
     ended_at: float | None = None
     #: the controller's key to its park/activate/stop (None: the job's secret opens them)
     control_secret: str | None = field(default=None, repr=False)
+    #: a floating member's copy: where it hands the job's state over (None: no hand-off,
+    #: or not recorded, started by a controller before schema 8)
+    handoff_dir: str | None = None
 
 
 @dataclass(frozen=True)

@@ -436,11 +436,12 @@ class Store:
     def add_service(
         self, *, job_id: int, role: str, started_at: float, pool_id: int | None = None,
         backend: str = "", gpus: Sequence[int] = (), state: str = "starting",
+        handoff_dir: str | None = None,
     ) -> int:
         return self._x(
-            "INSERT INTO services (job_id, pool_id, role, backend, gpus, state, started_at)"
-            " VALUES (?,?,?,?,?,?,?)",
-            (job_id, pool_id, role, backend, _gpus(gpus), state, started_at),
+            "INSERT INTO services (job_id, pool_id, role, backend, gpus, state, started_at,"
+            " handoff_dir) VALUES (?,?,?,?,?,?,?,?)",
+            (job_id, pool_id, role, backend, _gpus(gpus), state, started_at, handoff_dir),
         )
 
     def update_service(self, service_id: int, **fields: Any) -> None:

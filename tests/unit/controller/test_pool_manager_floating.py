@@ -1225,3 +1225,27 @@ async def test_a_window_that_fails_on_another_node_leaves_no_state_there(
     assert on_n2 and all(s in site.launcher.stopped for s in on_n2)
     assert all(("discard", True) in s.handle.calls for s in on_n2)
     await site.c.stop()
+
+
+@run
+async def test_a_new_copy_takes_the_directory_its_jobs_copies_on_the_node_hand_off_in(
+        tmp_path: Path) -> None:
+    # a controller restarted with another `services.handoff_dir` (or a version naming
+    # the directories otherwise) started the job's next copy on that node in a new
+    # directory: it took over no state, and the job trained on from fresh weights
+    site = await _site(Store(tmp_path / "c.db"))
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    before = {s.spec.handoff_dir for s in site.launcher.launched if s.spec.job_id == 7}
+    assert len(before) == 1 and None not in before
+    site.c.config = replace(site.c.config, services=replace(
+        site.c.config.services, handoff_dir="/dev/shm/elsewhere"))
+    await site.register(CAROL, 9)  # a third window, on the same node
+    (third,) = [w for w in site.c.store.windows(site.job(7).pool_id) if w.window == 2]
+    copies = [s for s in site.launcher.launched
+              if s.spec.job_id == 7 and s.pool_job_id == third.slurm_job_id]
+    assert copies and {s.spec.handoff_dir for s in copies} == before
+    # job 9, new to the node, gets the directory the site names now
+    assert all(s.spec.handoff_dir.startswith("/dev/shm/elsewhere/")  # type: ignore[union-attr]
+               for s in site.launcher.launched if s.spec.job_id == 9)
+    await site.c.stop()
