@@ -13,10 +13,17 @@ from slurmrl.devcluster.cluster import ClusterStatus, DevCluster
 from slurmrl.devcluster.config import DEFAULT_STATE_DIR
 from slurmrl.devcluster.host import DevClusterError
 
+
+def _absolute(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
+    # Absolute, since the generated slurm.conf/plugstack.conf name paths under it; not
+    # resolved (click's resolve_path): `up` must see, and refuse, a symlinked state dir.
+    return value.absolute()
+
+
 _state_dir = click.option(
     "--state-dir", type=click.Path(file_okay=False, path_type=Path),
     default=DEFAULT_STATE_DIR, show_default=True, envvar="SLURMRL_DEV_STATE",
-    help="Directory for config, pid files, logs and Slurm state.",
+    callback=_absolute, help="Directory for config, pid files, logs and Slurm state.",
 )
 
 
@@ -38,10 +45,15 @@ def dev_cluster() -> None:
 
 @dev_cluster.command()
 @_state_dir
-def up(state_dir: Path) -> None:
-    """Install, configure and start munged, slurmctld and slurmd (idempotent)."""
+@click.option("--cancel-jobs", is_flag=True,
+              help="Then scancel every job in the queue (left by a run killed before its "
+                   "`down`).")
+def up(state_dir: Path, cancel_jobs: bool) -> None:
+    """Install, configure and start munged, slurmctld and slurmd (idempotent).
+
+    An existing state dir must be root's, not a symlink, and writable by root only."""
     try:
-        report = DevCluster(state_dir).up()
+        report = DevCluster(state_dir).up(cancel_jobs=cancel_jobs)
     except DevClusterError as exc:
         raise click.ClickException(str(exc)) from exc
     if report.installed:
@@ -54,6 +66,8 @@ def up(state_dir: Path) -> None:
         click.echo("built the SPANK plugin")
     click.echo(f"started: {' '.join(report.started)}" if report.started
                else "already running")
+    if report.cancelled:
+        click.echo(f"cancelled jobs left in the queue: {' '.join(report.cancelled)}")
     if report.status is not None:
         _print_status(report.status)
     click.echo(f"export SLURM_CONF={state_dir / 'etc' / 'slurm.conf'}")

@@ -8,6 +8,11 @@ healthy cluster is left alone, a crashed one (stale pid files, stale munge socke
 restarted. `down()` cancels the queue and stops what it started by pid. Clients use
 `env()` (SLURM_CONF) to reach the cluster.
 
+`up` runs as root on the state dir it is given, so it trusts none of it: an existing
+state dir must be root's, not a symlink and writable by root only (its mode is kept);
+dirs inside must be root's, not symlinks; a fake GPU device that is not root's null
+device node is replaced, and nothing is chmodded through a symlink.
+
 munged serves the system default socket (/run/munge/munge.socket.2) so every libmunge
 client works without configuration; a munged already running there (e.g. started by the
 package's postinst) is used and left running on `down`.
@@ -19,6 +24,7 @@ everything else about Slurm belongs to slurmrl.slurm.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pwd
 import stat
@@ -74,6 +80,7 @@ class UpReport:
     files_changed: tuple[Path, ...] = ()
     plugin_built: bool = False
     started: tuple[str, ...] = ()
+    cancelled: tuple[str, ...] = ()  #: ids of jobs left in the queue (`cancel_jobs`)
     status: ClusterStatus | None = field(default=None, compare=False)
 
 
@@ -84,6 +91,10 @@ class DevCluster:
                  layout: ClusterLayout | None = None, plugin_src: Path | None = None) -> None:
         if layout is None:
             layout = ClusterLayout() if state_dir is None else ClusterLayout(Path(state_dir))
+        if not layout.state_dir.is_absolute():
+            # every path in the generated configs derives from it: Slurm resolves a
+            # relative one against each daemon's cwd, and the SPANK plugin's not at all
+            layout = dataclasses.replace(layout, state_dir=layout.state_dir.absolute())
         self.layout = layout
         self.plugin_src = plugin_src
 
@@ -97,8 +108,10 @@ class DevCluster:
         return {"SLURM_CONF": str(self.layout.slurm_conf)}
 
     # ---- up ----------------------------------------------------------------------
-    def up(self) -> UpReport:
-        """Bring the cluster up (idempotent); raise DevClusterError saying what failed."""
+    def up(self, *, cancel_jobs: bool = False) -> UpReport:
+        """Bring the cluster up (idempotent); raise DevClusterError saying what failed.
+        With `cancel_jobs`, every job still in the queue (left by an earlier run that
+        was killed before its `down`) is then cancelled and waited for."""
         host.check_host()
         missing = host.missing_packages()
         if missing:
@@ -120,10 +133,11 @@ class DevCluster:
             if self._ensure_slurmd(node):
                 started.append(self.layout.slurmd_label(node))
         self._wait_ready()
+        cancelled = self._cancel_all_jobs() if cancel_jobs else []
         return UpReport(
             installed=tuple(missing), users_created=tuple(created),
             files_changed=tuple(changed), plugin_built=built, started=tuple(started),
-            status=self.status(),
+            cancelled=tuple(cancelled), status=self.status(),
         )
 
     def _make_dirs(self) -> None:
@@ -382,18 +396,21 @@ class DevCluster:
             pid_file.unlink(missing_ok=True)
         return stopped
 
-    def _cancel_all_jobs(self) -> None:
+    def _cancel_all_jobs(self) -> list[str]:
+        """scancel every job in the queue, wait (15 s at most) until none is left
+        pending, running, suspended or completing; return the ids cancelled."""
         out = self._query(["squeue", "-h", "-o", "%A"])
         ids = out.split() if out else []
         if not ids:
-            return
+            return []
         self._query(["scancel", *ids])
         deadline = time.monotonic() + 15.0
         while time.monotonic() < deadline:
             left = self._query(["squeue", "-h", "-t", "R,CG,S,PD", "-o", "%A"])
             if left is not None and not left.strip():
-                return
+                break
             time.sleep(0.2)
+        return ids
 
 
 #: What the fake GPU device files are: the null device's numbers.
@@ -426,7 +443,7 @@ def _chmod_nofollow(path: Path, mode: int, check: Callable[[os.stat_result], boo
         os.close(fd)
 
 
-def _describe_unsafe(path: Path, st: os.stat_result) -> str | None:
+def _describe_unsafe(st: os.stat_result) -> str | None:
     """Why an existing directory is not one `up` may use as (or in) its state dir."""
     if stat.S_ISLNK(st.st_mode):
         return "it is a symlink"
@@ -451,7 +468,7 @@ def _make_state_dir(path: Path) -> None:
     if missing:
         return
     st = os.lstat(path)
-    why = _describe_unsafe(path, st)
+    why = _describe_unsafe(st)
     if why is None and st.st_mode & 0o022:
         why = f"it is group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o})"
     if why is None and not st.st_mode & stat.S_IXOTH:
@@ -467,8 +484,10 @@ def _make_dir(path: Path, mode: int) -> None:
     try:
         path.mkdir(mode=0o700)
     except FileExistsError:
-        why = _describe_unsafe(path, os.lstat(path))
+        why = _describe_unsafe(os.lstat(path))
         if why is not None:
             raise DevClusterError(f"refusing {path} in the dev cluster's state dir: "
                                   f"{why}") from None
+    except OSError as exc:
+        raise DevClusterError(f"cannot create {path}: {exc.strerror}") from exc
     _chmod_nofollow(path, mode, _is_root_dir)
