@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.controller_limits import refused  # noqa: E402
-from benchmarks.policies import WORKLOADS  # noqa: E402
+from benchmarks.policies import WORKLOADS, check_grid_args  # noqa: E402
 from slurmrl.config import Config  # noqa: E402
 from slurmrl.config.units import parse_size  # noqa: E402
 from slurmrl.sim.runner import config_for, run_jobs  # noqa: E402
@@ -83,12 +83,13 @@ def _mean(cells: list[tuple[float, float]]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-w", "--workload", action="append", default=None)
+    ap.add_argument("-w", "--workload", action="append", default=None, choices=WORKLOADS)
     ap.add_argument("--jobs", type=int, default=60)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--node-mem", default="2T", help="host memory of a node (default 2T)")
     ap.add_argument("--procs", type=int, default=2)
     args = ap.parse_args()
+    check_grid_args(ap, args)
     host = parse_size(args.node_mem) // 2
     names = args.workload or WORKLOADS
     cells = [(w, p, a, s, args.jobs, host) for w in names for p in POLICIES

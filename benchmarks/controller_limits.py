@@ -42,10 +42,12 @@ def refused(job: SimJob, host_bytes: int) -> str | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-w", "--workload", action="append", default=None)
+    ap.add_argument("-w", "--workload", action="append", default=None, choices=WORKLOADS)
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if not 1 <= args.jobs <= 100_000:
+        ap.error(f"--jobs must be in 1..100000, got {args.jobs}")
     limit = Config().limits.max_gpus_per_job
     print(f"| workload | jobs | more than {limit} GPUs | refused alone, 64 GiB host | "
           "refused alone, 1 TiB host |")

@@ -1,5 +1,5 @@
-"""What do floating pools buy? A mechanism the simulator runs as a what-if and the
-controller does not run yet.
+"""What do floating pools buy? The simulator's floating pools (and fixed-shape what-ifs),
+which the controller runs with `slurm.floating_pools`.
 
 Today a pool member has one fixed window of GPUs (its set, or a staggered offset in a
 larger pool). A *floating* pool holds k whole windows for n > k members of the same GPU
@@ -19,10 +19,13 @@ window, two members, tails removed, FIFO slicing. `--cluster` runs floating pool
 the simulator under arrivals (`SimConfig.floating`): the default policy where pools may
 float, beside fixed shapes placed by `FloatingGroups`; `--curve L` the default policy
 with floating pools at users' limit L; `--concurrency` how many jobs of a job's size run
-beside it.
+beside it. `--cluster` and `--curve` keep a floating pool on one node, as the controller
+does by default; `--across-nodes` lets its windows span nodes (the controller's
+`slurm.floating_across_nodes`, opt-in).
 
     PYTHONPATH=. python benchmarks/floating.py [-w WORKLOAD ...] [--groups 40] [--calibrate]
-        [--concurrency] [--move-s S] [--cluster] [--curve L ...] [--seeds 2] [--jobs 60]
+        [--concurrency] [--move-s S] [--cluster] [--curve L ...] [--across-nodes]
+        [--seeds 2] [--jobs 60]
 
 Each group's members start at the same instant, as in the feasibility table of
 docs/benchmarks.md ("Policies and simulator"), and are drawn the same way (60 jobs of
@@ -265,8 +268,8 @@ def cluster(wnames: Sequence[str], seeds: int, jobs: int, move_s: float,
     `held`, the floating rows are the controller's floating pools instead (a rollout
     keeps its window through its tail) and the fixed shapes are left out. A floating
     pool holds at most one node's GPUs (`node`, default the workload's), as the controller
-    keeps one, unless `across` (a what-if: windows across nodes); the fixed shapes are
-    what-ifs across nodes."""
+    keeps one by default, unless `across` (windows across nodes, as with the controller's
+    opt-in `slurm.floating_across_nodes`); the fixed shapes are what-ifs across nodes."""
     rows = ["| workload | placed by | savings % | p95 slowdown | jobs within their limit "
             "| shared % |", "| --- | --- | ---: | ---: | ---: | ---: |"]
     for wname in wnames:
@@ -425,8 +428,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="--cluster: floating pools as the controller runs them (a rollout "
                          "keeps its window through its tail), without the fixed shapes")
     ap.add_argument("--across-nodes", action="store_true",
-                    help="--cluster, --curve: a what-if: a floating pool's windows may span "
-                         "nodes (the controller keeps them on one node)")
+                    help="--cluster, --curve: a floating pool's windows may span nodes (the "
+                         "controller's opt-in slurm.floating_across_nodes; without, one node)")
     ap.add_argument("--gpus-per-node", type=int, default=None,
                     help="--cluster, --curve: GPUs per node (default: the workload's)")
     ap.add_argument("--pairing-speed", action="store_true",
@@ -439,6 +442,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--groups must be in 1..10000, got {a.groups}")
     if not 0 <= a.move_s <= 3600:
         ap.error(f"--move-s must be in 0..3600 seconds, got {a.move_s}")
+    if not (1 <= a.seeds <= 100 and 2 <= a.jobs <= 100_000):
+        ap.error("--seeds must be in 1..100 and --jobs in 2..100000")
+    if a.curve and not all(1.0 <= x <= 100.0 and math.isfinite(x) for x in a.curve):
+        ap.error("--curve limits must be in 1..100")
+    if not 1 <= a.pool_cap <= 1000:
+        ap.error("--pool-cap must be in 1..1000")
+    if a.gpus_per_node is not None and not 1 <= a.gpus_per_node <= 1024:
+        ap.error("--gpus-per-node must be in 1..1024")
     wnames = a.workload or list(SUITE)
     print(table(wnames, a.groups, a.seed, a.move_s))
     if a.calibrate:
@@ -448,15 +459,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         print(concurrency(wnames, a.seed))
     if a.curve:
-        if not all(1.0 <= x <= 100.0 and math.isfinite(x) for x in a.curve):
-            ap.error("--curve limits must be in 1..100")
         print()
-        if not 1 <= a.pool_cap <= 1000:
-            ap.error("--pool-cap must be in 1..1000")
         print(curve(wnames, a.seeds, a.jobs, a.curve, a.pool_cap, a.across_nodes,
                     a.gpus_per_node))
-    if not (1 <= a.seeds <= 100 and 2 <= a.jobs <= 100_000):
-        ap.error("--seeds must be in 1..100 and --jobs in 2..100000")
     if a.cluster:
         print()
         print(cluster(wnames, a.seeds, a.jobs, a.move_s, a.held_tails, a.across_nodes,

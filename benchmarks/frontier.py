@@ -23,6 +23,7 @@ import os
 import platform
 import statistics
 import sys
+import textwrap
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -38,6 +39,7 @@ from benchmarks.policies import (  # noqa: E402
     REMEASURED,
     UNDECLARED,
     WORKLOADS,
+    check_grid_args,
     policy_config,
 )
 from slurmrl.sim.engine import SimConfig  # noqa: E402
@@ -165,6 +167,58 @@ def _noise(rows: list[dict[str, Any]] | None, w: str, curve: str, baseline: str,
             f" {where} two standard errors")
 
 
+def beaten_at(s: dict[tuple[str, str, float | None], dict[str, float]], w: str,
+              curve: str, baseline: str) -> float | None:
+    """The smallest limit L at which `curve` saves at least as much as `baseline` on `w`
+    at no higher p95; None where none does."""
+    base = s[(w, baseline, None)]
+    return next((L for L in LIMITS if s[(w, curve, L)]["savings"] >= base["savings"] - 1e-3
+                 and s[(w, curve, L)]["p95"] <= base["p95"] + 1e-3), None)
+
+
+def _and(xs: list[str]) -> str:
+    return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
+
+
+def capped_reading(s: dict[tuple[str, str, float | None], dict[str, float]]) -> dict[str, str]:
+    """What the `max_load` cap does where it pairs (almost) nothing, read from the rows:
+    `capped_share` (the most math-sync's and mixed-sizes' pools shared under it) and
+    `capped_losses` (on the workloads where its pools shared under 0.5% of their GPU-hours
+    at every L: the baselines it beats only by pairing nothing, and the verdicts the
+    default wins there that it loses)."""
+    def most_shared(w: str) -> float:
+        return max(100 * s[(w, LOAD_CAPPED, L)]["shared"] for L in LIMITS)
+
+    out = {"capped_share": " and ".join(f"{most_shared(w):.0f}%"
+                                        for w in ("math-sync", "mixed-sizes"))}
+    idle = [w for w in WORKLOADS if most_shared(w) < 0.5]
+    if not idle:
+        out["capped_losses"] = ("On every workload the cap's pools shared at some L, so "
+                                "none of its verdicts comes from pairing nothing.")
+        return out
+    # baselines that pair nothing either (p95 1.00) and that the cap beats there
+    free = [b for b in BASELINES if all(beaten_at(s, w, LOAD_CAPPED, b) is not None
+                                        and s[(w, b, None)]["p95"] <= 1.0 + 1e-3
+                                        for w in idle)]
+    lost = []
+    for b in BASELINES:
+        at = [(w, beaten_at(s, w, "complementary", b)) for w in idle
+              if beaten_at(s, w, LOAD_CAPPED, b) is None]
+        wins = [f"{L} on {w}" for w, L in at if L is not None]
+        if wins:
+            lost.append(f"`{b}` (the default at L = {', '.join(wins)})")
+    text = (f"On {_and(idle)} the cap's pools shared under 0.5% of their GPU-hours at "
+            "every L: it pairs nothing there. It")
+    if free:
+        text += (f" \"beats\" {_and([f'`{b}`' for b in free])} only by that, as "
+                 f"{'they do' if len(free) > 1 else 'it does'}, and")
+    text += (f" loses the verdicts the default wins there against {_and(lost)}."
+             if lost else " loses no verdict the default wins there.")
+    out["capped_losses"] = textwrap.fill(text, 88, break_on_hyphens=False,
+                                         break_long_words=False)
+    return out
+
+
 def verdicts(s: dict[tuple[str, str, float | None], dict[str, float]],
              curve: str = "complementary", workloads: list[str] | None = None,
              rows: list[dict[str, Any]] | None = None) -> list[str]:
@@ -176,11 +230,9 @@ def verdicts(s: dict[tuple[str, str, float | None], dict[str, float]],
         parts = []
         for b in BASELINES:
             base = s[(w, b, None)]
-            wins = [L for L in LIMITS if s[(w, curve, L)]["savings"]
-                    >= base["savings"] - 1e-3 and s[(w, curve, L)]["p95"]
-                    <= base["p95"] + 1e-3]
-            if wins:
-                verdict = f"beaten at limit {wins[0]}"
+            won = beaten_at(s, w, curve, b)
+            if won is not None:
+                verdict = f"beaten at limit {won}"
             else:
                 at = _curve_at(s, w, base["p95"], curve)
                 verdict = "**not beaten**" + ("" if at is None else
@@ -273,7 +325,9 @@ def grid_args(doc: str | None) -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--no-write", action="store_true")
-    return ap.parse_args()
+    a = ap.parse_args()
+    check_grid_args(ap, a)
+    return a
 
 
 def main() -> None:
@@ -293,10 +347,8 @@ def main() -> None:
     tab, ver = table(s), "\n".join(verdicts(s, rows=rows))
     print(tab)
     print(ver)
-    if a.no_write:
-        return
-    png = ROOT / "docs" / "benchmarks" / "frontier.png"
-    plot(s, png)
+    capped = capped_reading(s)
+    print(capped["capped_losses"])
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     out = statistics.median(1 - s[(w, b, None)]["within"] for w in WORKLOADS
                             for b in ("random", "greedy", "fifo-lock", "gang"))
@@ -307,14 +359,19 @@ def main() -> None:
     sh = {L: [100 * s[(w, "complementary", L)]["shared"] for w in WORKLOADS]
           for L in (LIMITS[0], LIMITS[-1])}
     shared = " and ".join(f"{min(v):.0f}-{max(v):.0f}% at L = {L}" for L, v in sh.items())
-    write_marked("frontier", SECTION.format(jobs=a.jobs, seeds=a.seeds, runs=len(tasks), wall=wall,
-                                 machine=machine, table=tab, verdicts=ver,
-                                 capped_verdicts="\n".join(verdicts(s, LOAD_CAPPED, rows=rows)),
-                                 limits=", ".join(map(str, LIMITS)),
-                                 base_out=f"{100 * out:.0f}%", comp_in_min=100 * comp_in,
-                                 most=" and ".join(by[:-3:-1]), least=" and ".join(by[:2]),
-                                 cost=cost_of_steps(s), remeasured=REMEASURED,
-                                 shared=shared))
+    text = SECTION.format(jobs=a.jobs, seeds=a.seeds, runs=len(tasks), wall=wall,
+                          machine=machine, table=tab, verdicts=ver,
+                          capped_verdicts="\n".join(verdicts(s, LOAD_CAPPED, rows=rows)),
+                          limits=", ".join(map(str, LIMITS)),
+                          base_out=f"{100 * out:.0f}%", comp_in_min=100 * comp_in,
+                          most=" and ".join(by[:-3:-1]), least=" and ".join(by[:2]),
+                          cost=cost_of_steps(s), remeasured=REMEASURED,
+                          shared=shared, **capped)
+    if a.no_write:
+        print(f"(section formatted, {len(text)} characters; not written: --no-write)")
+        return
+    plot(s, ROOT / "docs" / "benchmarks" / "frontier.png")
+    write_marked("frontier", text)
 
 
 SECTION = """## Savings against slowdown
@@ -395,7 +452,8 @@ and pt-longcot) saved 3,714 GPU-h for 6,062 GPU-h of delay to their members (GPU
 (run - solo) time), its other shared pools 3,518 for 2,803, and `greedy`, whose rule
 (duty cycles summing to at most 1) leaves pt-math alone, 9,320 for 8,134. The cap gives
 up what such groups buy at the top of the curve (math-sync and mixed-sizes, every job
-of duty cycle 0.65-0.92, pair nothing under it). Its verdicts, read as above:
+of duty cycle 0.65-0.92; under it their pools shared at most {capped_share} of their
+GPU-hours at any L). Its verdicts, read as above:
 
 {capped_verdicts}
 
@@ -407,10 +465,7 @@ agentic-tools its curve gives 31.1% at `greedy`'s p95 (29.4% (1.4) at 1.216 at L
 at or below that p95, by 0.004. Each margin is less than the two points' standard
 errors combined: wins and a tie within the noise. It beats `random` on agentic-tools at
 L = 1.5 (29.4% (1.4) at 1.216, against 25.0% (1.4) at 1.221).
-On
-math-sync and
-mixed-sizes the cap "beats" `dedicated` and `greedy` only by pairing nothing, as they
-do, and loses the `random` and `fifo-lock` verdicts the default wins there at 1.5-2.0.
+{capped_losses}
 So it is not the default; a site whose users accept 1.5 or more, with light jobs beside
 heavy ones (as in polytrace-mix), sets it.
 The variants below were measured before the fixes of commit 00011fe, each against the

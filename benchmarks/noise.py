@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.frontier import BASELINES, LIMITS, one, summarise, verdicts  # noqa: E402
-from benchmarks.policies import LABEL, LOAD_CAPPED, WORKLOADS  # noqa: E402
+from benchmarks.policies import LABEL, LOAD_CAPPED, WORKLOADS, check_grid_args  # noqa: E402
 
 CURVES = ["complementary", LOAD_CAPPED]
 
@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=60)
     ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
     a = ap.parse_args()
+    check_grid_args(ap, a)
     chosen = a.workload or WORKLOADS
     points = [*((w, p, L) for w in chosen for p in CURVES for L in LIMITS),
               *((w, b, None) for w in chosen for b in BASELINES)]

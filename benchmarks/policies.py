@@ -5,7 +5,8 @@
 Writes the "Policies and simulator" section of docs/benchmarks.md (between its markers,
 leaving other sections alone) and docs/benchmarks/policies_*.png, and measures the two
 speed targets (1,000 jobs over 30 simulated days; pairing a batch of 1,000 waiting jobs).
-Figures are means over seeds and over steady and bursty arrivals.
+Figures are means over seeds and over steady and bursty arrivals. With `--no-write` it
+prints the tables and the computed readings and writes nothing.
 """
 
 from __future__ import annotations
@@ -69,17 +70,35 @@ def policy_config(policy: str, cfg: SimConfig,
 BEGIN, END = "<!-- policies:begin -->", "<!-- policies:end -->"
 
 
-def one(args: tuple[str, str, str, int, int, float]) -> dict[str, Any]:
-    wname, policy, arrivals, seed, n_jobs, load_scale = args
+def check_grid_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Refuse, through `ap.error`, a grid benchmark's --seeds, --jobs and --procs (where
+    it has them) that cannot give a mean over its runs: at least one seed, two jobs a
+    run (a pair) and one process."""
+    for name, lo, hi in (("seeds", 1, 100), ("jobs", 2, 100_000), ("procs", 1, 256)):
+        got = getattr(a, name, None)
+        if got is not None and not lo <= got <= hi:
+            ap.error(f"--{name} must be in {lo}..{hi}, got {got}")
+
+
+def one(args: tuple[str, str, str, int, int, float, float | None]) -> dict[str, Any]:
+    """One run: (workload, policy, arrivals, seed, jobs, load scale, users' limit L or
+    None for the suite's limits; with L, every job's limit is L,
+    `runner.with_max_slowdown`)."""
+    from slurmrl.sim.runner import with_max_slowdown
+
+    wname, policy, arrivals, seed, n_jobs, load_scale, limit = args
     w = load(wname)
     jobs = generate(w, seed, arrivals, n_jobs, load_scale)
     t = time.perf_counter()
     name, cfg, params = policy_config(policy, config_for(w, check_invariants=False))
+    if limit is not None:
+        jobs, cfg = with_max_slowdown(jobs, cfg, limit)
     r = run_jobs(jobs, cfg, name, params=params)
     out = r.metrics.as_dict()
     out.update(workload=wname, policy=policy, arrivals=arrivals, seed=seed, load=load_scale,
-               wall_s=time.perf_counter() - t)
-    if wname == "polytrace-mix" and arrivals == "steady" and seed == 0 and load_scale == 1.0:
+               limit=limit, wall_s=time.perf_counter() - t)
+    if (wname == "polytrace-mix" and arrivals == "steady" and seed == 0 and load_scale == 1.0
+            and limit is None):
         from slurmrl.sim.metrics import slowdowns
 
         out["slowdowns"] = slowdowns(r.sim)
@@ -341,6 +360,174 @@ def targets(rows: list[dict[str, Any]], sp: dict[str, float]) -> str:
     return "\n".join(out)
 
 
+#: users' limit L of the lease switch table's second row per workload (its first is the
+#: suite's 1.15: the results table's runs)
+SWITCH_LIMIT = 1.5
+#: the lease switch table's rows: workload, policy, L, and the columns measured before
+#: (savings %, p95 slowdown): without the switch (commit 4277cfa) and with it on a whole
+#: pool only (commit d095ada); 60 jobs, seeds 0-1, steady and bursty
+SWITCH_ROWS: list[tuple[str, str, float, tuple[float, float], tuple[float, float]]] = [
+    ("math-sync", "complementary", 1.15, (0.8, 1.121), (1.0, 1.117)),
+    ("math-sync", "complementary", 1.5, (4.5, 1.454), (5.8, 1.499)),
+    ("long-cot", "complementary", 1.15, (3.0, 1.118), (4.1, 1.120)),
+    ("long-cot", "complementary", 1.5, (16.1, 1.549), (18.2, 1.428)),
+    ("long-cot", NVL72, 1.15, (17.4, 1.155), (18.0, 1.154)),
+    ("long-cot", NVL72, 1.5, (26.9, 1.208), (27.2, 1.195)),
+    ("agentic-tools", "complementary", 1.15, (6.1, 1.110), (11.1, 1.119)),
+    ("agentic-tools", "complementary", 1.5, (25.9, 1.319), (29.2, 1.220)),
+    ("agentic-tools", NVL72, 1.15, (5.9, 1.159), (9.0, 1.148)),
+    ("agentic-tools", NVL72, 1.5, (25.8, 1.284), (27.7, 1.250)),
+    ("disaggregated", "complementary", 1.15, (16.6, 1.141), (16.6, 1.141)),
+    ("disaggregated", "complementary", 1.5, (33.3, 1.380), (33.3, 1.380)),
+    ("mixed-sizes", "complementary", 1.15, (0.6, 1.116), (0.8, 1.112)),
+    ("mixed-sizes", "complementary", 1.5, (3.1, 1.467), (4.2, 1.425)),
+    ("polytrace-mix", "complementary", 1.15, (2.6, 1.132), (4.3, 1.118)),
+    ("polytrace-mix", "complementary", 1.5, (15.9, 1.474), (18.6, 1.388)),
+    ("polytrace-mix", NVL72, 1.15, (6.7, 1.179), (6.6, 1.149)),
+    ("polytrace-mix", NVL72, 1.5, (17.8, 1.460), (19.4, 1.404)),
+]
+#: baselines' figures before the switch (this section's results table as it then read):
+#: policy, workload, savings %, p95
+SWITCH_BASELINES = [("greedy", "agentic-tools", 27.6, 1.322),
+                    ("greedy", "polytrace-mix", 15.0, 1.388)]
+
+
+def _mean_of(rows: list[dict[str, Any]], w: str, p: str, limit: float | None = None,
+             ) -> tuple[float, float] | None:
+    """Savings % and p95 slowdown of a policy on a workload, mean over the runs at load
+    1.0 (and users' limit `limit`; None: the suite's); None where there are none."""
+    rs = [r for r in rows if r["workload"] == w and r["policy"] == p and r["load"] == 1.0
+          and r.get("limit") == limit]
+    if not rs:
+        return None
+    return (100 * statistics.fmean(r["savings"] for r in rs),
+            statistics.fmean(r["slowdown_p95"] for r in rs))
+
+
+def _fmt(fmt: str, x: float) -> str:
+    """`fmt.format(x)`, a value that rounds to zero without its sign."""
+    out = fmt.format(x)
+    return fmt.format(0.0) if float(out) == 0 else out
+
+
+def _span(xs: list[float], fmt: str = "{:.1f}") -> str:
+    lo, hi = _fmt(fmt, min(xs)), _fmt(fmt, max(xs))
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+def _seeds(seeds: int) -> str:
+    return "seed 0" if seeds == 1 else f"seeds 0-{seeds - 1}"
+
+
+def _fill(text: str) -> str:
+    return textwrap.fill(text, 88, break_on_hyphens=False, break_long_words=False)
+
+
+def switch_section(rows: list[dict[str, Any]], at_limit: list[dict[str, Any]], jobs: int,
+                   seeds: int) -> dict[str, str]:
+    """The lease switch table (`SWITCH_ROWS`, its "with it" column from this run: at 1.15
+    the results table's runs, at `SWITCH_LIMIT` `at_limit`) and what it says, read from
+    its rows: keys `switch_with`, `switch_table`, `switch_reading`."""
+    lines = ["| workload | L | without the switch: savings % (p95) | whole pool only "
+             "| with it |", "| --- | ---: | ---: | ---: | ---: |"]
+    got = []  # (label, L, without, whole, now, stagger)
+    for w, p, lim, without, whole in SWITCH_ROWS:
+        now = _mean_of(at_limit, w, p, lim) if lim == SWITCH_LIMIT else _mean_of(rows, w, p)
+        label = f"{w} @72" if p == NVL72 else w
+        cell = f"{now[0]:.1f} ({now[1]:.3f})" if now else "not run"
+        lines.append(f"| {label} | {lim:g} | {without[0]:.1f} ({without[1]:.3f}) | "
+                     f"{whole[0]:.1f} ({whole[1]:.3f}) | {cell} |")
+        if now:
+            got.append((label, lim, without, whole, now, p == NVL72))
+    out = []
+    rise = [g for g in got if g[4][0] > g[2][0] + 0.05]
+    over = [g for g in got if g[4][1] > g[1] + 1e-9]
+    was_over = [g for g in got if g[2][1] > g[1] + 1e-9 and g[4][1] <= g[1] + 1e-9]
+    rise_s = ("savings rise on every row" if len(rise) == len(got) else
+              f"savings rise on {len(rise)} of {len(got)} rows (not on "
+              + ", ".join(f"{g[0]} at {g[1]:g}" for g in got if g not in rise) + ")")
+    over_s = ("the p95 stays within L on every row" if not over else
+              "the p95 is above L on " + ", ".join(
+                  f"{g[0]} at {g[1]:g} ({g[4][1]:.3f})" for g in over))
+    came = ", ".join(f"{g[0]} at {g[1]:g}" for g in was_over)
+    if came:
+        came = f"; {came} came within it" if over else f" ({came} came within it)"
+    out.append(f"Against commit 4277cfa, {rise_s}, and {over_s}{came}.")
+
+    def gain(g: tuple[Any, ...]) -> tuple[float, float]:
+        return g[4][0] - g[3][0], g[4][1] - g[3][1]
+
+    def p95_word(d: float) -> str:
+        return ("p95 the same" if abs(d) < 0.0005 else
+                f"p95 {abs(d):.3f} {'higher' if d > 0 else 'lower'}")
+
+    parts = []
+    for g in got:
+        if g[0] == "disaggregated":
+            dg, dp = gain(g)
+            parts.append(f"{_fmt('{:+.1f}', dg)} points on disaggregated at {g[1]:g} "
+                         f"({p95_word(dp)})")
+    for lim in (1.15, SWITCH_LIMIT):
+        st = [gain(g) for g in got if g[5] and g[1] == lim]
+        if st:
+            hi = max(d for _, d in st)
+            parts.append(f"{_span([x for x, _ in st], '{:+.1f}')} points in staggered pools "
+                         f"at {lim:g} (p95 "
+                         + ("no higher" if hi <= 0.0005 else f"up to {hi:.3f} higher") + ")")
+    if parts:
+        out.append("Switching on part of a pool for the member behind, against the whole "
+                   "pool only, gives " + "; ".join(parts) + ".")
+    base, gained = [], True
+    for p, w, sav, p95 in SWITCH_BASELINES:
+        now = _mean_of(rows, w, p)
+        if now:
+            gained = gained and now[0] > sav + 0.05
+            base.append(f"`{p}` on {w} {sav:.1f}% at p95 {p95:.3f} -> {now[0]:.1f}% at "
+                        f"{now[1]:.3f}")
+    if base:
+        out.append(f"The baselines {'gain' if gained else 'switch'} too (before the switch "
+                   "-> the results table below: " + ", ".join(base) + ").")
+    caps = [statistics.fmean(r["captured"] for r in rows if r["workload"] == w
+                             and r["policy"] == "complementary" and r["load"] == 1.0)
+            for w in WORKLOADS]
+    met = sum(c >= 0.9 for c in caps)
+    turns = ("No savings target turns" if not met else
+             f"The 90% capture target is met on {met} of {len(caps)} workloads")
+    out.append(f"{turns}: {_span([100 * c for c in caps], '{:.0f}')}% of the ideal is "
+               "captured at 1.15 (the results table below).")
+    with_s = (f'"with it" is this run\'s, {jobs} jobs, {_seeds(seeds)}: at 1.15 the '
+              "results table's runs (the suite's limits, every job's 1.15), at "
+              f"{SWITCH_LIMIT:g} runs of the default policy at that limit")
+    return {"switch_with": with_s, "switch_table": "\n".join(lines),
+            "switch_reading": _fill(" ".join(out))}
+
+
+def disagg_reading(rows: list[dict[str, Any]]) -> str:
+    """The default policy's p95 on disaggregated, with and without `--rl-steps`, against
+    the suite's limit of 1.15."""
+    got = [(_mean_of(rows, "disaggregated", p), p) for p in ("complementary", UNDECLARED)]
+    p95 = [x[1] for x, _ in got if x]
+    if not p95:
+        return "no figures (not run)"
+    nums = " and ".join(f"{x:.3f}" for x in p95)
+    over = [x for x in p95 if x > 1.15 + 1e-9]
+    return nums + (", within the limit" if not over else
+                   ", above the limit" if len(over) == len(p95) else
+                   f" ({len(over)} of them above the limit)")
+
+
+def idle_reading(load_before: float, cores: int) -> str:
+    """Whether the machine was idle when the runs began: the speed figures and their
+    verdicts are this run's timings, and a busy machine slows them."""
+    if load_before <= 0.25 * cores:
+        return (f"The machine was otherwise idle when it began (load average "
+                f"{load_before:.1f} on {cores} cores); the speed figures and verdicts below "
+                "are this run's timings.")
+    return (f"The machine was not idle when it began (load average {load_before:.1f} on "
+            f"{cores} cores, before the benchmark's own processes): the speed figures and "
+            "verdicts below are this run's timings and overstate an idle machine's.")
+
+
 def utilisation(r: dict[str, Any]) -> float:
     """The share of a run's pool GPU-seconds spent on lower-bound work (GPU phases at
     their set's size, tail consolidated, cheapest handoffs): lower bound / used."""
@@ -471,38 +658,58 @@ def main() -> None:
                     help="only measure how many pairs fit their slowdown limits (and the "
                          "predictor's error on them), print the table")
     a = ap.parse_args()
+    check_grid_args(ap, a)
     if a.feasibility_only:
         with ProcessPoolExecutor(a.procs) as ex:
             print(feasibility_table(list(ex.map(feasibility, WORKLOADS))))
         return
-    tasks = [(w, p, arr, s, a.jobs, 1.0) for w in WORKLOADS
-             for p in [*POLICIES, UNDECLARED, NVL72]
-             for arr in ("steady", "bursty") for s in range(a.seeds)]
-    tasks += [("polytrace-mix", p, "steady", s, a.jobs, x) for p in POLICIES
+    load_before = os.getloadavg()[0]  # before the benchmark's own processes
+    tasks: list[tuple[str, str, str, int, int, float, float | None]] = [
+        (w, p, arr, s, a.jobs, 1.0, None) for w in WORKLOADS
+        for p in [*POLICIES, UNDECLARED, NVL72]
+        for arr in ("steady", "bursty") for s in range(a.seeds)]
+    tasks += [("polytrace-mix", p, "steady", s, a.jobs, x, None) for p in POLICIES
               for s in range(a.seeds) for x in (0.5, 1.5, 2.0)]
+    # the lease switch table's rows at L = SWITCH_LIMIT (its rows at 1.15 are the grid's)
+    tasks += [(w, p, arr, s, a.jobs, 1.0, SWITCH_LIMIT)
+              for w, p in dict.fromkeys((w, p) for w, p, lim, _, _ in SWITCH_ROWS
+                                        if lim == SWITCH_LIMIT)
+              for arr in ("steady", "bursty") for s in range(a.seeds)]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(a.procs) as ex:
-        rows = list(ex.map(one, tasks, chunksize=1))
+        out = list(ex.map(one, tasks, chunksize=1))
         grid_s = time.perf_counter() - t0
         feas = list(ex.map(feasibility, WORKLOADS))
+    rows = [r for r in out if r["limit"] is None]
+    at_limit = [r for r in out if r["limit"] is not None]
+    load_after = os.getloadavg()[0]
     sp = speed()
     tab = table(rows)
     ftab = feasibility_table(feas)
     ntab, nverdict = needed_table(rows)
+    sw = switch_section(rows, at_limit, a.jobs, a.seeds)
     print(tab)
     print(ftab)
+    print(sw["switch_table"])
+    print(sw["switch_reading"])
+    print(disagg_reading(rows))
     print(sp)
-    if a.no_write:
-        return
-    pngs = plots(rows, ROOT / "docs" / "benchmarks")
+    print(targets(rows, sp))
+    print(idle_reading(load_before, os.cpu_count() or 1))
+    pngs = (["benchmarks/policies_savings_vs_load.png", "benchmarks/policies_slowdown_cdf.png"]
+            if a.no_write else plots(rows, ROOT / "docs" / "benchmarks"))
     suite = ", ".join(sorted(x.stem for x in WORKLOAD_DIR.glob("*.json")))
     text = SECTION.format(
         table=tab, jobs=a.jobs, seeds=a.seeds, grid_s=grid_s, runs=len(tasks),
         machine=f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         suite=suite, png_a=pngs[0], png_b=pngs[1], targets=targets(rows, sp),
-        feasibility=ftab, needed=ntab, needed_verdict=nverdict, load=os.getloadavg()[0],
+        feasibility=ftab, needed=ntab, needed_verdict=nverdict, load=load_after,
+        idle=idle_reading(load_before, os.cpu_count() or 1),
         remeasured=REMEASURED, shared=shared_reading(rows),
-        **sp)
+        disagg=disagg_reading(rows), **sw, **sp)
+    if a.no_write:
+        print(f"(section formatted, {len(text)} characters; not written: --no-write)")
+        return
     write_section(text)
 
 
@@ -520,9 +727,9 @@ them, each against runs made the same way at the time.
 `greedy` and `random` were re-measured again at commit aa935d7: they place a waiting job
 also in a pool opened earlier in the same round, as a scheduler placing arrivals one by
 one would (before, each job of a burst opened a pool of its own under them). Their
-bursty runs share more: `random` saves 0.2-2.9 points more over the suite, `greedy`
-0.2-0.8 on the three workloads where it shares; on polytrace-mix `greedy` saves 15.0% at
-p95 1.388, where it saved 14.8% at 1.342. Figures of theirs quoted in the prose from
+bursty runs share more: `random` saved 0.2-2.9 points more over the suite, `greedy`
+0.2-0.8 on the three workloads where it shares; on polytrace-mix `greedy` saved 15.0% at
+p95 1.388 then, where it had saved 14.8% at 1.342. Figures of theirs quoted in the prose from
 earlier commits or throwaway checks were measured before it, against the default as it
 then ran; the verdicts, tables and lists are from these runs."""
 
@@ -530,8 +737,8 @@ then ran; the verdicts, tables and lists are from these runs."""
 SECTION = """## Policies and simulator
 
 Produced by `python benchmarks/policies.py --jobs {jobs} --seeds {seeds}` ({runs} runs in
-{grid_s:.0f} s on {machine}; load average {load:.1f} at the end, the benchmark's
-own processes included).
+{grid_s:.0f} s on {machine}; load average {load:.1f} at the end of the runs, the
+benchmark's own processes included). {idle}
 Each row: mean over {seeds} seeds x (steady, bursty)
 arrivals of {jobs} jobs drawn from the workload (suite: {suite}; parameters and sources in
 `workloads/*.json` and `workloads/README.md`). Reproduce one cell with
@@ -812,7 +1019,7 @@ replicas do ("Simulator and controller" below).
 On disaggregated the predictor was slightly optimistic in the runs before commit
 00011fe (p95 1.161 at the suite's 1.15, 1.164 without `--rl-steps`, at the default
 `margin = 1.0`); this table's runs, bursty arrivals now at their documented mean burst,
-give 1.141 and 1.149, within the limit. The margins below were measured before
+give {disagg}. The margins below were measured before
 `--rl-steps` and before those fixes, on the runs row `complementary, no --rl-steps`
 repeats. Jobs that end above their limit joined a pool
 on their prior, before any of their phases was observed. Planning for the prior's whole
@@ -897,41 +1104,16 @@ there too, long-cot on NVL72 racks saved 14.1% at p95 1.157, as the predictor, f
 synchronized start, settled into worse cycles than the simulator ran and turned away
 pairs that fit; with the predictor modelling whole-pool switches only (commit f27b886),
 disaggregated saved 18.3% at p95 1.121 at L = 1.15 and 34.7% at 1.291 at 1.5.
-Over the suite (60 jobs, seeds 0-1, steady and bursty, every job's limit L; the
+Over the suite (steady and bursty, every job's limit L; the
 baselines switch too, as it is the driver's doing; each cell `slurmrl simulate -w W
---jobs 60 --seed S --arrivals A --max-slowdown L --json`, with `--gpus-per-node 72` for
-the rows @72, NVL72 racks; "without" is commit 4277cfa; "whole pool only" is commit
-d095ada, which refused every switch on part of a pool):
+--jobs N --seed S --arrivals A --max-slowdown L --json`, with `--gpus-per-node 72` for
+the rows @72, NVL72 racks; "without" is commit 4277cfa and "whole pool only" commit
+d095ada, which refused every switch on part of a pool, both over 60 jobs, seeds 0-1;
+{switch_with}):
 
-| workload | L | without the switch: savings % (p95) | whole pool only | with it |
-| --- | ---: | ---: | ---: | ---: |
-| math-sync | 1.15 | 0.8 (1.121) | 1.0 (1.117) | 1.0 (1.117) |
-| math-sync | 1.5 | 4.5 (1.454) | 5.8 (1.499) | 5.8 (1.499) |
-| long-cot | 1.15 | 3.0 (1.118) | 4.1 (1.120) | 4.1 (1.120) |
-| long-cot | 1.5 | 16.1 (1.549) | 18.2 (1.428) | 18.2 (1.428) |
-| long-cot @72 | 1.15 | 17.4 (1.155) | 18.0 (1.154) | 18.5 (1.127) |
-| long-cot @72 | 1.5 | 26.9 (1.208) | 27.2 (1.195) | 27.7 (1.182) |
-| agentic-tools | 1.15 | 6.1 (1.110) | 11.1 (1.119) | 11.1 (1.119) |
-| agentic-tools | 1.5 | 25.9 (1.319) | 29.2 (1.220) | 29.2 (1.220) |
-| agentic-tools @72 | 1.15 | 5.9 (1.159) | 9.0 (1.148) | 10.0 (1.148) |
-| agentic-tools @72 | 1.5 | 25.8 (1.284) | 27.7 (1.250) | 28.0 (1.216) |
-| disaggregated | 1.15 | 16.6 (1.141) | 16.6 (1.141) | 21.6 (1.147) |
-| disaggregated | 1.5 | 33.3 (1.380) | 33.3 (1.380) | 38.4 (1.357) |
-| mixed-sizes | 1.15 | 0.6 (1.116) | 0.8 (1.112) | 0.8 (1.112) |
-| mixed-sizes | 1.5 | 3.1 (1.467) | 4.2 (1.425) | 4.2 (1.425) |
-| polytrace-mix | 1.15 | 2.6 (1.132) | 4.3 (1.118) | 4.3 (1.118) |
-| polytrace-mix | 1.5 | 15.9 (1.474) | 18.6 (1.388) | 18.6 (1.388) |
-| polytrace-mix @72 | 1.15 | 6.7 (1.179) | 6.6 (1.149) | 6.9 (1.142) |
-| polytrace-mix @72 | 1.5 | 17.8 (1.460) | 19.4 (1.404) | 19.3 (1.411) |
+{switch_table}
 
-Against commit 4277cfa, savings rise on every row, and the p95 stays within L on every
-row (polytrace-mix @72 at 1.15 came within it). Switching on part of a pool for the
-member behind, against the whole pool only, gains 5.0 points on disaggregated at 1.15
-(p95 0.006 higher) and 5.1 at 1.5 (p95 0.023 lower), and 0.3-1.0 points in staggered
-pools at 1.15 (p95 no higher), where at 1.5 polytrace-mix @72 gives up 0.1 point. The
-baselines gain too (the results table below; `greedy` on agentic-tools 27.6% at p95
-1.322 -> 29.7% at 1.227, on polytrace-mix 15.0% at 1.388 -> 15.7% at 1.356). No savings
-target turns: 2-32% of the ideal is captured at 1.15.
+{switch_reading}
 
 Whatever the slice policy, a share argument bounds what one window can give a colocated
 pair. Job A's GPU phases (its rollout, tail included, while it holds at least one GPU;

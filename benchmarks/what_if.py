@@ -24,6 +24,7 @@ Prints a table; writes nothing (docs/benchmarks.md and docs/site-policies.md quo
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.frontier import within_limit  # noqa: E402
-from benchmarks.policies import WORKLOADS  # noqa: E402
+from benchmarks.policies import WORKLOADS, check_grid_args  # noqa: E402
 from slurmrl.sim.replay import recorded_profile  # noqa: E402
 from slurmrl.sim.runner import config_for, run_jobs, with_max_slowdown  # noqa: E402
 from slurmrl.sim.workload import generate, load  # noqa: E402
@@ -93,6 +94,11 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
     a = ap.parse_args()
+    check_grid_args(ap, a)
+    if a.limit and not all(1.0 <= x <= 100.0 and math.isfinite(x) for x in a.limit):
+        ap.error("-L/--limit must be in 1..100")
+    if not 1 <= a.max_group <= 100:
+        ap.error(f"--max-group must be in 1..100, got {a.max_group}")
     if not (a.oracle_priors or a.site_prior or a.what_if_param) and a.slice == "round-robin":
         ap.error("nothing to compare: give --oracle-priors, --site-prior, --what-if-param "
                  "or --slice NAME")
