@@ -510,6 +510,8 @@ static int forget(spank_t sp, int remote, const char *var)
  * sbatch and salloc set in their environment). sbatch and salloc forget them all (an RL
  * job gets its own back), and so does each step of a job that is no RL job: its driver's
  * connect() says it is no RL job rather than registering its parent's request.
+ * SLURMRL_CONTROLLER stays: only the site's controller URL, which a user may set for
+ * `slurmrl status` in any job (an RL job's own is the plugin's, `unset_stale`).
  */
 static int forget_inherited(spank_t sp, int remote)
 {
@@ -525,7 +527,10 @@ static int forget_inherited(spank_t sp, int remote)
 	}
 	for (i = 0; contract_vars[i] != NULL; i++) {
 		snprintf(var, sizeof(var), "SLURM_SPANK_%s", contract_vars[i]);
-		if (forget(sp, remote, contract_vars[i]) < 0 || forget(sp, remote, var) < 0)
+		if (forget(sp, remote, var) < 0)
+			return -1;
+		if (strcmp(contract_vars[i], "SLURMRL_CONTROLLER") != 0 &&
+		    forget(sp, remote, contract_vars[i]) < 0)
 			return -1;
 	}
 	return 0;

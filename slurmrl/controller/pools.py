@@ -380,8 +380,12 @@ class SlurmPools:
         self._numbering()  # resolved (and said in the log) at start, not at a first launch
         await self._refresh_node_memory()
         # pools Slurm ended while the controller was down: before anything is placed in
-        # them, and before their services are talked to (theirs are stopped as strays)
-        await self._close_lost_pools()
+        # them, and before their services are talked to (theirs are stopped as strays).
+        # A slurmctld not answering yet does not stop the start: the reconciler retries
+        try:
+            await self._close_lost_pools()
+        except SlurmError as exc:
+            log.warning("pools not checked against Slurm at start: %s", exc)
         await self._reattach()
         await self._sweep_allocations()
         # nothing is being placed at start: an open pool with no active member is empty
@@ -475,12 +479,17 @@ class SlurmPools:
         return held, closed
 
     async def _stop_stray(self, svc: ServiceRecord, secret: str) -> None:
-        """Stop a service no job uses (best effort: its step may be gone) and record it."""
+        """Stop a service no job uses (best effort: its step may be gone) and record it.
+        A floating member's copy of a job that has ended first removes the job's state
+        from its node's hand-off directory (memory-backed: it would stay there)."""
         if svc.address:
-            with contextlib.suppress(ServiceError, ValueError):
+            with contextlib.suppress(ServiceError, ValueError, OSError):
                 handle = ServiceHandle(svc.address, svc.control_secret or secret,
                                        str(svc.job_id), svc.role,
                                        max_answer_bytes=CONTROL_ANSWER_BYTES)
+                if svc.handoff_dir and self._ended(svc.job_id):
+                    with contextlib.suppress(ServiceError, OSError):
+                        await asyncio.to_thread(handle.discard_handoff, 10.0)
                 await asyncio.to_thread(handle.stop, 5.0)
         self.c.store.update_service(svc.service_id, state="stopped", residency="stopped",
                                     ended_at=self.c.clock())
@@ -532,9 +541,13 @@ class SlurmPools:
                              ).hexdigest()[:32]
         mine = "" if replica is None else f"-r{replica}"
         # a copy of the job already on that node keeps its directory: the state is there
-        # (named by an earlier controller, or under an earlier `services.handoff_dir`)
+        # (named by an earlier controller, or under an earlier `services.handoff_dir`).
+        # Its node is its window's (its address is Slurm's NodeAddr, not the node name)
+        pool = self.c.store.pool(job.pool_id) if job.pool_id is not None else None
+        where = self._nodes_of(pool) if pool is not None and pool.floating else {}
         for svc in self.c.store.services(job_id=job.job_id, live_only=True):
-            if (svc.handoff_dir and svc.address.rpartition(":")[0] == node
+            if (svc.handoff_dir and svc.gpus and svc.pool_id == job.pool_id
+                    and where.get(min(svc.gpus) // job.request.gpus) == node
                     and _replica_of(svc.handoff_dir) == replica):
                 return svc.handoff_dir
         return os.path.join(self.c.config.services.handoff_dir.replace("%n", node),
@@ -1419,5 +1432,8 @@ class SlurmPools:
             log.warning("pool %d: %s", pool.pool_id, loss.message)
             # its steps died with it; the drivers learn the reason from their revoked
             # leases and from the job's state
-            await self.c.close_pool(pool.pool_id, loss.message, ended_at=loss.ended_at)
+            # a floating pool's other windows ran on: its leases end when this is seen
+            alone = len(allocs[pool.pool_id]) == 1
+            await self.c.close_pool(pool.pool_id, loss.message,
+                                    ended_at=loss.ended_at if alone else None)
             self._next_sweep = 0.0  # a floating pool's other windows go now

@@ -158,7 +158,8 @@ def test_a_job_submitted_from_inside_an_rl_job_takes_none_of_its_directives(
     head, leak = out.split("LEAK\n", 1)
     batch, step = head.split("STEP\n", 1)
     for text in (batch, step, leak):  # a plain job's steps keep none, however they came
-        assert _inherited(text) == {}
+        # but the site's controller URL (which a user may set for `slurmrl status`)
+        assert _inherited(text) == {"SLURMRL_CONTROLLER": CONTROLLER}
     script = "#!/bin/sh\n#SBATCH --rl-gpus=2\n#SBATCH --rl-group=mine\nenv\n"
     out = _run_and_read(jobs, [], script=script)
     env = _slurmrl_env(out)

@@ -163,7 +163,8 @@ def test_a_plain_job_from_inside_an_rl_job_gets_none_of_its_variables_in_its_ste
     plugin: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     step = _env_after(plugin, "remote", PARENT)
-    assert step == {}
+    # only the site's controller URL stays (a user may set it for `slurmrl status`)
+    assert step == {"SLURMRL_CONTROLLER": "http://ctl:6829"}
     # the child's driver is told it is no RL job, not the salloc message, and is not
     # registered with its parent's request
     env = _registered_env(monkeypatch, step)
@@ -183,7 +184,8 @@ def test_sbatch_of_a_plain_job_inside_an_rl_job_passes_none_of_its_variables_on(
     plugin: Path,
 ) -> None:
     # what sbatch (or salloc, whose shell no step plugin sees) hands the new job
-    assert _env_after(plugin, "allocator", {**PARENT, **OPTION_COPIES}) == {}
+    assert _env_after(plugin, "allocator", {**PARENT, **OPTION_COPIES}) == {
+        "SLURMRL_CONTROLLER": "http://ctl:6829"}
 
 
 def test_sbatch_of_an_rl_job_inside_an_rl_job_passes_only_its_own_on(plugin: Path) -> None:
@@ -192,7 +194,8 @@ def test_sbatch_of_an_rl_job_inside_an_rl_job_passes_only_its_own_on(plugin: Pat
     assert env == {"SLURM_SPANK_SLURMRL_GPUS": "2", "SLURM_SPANK_SLURMRL_MUX": "auto",
                    "SLURM_SPANK_SLURMRL_LAYOUT": "colocated",
                    "SLURM_SPANK_SLURMRL_MODEL": "small",
-                   "SLURM_SPANK_SLURMRL_CONTROLLER": "http://ctl:6829"}
+                   "SLURM_SPANK_SLURMRL_CONTROLLER": "http://ctl:6829",
+                   "SLURMRL_CONTROLLER": "http://ctl:6829"}
 
 
 def test_a_step_of_an_rl_job_submitted_with_export_none_keeps_its_directives(
@@ -203,3 +206,9 @@ def test_a_step_of_an_rl_job_submitted_with_export_none_keeps_its_directives(
     step = _env_after(plugin, "remote", {**own, "SLURM_SPANK_SLURMRL_GPUS": "4"})
     assert (step["SLURMRL_GPUS"], step["SLURMRL_GROUP"], step["SLURMRL_MODEL"]) == (
         "4", "outer", "big")
+
+
+def test_a_controller_url_the_user_set_reaches_a_plain_jobs_steps(plugin: Path) -> None:
+    mine = {"SLURMRL_CONTROLLER": "http://ctl.example:6829"}
+    assert _env_after(plugin, "allocator", mine) == mine
+    assert _env_after(plugin, "remote", mine) == mine

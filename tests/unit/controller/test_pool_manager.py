@@ -33,7 +33,7 @@ from slurmrl.db import JobRecord, Store
 from slurmrl.gpu.estimate import GiB
 from slurmrl.leases import LeaseError
 from slurmrl.model import Identity, JobState, Phase, RlRequest
-from slurmrl.slurm import JobInfo, NodeInfo, SlurmJobState
+from slurmrl.slurm import JobInfo, NodeInfo, SlurmError, SlurmJobState
 from slurmrl.worker.handle import ServiceUnreachable
 
 ALICE = Identity(1001, 1001, "alice")
@@ -711,4 +711,31 @@ async def test_a_pool_lost_while_the_controller_was_down_is_closed_at_start(
         await asyncio.gather(*list(pools._tasks), return_exceptions=True)
     job = c.store.job(22)
     assert job is not None and job.state is JobState.RUNNING and job.pool_id != lost_pool
+    await c.stop()
+
+
+@run
+async def test_a_restart_while_slurm_does_not_answer_still_serves_its_leases(
+        tmp_path: Path) -> None:
+    # slurmctld comes up after the controller (a head node's reboot): checking the open
+    # pools against Slurm failed the start, and the controller exited until it answered
+    site = await _site(Store(tmp_path / "c.db"), jobs={21: ALICE})
+    await site.c.register(ALICE, 21, ENV)
+    await site.settle()
+    ticket = site.c.scheduler.request(site.job(21), Phase.TRAIN)
+    await site.c.stop()
+
+    class SlurmDown(FakeAllocator):
+        def losses(self, slurm_job_ids: list[int]) -> list[Any]:
+            raise SlurmError("squeue: error: Unable to contact slurm controller")
+
+    slurm = FakeSlurm()
+    slurm.add(21, ALICE)
+    pools = SlurmPools(allocator=SlurmDown(201), launcher=FakeLauncher())  # type: ignore[arg-type]
+    c = Controller(Config(), Store(tmp_path / "c.db"), slurm, pools=pools)  # type: ignore[arg-type]
+    await c.start()
+    lease = c.store.lease(ticket.request_id)
+    assert lease is not None and lease.state == "held"
+    pool = c.store.pool(site.job(21).pool_id)  # type: ignore[arg-type]
+    assert pool is not None and pool.state == "open"
     await c.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -1234,6 +1235,17 @@ async def test_a_new_copy_takes_the_directory_its_jobs_copies_on_the_node_hand_o
     # the directories otherwise) started the job's next copy on that node in a new
     # directory: it took over no state, and the job trained on from fresh weights
     site = await _site(Store(tmp_path / "c.db"))
+    launch = site.launcher.launch
+
+    def at_node_addr(pool_job_id: int, node: str, spec: ServiceSpec,
+                     secret: str) -> FakeRunning:
+        # as ServiceLauncher: a service's address is Slurm's NodeAddr of its node (the
+        # dev cluster's every node: 127.0.0.1), not the node's name
+        svc = launch(pool_job_id, node, spec, secret)
+        svc.address = svc.handle.address = f"127.0.0.1:{5000 + len(site.launcher.launched)}"
+        return svc
+
+    site.launcher.launch = at_node_addr  # type: ignore[method-assign]
     await site.register(ALICE, 7)
     await site.register(BOB, 8)
     before = {s.spec.handoff_dir for s in site.launcher.launched if s.spec.job_id == 7}
@@ -1249,3 +1261,74 @@ async def test_a_new_copy_takes_the_directory_its_jobs_copies_on_the_node_hand_o
     assert all(s.spec.handoff_dir.startswith("/dev/shm/elsewhere/")  # type: ignore[union-attr]
                for s in site.launcher.launched if s.spec.job_id == 9)
     await site.c.stop()
+
+
+@run
+async def test_one_lost_window_charges_the_others_leases_to_their_end_not_its(
+        tmp_path: Path) -> None:
+    store = Store(tmp_path / "c.db")
+    site = await _site(store)
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    pool_id = site.job(7).pool_id
+    assert pool_id is not None
+    first = await site.grant(7, Phase.TRAIN)
+    second = await site.grant(8, Phase.TRAIN)
+    assert first != second
+    _, w1 = store.windows(pool_id)
+    lost_at = time.time()
+    await asyncio.sleep(0.3)  # window 1's node fails; window 0 runs on until noticed
+
+    class LosesWindowOne(FakeAllocator):
+        def losses(self, slurm_job_ids: list[int]) -> list[Any]:
+            return [PoolLoss(w1.slurm_job_id, "NODE_FAIL", ended_at=lost_at)]
+
+    site.pools.allocator = LosesWindowOne()
+    await site.pools.reconcile()
+    await site.settle()
+    pool = store.pool(pool_id)
+    assert pool is not None and pool.state == "closed"
+    leases = {x.job_id: x for x in store.leases(pool_id=pool_id)}
+    # job 7's window ran until the pool was closed, not until window 1's failure
+    assert leases[7].released_at is not None and leases[7].released_at > lost_at + 0.25
+    await site.c.stop()
+
+
+def test_a_pool_lost_while_the_controller_was_down_leaves_no_state_on_its_nodes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # closed at start, before its copies were re-attached: the jobs' ends found none to
+    # discard their state, and the strays were stopped without
+    asked: list[tuple[str, str]] = []
+
+    class Handle:  # what the restarted controller's calls to a stray copy do
+        def __init__(self, address: str, *args: Any, **kwargs: Any) -> None:
+            self.address = address
+
+        def discard_handoff(self, timeout_s: float | None = None) -> bool:
+            asked.append(("discard", self.address))
+            return True
+
+        def stop(self, timeout_s: float | None = None) -> None:
+            asked.append(("stop", self.address))
+
+    async def main() -> None:
+        store = Store(tmp_path / "c.db")
+        site = await _site(store)
+        await site.register(ALICE, 7)
+        await site.register(BOB, 8)
+        pool_id = site.job(7).pool_id
+        assert pool_id is not None
+        _, w1 = store.windows(pool_id)
+        await site.c.stop()
+        site.allocator.lost.add(w1.slurm_job_id)  # while the controller is down
+        monkeypatch.setattr("slurmrl.controller.pools.ServiceHandle", Handle)
+        site2 = await _site(store, allocator=site.allocator)
+        await site2.settle()
+        pool = store.pool(pool_id)
+        assert pool is not None and pool.state == "closed"
+        copies = {s.address for s in store.services(pool_id=pool_id)}
+        assert {a for k, a in asked if k == "discard"} == copies
+        assert {a for k, a in asked if k == "stop"} == copies
+        await site2.c.stop()
+
+    asyncio.run(main())
