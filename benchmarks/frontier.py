@@ -323,7 +323,7 @@ def grid_args(doc: str | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     ap.add_argument("--jobs", type=int, default=60)
     ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--procs", type=int, default=min(os.cpu_count() or 1, 256))
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
     check_grid_args(ap, a)

@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("-w", "--workload", action="append", choices=WORKLOADS)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=60)
-    ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--procs", type=int, default=min(os.cpu_count() or 1, 256))
     a = ap.parse_args()
     check_grid_args(ap, a)
     chosen = a.workload or WORKLOADS

@@ -652,7 +652,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=80)
     ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--procs", type=int, default=min(os.cpu_count() or 1, 256))
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--feasibility-only", action="store_true",
                     help="only measure how many pairs fit their slowdown limits (and the "

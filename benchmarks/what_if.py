@@ -92,7 +92,7 @@ def main() -> None:
     ap.add_argument("--what-if-param", action="append", type=param, default=[])
     ap.add_argument("--jobs", type=int, default=60)
     ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--procs", type=int, default=min(os.cpu_count() or 1, 256))
     a = ap.parse_args()
     check_grid_args(ap, a)
     if a.limit and not all(1.0 <= x <= 100.0 and math.isfinite(x) for x in a.limit):

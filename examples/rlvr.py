@@ -44,6 +44,8 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from slurmrl.worker.protocol import MAX_SEED, MAX_TEMPERATURE
+
 _FIRST_INT = re.compile(r"\s*(-?\d+)")
 
 
@@ -75,7 +77,9 @@ class GrpoConfig:
         checks = {
             "steps": self.steps >= 1, "prompts_per_step": self.prompts_per_step >= 1,
             "group_size": self.group_size >= 2, "max_operand": 0 <= self.max_operand <= 99,
-            "max_tokens": self.max_tokens >= 1, "temperature": self.temperature > 0,
+            "max_tokens": self.max_tokens >= 1,
+            "temperature": 0 < self.temperature <= MAX_TEMPERATURE,
+            "seed": 0 <= self.seed <= MAX_SEED,
             "tool_latency_s": self.tool_latency_s >= 0,
             "round_tokens": self.round_tokens is None or self.round_tokens >= 1,
         }
@@ -83,8 +87,9 @@ class GrpoConfig:
         if bad:
             raise ValueError(f"bad GRPO setting(s) {bad}: steps, prompts_per_step >= 1, "
                              "group_size >= 2 (advantages are relative to the group), "
-                             "0 <= max_operand <= 99, max_tokens >= 1, temperature > 0, "
-                             "tool_latency_s >= 0, round_tokens >= 1 if set")
+                             "0 <= max_operand <= 99, max_tokens >= 1, 0 < temperature <= "
+                             f"{MAX_TEMPERATURE:g}, 0 <= seed < 2**63 (what the services "
+                             "take), tool_latency_s >= 0, round_tokens >= 1 if set")
 
 
 def problems(cfg: GrpoConfig, step: int) -> list[tuple[str, int]]:
@@ -186,9 +191,10 @@ def run_step(
     prompts = [p for p, _ in batch for _ in range(cfg.group_size)]
     t0 = time.monotonic()
     rounds = {} if cfg.round_tokens is None else {"round_tokens": cfg.round_tokens}
+    seed = (cfg.seed * 7919 + step) % (MAX_SEED + 1)  # within what the services take
     with phase("rollout"):
         result = rollout.generate(prompts, max_tokens=cfg.max_tokens,
-                                  temperature=cfg.temperature, seed=cfg.seed * 7919 + step,
+                                  temperature=cfg.temperature, seed=seed,
                                   micro_batch=max(8, cfg.group_size), **rounds)
     t1 = time.monotonic()
     # the GPU gap: verification on the driver's CPU, then (agentic jobs) tool waits

@@ -191,7 +191,7 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
         if trace is not None and trace_path:
             save_trace(trace, trace_path)
         if drawn is not None and plot_path:
-            os.replace(drawn, plot_path)
+            os.replace(drawn, os.path.realpath(plot_path))  # a link stays one
     except (OSError, TraceError) as exc:
         if drawn is not None:
             drawn.unlink(missing_ok=True)
@@ -234,7 +234,7 @@ def _draw(data: ReportInput, rep: Report, target: str) -> Path:
     cannot be written; nothing is left behind then)."""
     from slurmrl.report.plot import plot_timeline
 
-    path = Path(target)
+    path = Path(os.path.realpath(target))  # through a link: its target gets the plot
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
     try:
         plot_timeline(data, rep, tmp)

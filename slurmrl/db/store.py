@@ -91,7 +91,8 @@ def _open_read_only(path: str) -> sqlite3.Connection:
         if not no_shm or os.access(Path(path).resolve().parent, os.W_OK):
             return conn  # not a DB, damaged...: the schema check names it
         conn.close()
-        if Path(path + "-wal").exists():
+        # the DB's own -wal, beside the file a link names
+        if Path(f"{Path(path).resolve()}-wal").exists():
             raise StoreError(
                 f"cannot read {path}: its directory is not writable and SQLite needs to "
                 f"create {path}-shm there to read {path}-wal; copy the DB (with its -wal "

@@ -109,15 +109,19 @@ def from_store(store: Any, ids: Sequence[int] | None, now: float) -> ReportInput
 def open_store(path: str) -> Any:
     """Open an existing colocation DB read-only: a report never writes to the file (a
     typo makes no new DB; another program's DB is refused, not given slurmrl's tables)."""
-    if not Path(path).is_file():
-        raise SourceError(f"no colocation DB at {path} (give --db PATH, or --controller URL)")
+    try:
+        if not Path(path).is_file():
+            raise SourceError(f"no colocation DB at {path} (give --db PATH, or "
+                              "--controller URL)")
+    except PermissionError:  # a directory on its way the reader may not enter
+        raise SourceError(f"cannot open {path}: permission denied") from None
     from slurmrl.db import Store, StoreError
 
     try:
         return Store(path, read_only=True)
     except StoreError as exc:  # it names the file and what is wrong with it
         raise SourceError(str(exc)) from None
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, OSError) as exc:
         raise SourceError(f"cannot open {path}: {exc}") from None
 
 

@@ -316,6 +316,15 @@ def validate(data: Any, where: str = "workload", path: Path | None = None) -> Wo
                 f"{where}: classes[{i}].gpus can draw jobs of 1 GPU, but a disaggregated "
                 f"class's jobs need at least 2 (a rollout set and a trainer set), got "
                 f"{json.dumps(spec)}: draw from 2 up, or make the class colocated")
+        widest = max(hi for _, hi in spans)
+        if widest > most and "max_gpus_per_job" not in data.get("limits", {}):
+            # a file written before the controller's defaults applied here: its jobs
+            # would be rejected silently, its figures changed
+            raise WorkloadError(
+                f"{where}: classes[{i}].gpus draws jobs of up to {widest} GPUs, over the "
+                f"controller's default limits.max_gpus_per_job ({most}), which this file "
+                "does not set: set it (1024 to admit them, as the suite does; the default "
+                "to see them refused)")
         for lo, hi in spans:
             if max(lo, cluster + 1) <= min(hi, most):
                 raise WorkloadError(

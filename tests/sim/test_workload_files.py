@@ -473,9 +473,16 @@ def test_a_workload_without_limits_simulates_the_controllers_default_limits(
 
     data = copy.deepcopy(BASE)
     del data["limits"]
-    data["classes"][0]["gpus"] = {"choices": [8, 16]}
+    data["classes"][0]["gpus"] = {"choices": [4, 8]}
     data["jobs"] = 12
     assert config_for(validate(data)).limits == site_limits(Config())
+    # jobs over the default's 8 GPUs: the file must say whether they are admitted (a
+    # file from before these defaults saw them rejected without a word)
+    data["classes"][0]["gpus"] = {"choices": [8, 16]}
+    with pytest.raises(WorkloadError, match=r"classes\[0\]\.gpus draws jobs of up to 16 "
+                       r"GPUs, over the controller's default limits\.max_gpus_per_job \(8\)"):
+        validate(data)
+    data["limits"] = {"max_gpus_per_job": 8}  # to see them refused, say so
     path = tmp_path / "nolimits.json"
     path.write_text(json.dumps(data))
     res = run("-w", str(path), "--json", "--no-check")
@@ -483,7 +490,7 @@ def test_a_workload_without_limits_simulates_the_controllers_default_limits(
     m = json.loads(res.stdout)["metrics"]
     assert m["rejected"] > 0 and m["jobs"] == 12 - m["rejected"]  # the 16-GPU jobs
     # a limit it leaves out takes the controller's default; one it sets, its own
-    data["limits"] = {"max_slowdown": 1.4}
+    data["limits"] = {"max_slowdown": 1.4, "max_gpus_per_job": 16}
     lim = config_for(validate(data)).limits
     default = Config().limits.default_max_slowdown
     assert (lim.max_slowdown, lim.default_max_slowdown) == (1.4, default)

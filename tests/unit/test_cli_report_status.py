@@ -203,6 +203,12 @@ def test_a_db_with_a_wal_there_says_to_copy_it_somewhere_writable(
     finally:
         live.close()
     _seal(unwritable_dir)
+    # through a link elsewhere too: its -wal is the DB's, not one beside the link (read
+    # as immutable, the report silently dropped the transactions only the -wal held)
+    link = unwritable_dir.parent / "link.db"
+    link.symlink_to(unwritable_dir / "c.db")
+    res = _report_as_nobody("--db", str(link))
+    assert res.returncode == 1 and "somewhere writable" in res.stderr, res.stderr
     res = _report_as_nobody("--db", str(unwritable_dir / "c.db"))
     assert res.returncode == 1
     assert res.stderr.strip() == (
@@ -300,6 +306,26 @@ def test_a_report_whose_trace_fails_leaves_no_plot_and_an_earlier_one_whole(
                                       str(tmp_path / "t.jsonl")])
     assert res.exit_code == 0, res.output
     assert png.read_bytes()[:4] == b"\x89PNG" and (tmp_path / "t.jsonl").exists()
+
+
+def test_a_db_the_user_may_not_reach_is_a_one_line_error(unwritable_dir: Path) -> None:
+    db = _db(unwritable_dir / "c.db")
+    unwritable_dir.chmod(0o700)  # nobody may not enter it
+    res = _report_as_nobody("--db", str(db))
+    assert res.returncode == 1
+    assert res.stderr.strip() == f"slurmrl report: cannot open {db}: permission denied"
+
+
+def test_a_plot_through_a_link_lands_on_its_target(tmp_path: Path) -> None:
+    db = _db(tmp_path / "c.db")
+    (tmp_path / "srv").mkdir()
+    (tmp_path / "srv" / "latest.png").write_bytes(b"old")
+    link = tmp_path / "latest.png"
+    link.symlink_to(tmp_path / "srv" / "latest.png")
+    res = CliRunner().invoke(report, ["--db", str(db), "--plot", str(link)])
+    assert res.exit_code == 0, res.output
+    assert link.is_symlink()  # was replaced by a file, its target left stale
+    assert (tmp_path / "srv" / "latest.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # -- 7: an empty DB's plot, and --pools with --leases -------------------------------------------

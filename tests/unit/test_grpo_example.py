@@ -221,3 +221,20 @@ def test_the_demo_sees_a_rising_reward_however_few_the_steps(steps: int) -> None
     res = JobResult("math", "rlalice", 1, "COMPLETED",
                     [i / steps for i in range(steps)], 1.0)
     assert res.reward_last > res.reward_first + 0.1
+
+
+@pytest.mark.parametrize("bad", [{"temperature": 3.0}, {"temperature": 0.0}, {"seed": -1}])
+def test_settings_the_services_would_refuse_are_refused_before_the_job_starts(
+        bad: dict[str, float]) -> None:
+    # they passed here and were refused by the rollout's first generate, mid-job
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        GrpoConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_a_clock_sized_seed_gives_every_step_a_seed_the_services_take() -> None:
+    # seed * 7919 + step was past 2**63 for a `time.time_ns()` seed: the rollout's
+    # generate refused it (the tiny backend checks the range vLLM's services take)
+    cfg = GrpoConfig(prompts_per_step=2, group_size=4, seed=1_795_722_288_537_828_632)
+    rec = Recording()
+    run_step(cfg, 3, rec, rec, no_lease)
+    assert rec.calls == [{}]
