@@ -120,8 +120,12 @@ class Footprint:
         return 0 if r is Residency.STOPPED else self.parked_bytes
 
     def pinned_host_bytes(self, residency: Residency | None = None) -> int:
+        """Host memory its parked state pins as `residency` (default its own); one whose
+        park or activation timed out (`uncertain`) is counted as holding it while taken
+        as active too: the park may have landed."""
         r = self.residency if residency is None else residency
-        return self.host_bytes if r is Residency.PARKED else 0
+        parked = r is Residency.PARKED or (r is Residency.ACTIVE and self.uncertain)
+        return self.host_bytes if parked else 0
 
 
 @dataclass(frozen=True)

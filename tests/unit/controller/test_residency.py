@@ -289,3 +289,16 @@ def test_a_floating_grant_parks_the_window_and_the_jobs_active_copies_elsewhere(
     assert sync.park == ((1, "rollout@1"),) and sync.activate == ()
     with pytest.raises(ResidencyError, match="no train service"):
         plan_floating_grant(services, cap, job_id=2, phase=Phase.TRAIN, gpus=(2, 3))
+
+
+def test_a_service_whose_park_timed_out_counts_its_host_copy_too() -> None:
+    # job 2's trainer on GPUs 2,3: its park timed out and may have landed (its state
+    # then pinned on the host) or not; a park of another job's rollout that memory
+    # does not require must not take the budget as if it had not
+    landed = replace(fp(2, "trainer", (2, 3), 10, host=40), uncertain=True)
+    services = [landed, fp(3, "rollout", (0, 1), 10, host=30),
+                fp(1, "rollout", (0, 1), 10, residency=Residency.PARKED, host=5)]
+    plan = plan_grant(services, CAP80, job_id=1, phase=Phase.ROLLOUT,
+                      host_budget_bytes=50 * GiB, park_others=True)
+    assert plan.park == ()  # 40 + 30 GiB would pass the node's 50
+    assert plan.activate == ((1, "rollout"),)
