@@ -61,7 +61,7 @@ from slurmrl.leases.types import Lease
 from slurmrl.model import JobState, Mux, Phase, Residency
 from slurmrl.slurm import BatchSpec, JobInfo, SlurmBackend, SlurmError, SlurmJobState
 from slurmrl.slurm.devices import detect, step_devices
-from slurmrl.worker.handle import ServiceError, ServiceHandle
+from slurmrl.worker.handle import CONTROL_TIMEOUT_S, ServiceError, ServiceHandle
 
 if TYPE_CHECKING:
     from slurmrl.config import Config
@@ -264,6 +264,18 @@ _NOT_RUNNING_AGAIN = frozenset({
     SlurmJobState.COMPLETING, SlurmJobState.PENDING, SlurmJobState.CONFIGURING,
     SlurmJobState.REQUEUED, SlurmJobState.SPECIAL_EXIT, SlurmJobState.REQUEUE_HOLD,
     SlurmJobState.REQUEUE_FED, SlurmJobState.RESV_DEL_HOLD})
+
+
+#: the slowest a park, an activation or a hand-off is taken to move a service's state
+#: (host copies over PCIe, files in node memory, a fetch over the network): 1 GiB/s
+MOVE_BYTES_PER_S = 1 << 30
+
+
+def moving_timeout(control_s: float, state_bytes: int) -> float:
+    """How long a control call that moves `state_bytes` may take: the control plane's
+    own limit, plus the state at `MOVE_BYTES_PER_S` (a 7B trainer's ~100 GB of parked
+    state: ~93 s more), so a large state's park is not cut off and left uncertain."""
+    return control_s + state_bytes / MOVE_BYTES_PER_S
 
 
 def _replica_of(handoff_dir: str) -> int | None:
@@ -973,7 +985,9 @@ class SlurmPools:
             if dest is None:
                 return False
             try:
-                await asyncio.to_thread(dest.handle.fetch_handoff, src.handle.address)
+                await asyncio.to_thread(
+                    dest.handle.fetch_handoff, src.handle.address,
+                    moving_timeout(CONTROL_TIMEOUT_S, dest.footprint.host_bytes))
             except (ServiceError, OSError) as exc:
                 log.warning("pool %d: job %d %s's state not moved off node %s: %s",
                             pool.pool_id, src.job_id, base, where[last], exc)
@@ -1298,16 +1312,17 @@ class SlurmPools:
         if source is not None:
             log.info("job %d: %s takes over the state fetched from its copy at %s "
                      "(on another node)", key[0], key[1], source)
+        wait = moving_timeout(CONTROL_TIMEOUT_S, live.footprint.host_bytes)
         try:
             if residency is Residency.ACTIVE:
                 ans = await asyncio.to_thread(
-                    lambda: live.handle.activate(handoff=True, source=source) if handoff
-                    else live.handle.activate())
+                    lambda: live.handle.activate(wait, handoff=True, source=source)
+                    if handoff else live.handle.activate(wait))
             else:
                 level = 2 if residency is Residency.DROPPED else 1
                 ans = await asyncio.to_thread(
-                    lambda: live.handle.park(level, handoff=True) if handoff
-                    else live.handle.park(level))
+                    lambda: live.handle.park(level, wait, handoff=True) if handoff
+                    else live.handle.park(level, wait))
         except ServiceError as exc:
             # it may still land (the service queues it behind a call in flight): taken
             # as active, holding its memory, and activated again where a grant needs it

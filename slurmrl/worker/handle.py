@@ -64,13 +64,15 @@ class ServiceUnreachable(ServiceError):
 
 
 _RETRYABLE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+CONTROL_TIMEOUT_S = 120.0  #: a control-plane call's limit, whole (status, park, ...)
 
 
 class ServiceHandle:
     """One service of one RL job, addressed as `host:port`."""
 
     def __init__(
-        self, address: str, secret: str, job_id: str, role: str, timeout_s: float = 120.0,
+        self, address: str, secret: str, job_id: str, role: str,
+        timeout_s: float = CONTROL_TIMEOUT_S,
         max_answer_bytes: int | None = None, compute_timeout_s: float | None = None,
     ) -> None:
         """`timeout_s`: the control plane's calls (status, park, activate, ...), each

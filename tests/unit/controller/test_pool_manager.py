@@ -93,10 +93,15 @@ class FakeAllocator:
 
 
 class FakeHandle:
-    def activate(self) -> dict[str, Any]:
+    def __init__(self) -> None:
+        self.waits: list[float | None] = []  #: each park's and activation's time limit
+
+    def activate(self, timeout_s: float | None = None) -> dict[str, Any]:
+        self.waits.append(timeout_s)
         return {"residency": "active"}
 
-    def park(self, level: int) -> dict[str, Any]:
+    def park(self, level: int, timeout_s: float | None = None) -> dict[str, Any]:
+        self.waits.append(timeout_s)
         return {"residency": "parked" if level == 1 else "dropped"}
 
     def status(self) -> dict[str, Any]:
@@ -543,12 +548,12 @@ class LateHandle(FakeHandle):
         self.calls: list[str] = []
         self.residency = "active"
 
-    def activate(self) -> dict[str, Any]:
+    def activate(self, timeout_s: float | None = None) -> dict[str, Any]:
         self.calls.append("activate")
         self.residency = "active"
         return {"residency": "active"}
 
-    def park(self, level: int) -> dict[str, Any]:
+    def park(self, level: int, timeout_s: float | None = None) -> dict[str, Any]:
         self.calls.append("park")
         self.residency = "parked"  # it lands, but the answer does not come back in time
         if self.calls.count("park") == 1:
@@ -739,3 +744,32 @@ async def test_a_restart_while_slurm_does_not_answer_still_serves_its_leases(
     pool = c.store.pool(site.job(21).pool_id)  # type: ignore[arg-type]
     assert pool is not None and pool.state == "open"
     await c.stop()
+
+
+@run
+async def test_a_park_may_take_as_long_as_moving_its_state_does(tmp_path: Path) -> None:
+    # every park had the control plane's 120 s: a large trainer's parked state (~100 GB
+    # for a 7B model) copied at ~1 GB/s was cut off, and the service left uncertain
+    from slurmrl.controller.pools import MOVE_BYTES_PER_S
+    from slurmrl.worker.handle import CONTROL_TIMEOUT_S
+
+    site = await _site(Store(tmp_path / "c.db"), jobs={1: ALICE, 2: BOB})
+    site.slurm.nodes = lambda: [  # type: ignore[method-assign]
+        NodeInfo("n1", "IDLE", 8, 16, 2_000_000, ("pools",))]  # room for both states
+    big = {"SLURMRL_GPUS": "2", "SLURMRL_MODEL": "demo-7b"}
+    await site.c.register(ALICE, 1, big)
+    await site.c.register(BOB, 2, big)
+    await site.settle()
+    assert site.job(1).pool_id == site.job(2).pool_id
+    for job in (1, 2):
+        ticket = site.c.scheduler.request(site.job(job), Phase.TRAIN)
+        lease = ticket.lease or await site.c.scheduler.wait(ticket.request_id, 5.0)
+        assert lease is not None
+        await site.pools.before_answer(site.job(job), lease)
+        site.c.scheduler.release(site.job(job), lease.lease_id, {})
+    trainer = site.pools._live[(1, "trainer")]
+    assert trainer.footprint.host_bytes > 90 << 30
+    waits = trainer.handle.waits  # type: ignore[attr-defined]
+    assert waits and all(w == pytest.approx(
+        CONTROL_TIMEOUT_S + trainer.footprint.host_bytes / MOVE_BYTES_PER_S) for w in waits)
+    await site.c.stop()
