@@ -6,6 +6,7 @@ import hashlib
 import json
 import re
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -353,3 +354,20 @@ def test_cli_a_db_damaged_past_its_header_is_a_clear_error(tmp_path: Path) -> No
     assert res.exit_code == 1 and not isinstance(res.exception, sqlite3.Error)
     assert f"slurmrl report: cannot read {db}:" in res.output
     assert json.loads(res.output[:res.output.rindex("}") + 1])["errors"]
+
+
+def test_wait_quantiles_and_requests_never_granted_are_told_apart() -> None:
+    base = _pair()
+    # job 2 waited 1, 2, ..., 20 s for twenty grants; one request was withdrawn, and one
+    # still waits (not yet "never granted")
+    reqs = [Request(100 + k, 2, 7, "rollout", 1000.0 * k, 1000.0 * k + (k + 1), 1000.0 * k + 50)
+            for k in range(20)]
+    reqs += [Request(200, 2, 7, "train", 30000.0, None, 30010.0, "cancelled"),
+             Request(201, 2, 7, "train", 40000.0, None, None, "waiting")]
+    rep = compute(replace(base, requests=tuple(reqs)))
+    b = next(j for j in rep.jobs if j.job_id == 2)
+    assert b.wait.count == 20 and b.wait.total_s == sum(range(1, 21))
+    assert b.wait.p50_s == pytest.approx(quantile([float(k) for k in range(1, 21)], 0.5))
+    assert b.wait.p95_s == pytest.approx(quantile([float(k) for k in range(1, 21)], 0.95))
+    assert b.wait.p95_s > b.wait.p50_s + 5
+    assert b.wait.never_granted == 1  # the withdrawn one; the waiting one is not yet

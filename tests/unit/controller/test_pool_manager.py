@@ -773,3 +773,18 @@ async def test_a_park_may_take_as_long_as_moving_its_state_does(tmp_path: Path) 
     assert waits and all(w == pytest.approx(
         CONTROL_TIMEOUT_S + trainer.footprint.host_bytes / MOVE_BYTES_PER_S) for w in waits)
     await site.c.stop()
+
+
+@run
+async def test_a_pool_takes_no_more_members_than_the_site_allows(tmp_path: Path) -> None:
+    # the pool manager's own guard, whatever the policy proposes (JoinFirst joins the
+    # first open pool whatever it holds)
+    carol = Identity(1003, 1003, "carol")
+    site = await _site(Store(tmp_path / "c.db"), jobs={1: ALICE, 2: BOB, 3: carol})
+    assert site.c.config.limits.max_jobs_per_pool == 2
+    for who, job in ((ALICE, 1), (BOB, 2), (carol, 3)):
+        await site.c.register(who, job, ENV)
+        await site.settle()
+    pools = [site.job(j).pool_id for j in (1, 2, 3)]
+    assert pools[0] == pools[1] and pools[2] not in (None, pools[0])
+    await site.c.stop()

@@ -343,3 +343,34 @@ def test_every_answer_with_a_job_in_it_says_the_same_of_it(tmp_path: Path) -> No
                     assert view[key] == pytest.approx(one[key]), (key, view[key], one[key])
 
     asyncio.run(main())
+
+
+def test_only_an_admin_closes_a_pool_and_only_its_owner_reads_or_reports_for_a_job(
+        tmp_path: Path) -> None:
+    # closing a shared pool cancels every member's job: a user closing it ended Bob's
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            pool_id = _pool_of_both(r)
+            status, answer = await r.call(ALICE, "POST", f"/v1/pools/{pool_id}/close",
+                                          {"reason": "mine now"})
+            assert (status, answer["error"]["code"]) == (403, "admin-only"), answer
+            pool = r.c.store.pool(pool_id)
+            assert pool is not None and pool.state == "open"
+            assert r.c.store.job(B).state is JobState.RUNNING  # type: ignore[union-attr]
+            # Bob's lease is not Alice's to read, nor his job hers to report timings for
+            _, got = await r.call(BOB, "POST", f"/v1/jobs/{B}/leases",
+                                  {"phase": "train", "wait_s": 0})
+            lease_id = got["lease"]["lease_id"]
+            status, answer = await r.call(ALICE, "GET", f"/v1/jobs/{B}/leases/{lease_id}")
+            assert (status, answer["error"]["code"]) == (403, "not-your-job"), answer
+            status, answer = await r.call(ALICE, "POST", f"/v1/jobs/{B}/observations",
+                                          {"phase": "reward", "started_at": 1.0,
+                                           "ended_at": 2.0})
+            assert (status, answer["error"]["code"]) == (403, "not-your-job"), answer
+            assert r.c.store.observations(B) == []
+            status, _ = await r.call(OPS, "POST", f"/v1/pools/{pool_id}/close",
+                                     {"reason": "maintenance"})
+            assert status == 200
+            assert r.c.store.job(B).state is JobState.CANCELLED  # type: ignore[union-attr]
+
+    asyncio.run(main())

@@ -454,3 +454,15 @@ def test_a_colocated_job_in_a_batch_finds_a_partner_of_either_split() -> None:
     out = by_job(pol.place(snap([co, d2, d1])))
     assert out[2].pool_id != out[3].pool_id
     assert out[1].pool_id in (out[2].pool_id, out[3].pool_id)
+
+
+def test_the_sites_cap_bounds_a_user_who_accepts_more() -> None:
+    # two rollout-heavy jobs predicted ~1.8x: their users accept 3.0, the site 1.5 at most
+    a, b = job(1, 90, 10, max_slowdown=3.0), job(2, 85, 15, max_slowdown=3.0)
+    assert 1.5 < predict([a, b]).max_slowdown < 3.0
+    out = by_job(registry.load("pairing", "complementary").place(snap([a, b])))
+    assert out[1].pool_id != out[2].pool_id  # type: ignore[attr-defined]
+    # where the site allows it, they share
+    lax = SiteLimits(max_slowdown=3.0, default_max_slowdown=1.25)
+    out = by_job(registry.load("pairing", "complementary").place(snap([a, b], limits=lax)))
+    assert out[1].pool_id == out[2].pool_id  # type: ignore[attr-defined]
