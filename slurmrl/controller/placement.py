@@ -54,11 +54,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: node state flags under which Slurm allocates nothing new
 #: states of a job that holds no allocation yet (or again): queued, or back in the queue
 _QUEUED = frozenset({SlurmJobState.PENDING, SlurmJobState.REQUEUED,
                      SlurmJobState.SPECIAL_EXIT, SlurmJobState.REQUEUE_HOLD,
                      SlurmJobState.REQUEUE_FED, SlurmJobState.RESV_DEL_HOLD})
+#: node state flags under which Slurm allocates nothing new
 _UNUSABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER", "MAINT", "RESERVED", "FUTURE")
 
 

@@ -548,10 +548,6 @@ class SlurmPools:
         its copies, whichever window they are on. Each name is its own hash of the
         job's secret, the node and the replica: one directory seen (the root may be
         world-listable, as /dev/shm is) names no other."""
-        which = "" if replica is None else str(replica)
-        tag = hashlib.sha256(f"slurmrl-handoff:{job.secret}:{node}:{which}".encode()
-                             ).hexdigest()[:32]
-        mine = "" if replica is None else f"-r{replica}"
         # a copy of the job already on that node keeps its directory: the state is there
         # (named by an earlier controller, or under an earlier `services.handoff_dir`).
         # Its node is its window's (its address is Slurm's NodeAddr, not the node name)
@@ -562,6 +558,10 @@ class SlurmPools:
                     and where.get(min(svc.gpus) // job.request.gpus) == node
                     and _replica_of(svc.handoff_dir) == replica):
                 return svc.handoff_dir
+        which = "" if replica is None else str(replica)
+        tag = hashlib.sha256(f"slurmrl-handoff:{job.secret}:{node}:{which}".encode()
+                             ).hexdigest()[:32]
+        mine = "" if replica is None else f"-r{replica}"
         return os.path.join(self.c.config.services.handoff_dir.replace("%n", node),
                             f"slurmrl-job{job.job_id}-{tag}{mine}")
 

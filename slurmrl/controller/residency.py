@@ -30,7 +30,8 @@ from the pools' nodes and has no NVML reading of them; `GpuCapacity.from_reading
 one, and no caller in the controller does today.
 
 A rollout's footprint is also what its engine is launched with: `services.worker_argv`
-tells a `vllm` rollout the same per-GPU budget (`estimate.rollout_budget`: its KV cache
+tells a `vllm` rollout the same per-GPU budget (`estimate.rollout_budget`, by the same
+rules; tests/unit/controller/test_services_sizing.py holds the two equal: its KV cache
 as `kv_cache_memory_bytes`, its whole footprint as the share of the GPU vLLM may
 take), so the engine does not take the ~85% of the GPU vLLM's default would.
 
@@ -49,7 +50,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from slurmrl.gpu.estimate import estimate_model_memory, rollout_budget
+from slurmrl.gpu.estimate import estimate_model_memory
 from slurmrl.model import Phase, Residency, RlRequest
 
 ServiceKey = tuple[int, str]  #: (RL job id, service name: the role, or "rollout:i")
@@ -204,10 +205,6 @@ def footprints_for_job(job_id: int, request: RlRequest, pool_gpus: Sequence[int]
             assert est is not None
             active, parked = est.device_bytes, est.parked_device_bytes()
             host = est.parked_host_bytes(1) * len(gpus)
-        if role == "rollout":
-            # what a vllm engine is launched with (services.worker_argv): the same number
-            active = rollout_budget(request.model, gpus=max(1, len(gpus)),
-                                    mem_bytes=request.mem_bytes).device_bytes
         out.append(Footprint(job_id, role, gpus, active, parked, host, replica=replica,
                              window=window,
                              drops_parked=role == "rollout"

@@ -210,16 +210,25 @@ class Api:
         if bad_keys:
             raise bad(f"env may only carry SLURMRL_* variables, got {bad_keys[0][:40]!r}")
         job = await self.c.register(_who(request), b["job_id"], b["env"])
-        # a repeated registration (another rank) answers the job as it is by now
+        # a repeated registration (another rank) answers the job as it is by now; the
+        # secret signs calls to the job's services: its owner's only, not an admin's
+        return _json({"job": self._view(job, private=True,
+                                        secret=job.uid == _who(request).uid)})
+
+    def _view(self, job: JobRecord, private: bool, **extra: Any) -> dict[str, Any]:
+        """One job as `GET /v1/jobs/{id}` shows it: its ledger and waits where `private`,
+        its pool's kind (`extra`: `job_view`'s other keywords)."""
         now = self.c.clock()
         pool = self.c.store.pool(job.pool_id) if job.pool_id is not None else None
-        # the secret signs calls to the job's services: its owner's only, not an admin's
-        view = job_view(job, private=True, now=now,
-                        gpu_s=self.c.gpu_seconds_now([job.job_id]).get(job.job_id, 0.0),
-                        waits=self.c.store.lease_waits([job.job_id], now).get(job.job_id),
-                        floating=pool is not None and pool.floating,
-                        dedicated_pool=_dedicated(pool), secret=job.uid == _who(request).uid)
-        return _json({"job": view})
+        return job_view(
+            job, private=private, now=now,
+            gpu_s=self.c.gpu_seconds_now([job.job_id]).get(job.job_id, 0.0) if private
+            else None,
+            waits=self.c.store.lease_waits([job.job_id], now).get(job.job_id) if private
+            else None,
+            hide_user=self.c.config.controller.hide_other_users,
+            floating=pool is not None and pool.floating, dedicated_pool=_dedicated(pool),
+            **extra)
 
     async def open_session(self, request: web.Request) -> web.Response:
         b = _body(request, {"job_id": F("int", lo=1, hi=2**53, nullable=True)})
@@ -268,16 +277,8 @@ class Api:
         if job is None:
             raise RpcError(404, "no-such-job", f"RL job {job_id} is not registered")
         private = job.uid == who.uid or self.c.is_admin(who)
-        gpu_s = self.c.gpu_seconds_now([job_id]).get(job_id, 0.0) if private else None
         services = self.c.store.services(job_id=job_id, live_only=True) if private else []
-        now = self.c.clock()
-        waits = self.c.store.lease_waits([job_id], now).get(job_id) if private else None
-        pool = self.c.store.pool(job.pool_id) if job.pool_id is not None else None
-        return _json({"job": job_view(job, private=private, gpu_s=gpu_s, now=now,
-                                      services=services, waits=waits,
-                                      hide_user=self.c.config.controller.hide_other_users,
-                                      floating=pool is not None and pool.floating,
-                                      dedicated_pool=_dedicated(pool))})
+        return _json({"job": self._view(job, private, services=services)})
 
     async def end(self, request: web.Request) -> web.Response:
         b = _body(request, {"state": F("str", choices=("CD", "F", "CA")),

@@ -26,8 +26,8 @@ started through `SlurmBackend.launch_step`:
 - **It is sized from the job's model.** The worker's request-size limit takes the
   model's whole state_dict (`PUT /v1/weights`; `estimate.weights_body_bytes`), and a
   `vllm` rollout is told the GPU memory the residency planner counts for it
-  (`--gpu-memory-bytes`, `--kv-cache-bytes`; `estimate.rollout_budget`, which
-  `residency.footprints_for_job` uses too), so the engine takes what was planned.
+  (`--gpu-memory-bytes`, `--kv-cache-bytes`; `estimate.rollout_budget`, by the rules
+  `residency.footprints_for_job` plans with), so the engine takes what was planned.
 
 Known limits: one node per service (`-n1`); the worker's address is `<node>:<port>` on
 the node Slurm named for the pool, so that name must resolve for drivers.

@@ -75,7 +75,8 @@ def _open_read_only(path: str) -> sqlite3.Connection:
     directory the reader may not write to, a DB with no `-wal` file (its log checkpointed,
     no writer open) is read as immutable instead; with a `-wal`, whose last transactions
     only the `-shm` can index, it is refused by a `StoreError` saying what to do."""
-    uri = Path(path).resolve().as_uri()
+    real = Path(path).resolve()  # a link's target: its directory and -wal are the DB's
+    uri = real.as_uri()
 
     def connect(params: str) -> sqlite3.Connection:
         return sqlite3.connect(f"{uri}?{params}", uri=True, isolation_level=None,
@@ -88,11 +89,10 @@ def _open_read_only(path: str) -> sqlite3.Connection:
         # without a -wal SQLite says READONLY_DIRECTORY, with one CANTOPEN
         no_shm = getattr(exc, "sqlite_errorname", "") in {"SQLITE_READONLY_DIRECTORY",
                                                            "SQLITE_CANTOPEN"}
-        if not no_shm or os.access(Path(path).resolve().parent, os.W_OK):
+        if not no_shm or os.access(real.parent, os.W_OK):
             return conn  # not a DB, damaged...: the schema check names it
         conn.close()
-        # the DB's own -wal, beside the file a link names
-        if Path(f"{Path(path).resolve()}-wal").exists():
+        if Path(f"{real}-wal").exists():
             raise StoreError(
                 f"cannot read {path}: its directory is not writable and SQLite needs to "
                 f"create {path}-shm there to read {path}-wal; copy the DB (with its -wal "
