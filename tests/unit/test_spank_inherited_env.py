@@ -10,18 +10,15 @@ tests/integration/test_spank.py runs the same case through sbatch on the dev clu
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from spank_harness import compile_harness
 
 import slurmrl.client.job as client_job
 from slurmrl.directives import DirectiveError, parse_env
-
-PLUGIN = Path(__file__).resolve().parents[2] / "spank_plugin" / "slurmrl.c"
-SPANK_H = Path("/usr/include/slurm/spank.h")
 
 HARNESS = r"""
 #include <stdarg.h>
@@ -33,17 +30,7 @@ HARNESS = r"""
 extern char **environ;
 static spank_context_t ctx;
 
-void slurm_error(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	printf("ERROR: ");
-	vprintf(fmt, ap);
-	printf("\n");
-	va_end(ap);
-}
-void slurm_info(const char *fmt, ...) { (void)fmt; }
+LOG_STUBS
 spank_context_t spank_context(void) { return ctx; }
 spank_err_t spank_option_register(spank_t sp, struct spank_option *opt)
 { (void)sp; (void)opt; return ESPANK_SUCCESS; }
@@ -122,19 +109,7 @@ OPTION_COPIES = {f"{prefix}slurmrl_rl_{k}": v
 
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    gcc = shutil.which("gcc")
-    if gcc is None or not SPANK_H.exists():
-        missing = " and ".join(x for x, gone in (("gcc", gcc is None),
-                                                  (str(SPANK_H), not SPANK_H.exists())) if gone)
-        pytest.fail(f"{missing} missing: this test compiles the SPANK plugin; `make deps` "
-                    "installs gcc and libslurm-dev (spank.h)")
-    d = tmp_path_factory.mktemp("spank")
-    (d / "harness.c").write_text(HARNESS.replace("PLUGIN", str(PLUGIN)))
-    cc = subprocess.run([gcc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o",
-                         str(d / "env"), str(d / "harness.c")], capture_output=True, text=True)
-    if cc.returncode:
-        pytest.fail(f"the plugin does not compile in the test harness:\n{cc.stderr}")
-    return d / "env"
+    return compile_harness(tmp_path_factory, HARNESS, "env")
 
 
 def _env_after(plugin: Path, context: str, env: dict[str, str], *options: str) -> dict[str, str]:
