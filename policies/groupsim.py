@@ -107,6 +107,8 @@ def _windows(members: Sequence[SimKey], offsets: Sequence[int] | None,
     size = pool_gpus if pool_gpus is not None else max(
         g + o for (_, g, _), o in zip(members, offs, strict=True))
     wins = [range(o, o + g) for (_, g, _), o in zip(members, offs, strict=True)]
+    if all(w == wins[0] for w in wins):  # one window for all: lowest first
+        return offs, size, [tuple(w) for w in wins]
     keep = []
     for j, w in enumerate(wins):
         others = [v for i, v in enumerate(wins) if i != j]
@@ -144,6 +146,10 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
     offs, size, keep_order = _windows(members, offsets, pool_gpus)
     full = (1 << size) - 1
     segs, total = _plan(members, steps, offs)
+    lens = [len(s) for s in segs]
+    # a tail keeps the lowest GPU it holds where its keep order is ascending (always,
+    # unless the pool is staggered): the mask's lowest bit, without the search
+    lowest = [list(k) == sorted(k) for k in keep_order]
     pos = [0] * n
     held = [0] * n  # GPU mask each member holds now
     last_grant = [-1.0] * n
@@ -154,31 +160,31 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
     waiting: dict[int, tuple[float, float, int, int, int]] = {}  # j -> order key, mask, min
     timers: list[tuple[float, int, int]] = []
     running: list[tuple[float, float] | None] = [None] * n  # (start, length) of a timer
+    push, pop = heapq.heappush, heapq.heappop
     seq = 0
     rid = 0
 
     def schedule(now: float) -> None:
         nonlocal seq
-        if not waiting:
-            return
         used = 0
         for m in held:
             used |= m
         free = full & ~used
         reserved = 0
-        for j in sorted(waiting, key=waiting.__getitem__):
+        for j in sorted(waiting, key=waiting.__getitem__) if len(waiting) > 1 else list(waiting):
             _, _, _, mask, need = waiting[j]
             avail = mask & free & ~reserved
-            if avail.bit_count() >= need:
+            got = avail.bit_count()
+            if got >= need:
                 wait_s[j] += now - waiting.pop(j)[1]
-                granted_at[j] = now
+                granted_at[j] = last_grant[j] = now
                 held[j], switched[j] = avail, False
                 free &= ~avail
-                last_grant[j] = now
                 seq += 1
-                d = _run_time(mask, avail, segs[j][pos[j] % len(segs[j])][3])
+                # a rollout granted part of its set runs slower by set/granted
+                d = segs[j][pos[j] % lens[j]][3] * mask.bit_count() / max(1, got)
                 running[j] = (now, d)
-                heapq.heappush(timers, (now + d, seq, j))
+                push(timers, (now + d, seq, j))
             else:
                 reserved |= mask
             if not free & ~reserved:
@@ -186,25 +192,22 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
 
     def start(j: int, now: float) -> None:
         nonlocal seq, rid
-        running[j] = None
-        kind, mask, need, d = segs[j][pos[j] % len(segs[j])]
+        kind, mask, need, d = segs[j][pos[j] % lens[j]]
         if kind == REQUEST:
+            running[j] = None
             rid += 1
             waiting[j] = (last_grant[j], now, rid, mask, need)
             schedule(now)
-        elif kind == SHRINK and held[j]:
-            low = 1 << next(g for g in keep_order[j] if held[j] >> g & 1)
-            shrunk = held[j] != low
+            return
+        if kind == SHRINK and held[j]:
+            h = held[j]
+            low = h & -h if lowest[j] else 1 << next(g for g in keep_order[j] if h >> g & 1)
             held[j] = low
-            if shrunk:  # the freed GPUs go to waiters first, as LeaseTable.shrink does
-                schedule(now)
-            seq += 1
-            running[j] = (now, d)
-            heapq.heappush(timers, (now + d, seq, j))
-        else:
-            seq += 1
-            running[j] = (now, d)
-            heapq.heappush(timers, (now + d, seq, j))
+            if h != low and waiting:  # the freed GPUs go to waiters first, as
+                schedule(now)  # LeaseTable.shrink does
+        seq += 1
+        running[j] = (now, d)
+        push(timers, (now + d, seq, j))
 
     def waited(k: int, now: float) -> float:  # LeaseTable.waited_share
         w = wait_s[k] + (now - waiting[k][1] if k in waiting else 0.0)
@@ -220,12 +223,12 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
     for j in range(n):
         start(j, 0.0)
     while timers:
-        now, _, j = heapq.heappop(timers)
-        pos[j] += 1
+        now, _, j = pop(timers)
+        p = pos[j] = pos[j] + 1
         running[j] = None
-        if pos[j] >= total[j]:
+        if p >= total[j]:
             return _horizon(segs, pos, running, now)
-        nxt, nmask, _, nd = segs[j][pos[j] % len(segs[j])]
+        nxt, nmask, _, nd = segs[j][p % lens[j]]
         if nxt == REQUEST and may_switch(j, nmask, now):
             # its next phase runs on the GPUs it holds: LeaseTable.switch
             held_s[j] += now - granted_at[j]
@@ -233,12 +236,13 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
             switched[j] = True
             seq += 1
             running[j] = (now, nd)
-            heapq.heappush(timers, (now + nd, seq, j))
+            push(timers, (now + nd, seq, j))
             continue
         if held[j] and nxt != SHRINK:
             held_s[j] += now - granted_at[j]
             held[j] = 0
-            schedule(now)
+            if waiting:
+                schedule(now)
         start(j, now)
     return (1.0,) * n
 

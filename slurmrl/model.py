@@ -22,7 +22,7 @@ class Phase(StrEnum):
 
     @property
     def needs_gpu(self) -> bool:
-        return self in (Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC)
+        return self is Phase.ROLLOUT or self is Phase.TRAIN or self is Phase.SYNC
 
 
 GPU_PHASES: tuple[Phase, ...] = (Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC)

@@ -188,6 +188,7 @@ class ProfileBuilder:
     _step_sum: dict[Phase, float] = field(default_factory=dict)
     _steps: int = 0
     _current: list[Phase] = field(default_factory=list)
+    _current_trained: bool = False  #: a train or sync is in `_current`
     _last_shape: tuple[Phase, ...] = ()
     _last_release: float | None = None
 
@@ -226,14 +227,16 @@ class ProfileBuilder:
         if not 0.0 < gpu_share <= 1.0:
             raise ValueError(f"gpu_share must be in (0, 1], got {gpu_share}")
         d = end - start
-        if phase.needs_gpu:
+        gpu = phase.needs_gpu
+        if gpu:
             prev_share = self._share.get(phase)
             self._share[phase] = (gpu_share if prev_share is None
                                   else prev_share + self.alpha * (gpu_share - prev_share))
         # a new step starts at a rollout that follows a train/sync
-        if phase is Phase.ROLLOUT and any(p in (Phase.TRAIN, Phase.SYNC) for p in self._current):
+        if phase is Phase.ROLLOUT and self._current_trained:
             self._last_shape = tuple(self._current)
             self._current = []
+            self._current_trained = False
             self._steps += 1
             for ph in self._counts:  # a phase absent from this step adds 0
                 self._per_step.setdefault(ph, deque(maxlen=self.window)).append(
@@ -242,13 +245,15 @@ class ProfileBuilder:
                     self._step_sum.get(ph, 0.0))
             self._step_sum = {}
         self._current.append(phase)
+        if phase is Phase.TRAIN or phase is Phase.SYNC:
+            self._current_trained = True
         self._step_sum[phase] = self._step_sum.get(phase, 0.0) + d
         buf = self._durations.setdefault(phase, deque(maxlen=self.window))
         buf.append(d)
         prev = self._ewma.get(phase)
         self._ewma[phase] = d if prev is None else prev + self.alpha * (d - prev)
         self._counts[phase] = self._counts.get(phase, 0) + 1
-        if phase.needs_gpu:
+        if gpu:
             self._last_release = end
 
     def observed_share(self, phase: Phase) -> float | None:

@@ -79,6 +79,7 @@ class LeaseTable:
         self._waiting: dict[int, PhaseRequest] = {}  # insertion order = arrival order
         self._stats: dict[int, JobSliceStats] = {}  #: with each member's max_slowdown
         self._window: dict[int, frozenset[int]] = {}  #: member -> the GPUs it may ask for
+        self._cover: dict[int, int] | None = None  #: GPU -> windows covering it (cache)
 
     # -- reading -------------------------------------------------------------------
     @property
@@ -113,6 +114,7 @@ class LeaseTable:
         other members' windows cover least)."""
         if gpus is not None:
             self._window[job_id] = frozenset(gpus)
+            self._cover = None
         s = self._stats.get(job_id, JobSliceStats(job_id))
         self._stats[job_id] = replace(s, max_slowdown=max_slowdown)
 
@@ -239,7 +241,7 @@ class LeaseTable:
                     switched=True)
         self._leases[rid] = new
         s = self._stats.get(lease.job_id, JobSliceStats(lease.job_id))
-        self._stats[lease.job_id] = replace(s, grants=s.grants + 1, last_grant_at=now)
+        self._stats[lease.job_id] = s.granted(now)
         return new, [Released(lease, now), Grant(new), *self._schedule(now)]
 
     def cancel(self, request_id: int, now: float) -> list[Event]:
@@ -268,10 +270,11 @@ class LeaseTable:
         if keep == len(lease.gpus):
             return []
         if gpus is None:
-            others = [w for j, w in self._window.items() if j != lease.job_id]
-            kept = frozenset(sorted(lease.gpus,
-                                    key=lambda g: (sum(g in w for w in others), g))[:keep])
-        smaller = replace(lease, gpus=kept)
+            cover = self._coverage()
+            mine = self._window.get(lease.job_id, frozenset())
+            kept = frozenset(sorted(lease.gpus, key=lambda g: (
+                cover.get(g, 0) - (g in mine), g))[:keep])
+        smaller = lease.with_gpus(kept)
         self._leases[lease_id] = smaller
         return [Shrunk(smaller, lease.gpus - kept), *self._schedule(now)]
 
@@ -289,7 +292,7 @@ class LeaseTable:
             *(req.gpus for req in self._waiting.values())))
         if not added:
             return []
-        bigger = replace(lease, gpus=lease.gpus | added)
+        bigger = lease.with_gpus(lease.gpus | added)
         self._leases[lease_id] = bigger
         return [Grown(bigger, added)]
 
@@ -307,7 +310,7 @@ class LeaseTable:
             raise LeaseError(f"GPUs {sorted(new - lease.gpus - self._free())} are not free")
         if new == lease.gpus:
             return []
-        moved = replace(lease, gpus=new)
+        moved = lease.with_gpus(new)
         self._leases[lease_id] = moved
         return [Moved(moved, lease.gpus - new, new - lease.gpus), *self._schedule(now)]
 
@@ -364,6 +367,7 @@ class LeaseTable:
         self.gpus -= gone
         for job_id, window in list(self._window.items()):
             self._window[job_id] = window - gone
+        self._cover = None
         return self._schedule(now)
 
     def can_retire(self, gpus: Iterable[int]) -> bool:
@@ -433,6 +437,7 @@ class LeaseTable:
                 events.append(Revoke(None, req, reason))
         self._stats.pop(job_id, None)
         self._window.pop(job_id, None)
+        self._cover = None
         return events + self._schedule(now)
 
     def close(self, now: float, reason: str) -> list[Event]:
@@ -457,6 +462,7 @@ class LeaseTable:
         self.gpus = state.gpus
         self._leases, self._waiting = dict(state.leases), dict(state.waiting)
         self._stats, self._window = dict(state.stats), dict(state.window)
+        self._cover = None
 
     def restore(self, leases: Sequence[Lease], waiting: Sequence[PhaseRequest],
                 stats: Sequence[JobSliceStats] = ()) -> None:
@@ -480,7 +486,17 @@ class LeaseTable:
     # -- internals -----------------------------------------------------------------
     def _account(self, lease: Lease, now: float) -> None:
         s = self._stats.get(lease.job_id, JobSliceStats(lease.job_id))
-        self._stats[lease.job_id] = replace(s, held_s=s.held_s + max(0.0, now - lease.granted_at))
+        self._stats[lease.job_id] = s.held(max(0.0, now - lease.granted_at))
+
+    def _coverage(self) -> dict[int, int]:
+        """How many members' windows cover each GPU (cached until a window changes)."""
+        if self._cover is None:
+            cover: dict[int, int] = {}
+            for window in self._window.values():
+                for g in window:
+                    cover[g] = cover.get(g, 0) + 1
+            self._cover = cover
+        return self._cover
 
     def _schedule(self, now: float) -> list[Event]:
         # a grant updates the member's slice stats, and a policy may order by them
@@ -523,9 +539,7 @@ class LeaseTable:
                 self._leases[lease.lease_id] = lease
                 free -= take
                 s = self._stats.get(req.job_id, JobSliceStats(req.job_id))
-                self._stats[req.job_id] = replace(
-                    s, grants=s.grants + 1, last_grant_at=now, wait_s=s.wait_s + lease.wait_s
-                )
+                self._stats[req.job_id] = s.granted(now, lease.wait_s)
                 events.append(Grant(lease))
             else:
                 reserved |= req.gpus

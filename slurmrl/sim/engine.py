@@ -307,11 +307,15 @@ class Simulation:
         """Run to the end; with `until`, stop after the first event at which it holds
         (jobs may then be unfinished: `work_done` says how far each got)."""
         total = len(self.runs)
+        handlers: dict[str, Callable[[Any], None]] = {}
         while self.heap:
             t, _, kind, data = heapq.heappop(self.heap)
             self.now = t
             self.events += 1
-            getattr(self, f"_on_{kind}")(data)
+            handler = handlers.get(kind)
+            if handler is None:
+                handler = handlers[kind] = getattr(self, f"_on_{kind}")
+            handler(data)
             if self.progress is not None and self.events % 20000 == 0:
                 self.progress(1.0 - self._left / total)
             if until is not None and until(self):
@@ -657,19 +661,22 @@ class Simulation:
         return range(o, o + j.gpus)
 
     def _handle(self, pool: Pool, events: list[Event]) -> None:
+        freed = retired = False  # GPUs freed; by a shrink, move or release
         for ev in events:
             if isinstance(ev, Grant):
                 self._granted(pool, self.runs[ev.lease.job_id], ev)
-            elif isinstance(ev, Shrunk | Moved | Released | Revoke) and ev.lease is not None:
-                run = self.runs[ev.lease.job_id]
-                self._account(run)
-                run.held_n = self._held(pool, run)
+                continue
+            if isinstance(ev, Shrunk | Moved | Released | Revoke):
+                freed = freed or not isinstance(ev, Moved)
+                retired = retired or not isinstance(ev, Revoke)
+                if ev.lease is not None:
+                    run = self.runs[ev.lease.job_id]
+                    self._account(run)
+                    run.held_n = self._held(pool, run)
         self._check(pool)
-        if pool.windows is not None and any(isinstance(ev, Shrunk | Moved | Released)
-                                            for ev in events):
+        if pool.windows is not None and retired:
             self._retire_spare(pool)
-        if self.cfg.grow_free_only and any(isinstance(ev, Shrunk | Released | Revoke)
-                                           for ev in events):
+        if self.cfg.grow_free_only and freed:
             # GPUs freed: rollouts short of GPUs ask again once this instant's requests
             # are queued (the releasing job's next phase first, as in the controller,
             # where a rollout asks only at its next round)
