@@ -14,17 +14,19 @@ as root:
    job's reward rising in both runs. Exit 1 if not.
 
 Each run starts its own controller (DB, config and job output under
-$SLURMRL_DEV_STATE/demo/) and stops it at the end, pass or fail.
-Set DEMO_STEPS to shorten the jobs (default: the driver's 60 steps).
+$SLURMRL_DEV_STATE/demo/, each run's directory deleted first) and stops it at the end,
+pass or fail. Set DEMO_STEPS to shorten the jobs (default: the driver's 60 steps).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 # run as a script: examples/ is on sys.path
@@ -60,7 +62,26 @@ def _exit_on(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def main() -> int:
+def parse_args(argv: Sequence[str] | None = None) -> int | None:
+    """The command line (it takes no argument but --help) and DEMO_STEPS: the steps of
+    each job (None: the driver's own). A usage error exits 2 before anything is run."""
+    parser = argparse.ArgumentParser(
+        prog="demo.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="environment:\n"
+        "  SLURMRL_DEV_STATE  the dev cluster's state directory (default /var/lib/slurmrl-dev)\n"
+        "  DEMO_STEPS         steps of each job (default: the driver's 60)\n"
+        "  SLURMRL_VENV       the slurmrl install (default /opt/slurmrl/venv)")
+    parser.parse_args(argv)
+    steps = os.environ.get("DEMO_STEPS")
+    if not steps:
+        return None
+    if not (steps.isascii() and steps.isdigit() and int(steps) > 0):
+        parser.error(f"DEMO_STEPS must be a positive number of steps, got {steps[:40]!r}")
+    return int(steps)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    steps = parse_args(argv)
     # make's recipe runs this in the background and passes Ctrl-C or SIGTERM on as a
     # SIGTERM (a background job ignores SIGINT): both must unwind through `run`'s
     # `finally`, which stops the controller and cancels the jobs and pools
@@ -70,7 +91,6 @@ def main() -> int:
         say("demo: run as root (make demo): it starts a controller and submits as two users")
         return 2
     state = Path(os.environ.get("SLURMRL_DEV_STATE", "/var/lib/slurmrl-dev"))
-    steps = int(os.environ["DEMO_STEPS"]) if os.environ.get("DEMO_STEPS") else None
     base = state / "demo"
     say("slurmrl demo: 4 GRPO jobs (2 users) on the local Slurm: 4 fake GPUs, `tiny` "
         "model on CPU.\nJobs: examples/jobs/{math,agentic}.sbatch (rlalice/rlbob), "

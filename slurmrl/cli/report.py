@@ -42,7 +42,7 @@ JOB_COLS: list[Field] = [
     ("ST", 2, False, lambda j: j["state"]),
     ("WALL", 8, True, lambda j: f"{j['wall_s']:.0f}s"),
     ("GPU-S", 8, True, lambda j: _gpu_s(j["granted_gpu_s"])),
-    ("DEDIC-S", 8, True, lambda j: f"{j['dedicated_gpu_s']:.1f}"),
+    ("DEDIC-S", 8, True, lambda j: _gpu_s(j["dedicated_gpu_s"])),
     ("SAVED", 6, True, lambda j: _pct(j["saved"])),
     ("SLOWDN", 6, True, lambda j: "n/a" if j["slowdown"] is None else f"{j['slowdown']:.2f}"),
     ("LEASES", 6, True, lambda j: str(j["leases"])),
@@ -257,7 +257,7 @@ def _ledger(rep: Report) -> str:
         whole = (f"; job{'' if one else 's'} {', '.join(str(j.job_id) for j in alone)} "
                  f"in {'a pool of its' if one else 'pools of their'} own counted at "
                  f"{'its' if one else 'their'} dedicated "
-                 f"{sum(j.dedicated_gpu_s for j in alone):.1f} GPU-s, not the "
+                 f"{sum(j.dedicated_gpu_s or 0.0 for j in alone):.1f} GPU-s, not the "
                  f"{sum(j.granted_gpu_s or 0.0 for j in alone):.1f} "
                  f"{'it' if one else 'they'} leased")
     return (f"ledger: {t.jobs} jobs granted {t.granted_gpu_s:.1f} GPU-s "

@@ -1,10 +1,12 @@
 """`slurmrl status`: RL jobs, pools and leases, the squeue way.
 
-    slurmrl status [--me | -u USER] [-j IDS] [--all] [--pools | --leases]
+    slurmrl status [--me | -u USERS] [-j IDS] [--all] [--pools | --leases]
                    [-o FORMAT] [-h/--noheader] [--json] [-i SECS]
 
 Columns are right-aligned for numbers, states are short codes (PD R CD F CA), the reason
-comes last. `-o` takes a comma-separated list of field names (`-o help` lists them),
+comes last. `-u` takes user names and uids, `-j` job ids, each a comma-separated list
+as squeue's; a job asked for by id is listed even once ended (`-a` lists every ended
+job). `-o` takes a comma-separated list of field names (`-o help` lists them),
 each optionally with a width (`name:20`). `--json` prints one envelope: `meta`, `errors`,
 `warnings` and the payload (`jobs`, `pools`, `leases`). `-h` means `--noheader`, as in
 squeue; help is `--help`. Errors go to stderr and exit 1 (2 for usage errors).
@@ -205,8 +207,10 @@ def _controller_url(given: str | None) -> str:
 @click.option("-i", "--iterate", type=click.FloatRange(min=0.1, max=86400.0), callback=finite,
               help="repeat every SECS (0.1 to 86400)")
 @click.option("--me", is_flag=True, help="only my jobs")
-@click.option("-u", "--user", help="only this user's jobs")
-@click.option("-j", "--jobs", "ids", help="only these job ids (comma-separated)")
+@click.option("-u", "--user", help="only these users' jobs (comma-separated user names "
+              "or uids)")
+@click.option("-j", "--jobs", "ids", help="only these job ids (comma-separated), ended "
+              "ones too")
 @click.option("-a", "--all", "show_all", is_flag=True, help="include ended jobs")
 def status(url: str | None, pools: bool, leases: bool, as_json: bool, fmt: str | None,
            noheader: bool, iterate: float | None, me: bool, user: str | None,
@@ -225,9 +229,10 @@ def status(url: str | None, pools: bool, leases: bool, as_json: bool, fmt: str |
     if me:
         user = _my_name()
     wanted = job_ids(ids)
+    # a job asked for by id is shown even once ended: its reason says why it ended
     query = {k: v for k, v in {"user": user,
                                "ids": ",".join(map(str, wanted)) if wanted else None,
-                               "all": "1" if show_all else None}.items() if v}
+                               "all": "1" if show_all or wanted else None}.items() if v}
     while True:
         try:
             ans = fetch(_controller_url(url), query)

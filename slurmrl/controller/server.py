@@ -158,6 +158,16 @@ def _query(request: web.Request, allowed: set[str]) -> dict[str, str]:
     return {k: request.query[k] for k in allowed if k in request.query}
 
 
+def _users(text: str) -> frozenset[str]:
+    """`user=`: comma-separated user names and numeric uids, as squeue's `-u` takes them
+    (spaces around each allowed, no empty entry)."""
+    names = [p.strip() for p in text.split(",")]
+    if not 1 <= len(names) <= 1000 or "" in names:
+        raise bad(f"user: expected 1 to 1000 comma-separated user names or uids, no empty "
+                  f"entry; got {text[:40]!r}")
+    return frozenset(names)
+
+
 def _dedicated(pool: PoolRecord | None) -> bool:
     """A pool that is its one job's for good (it takes no partner)."""
     return pool is not None and pool.dedicated
@@ -250,10 +260,13 @@ class Api:
         q = _query(request, {"user", "ids", "all"})
         who = _who(request)
         ids = parse_ids(q["ids"], "ids") if "ids" in q else None
+        users = _users(q["user"]) if "user" in q else None
         if "all" in q and q["all"] not in ("0", "1"):
             raise bad("all must be 0 or 1")
         active = None if q.get("all") == "1" else True
-        jobs = self.c.store.jobs(active=active, user=q.get("user"), ids=ids)
+        jobs = self.c.store.jobs(active=active, ids=ids)
+        if users is not None:  # a job's user name or its uid, as squeue -u matches them
+            jobs = [j for j in jobs if j.user in users or str(j.uid) in users]
         admin = self.c.is_admin(who)
         hide = self.c.config.controller.hide_other_users and not admin
         if hide and "user" in q:  # no finding out whose jobs are whose by filtering

@@ -7,8 +7,12 @@ read from the DB file, from the controller's RPC, or built by hand in a test.
 
 Definitions (also in docs/user-guide.md):
 - wall time of a job: `ended_at - registered_at` (to `now` while it runs);
-- dedicated GPU-seconds: the job's GPUs × its wall time — what it would have held on a
-  dedicated allocation of the same length;
+- dedicated GPU-seconds: the job's GPUs × the time from its first phase request to its
+  end — what a dedicated allocation would have cost. Not from its registration: a driver
+  registers as its CPU job starts, while its pool may still be pending in Slurm or
+  waiting for a partner, when a dedicated allocation would cost nothing. 0 before any
+  request; none where the caller may not read its requests (another user's, through the
+  controller). `slurmrl status`'s DEDIC starts there too, as its SLOWDN does;
 - granted GPU-seconds: the sum over its lease holds of (end - start) per GPU (a shrink
   ends a GPU's hold early; a hold still open counts to `now`);
 - saved: `1 - granted / dedicated`; 0 for a `--rl-mux=off` job (its pool was its own:
@@ -143,7 +147,8 @@ class JobReport:
     gpus: int
     wall_s: float
     granted_gpu_s: float | None  #: None: another user's, not visible to the caller
-    dedicated_gpu_s: float
+    #: from its first phase request (0 before one); None where not visible
+    dedicated_gpu_s: float | None
     #: fraction; 0 for a --rl-mux=off job; None when dedicated is 0, before the job was
     #: placed in a pool, or where its GPU-seconds are not visible
     saved: float | None
@@ -245,6 +250,11 @@ def compute(
     now = data.now
     granted: dict[int, float] = defaultdict(float)
     leased_in_pool: dict[int, float] = defaultdict(float)
+    # the dedicated clock's start: its first phase request (a hold starts after its own)
+    first: dict[int, float] = {}
+    for job_id, at in itertools.chain(((r.job_id, r.requested_at) for r in data.requests),
+                                      ((h.job_id, h.start) for h in data.holds)):
+        first[job_id] = min(at, first.get(job_id, at))
     for h in data.holds:
         s = _held(h, now)
         granted[h.job_id] += s
@@ -264,7 +274,9 @@ def compute(
     for j in sorted(data.jobs, key=lambda j: j.job_id):
         end = j.ended_at if j.ended_at is not None else now
         wall = max(0.0, end - j.registered_at)
-        dedic = j.gpus * wall
+        start = first.get(j.job_id)
+        dedic = (j.gpus * max(0.0, end - max(start, j.registered_at)) if start is not None
+                 else 0.0)
         g = granted.get(j.job_id, 0.0)
         placed = j.pool_id is not None or g > 0
         base = None
@@ -284,7 +296,7 @@ def compute(
         jobs.append(JobReport(
             job_id=j.job_id, user=j.user, name=j.name, state=j.state, pool_id=j.pool_id,
             gpus=j.gpus, wall_s=wall, granted_gpu_s=g if j.visible else None,
-            dedicated_gpu_s=dedic,
+            dedicated_gpu_s=dedic if j.visible else None,
             # a --rl-mux=off job holds its pool alone: what it left idle nobody else
             # could use, so it saved nothing; a job never placed saved nothing either
             # (it waited: not 100%)
@@ -327,9 +339,9 @@ def compute(
                                             strict=True)
                if r.granted_gpu_s is not None and (info.pool_id is not None
                                                     or r.granted_gpu_s > 0)]
-    tg = sum(r.dedicated_gpu_s if info.dedicated else r.granted_gpu_s or 0.0
+    tg = sum((r.dedicated_gpu_s if info.dedicated else r.granted_gpu_s) or 0.0
              for r, info in counted)
-    td = sum(r.dedicated_gpu_s for r, _ in counted)
+    td = sum(r.dedicated_gpu_s or 0.0 for r, _ in counted)
     totals = Totals(len(counted), tg, td, (1 - tg / td) if td > 0 else None, pool_total,
                     tuple(r.job_id for r, info in counted if info.dedicated))
     return Report(tuple(jobs), tuple(pools), totals, tuple(hand), tuple(warnings))

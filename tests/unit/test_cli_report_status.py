@@ -142,11 +142,14 @@ def test_the_ledger_names_the_mux_off_job_it_counts_at_its_dedicated_allocation(
     gpu_s = lines[0].split().index("GPU-S")
     column = sum(float(x.split()[gpu_s]) for x in lines[1:4])
     assert column == 55.0 + 60.0 + 20.0
-    # the ledger's 235.0 is not the column's 135.0: the line must say why
+    # the ledger's 235.0 is not the column's 135.0: the line must say why; its dedicated
+    # 342.0 is the DEDIC-S column's sum (job 12's from its first request at 1009: 102.0)
+    dedic = lines[0].split().index("DEDIC-S")
+    assert sum(float(x.split()[dedic]) for x in lines[1:4]) == 120.0 + 102.0 + 120.0
     (ledger,) = [x for x in lines if x.startswith("ledger:")]
     assert ledger.startswith("ledger: 3 jobs granted 235.0 GPU-s (0.065 GPU-h; job 13 in "
                              "a pool of its own counted at its dedicated 120.0 GPU-s, not "
-                             "the 20.0 it leased) vs 360.0 dedicated")
+                             "the 20.0 it leased) vs 342.0 dedicated")
 
 
 # -- 3: a DB in a directory the reader cannot write to ------------------------------------------
@@ -259,7 +262,7 @@ def test_status_sends_the_ids_report_accepts(
         tmp_path: Path, asked: list[dict[str, str]], given: str, sent: str) -> None:
     res = CliRunner().invoke(status, ["--controller", "http://ctl:1", "-j", given])
     assert res.exit_code == 0, res.output
-    assert asked == [{"ids": sent}]
+    assert asked == [{"ids": sent, "all": "1"}]  # a job asked for by id, ended or not
     res = CliRunner().invoke(report, ["--db", str(_db(tmp_path / "c.db")), "--json",
                                       "-j", given])
     assert res.exit_code == 0, res.output

@@ -50,8 +50,10 @@ def test_a_pair_saves_half_of_dedicated_and_uses_the_whole_pool() -> None:
     rep = compute(_pair())
     a, b = rep.jobs
     assert a.dedicated_gpu_s == 200.0 and a.granted_gpu_s == 100.0 and a.saved == 0.5
-    assert rep.totals.granted_gpu_s == 200.0 and rep.totals.dedicated_gpu_s == 400.0
-    assert rep.totals.saved == 0.5
+    # b's dedicated clock starts at its first request (8 s), not at its registration (0)
+    assert b.dedicated_gpu_s == 2 * (100.0 - 8.0)
+    assert rep.totals.granted_gpu_s == 200.0 and rep.totals.dedicated_gpu_s == 384.0
+    assert rep.totals.saved == pytest.approx(1 - 200.0 / 384.0)
     (pool,) = rep.pools
     assert pool.utilisation == 1.0 and pool.members == (1, 2)
     # every turn change moves both GPUs to the other job: 9 changes x 2 GPUs
@@ -82,7 +84,8 @@ def test_a_running_job_and_an_open_hold_count_up_to_now() -> None:
                         Request(2, 5, 1, "rollout", 140.0, None, 141.0, "cancelled")),
                        now=200.0)
     (j,) = compute(data).jobs
-    assert j.wall_s == 100.0 and j.dedicated_gpu_s == 400.0 and j.granted_gpu_s == 50.0
+    # dedicated from its first request (140) to now: 4 GPUs x 60 s; wall from registration
+    assert j.wall_s == 100.0 and j.dedicated_gpu_s == 240.0 and j.granted_gpu_s == 50.0
     assert j.wait.count == 1 and j.wait.never_granted == 1
 
 
@@ -93,7 +96,8 @@ def test_a_mux_off_job_saved_nothing_however_idle_its_pool_was() -> None:
                        (PoolInfo(1, 4, 100.0, 200.0, dedicated=True),),
                        (Hold(1, 5, 1, 0, "train", 150.0, 200.0),), (), now=300.0)
     (j,) = compute(data).jobs
-    assert j.granted_gpu_s == 50.0 and j.dedicated_gpu_s == 400.0
+    # no request recorded: its dedicated clock starts at its first hold's (150 s)
+    assert j.granted_gpu_s == 50.0 and j.dedicated_gpu_s == 200.0
     assert j.saved == 0.0
 
 

@@ -120,7 +120,10 @@ def test_others_jobs_in_a_users_report_show_no_gpu_seconds_and_count_in_no_total
     # their leases were not read: not "0 GPU-s, 100% saved"
     assert [(j.granted_gpu_s, j.saved) for j in theirs] == [(None, None), (None, None)]
     assert out.totals.jobs == 1  # Alice's own, dedicated: saved nothing
-    assert out.totals.saved == 0.0
+    # it made no phase request yet: a dedicated allocation would have cost nothing so
+    # far, so the totals have nothing to compare (not "100% saved")
+    assert (out.totals.dedicated_gpu_s, out.totals.saved) == (0.0, None)
+    assert [j.dedicated_gpu_s for j in theirs] == [None, None]  # their requests unread
 
 
 def test_a_users_report_renders_where_the_site_hides_other_users_names(

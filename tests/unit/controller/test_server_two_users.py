@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -52,11 +52,12 @@ class Rig:
 
 @asynccontextmanager
 async def rig(tmp_path: Path, *, register: tuple[tuple[Identity, int], ...] = (
-        (ALICE, A), (BOB, B))) -> AsyncIterator[Rig]:
+        (ALICE, A), (BOB, B)), clock: Callable[[], float] = time.time) -> AsyncIterator[Rig]:
     cfg = Config()
     cfg = replace(cfg, controller=replace(cfg.controller, admins=("ops",)))
     store = Store(tmp_path / "c.db")
-    c = Controller(cfg, store, FakeSlurm({A: ALICE, B: BOB}))  # type: ignore[arg-type]
+    c = Controller(cfg, store, FakeSlurm({A: ALICE, B: BOB}),  # type: ignore[arg-type]
+                   clock=clock)
     await c.pools.start(c)
     app = make_app(c)
     client = TestClient(TestServer(app))
