@@ -229,7 +229,7 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
         if p >= total[j]:
             return _horizon(segs, pos, running, now)
         nxt, nmask, _, nd = segs[j][p % lens[j]]
-        if nxt == REQUEST and may_switch(j, nmask, now):
+        if nxt == REQUEST and held[j] == nmask and may_switch(j, nmask, now):
             # its next phase runs on the GPUs it holds: LeaseTable.switch
             held_s[j] += now - granted_at[j]
             granted_at[j] = last_grant[j] = now
