@@ -27,6 +27,7 @@ Known limits: one phase at a time per Job object (the usual RL loop); calls are 
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import threading
 import time
@@ -43,6 +44,42 @@ DEFAULT_URL = "http://127.0.0.1:6829"
 
 #: the most a heartbeat waits for its answer (its RPC client's default: 30 s)
 HEARTBEAT_TIMEOUT_MAX_S = 30.0
+#: how long a phase given up (`timeout_s`) retries withdrawing its request
+WITHDRAW_RETRY_S = 5.0
+#: the most of a driver's exception message its failed job's reason keeps
+FAILURE_MESSAGE_MAX = 400
+
+
+def _indices(gpus: Iterable[int]) -> list[int]:
+    """Distinct GPU indices, sorted, as ints (NumPy's and torch's integers too)."""
+    return sorted({operator.index(g) for g in gpus})
+
+
+def _numbers(what: str, values: Mapping[str, float]) -> dict[str, float]:
+    """`values` as floats (NumPy's and torch's scalars too): JSON numbers; `ValueError`
+    naming the key of one that is not a number."""
+    out: dict[str, float] = {}
+    for key, value in values.items():
+        try:
+            out[str(key)] = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"{what}[{key!r}] must be a number, got "
+                             f"{type(value).__name__}") from None
+    return out
+
+
+def _failure(exc_type: type[BaseException], exc: BaseException | None) -> str:
+    """The reason a failed job is ended with: the exception's type and message, on one
+    line, its message cut to `FAILURE_MESSAGE_MAX` characters."""
+    try:
+        message = " ".join(str(exc).split()) if exc is not None else ""
+    except Exception:  # a broken __str__ must not hide the driver's error
+        message = ""
+    if len(message) > FAILURE_MESSAGE_MAX:
+        message = message[:FAILURE_MESSAGE_MAX - 3] + "..."
+    # the controller refuses text that is not valid Unicode (a lone surrogate)
+    message = message.encode("utf-8", "replace").decode()
+    return f"driver raised {exc_type.__name__}" + (f": {message}" if message else "")
 
 
 class LeaseRevoked(Exception):
@@ -105,7 +142,7 @@ class Lease:
         now."""
         self.check()
         if gpus is not None:
-            kept = sorted(set(gpus))
+            kept = _indices(gpus)
             if set(kept) == set(self.gpus):
                 return
             body: dict[str, Any] = {"gpus": kept}
@@ -123,7 +160,7 @@ class Lease:
         now that no other phase waits for (it never makes a partner wait), once the
         job's services there are active. Does not block; returns the GPUs it took."""
         self.check()
-        wanted = sorted(set(gpus) - set(self.gpus))
+        wanted = sorted(set(_indices(gpus)) - set(self.gpus))
         if not wanted:
             return ()
         # safe to repeat: `held` lets the controller answer a resend (its answer lost,
@@ -143,7 +180,7 @@ class Lease:
         self.check()
         # safe to repeat: `held` lets the controller tell a resend (its answer lost,
         # e.g. a timeout while hand-offs queue) from a new pack, and answer the lease
-        ans = self._post("pack", {"gpus": sorted(set(gpus)), "held": sorted(self.pool_gpus)},
+        ans = self._post("pack", {"gpus": _indices(gpus), "held": sorted(self.pool_gpus)},
                          idempotent=True)
         self._update(need(ans, "lease", dict))
 
@@ -151,7 +188,7 @@ class Lease:
         if self.released or self.revoked_reason is not None:
             return
         # after a call gave up on the controller, once: the lease lapses unrenewed anyway
-        self._post("release", {"timing": dict(timing or {})}, idempotent=True,
+        self._post("release", {"timing": _numbers("timing", timing or {})}, idempotent=True,
                    retry=not self._job._rpc.lost)
         self.released = True
 
@@ -168,7 +205,7 @@ class Lease:
         queues; so a driver may always call it.
         """
         self.check()
-        report = dict(self.timing() if timing is None else timing)
+        report = _numbers("timing", self.timing() if timing is None else timing)
         asked = time.time()
         try:
             # safe to repeat: a retry after a lost answer finds this lease switched
@@ -259,18 +296,31 @@ class Job:
             raise RuntimeError(f"already holding lease {current.lease_id} "
                                f"({current.phase}); release it first")
         asked = time.time()
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        body: dict[str, Any] = {"phase": phase, "min_gpus": min_gpus}
+        deadline = None if timeout_s is None else time.monotonic() + float(timeout_s)
+        body: dict[str, Any] = {"phase": phase, "min_gpus": None if min_gpus is None
+                                else operator.index(min_gpus)}
         told: tuple[str, str] | None = None  #: the state last logged
+        request_id: int | None = None  #: the queued request, as last answered
         while True:
             left = poll_s
             if deadline is not None:
                 left = max(0.0, min(poll_s, deadline - time.monotonic()))
             body["wait_s"] = left
             # idempotent: the controller joins a retry to the request queued for this
-            # (job, phase), or answers the lease already granted to it
-            status, ans = self._rpc.call("POST", f"/v1/jobs/{self.job_id}/leases", body,
-                                         wait_s=left, idempotent=True)
+            # (job, phase), or answers the lease already granted to it. Retried while
+            # the controller is away, up to the phase's deadline
+            try:
+                status, ans = self._rpc.call("POST", f"/v1/jobs/{self.job_id}/leases", body,
+                                             wait_s=left, idempotent=True,
+                                             retry_until=deadline)
+            except ControllerError as exc:
+                away = exc.code == "unreachable" or (exc.status or 0) >= 500
+                if deadline is None or time.monotonic() < deadline or not away:
+                    raise
+                # the controller is likely away still: withdraw without retrying
+                raise TimeoutError(f"no {phase} lease within {timeout_s:g} s (controller "
+                                   f"away: {exc}); {self._withdraw(request_id, 0.0)}"
+                                   ) from exc
             if status == 200:
                 data = need(ans, "lease", dict)
                 lease = Lease(self, data, asked_at=asked)
@@ -292,27 +342,32 @@ class Job:
                          "waits for its placement in a pool" if state == "unplaced"
                          else "queued behind the pool's other jobs",
                          f" ({reason})" if reason else "")
+            rid = ans.get("request_id")
+            request_id = rid if isinstance(rid, int) else None
             if deadline is not None and time.monotonic() >= deadline:
-                rid = ans.get("request_id")
-                what = (self._withdraw(rid) if isinstance(rid, int)
-                        else "no request was queued")
                 raise TimeoutError(f"no {phase} lease within {timeout_s:g} s ({state}"
-                                   + (f": {reason}" if reason else "") + f"); {what}")
+                                   + (f": {reason}" if reason else "")
+                                   + f"); {self._withdraw(request_id, WITHDRAW_RETRY_S)}")
 
-    def _withdraw(self, request_id: int) -> str:
+    def _withdraw(self, request_id: int | None, retry_s: float) -> str:
         """Take back a queued request this driver no longer waits for (else heartbeats
         keep it queued and it is granted, and charged, to nobody); says what became of
-        it. A request granted meanwhile is released by the same call."""
+        it. A request granted meanwhile is released by the same call. Retries for
+        `retry_s` at most (the driver gave up waiting: it is not held for minutes)."""
+        if request_id is None:
+            return "no request was queued"
+        until = time.monotonic() + retry_s
         try:
             try:
                 _, ans = self._rpc.call(
                     "POST", f"/v1/jobs/{self.job_id}/leases/{request_id}/release",
-                    {"timing": {}}, idempotent=True)
+                    {"timing": {}}, idempotent=True, retry_until=until)
                 state = need(need(ans, "lease", dict), "state", str)
             except ControllerError as exc:
                 if exc.status != 409:
                     raise
-                state = self._read_lease(request_id)["state"]  # a retry that had landed
+                # a retry that had landed
+                state = self._read_lease(request_id, retry_until=until)["state"]
         except ControllerError as exc:
             log.warning("could not withdraw lease request %d: %s", request_id, exc)
             return f"request {request_id} may still be queued (withdrawing it failed: {exc})"
@@ -323,9 +378,10 @@ class Job:
         log.warning("lease request %d is %s after withdrawing it", request_id, state)
         return f"request {request_id} could not be withdrawn (it is {state})"
 
-    def _read_lease(self, lease_id: int) -> dict[str, Any]:
+    def _read_lease(self, lease_id: int, retry_until: float | None = None) -> dict[str, Any]:
         """The controller's record of one of this job's leases (or requests)."""
-        _, ans = self._rpc.call("GET", f"/v1/jobs/{self.job_id}/leases/{lease_id}")
+        _, ans = self._rpc.call("GET", f"/v1/jobs/{self.job_id}/leases/{lease_id}",
+                                retry_until=retry_until)
         rec: dict[str, Any] = need(ans, "lease", dict)
         need(rec, "state", str)
         return rec
@@ -383,10 +439,10 @@ class Job:
         `detail` (numbers only) is stored with the observation; `slurmrl report` draws
         the reward curve from `{"step": N, "reward": mean reward}` on `reward` gaps.
         """
-        body: dict[str, Any] = {"phase": phase, "started_at": started_at,
-                                "ended_at": ended_at}
+        body: dict[str, Any] = {"phase": phase, "started_at": float(started_at),
+                                "ended_at": float(ended_at)}
         if detail:  # added for `slurmrl report` (reward curves); the RPC already takes it
-            body["detail"] = dict(detail)
+            body["detail"] = _numbers("detail", detail)
         # safe to repeat: the controller answers a resend with the one it recorded
         self._rpc.call("POST", f"/v1/jobs/{self.job_id}/observations", body, idempotent=True)
 
@@ -437,8 +493,10 @@ class Job:
         # sys.exit() / sys.exit(0) is a driver finishing, not failing
         done = exc_type is None or (isinstance(exc, SystemExit) and exc.code in (None, 0))
         try:
-            self.close("CD" if done else "F",
-                       "driver finished" if done else f"driver raised {exc_type}")
+            if exc_type is None or done:
+                self.close("CD", "driver finished")
+            else:
+                self.close("F", _failure(exc_type, exc))
         except ControllerError as err:
             if exc is None:
                 raise
@@ -513,8 +571,12 @@ class Job:
         beat = ans.get("heartbeat_s")  # the site's interval: follow it
         if isinstance(beat, int | float) and not isinstance(beat, bool) and beat > 0:
             self.heartbeat_s = float(beat)
-        held = {need(x, "lease_id", int) for x in need(ans, "held", list)}
-        if lease is not None and lease.held and lease.lease_id not in held:
+        held = {need(x, "lease_id", int): x for x in need(ans, "held", list)}
+        if lease is not None and lease.lease_id in held:  # renewed: its new deadline
+            renewed = held[lease.lease_id].get("deadline_at")
+            if isinstance(renewed, int | float) and not isinstance(renewed, bool):
+                lease.deadline_at = float(renewed)
+        elif lease is not None and lease.held:
             _, got = self._hb_rpc.call("GET", f"/v1/jobs/{self.job_id}/leases/{lease.lease_id}")
             rec = need(got, "lease", dict)
             if need(rec, "state", str) == "revoked" and not lease.released:

@@ -5,15 +5,15 @@ Each attempt is signed afresh (a MUNGE credential decodes once). With `use_sessi
 later calls are HMAC-signed with it (`slurmrl.auth.sessions`): no munged round trip per
 call. When the controller no longer knows the session (restart, expiry, its job ended)
 it answers 401 `auth-no-session` before doing anything, and the client opens a new
-session and sends the call again, once. Connection failures
-and 503 answers are retried with exponential backoff for up to `retry_for_s`, so a
-driver pauses while the controller restarts and then carries on; 500, 502 and 504 (a
-crash, a proxy in between) are retried the same way for calls that are safe to repeat
-(`idempotent`: GETs by default). An outage is logged as a WARNING once when it starts
-and once when the controller answers again. Other 4xx answers are not retried: they
-raise `ControllerError` with the controller's code and message; an answer that is not
-a JSON object, or an error without its `{"code", "message"}` object, raises
-`ControllerError` with code `bad-answer` (so does `need` for a missing field).
+session and sends the call again, once. Connection failures and 503 answers are
+retried with exponential backoff for up to `retry_for_s` (or until the caller's
+`retry_until`), so a driver pauses while the controller restarts and then carries on;
+500, 502 and 504 (a crash, a proxy in between) are retried the same way for calls that
+are safe to repeat (`idempotent`: GETs by default). An outage is logged as a WARNING
+once when it starts and once when the controller answers again. Other 4xx answers are
+not retried: they raise `ControllerError` with the controller's code and message; an
+answer that is not a JSON object, or an error without its `{"code", "message"}` object,
+raises `ControllerError` with code `bad-answer` (so does `need` for a missing field).
 One connection per `RpcClient`; guarded by a lock, so one call at a time.
 """
 
@@ -153,14 +153,19 @@ class RpcClient:
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None, *,
              query: dict[str, Any] | None = None, wait_s: float = 0.0,
-             retry: bool = True, idempotent: bool | None = None) -> tuple[int, dict[str, Any]]:
+             retry: bool = True, idempotent: bool | None = None,
+             retry_until: float | None = None) -> tuple[int, dict[str, Any]]:
         """(status, JSON answer) of one call; retries while the controller is away.
 
         `idempotent` (default: GETs only) says the call may run twice: 500, 502 and 504
-        answers are then retried like 503s."""
+        answers are then retried like 503s. `retry_until` (a `time.monotonic()` time)
+        ends the retries sooner than `retry_for_s` (the caller's own deadline); a call
+        given up then does not count as the controller lost (`lost`)."""
         target = path + ("?" + urlencode(query) if query else "")
         raw = b"" if body is None else json.dumps(body).encode()
-        deadline = time.monotonic() + (self.retry_for_s if retry else 0.0)
+        own = time.monotonic() + (self.retry_for_s if retry else 0.0)
+        deadline = own if retry_until is None else min(own, retry_until)
+        lost = retry_until is None or retry_until >= own  # given up after retry_for_s
         again = _RETRY_IDEMPOTENT if (method == "GET" if idempotent is None else idempotent) \
             else _RETRY_ALWAYS
         what = f"{method} {path}"
@@ -171,19 +176,19 @@ class RpcClient:
                 if status not in again:
                     break
                 if time.monotonic() >= deadline:
-                    self._gave_up(what)
+                    self._gave_up(what, lost)
                     break
                 why = f"answered HTTP {status} ({_error_code(answer) or _shown(answer)[:80]})"
             except AuthError as exc:  # munged unreachable on this node
                 raise ControllerError(None, f"auth-{exc.code}", exc.message) from None
             except _NET_ERRORS as exc:
                 if time.monotonic() >= deadline:
-                    self._gave_up(what)
+                    self._gave_up(what, lost)
                     raise ControllerError(None, "unreachable",
                                           f"controller {self.url} unreachable: {exc}") from exc
                 why = f"unreachable ({exc})"
             self._outage(what, why, deadline)
-            time.sleep(delay)
+            time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
             delay = min(delay * 2, 2.0)
         if status not in again:
             self._recovered(what)
@@ -199,14 +204,15 @@ class RpcClient:
             else:
                 log.debug("controller %s %s; retrying %s", self.url, why, what)
 
-    def _gave_up(self, what: str) -> None:
-        """This call stops retrying: said, so that the next call's retries are too."""
+    def _gave_up(self, what: str, lost: bool) -> None:
+        """This call stops retrying: said, so that the next call's retries are too;
+        `lost`: after `retry_for_s` (not at the caller's `retry_until`)."""
         with self._outage_lock:
             if self._outage_since is not None and self.retry_for_s > 0:
                 log.warning("controller %s: gave up on %s after %.1f s", self.url, what,
                             time.monotonic() - self._outage_since)
             self._outage_since = None
-            self.lost = True
+            self.lost = self.lost or lost
 
     def _recovered(self, what: str) -> None:
         self.lost = False

@@ -12,10 +12,17 @@ from typing import TYPE_CHECKING, Any
 
 from slurmrl.client.job import NoLease
 from slurmrl.client.replicas import FloatingRollout, ReplicatedRollout
+from slurmrl.client.rpc import ControllerError
 from slurmrl.worker.handle import ServiceUnreachable
+from slurmrl.worker.protocol import Role
 
 if TYPE_CHECKING:
     from slurmrl.client.job import Job
+
+#: the roles a job's services have
+ROLES = tuple(r.value for r in Role)
+#: the states of a job that has ended (JobView's `state`)
+ENDED = ("CD", "F", "CA")
 
 
 class LeasedService:
@@ -29,14 +36,29 @@ class LeasedService:
     def find(cls, job: Job, role: str, backend: str | None, timeout_s: float
              ) -> LeasedService | ReplicatedRollout | WindowedService:
         """The job's `role` service once the job is placed and its services are up; a
-        rollout run as several replicas comes back as one `ReplicatedRollout`."""
+        rollout run as several replicas comes back as one `ReplicatedRollout`. Raises
+        `ValueError` at once for a role no service has (or, once the job's services
+        are up, a role and backend none of them has), and `ControllerError`
+        `job-ended` once the job has ended (its pool failed to start, its admission was
+        refused, ...), saying why."""
         from slurmrl.worker.handle import ServiceHandle
 
+        if role not in ROLES:
+            raise ValueError(f"no service role {role!r}: a job's services are "
+                             f"{' and '.join(ROLES)}")
         deadline = time.monotonic() + timeout_s
         while True:
             st = job.status()
-            found = [s for s in st.get("services", []) if s["role"] == role
+            _check_running(job, st, role)
+            services = st.get("services", [])
+            found = [s for s in services if s["role"] == role
                      and (backend is None or s["backend"] == backend)]
+            if st.get("pool_id") is not None and services and not found \
+                    and all(s["address"] for s in services):  # up, and none will come
+                have = ", ".join(f"{s['role']} ({s['backend']})" for s in services)
+                raise ValueError(f"RL job {job.job_id} has no {role} service"
+                                 + (f" of backend {backend!r}" if backend else "")
+                                 + f"; its services: {have}")
             # placed only once every service of the job is up; each has its address then
             if st.get("pool_id") is not None and found and all(s["address"] for s in found):
                 if st.get("floating"):  # a copy on every window the pool has, or will have
@@ -84,13 +106,26 @@ class LeasedService:
                 st = self._job.status()
             except Exception:
                 return exc
-            if st.get("state") in ("CD", "F", "CA"):
+            if st.get("state") in ENDED:
                 return ServiceLost(f"the {self._handle.role} service of RL job "
                                    f"{self._job.job_id} is gone: the job ended "
                                    f"({st.get('state')}): {st.get('reason') or 'no reason'}")
             if time.monotonic() >= deadline:
                 return exc
             time.sleep(0.5)
+
+
+def _check_running(job: Job, st: dict[str, Any], role: str) -> None:
+    """`ControllerError` `job-ended` (as an acquire raises it) if the job has ended: its
+    `role` service will never come up."""
+    if st.get("state") in ENDED:
+        why = f"the job has ended ({st['state']}): {st.get('reason') or 'no reason given'}"
+    elif job.ended_reason is not None:
+        why = job.ended_reason
+    else:
+        return
+    raise ControllerError(409, "job-ended", f"RL job {job.job_id} has no {role} service: "
+                          f"{why}")
 
 
 class WindowedService:

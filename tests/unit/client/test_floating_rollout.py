@@ -85,6 +85,7 @@ class Replica:
 
 class StandInJob:
     job_id, secret = 7, "s" * 64
+    ended_reason: str | None = None
 
     def __init__(self, lease: PackingLease) -> None:
         self.current = lease

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from _controller_standin import Answer, Call, StandIn, error, lease, until
 
+from slurmrl.client import job as job_module
 from slurmrl.client.job import Job, LeaseRevoked, connect
 from slurmrl.client.rpc import ControllerError
 
@@ -327,3 +328,94 @@ def test_a_long_wait_for_placement_says_why_once(standin: StandIn, job: Job,
             r.getMessage()]
     assert said == ["RL job 42: rollout lease waits for its placement in a pool "
                     "(PoolPending (no free GPUs))"]
+
+
+def _away(standin: StandIn, how: str, job: Job | None = None) -> None:
+    """The controller goes away: it answers 503 while it starts, or is not there (and
+    `job`'s open connection with it)."""
+    if how == "unreachable":
+        standin.stop()
+        if job is not None:
+            job._rpc.close()
+        return
+    for route in [*standin.routes]:
+        standin.routes[route] = lambda call: error(503, "starting", "controller starting")
+
+
+@pytest.mark.parametrize("how", ["503", "unreachable"])
+def test_a_phases_timeout_holds_while_the_controller_is_away(
+        standin: StandIn, job: Job, how: str) -> None:
+    # each acquire retried for retry_for_s (5 s here, 300 s by default) whatever the
+    # phase's timeout_s, then raised ControllerError, not TimeoutError
+    _away(standin, how, job)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"no rollout lease within 0\.5 s \(controller "
+                                           r"away: .*\); no request was queued"), \
+            job.phase("rollout", timeout_s=0.5):
+        pass
+    assert time.monotonic() - started < 2.5
+    assert not job._rpc.lost  # the phase gave up; the client did not: clean-up retries
+
+
+def test_a_request_queued_before_the_controller_went_away_is_withdrawn_once(
+        standin: StandIn, job: Job) -> None:
+    def queued_then_away(call: Call) -> Answer:
+        _away(standin, "503")  # from the next call on, acquire's included
+        return _still_waiting(call)
+
+    standin.routes["POST", "/v1/jobs/N/leases"] = queued_then_away
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="request 9 may still be queued"):
+        job.acquire("rollout", timeout_s=0.5, poll_s=0.1)
+    assert time.monotonic() - started < 2.5
+    assert len(standin.seen(*RELEASE)) == 1  # tried once: the controller is away
+
+
+def test_withdrawing_a_phase_given_up_retries_briefly(
+        standin: StandIn, job: Job, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the withdrawal retried for retry_for_s more (5 s here, 300 s by default)
+    monkeypatch.setattr(job_module, "WITHDRAW_RETRY_S", 0.3)
+    standin.routes["POST", "/v1/jobs/N/leases"] = _still_waiting
+    standin.routes[RELEASE] = lambda call: error(503, "starting", "controller starting")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="request 9 may still be queued"):
+        job.acquire("rollout", timeout_s=0.3, poll_s=0.1)
+    assert time.monotonic() - started < 2.5
+    assert len(standin.seen(*RELEASE)) >= 2  # retried, briefly
+
+
+def test_without_a_timeout_an_acquire_still_waits_out_a_restart(
+        standin: StandIn, job: Job) -> None:
+    answers = iter([error(503, "starting", "controller starting")] * 3)
+    standin.routes["POST", "/v1/jobs/N/leases"] = lambda call: next(
+        answers, (200, {"lease": lease()}))
+    assert job.acquire("rollout").lease_id == 5
+
+
+def test_a_heartbeat_renews_the_leases_deadline(standin: StandIn, job: Job) -> None:
+    # deadline_at was the grant's for good, though each heartbeat renews the lease
+    renewed = {"at": time.time() + 10}
+    standin.routes["POST", "/v1/jobs/N/heartbeat"] = lambda call: (200, {
+        "job_id": 42, "state": "R", "heartbeat_s": 0.05,
+        "held": [dict(x, deadline_at=renewed["at"]) for x in standin.held]})
+    with job.phase("rollout") as held:
+        renewed["at"] = held.deadline_at + 60
+        until(lambda: held.deadline_at == renewed["at"])
+
+
+def test_a_failed_drivers_job_ends_with_its_errors_type_and_message(
+        standin: StandIn, job: Job) -> None:
+    with pytest.raises(RuntimeError), job:
+        raise RuntimeError("CUDA error: an illegal memory access\nwas encountered")
+    (end,) = standin.seen("POST", "/v1/jobs/N/end")
+    assert end.body == {"state": "F", "reason": "driver raised RuntimeError: CUDA error: "
+                                                "an illegal memory access was encountered"}
+
+
+def test_a_failed_drivers_long_message_is_cut(standin: StandIn, job: Job) -> None:
+    with pytest.raises(ValueError), job:
+        raise ValueError("x" * 10_000)
+    (end,) = standin.seen("POST", "/v1/jobs/N/end")
+    reason = end.body["reason"]
+    assert reason.startswith("driver raised ValueError: xxx") and reason.endswith("...")
+    assert len(reason) <= len("driver raised ValueError: ") + job_module.FAILURE_MESSAGE_MAX

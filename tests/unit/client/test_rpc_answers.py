@@ -8,6 +8,7 @@ JSON of the wrong shape, 5xx answers before the right one.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import pytest
@@ -101,3 +102,15 @@ def test_failing_heartbeats_are_one_warning_when_they_start_and_one_when_they_en
     assert len(warned) == 2, warned
     assert "heartbeats to the controller fail" in warned[0] and "munged" in warned[0]
 
+
+
+def test_a_call_stops_retrying_at_the_callers_deadline_without_losing_the_controller(
+        standin: StandIn) -> None:
+    standin.routes[STATUS] = lambda call: error(503, "starting", "controller starting")
+    client = RpcClient(standin.url, retry_for_s=30.0)
+    started = time.monotonic()
+    with pytest.raises(ControllerError, match="controller starting"):
+        client.call("GET", "/v1/status", retry_until=started + 0.5)
+    assert 0.5 <= time.monotonic() - started < 2.5
+    # the caller gave up, not the client: the next calls still retry for retry_for_s
+    assert not client.lost

@@ -26,6 +26,7 @@ class StandInJob:
     job_id: int = 7
     secret: str = "s" * 64
     current: StandInLease | None = None
+    ended_reason: str | None = None
     asked: int = 0  #: status() calls
     pool_gpus: list[int] = field(default_factory=lambda: [0, 1])
 
