@@ -73,6 +73,7 @@ class Controller:
             slowdown_limit=site_limits(config).limit_for,
         )
         self.scheduler.grant_hooks.append(self._on_grant)
+        self.scheduler.revoke_hooks.append(self._on_revoke)
         self._placed: dict[int, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -387,6 +388,16 @@ class Controller:
     # -- internals ------------------------------------------------------------------------------
     def _on_grant(self, pool_id: int, lease: Lease) -> None:
         self.store.update_job(lease.job_id, phase=str(lease.phase))
+
+    def _on_revoke(self, pool_id: int, lease: Lease) -> None:
+        """A job whose lease was revoked (it lapsed, ...) and that holds none now is idle,
+        as after a release; an ended job's phase is end_job's (none)."""
+        job = self.store.job(lease.job_id)
+        if job is None or job.state.terminal:
+            return
+        table = self.scheduler.tables.get(pool_id)
+        if table is None or not any(x.job_id == job.job_id for x in table.leases):
+            self.store.update_job(job.job_id, phase="idle")
 
     async def _reconcile_loop(self) -> None:
         while True:

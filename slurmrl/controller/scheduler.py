@@ -119,6 +119,9 @@ class LeaseScheduler:
         self._whole: set[int] = set()
         #: called after every grant is committed (pool manager: make residency fit)
         self.grant_hooks: list[GrantHook] = []
+        #: called after every revoke of a held lease is committed (expiry, the job's end,
+        #: its pool's close): the lease as it was held
+        self.revoke_hooks: list[GrantHook] = []
         #: set at shutdown: cancelled long polls then keep their requests for the restart
         self.stopping = False
         #: floating pool id -> its window size G (its members' GPU count)
@@ -268,14 +271,12 @@ class LeaseScheduler:
         if not phase.needs_gpu:
             raise LeaseError(f"phase {phase} needs no GPU; report it as an observation")
         table = self.tables[job.pool_id]
+        refused = self.min_gpus_refusal(job, phase, min_gpus)
+        if refused:
+            raise LeaseError(refused)
         options = self._options(job)
         wanted = frozenset().union(*options) if options else job.pool_gpus_for(phase)
         need = len(wanted) if min_gpus is None else min_gpus
-        if options and min_gpus not in (None, job.request.gpus):
-            raise LeaseError(f"job {job.job_id} is in a floating pool, whose leases are "
-                             f"whole windows of {job.request.gpus} GPUs: no min_gpus")
-        if not options and not 1 <= need <= len(wanted):
-            raise LeaseError(f"min_gpus must be between 1 and {len(wanted)}, got {need}")
         now = self.clock()
         with self._change(job.pool_id):
             rid = self.store.add_request(
@@ -289,6 +290,22 @@ class LeaseScheduler:
             self._apply(job.pool_id, events, now)
         self._wake.set()
         return Ticket(rid, table.lease(rid))
+
+    def min_gpus_refusal(self, job: JobRecord, phase: Phase, min_gpus: int | None) -> str:
+        """Why a `phase` request of `job` cannot have `min_gpus` ("" if it can): it is 1 to
+        the phase's GPUs, and in a floating pool a whole window (the job's GPUs) or None.
+        Before placement the pool is not known: at most the job's GPUs, as in any pool."""
+        if min_gpus is None:
+            return ""
+        g = job.request.gpus
+        if job.pool_id is not None and self.windows(job.pool_id):
+            return "" if min_gpus == g else (
+                f"min_gpus: job {job.job_id} is in a floating pool, whose leases are whole "
+                f"windows of {g} GPUs: no min_gpus (null or {g}), got {min_gpus}")
+        most = g if job.pool_id is None else len(job.request.gpus_for(phase))
+        if 1 <= min_gpus <= most:
+            return ""
+        return f"min_gpus must be between 1 and {most}, got {min_gpus}"
 
     async def wait(self, request_id: int, timeout_s: float,
                    withdraw_on_cancel: bool | Callable[[], bool] = True) -> Lease | None:
@@ -673,6 +690,8 @@ class LeaseScheduler:
                 if ev.lease is not None:
                     after.append(self._ended(pool_id, ev.lease, LeaseState.REVOKED, ev.reason,
                                              now, None))
+                    after.extend(functools.partial(hook, pool_id, ev.lease)
+                                 for hook in self.revoke_hooks)
                 elif ev.request is not None:
                     rid = ev.request.request_id
                     state = (LeaseState.CANCELLED if ev.reason == "cancelled"

@@ -140,10 +140,13 @@ def _who(request: web.Request) -> Identity:
 
 
 def _body(request: web.Request, spec: dict[str, F]) -> dict[str, Any]:
+    """A POST's checked body; it takes no query parameter (its fields are in the body)."""
+    _query(request, set())
     return fields(parse_json(request[BODY]), spec)
 
 
 def _no_body(request: web.Request) -> None:
+    _query(request, set())
     fields(parse_json(request[BODY]), {})
 
 
@@ -330,6 +333,7 @@ class Api:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s  # placement and grant together: wait_s at most
         phase = Phase(b["phase"])
+        self._check_min_gpus(job, phase, b["min_gpus"])
         if job.pool_id is None:
             placed = await self.c.wait_placed(job.job_id, wait_s)
             if placed is not None:  # it may have ended since it was placed
@@ -339,6 +343,7 @@ class Api:
                 return 202, {"request_id": None, "state": state,
                              "reason": placed.reason if placed else "gone"}
             job = placed
+            self._check_min_gpus(job, phase, b["min_gpus"])  # now for its pool
         rid = self._open_request(job.job_id, phase)
         if rid is None:
             ticket = self.c.scheduler.request(job, phase, b["min_gpus"])
@@ -356,6 +361,13 @@ class Api:
             return 202, {"request_id": rid, "state": "waiting"}
         await self.c.pools.before_answer(job, lease)
         return 200, {"lease": self._lease(lease, job.pool_id or 0, job=job)}
+
+    def _check_min_gpus(self, job: JobRecord, phase: Phase, min_gpus: int | None) -> None:
+        """400 `bad-value` for a `min_gpus` the scheduler would refuse, before a retry
+        joins the job's request or lease (which would answer it regardless)."""
+        refused = self.c.scheduler.min_gpus_refusal(job, phase, min_gpus)
+        if refused:
+            raise bad(refused, "bad-value")
 
     def _open_request(self, job_id: int, phase: Phase) -> int | None:
         """An open request of this job for this phase (a retried acquire joins it), or

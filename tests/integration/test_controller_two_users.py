@@ -3,12 +3,13 @@
 rlalice and rlbob each submit a driver with `sbatch --rl-gpus=2`; both register with a
 controller started by the test, alternate rollout and train leases on the same two GPUs
 for a few rounds, and finish. The DB then holds every phase observation, no two leases
-ever overlapped on a GPU (checked from the DB's per-GPU hold intervals), and `slurmrl
-status` lists both jobs.
+ever overlapped on a GPU (checked from the DB's per-GPU hold intervals), the two jobs'
+holds took turns, and `slurmrl status` lists both jobs.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import urllib.request
@@ -96,6 +97,14 @@ def test_two_users_alternate_on_one_pool(controller: ControllerProc, jobs,  # ty
         intervals = store.intervals(pool_id)
         assert len(intervals) == 2 * 2 * ROUNDS * 2  # jobs x phases x rounds x GPUs
         check_history(intervals)
+        # and they took turns: the pool was time-sliced between the two jobs, not held
+        # by one job's whole run and then the other's
+        job_of = {o.lease_id: job_id for job_id in (a, b)
+                  for o in store.observations(job_id) if o.lease_id is not None}
+        holders = [job_of[iv.lease_id] for iv in sorted(intervals,
+                                                        key=lambda iv: (iv.start, iv.lease_id))]
+        turns = sum(1 for x, y in itertools.pairwise(holders) if x != y)
+        assert turns >= 3, holders
     finally:
         store.close()
     with urllib.request.urlopen(controller.url + "/metrics", timeout=5) as resp:
