@@ -67,7 +67,7 @@ import stat
 import struct
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeGuard
 
@@ -148,7 +148,8 @@ def write_state(path: Path, state: dict[str, Any], generation: int) -> bool:
 
 
 def store_stream(path: Path, fill: Callable[[BinaryIO], object],
-                 failed: str | None = None, expected: int | None = None) -> bool:
+                 failed: str | None = None, expected: int | None = None,
+                 must_hold: Mapping[str, str] | None = None) -> bool:
     """Store a state file another copy handed off on another node, written by `fill`
     into a temp file as it arrives (`ServiceHandle.handoff_state_into`: never whole in
     memory), at `path`, unless `path` holds that generation or a newer one; True when
@@ -158,9 +159,11 @@ def store_stream(path: Path, fill: Callable[[BinaryIO], object],
     published as `write_state` publishes: under the directory's lock, from a temp file,
     `os.replace`d into place. `expected`: the generation the source says it holds;
     where `path` holds it or a newer one once the lock is taken (another fetch of it
-    just landed), nothing is fetched."""
+    just landed), nothing is fetched. `must_hold`: fields the state must have as they
+    are (the storing service's `backend` and `role`): another service's state is
+    refused (BackendError) and `path` left as it was."""
     return _publish(path, fill, None, failed or f"cannot store the handoff state at {path}",
-                    expected)
+                    expected, must_hold)
 
 
 def discard(directory: Path, role: str) -> bool:
@@ -187,13 +190,14 @@ def discard(directory: Path, role: str) -> bool:
 
 
 def _publish(path: Path, fill: Callable[[BinaryIO], object], generation: int | None,
-             failed: str, expected: int | None = None) -> bool:
+             failed: str, expected: int | None = None,
+             must_hold: Mapping[str, str] | None = None) -> bool:
     """Under an exclusive lock on `path`'s directory, unless `path` holds `generation`
     (else `expected`) or a newer one: `fill` a temp file (mode 0600) there and
     `os.replace` it onto `path`; True when replaced. `generation` None: the temp file's
-    own, read back and checked whole first. A failure is a BackendError starting with
-    `failed` (or naming what is wrong with the temp file's state), and leaves no temp
-    file behind."""
+    own, read back and checked whole first (and its `must_hold` fields). A failure is
+    a BackendError starting with `failed` (or naming what is wrong with the temp file's
+    state), and leaves no temp file behind."""
 
     def kept_newer(gen: int) -> bool:
         with contextlib.suppress(BackendError):  # unreadable: nothing worth keeping
@@ -221,7 +225,8 @@ def _publish(path: Path, fill: Callable[[BinaryIO], object], generation: int | N
                 out.flush()
                 os.fsync(out.fileno())
             # a fetched file (no generation given) is checked whole before it counts
-            if generation is None and kept_newer(int(read_state(Path(tmp))["generation"])):
+            if generation is None and kept_newer(
+                    _fetched_generation(Path(tmp), must_hold or {}, failed)):
                 os.unlink(tmp)
                 return False
             os.replace(tmp, path)
@@ -239,6 +244,19 @@ def _publish(path: Path, fill: Callable[[BinaryIO], object], generation: int | N
         return True
     finally:
         os.close(dir_fd)  # and with it the lock
+
+
+def _fetched_generation(path: Path, must_hold: Mapping[str, str], failed: str) -> int:
+    """The generation of a fetched state file, read whole (`read_state`), whose
+    `must_hold` fields have those values; else BackendError starting with `failed`."""
+    state = read_state(path)
+    wrong = {k: state.get(k) for k, v in must_hold.items() if state.get(k) != v}
+    generation = int(state["generation"])
+    del state  # its tensors map the file
+    if wrong:
+        raise BackendError(f"{failed}: it holds the state of another service ({wrong}); "
+                           f"this one is {dict(must_hold)}")
+    return generation
 
 
 def read_state(path: Path) -> dict[str, Any]:

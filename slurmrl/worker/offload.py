@@ -50,6 +50,12 @@ def on_index(device: torch.device) -> torch.device:
     return device
 
 
+def is_dense(value: torch.Tensor) -> bool:
+    """Whether `value` can be copied into a model's tensor as it is: strided, holding
+    its values (not sparse, quantized, or a meta tensor without data)."""
+    return value.layout is torch.strided and not value.is_quantized and not value.is_meta
+
+
 class Offloader:
     """Moves a fixed set of device tensors to host buffers and back.
 
@@ -171,11 +177,11 @@ class Offloader:
                    allocate: bool = False) -> None:
         """While offloaded: overwrite the host copies of tracked tensors with new values.
 
-        Checks every pair before writing any (tracked, same shape), so a bad set leaves
-        the parked state as it was. The device is not touched; `onload` brings them up.
-        A released buffer (`release_host`) is refused, unless `allocate`: then it is
-        allocated again (pinned on CUDA) for the value (weights synced into a dropped
-        model, which holds no host copy).
+        Checks every pair before writing any (tracked, a dense value of the same
+        shape), so a bad set leaves the parked state as it was. The device is not
+        touched; `onload` brings them up. A released buffer (`release_host`) is
+        refused, unless `allocate`: then it is allocated again (pinned on CUDA) for the
+        value (weights synced into a dropped model, which holds no host copy).
         """
         if not self.offloaded:
             raise RuntimeError("write_host is for offloaded state; copy into the tensor")
@@ -187,6 +193,9 @@ class Offloader:
             if value.shape != self._shapes[id(t)]:
                 raise ValueError(f"shape {tuple(value.shape)} does not match the parked "
                                  f"tensor's {tuple(self._shapes[id(t)])}")
+            if not is_dense(value):
+                raise ValueError(f"a {value.layout} tensor{' (quantized)' * value.is_quantized}"
+                                 " is not a dense tensor with its values")
         with torch.no_grad():
             for t, value in values:
                 buf = self._host[id(t)]

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from slurmrl.model import Residency
 
@@ -58,6 +58,16 @@ class NotReady(BackendError):
 MAX_TEMPERATURE = 2.0
 #: the largest `GenerateParams.seed`, and every per-sequence seed is below it too
 MAX_SEED = 2**63 - 1
+#: the largest token id a call takes (what a signed 64-bit torch tensor holds); a
+#: model's vocabulary bounds it further where the backend knows it
+MAX_TOKEN_ID = 2**63 - 1
+
+
+def is_token_ids(value: Any) -> TypeGuard[list[int]]:
+    """A list of token ids: integers in 0..MAX_TOKEN_ID."""
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
+        for t in value)
 
 
 def sequence_seed(seed: int, index: int) -> int:
@@ -116,7 +126,11 @@ class GenerateParams:
                 raise BackendError(f"generate param {key!r} has the wrong type: {raw[key]!r}")
         kw: dict[str, Any] = dict(raw)
         if "temperature" in kw:
-            kw["temperature"] = float(kw["temperature"])
+            try:
+                kw["temperature"] = float(kw["temperature"])
+            except OverflowError:  # an integer too large for a float
+                raise BackendError(f"temperature must be in 0..{MAX_TEMPERATURE:g}, got "
+                                   "an integer too large for a float") from None
         return cls(**kw)
 
 
@@ -164,10 +178,10 @@ class Continuation:
             raise BackendError(f"continuation.prefixes must be a list of {n_prompts} "
                                "token-id lists, one per prompt")
         for k, p in enumerate(pre):
-            if not isinstance(p, list) or len(p) > MAX_PREFIX_TOKENS or not all(
-                    isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in p):
+            if not is_token_ids(p) or len(p) > MAX_PREFIX_TOKENS:
                 raise BackendError(f"continuation.prefixes[{k}] must be a list of at most "
-                                   f"{MAX_PREFIX_TOKENS} token ids (integers >= 0)")
+                                   f"{MAX_PREFIX_TOKENS} token ids (integers in "
+                                   "0..2**63-1)")
         return cls(tuple(idx), tuple(tuple(p) for p in pre))
 
     def to_json(self) -> dict[str, Any]:
@@ -263,20 +277,24 @@ class TrainSample:
         ids: dict[str, tuple[int, ...]] = {}
         for key in ("prompt_ids", "completion_ids"):
             value = raw.get(key)
-            if not isinstance(value, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in value
-            ):
-                raise BackendError(f"samples[{index}].{key} must be a list of token ids")
+            if not is_token_ids(value):
+                raise BackendError(f"samples[{index}].{key} must be a list of token ids "
+                                   "(integers in 0..2**63-1)")
             ids[key] = tuple(value)
         if not ids["completion_ids"]:
             raise BackendError(f"samples[{index}].completion_ids is empty")
         adv = raw.get("advantage")
         if isinstance(adv, bool) or not isinstance(adv, (int, float)):
             raise BackendError(f"samples[{index}].advantage must be a number")
+        try:
+            adv = float(adv)
+        except OverflowError:  # an integer too large for a float
+            raise BackendError(f"samples[{index}].advantage must be finite, got an "
+                               "integer too large for a float") from None
         if not math.isfinite(adv):  # one NaN step would poison the resident weights
             raise BackendError(f"samples[{index}].advantage must be finite, got {adv} "
                                "(a group of equal rewards normalised by a zero std?)")
-        return cls(ids["prompt_ids"], ids["completion_ids"], float(adv))
+        return cls(ids["prompt_ids"], ids["completion_ids"], adv)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -27,6 +27,9 @@ reports `handed_off` and `generation`. Without `--handoff-dir`, `"handoff": true
 (`GET /v1/handoff`, signed with the job's secret, which every copy holds) and stores it
 in this node's directory unless this one holds that generation or a newer one
 (streamed into a temp file there, `handoff.store_stream`), then goes on as above.
+A source that is another service (its `status` names another role or backend), or
+whose file holds another service's state, is refused (400) before anything in this
+node's directory changes.
 `GET /v1/handoff` answers this copy's state file as it is (404 when there is none): the
 job's own state, to its own services and driver. `POST /v1/handoff/discard` (the
 controller's, at the job's end) removes this role's state file from this node's
@@ -406,15 +409,23 @@ class ServiceServer:
                 # move of it landed while this call waited for the directory's lock),
                 # nothing is fetched again
                 try:
-                    held = peer.status().get("stored_generation")
+                    st = peer.status()
                 except (ServiceError, OSError):
-                    held = None  # the fetch itself says what is wrong
+                    st = {}  # the fetch itself says what is wrong
+                # another service's state would replace this one's before take_over
+                # refused it (the file is checked too: `must_hold`)
+                if any(k in st and st[k] != getattr(self.info, k) for k in ("role", "backend")):
+                    raise HttpError(400, f"{call}: source {source} is a {st.get('backend')} "
+                                    f"{st.get('role')}; this is a {self.info.backend} "
+                                    f"{self.info.role}: its state is not this service's")
+                held = st.get("stored_generation")
                 expected = held if isinstance(held, int) and not isinstance(held, bool) \
                     else None
                 # streamed into a temp file beside the state, checked, then published
                 handoff.store_stream(path, peer.handoff_state_into,
                                      f"cannot fetch the handoff state from {source}",
-                                     expected)
+                                     expected, {"backend": self.backend.name,
+                                                "role": str(self.backend.role)})
             finally:
                 peer.close()
 

@@ -13,12 +13,19 @@ when the model was already parked at level 1 (its host copy, and any weights sta
 it, are freed then). That is the contract `ServiceBackend.park` states and the residency
 planner counts on (`Footprint.drops_parked`).
 
-Weights imported while parked (level 1 or 2) are staged: checked against the model
-(names and shapes, as `load_state_dict(strict=True)` would) and written into the
+Imported weights are checked whole before anything is copied (names, as
+`load_state_dict(strict=True)` checks them; each a dense tensor of its parameter's
+shape and dtype, or another floating-point dtype, cast): a refused import changes
+nothing. Weights imported while parked (level 1 or 2) are staged: written into the
 host buffers of the parked parameters, without touching the device; `activate` copies
-them up with the rest of the parked state. That is how a disaggregated job's sync
-reaches a rollout parked for a partner's phase: the rollout runs with the new weights
-on its next activation, and nothing ran on its GPUs before.
+them up with the rest of the parked state (and the weights are valid again, also where
+a drop had left them invalid). That is how a disaggregated job's sync reaches a rollout
+parked for a partner's phase: the rollout runs with the new weights on its next
+activation, and nothing ran on its GPUs before.
+
+A train step whose loss or gradient norm is not finite (an advantage beyond float32's
+range) is refused (BackendError) before the optimizer steps: weights, optimizer state
+and `steps` stay as they were.
 
 Hand-off (floating pools, see `handoff.py`): `hand_off(path)` writes the whole state —
 model state_dict and non-persistent buffers, the optimizer's state_dict (a trainer's
@@ -48,6 +55,7 @@ run on a GPU in this project — the development machine has none; its test is m
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,7 +66,7 @@ from torch import nn
 from slurmrl.model import Residency
 from slurmrl.worker import handoff
 from slurmrl.worker.lm import policy_gradient_loss
-from slurmrl.worker.offload import Offloader, on_index
+from slurmrl.worker.offload import Offloader, is_dense, on_index
 from slurmrl.worker.protocol import (
     BackendError,
     Continuation,
@@ -183,8 +191,10 @@ class TorchModelBackend:
         dropped = self._residency is Residency.DROPPED
         # host buffers hold the parked state, or (after a drop) only staged weights
         self._offloader.onload(restore=True)
-        if dropped:
-            self._weights_valid = self._staged
+        if self._staged:
+            self._weights_valid = True  # a complete set of weights arrived while parked
+        elif dropped:
+            self._weights_valid = False
         self._staged = False
         self._residency = Residency.ACTIVE
 
@@ -400,13 +410,20 @@ class TorchModelBackend:
         loss, n_tokens = policy_gradient_loss(model, samples, self.device)
         opt.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        value = float(loss.detach())
+        if not (math.isfinite(value) and math.isfinite(grad_norm)):
+            # one such step would make the weights NaN for good: none is taken
+            opt.zero_grad(set_to_none=True)
+            raise BackendError(f"step not applied: non-finite loss/gradient (loss {value}, "
+                               f"grad norm {grad_norm}; an advantage beyond float32's "
+                               "range?); the weights and optimizer state are unchanged")
         opt.step()
         self.steps += 1
         self.weights_version += 1
         return {
-            "loss": float(loss.detach()),
-            "grad_norm": float(grad_norm),
+            "loss": value,
+            "grad_norm": grad_norm,
             "tokens": float(n_tokens),
             "step": float(self.steps),
         }
@@ -426,14 +443,17 @@ class TorchModelBackend:
             raise NotReady("service handed its state to another copy: import weights "
                            "into the copy that holds it")
         state = self._parse_weights(blob)
+        self._check_weights(state)  # all of it, before anything is copied
         if self._residency is not Residency.ACTIVE:
             self._stage(state)
             return
         try:
             with torch.no_grad():
                 self._model.load_state_dict(state, strict=True)
-        except RuntimeError as exc:
-            raise BackendError(f"weights do not fit this model: {exc}") from exc
+        except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
+            self._weights_valid = False  # what the checks did not foresee: half loaded
+            raise BackendError(f"weights do not fit this model: {exc}; its weights are "
+                               "now partly replaced: import a complete set") from exc
         self._weights_valid = True
         self.weights_version += 1
 
@@ -442,19 +462,41 @@ class TorchModelBackend:
         """Whether weights imported while parked wait for the next activation."""
         return self._staged
 
-    def _stage(self, state: dict[str, torch.Tensor]) -> None:
+    def _check_weights(self, state: dict[Any, Any]) -> None:
+        """Refuse (BackendError) weights that would not load as they are: every key of
+        the model's state_dict and no other, each a dense tensor of its shape, and of
+        its dtype or, for floating-point weights, another floating-point one (cast as
+        `load_state_dict` casts it)."""
         assert self._model is not None
+        bad = "weights do not fit this model"
         targets = self._model.state_dict(keep_vars=True)
         missing = sorted(set(targets) - set(state))
-        unexpected = sorted(set(state) - set(targets))
+        unexpected = sorted(set(state) - set(targets), key=repr)  # keys of any type
         if missing or unexpected:
-            raise BackendError(f"weights do not fit this model: missing keys {missing}, "
-                               f"unexpected keys {unexpected}")
-        pairs = []
+            raise BackendError(f"{bad}: missing keys {missing}, unexpected keys {unexpected}")
         for key, target in targets.items():
             value = state[key]
             if not isinstance(value, torch.Tensor):
-                raise BackendError(f"weights do not fit this model: {key} is not a tensor")
+                raise BackendError(f"{bad}: {key} is not a tensor")
+            if not is_dense(value):
+                raise BackendError(f"{bad}: {key} is a {value.layout} tensor"
+                                   f"{' (quantized)' * value.is_quantized}"
+                                   f"{' (meta)' * value.is_meta}, not a dense one with "
+                                   "its values")
+            if value.shape != self._shape(target):
+                raise BackendError(f"{bad}: {key} has shape {tuple(value.shape)}, which "
+                                   f"does not match the model's {tuple(self._shape(target))}")
+            if value.dtype != target.dtype and not (value.is_floating_point()
+                                                    and target.is_floating_point()):
+                raise BackendError(f"{bad}: {key} has dtype {value.dtype}, the model's is "
+                                   f"{target.dtype}")
+
+    def _stage(self, state: dict[str, torch.Tensor]) -> None:
+        """Write checked weights (`_check_weights`) into the parked host buffers."""
+        assert self._model is not None
+        pairs = []
+        for key, target in self._model.state_dict(keep_vars=True).items():
+            value = state[key]
             if self._offloader.shape_of(target) is None:
                 if value.numel() == 0:
                     continue  # an empty tensor the offloader never tracked
@@ -464,8 +506,14 @@ class TorchModelBackend:
             # a dropped model holds no host buffers for its weights: allocated for them
             self._offloader.write_host(pairs,
                                        allocate=self._residency is Residency.DROPPED)
-        except ValueError as exc:
+        except ValueError as exc:  # refused before any write
             raise BackendError(f"weights do not fit this model: {exc}") from exc
+        except (RuntimeError, TypeError, NotImplementedError) as exc:
+            # what the checks did not foresee, mid-way: the parked weights are torn
+            self._staged, self._weights_valid = False, False
+            raise BackendError(f"weights do not fit this model: {exc}; the parked "
+                               "weights are now partly replaced: import a complete "
+                               "set") from exc
         self._staged = True
         self.weights_version += 1
 
@@ -528,7 +576,8 @@ class TorchModelBackend:
         self._require(Residency.ACTIVE, what)
         if not self._weights_valid:
             raise NotReady(
-                f"weights were dropped (park level 2): import weights before {what}"
+                f"weights were dropped (park level 2) or partly replaced by a failed "
+                f"import: import weights before {what}"
             )
         assert self._model is not None
         return self._model, self._opt

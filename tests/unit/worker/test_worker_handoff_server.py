@@ -8,15 +8,15 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pytest
 from _worker_service import Running, start
 
 from slurmrl.auth.tokens import mint_secret, sign
 from slurmrl.worker.handle import ServiceError, ServiceHandle, ServiceParked
-from slurmrl.worker.handoff import prepare_dir
-from slurmrl.worker.protocol import Role
+from slurmrl.worker.handoff import prepare_dir, store_stream, write_state
+from slurmrl.worker.protocol import BackendError, Role
 
 PROMPTS = ["1+2=", "30*4="]
 
@@ -500,3 +500,64 @@ def test_a_discard_waits_for_a_store_under_way_and_leaves_nothing(tmp_path: Path
     assert done == [True]  # the state that landed was removed
     assert not node.exists()
     assert discard(node, "trainer") is False  # nothing there: nothing to do
+
+
+def test_a_source_of_another_service_replaces_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a rollout activated with its job's trainer as the source: the trainer's newer
+    # state must not replace the rollout's own file (take_over would refuse it after)
+    secret = mint_secret()
+    dir_t, dir_r = prepare_dir(tmp_path / "node-t"), prepare_dir(tmp_path / "node-r")
+    t_svc, stop_t = start(Role.TRAINER, secret, handoff_dir=dir_t)
+    r_svc, stop_r = start(Role.ROLLOUT, secret, handoff_dir=dir_r)
+    try:
+        t = _handle(t_svc)
+        r = ServiceHandle(r_svc.address, secret, "42", "rollout", timeout_s=30)
+        t.train_step([{"prompt_ids": [4], "completion_ids": [6, 2], "advantage": 1.0}])
+        t.park(handoff=True)  # trainer.state: generation 1
+        r.park(handoff=True)  # rollout.state: generation 0, the rollout's only state
+        own = (dir_r / "rollout.state").read_bytes()
+        with pytest.raises(ServiceError, match=f"source {t.address} is a tiny trainer; "
+                           "this is a tiny rollout") as err:
+            r.activate(handoff=True, source=t.address)
+        assert err.value.status == 400
+
+        # where the source's status says nothing, the file it sends is checked
+        def no_status(self: ServiceHandle, timeout_s: float | None = None) -> dict[str, Any]:
+            raise ServiceError("status", 503, "unavailable")
+
+        monkeypatch.setattr(ServiceHandle, "status", no_status)
+        calls: list[Callable[[], object]] = [
+            lambda: r.activate(handoff=True, source=t.address),
+            lambda: r.fetch_handoff(t.address)]
+        for call in calls:
+            with pytest.raises(ServiceError, match=r"it holds the state of another "
+                               r"service \(\{'role': 'trainer'\}\)"):
+                call()
+        monkeypatch.undo()
+        assert [p.name for p in dir_r.iterdir()] == ["rollout.state"]
+        assert (dir_r / "rollout.state").read_bytes() == own
+        assert r.activate(handoff=True)["residency"] == "active"  # its own state back
+    finally:
+        stop_t()
+        stop_r()
+
+
+def test_a_stored_state_must_be_the_storing_services(tmp_path: Path) -> None:
+    src = tmp_path / "trainer.state"
+    dst = prepare_dir(tmp_path / "node") / "rollout.state"
+    write_state(src, {"backend": "tiny", "role": "trainer"}, 5)
+    write_state(dst, {"backend": "tiny", "role": "rollout"}, 0)
+    own = dst.read_bytes()
+
+    def fill(out: BinaryIO) -> None:
+        out.write(src.read_bytes())
+
+    rollout = {"backend": "tiny", "role": "rollout"}
+    with pytest.raises(BackendError, match=r"^fetch: it holds the state of another "
+                       r"service \(\{'role': 'trainer'\}\); this one is"):
+        store_stream(dst, fill, "fetch", None, rollout)
+    assert dst.read_bytes() == own and [p.name for p in dst.parent.iterdir()] == [dst.name]
+    assert store_stream(dst, fill, "fetch", None, {**rollout, "role": "trainer"})
+    assert dst.read_bytes() == src.read_bytes()

@@ -87,6 +87,18 @@ def test_a_failed_onload_stays_offloaded_and_can_be_retried(
     assert torch.equal(a, keep[0]) and torch.equal(b, keep[1])
 
 
+def test_write_host_refuses_a_value_that_is_not_dense_before_writing_any() -> None:
+    a, b = torch.randn(4, 5), torch.randn(7)
+    keep = (a.clone(), b.clone())
+    off = Offloader(torch.device("cpu"))
+    off.refresh([a, b])
+    off.offload()
+    with pytest.raises(ValueError, match="sparse_coo tensor is not a dense tensor"):
+        off.write_host([(a, torch.zeros(4, 5)), (b, torch.ones(7).to_sparse())])
+    off.onload()
+    assert torch.equal(a, keep[0]) and torch.equal(b, keep[1])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (none here)")
 def test_cuda_offload_frees_gpu_memory_and_restores() -> None:

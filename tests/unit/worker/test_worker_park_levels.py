@@ -74,6 +74,21 @@ def test_weights_staged_while_parked_go_with_the_drop_and_a_sync_refills() -> No
     assert b.generate(PROMPTS, PARAMS) == expected
 
 
+def test_a_sync_staged_at_level_1_refills_a_rollout_woken_without_weights() -> None:
+    # dropped, woken before any sync (its weights invalid), parked for a partner's phase:
+    # the sync reaches it parked, and its next activation runs with those weights
+    b = _rollout()
+    blob = _blob(b)
+    expected = b.generate(PROMPTS, PARAMS)
+    b.park(2)
+    b.activate()
+    b.park(1)
+    b.import_weights(blob)
+    assert b.staged
+    b.activate()
+    assert b.generate(PROMPTS, PARAMS) == expected
+
+
 def test_a_parked_model_dropped_keeps_the_buffers_its_weights_do_not_carry() -> None:
     class Rotary(nn.Module):
         def __init__(self) -> None:

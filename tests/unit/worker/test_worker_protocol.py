@@ -10,6 +10,7 @@ import pytest
 from slurmrl.worker.protocol import (
     MAX_SEED,
     BackendError,
+    Continuation,
     GenerateParams,
     Role,
     TrainSample,
@@ -46,6 +47,9 @@ def test_seeds_up_to_63_bits_sample_on_tiny_and_derive_64_bit_sequence_seeds() -
         ({"top_k": 3}, r"unknown generate param\(s\) \['top_k'\]"),
         ({"seed": "1"}, "'seed' has the wrong type"),
         ({"max_tokens": True}, "'max_tokens' has the wrong type"),
+        # JSON reads integers of any size: float() of one this large overflows
+        ({"temperature": 10**400}, r"temperature must be in 0\.\.2, got an integer too "
+         "large for a float"),
     ],
 )
 def test_generate_params_errors(raw: dict[str, Any], message: str) -> None:
@@ -67,6 +71,15 @@ def test_generate_params_errors(raw: dict[str, Any], message: str) -> None:
          "advantage must be finite, got nan"),
         ({"prompt_ids": [1], "completion_ids": [2], "advantage": float("-inf")},
          "advantage must be finite, got -inf"),
+        ({"prompt_ids": [1], "completion_ids": [2], "advantage": -(10**400)},
+         r"samples\[0\]\.advantage must be finite, got an integer too large for a float"),
+        # a token id a torch tensor cannot hold (2**64), or none at all (-1)
+        ({"prompt_ids": [2**64], "completion_ids": [2], "advantage": 1},
+         r"samples\[0\]\.prompt_ids must be a list of token ids \(integers in 0\.\.2\*\*63-1\)"),
+        ({"prompt_ids": [1], "completion_ids": [2, 2**63], "advantage": 1},
+         r"samples\[0\]\.completion_ids must be a list of token ids"),
+        ({"prompt_ids": [-1], "completion_ids": [2], "advantage": 1},
+         r"samples\[0\]\.prompt_ids must be a list of token ids"),
     ],
 )
 def test_train_sample_errors(raw: Any, message: str) -> None:
@@ -77,3 +90,10 @@ def test_train_sample_errors(raw: Any, message: str) -> None:
 def test_train_sample_round_trip() -> None:
     s = TrainSample((4, 5), (6, 2), -0.25)
     assert TrainSample.from_json(s.to_json(), 0) == s
+
+
+def test_continuation_prefixes_hold_token_ids_a_tensor_holds() -> None:
+    assert Continuation.from_json({"indices": [0], "prefixes": [[2**63 - 1]]}, 1)
+    with pytest.raises(BackendError, match=r"prefixes\[0\] must be a list of at most "
+                       r"\d+ token ids \(integers in 0\.\.2\*\*63-1\)"):
+        Continuation.from_json({"indices": [0], "prefixes": [[4, 2**64]]}, 1)

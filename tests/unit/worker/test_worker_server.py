@@ -104,6 +104,41 @@ def test_malformed_generate_gets_400_naming_the_problem(
     assert re.search(message, str(reply["error"]))
 
 
+def _sample(**change: object) -> dict[str, object]:
+    return {"prompt_ids": [4], "completion_ids": [6, 2], "advantage": 1.0, **change}
+
+
+@pytest.mark.parametrize(
+    ("role", "path", "obj", "message"),
+    [
+        (Role.ROLLOUT, "/v1/generate", {"prompts": ["1="], "params": {"temperature": 10**400}},
+         "temperature must be in"),
+        (Role.TRAINER, "/v1/train_step", {"samples": [_sample(advantage=10**400)]},
+         r"samples\[0\]\.advantage must be finite"),
+        (Role.TRAINER, "/v1/train_step", {"samples": [_sample(prompt_ids=[2**64])]},
+         r"samples\[0\]\.prompt_ids must be a list of token ids"),
+        # finite in JSON, infinite in float32: a step with it would make the weights NaN
+        (Role.TRAINER, "/v1/train_step", {"samples": [_sample(advantage=1e39)]},
+         "step not applied: non-finite loss/gradient"),
+    ],
+    ids=["temperature", "advantage", "token id", "float32 overflow"],
+)
+def test_out_of_range_numbers_get_400_naming_the_field(
+    role: Role, path: str, obj: dict[str, object], message: str
+) -> None:
+    svc, stop = start(role, mint_secret())
+    try:
+        body = json.dumps(obj).encode()
+        status, reply = _raw(svc, "POST", path, body, sign(svc.secret, "POST", path, body))
+        assert status == 400 and re.search(message, str(reply["error"]))
+        if role is Role.TRAINER:  # and the trainer trains on, its weights untouched
+            h = ServiceHandle(svc.address, svc.secret, "42", "trainer", timeout_s=30)
+            metrics = h.train_step([_sample()])
+            assert metrics["step"] == 1.0 and metrics["loss"] == metrics["loss"]  # not NaN
+    finally:
+        stop()
+
+
 def test_parked_service_refuses_data_plane_with_409(rollout_service: Running) -> None:
     h = _handle(rollout_service)
     before = h.generate(PROMPTS, seed=5)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -279,3 +282,91 @@ def test_sampling_follows_the_models_distribution() -> None:
         counts[s.completion_ids[0]] += 1
     tv = 0.5 * float((counts / n - probs).abs().sum())
     assert tv < 0.04, tv  # sampling error alone: ~0.02 at n = 4,000 over 18 tokens
+
+
+def _blob(state: dict[Any, Any]) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def _spoil_last(good: dict[str, torch.Tensor],
+                spoil: Callable[[torch.Tensor], torch.Tensor]) -> dict[Any, Any]:
+    """New values for every tensor, the last spoiled: an import that copied as it checked
+    would have replaced all the others when it met it."""
+    *head, last = good
+    return {**{k: torch.full_like(good[k], 0.5) for k in head}, last: spoil(good[last])}
+
+
+REFUSED = {
+    "a wrong shape": (lambda t: torch.zeros(3), "does not match the model's"),
+    "a sparse tensor": (lambda t: t.to_sparse(), "sparse_coo tensor, not a dense one"),
+    "an integer dtype": (lambda t: t.long(), "has dtype torch.int64, the model's is"),
+}
+
+
+@pytest.mark.parametrize("level", [0, 1], ids=["active", "parked"])
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_refused_import_changes_nothing(level: int, case: str) -> None:
+    spoil, message = REFUSED[case]
+    b = _rollout()
+    before, good = b.generate(PROMPTS, PARAMS), _weights(b)
+    if level:
+        b.park(level)
+    with pytest.raises(BackendError, match=message):
+        b.import_weights(_blob(_spoil_last(good, spoil)))
+    with pytest.raises(BackendError, match=r"unexpected keys \['x', 7\]"):
+        b.import_weights(_blob({**good, 7: torch.zeros(1), "x": torch.zeros(1)}))
+    assert b.weights_version == 0 and not b.staged
+    b.activate()
+    now = _weights(b)
+    assert all(torch.equal(now[k], good[k]) for k in good)
+    assert b.generate(PROMPTS, PARAMS) == before
+
+
+@pytest.mark.parametrize("level", [0, 1], ids=["active", "parked"])
+def test_an_import_torn_mid_copy_says_so_and_runs_with_no_half_weights(
+        level: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # what the checks cannot foresee (a device error mid-copy): the weights are torn
+    b = _rollout()
+    blob = b.export_weights()
+    if level:
+        b.park(level)
+        target: Any = b._offloader
+        monkeypatch.setattr(target, "write_host", _fail_mid_copy)
+    else:
+        target = b._model
+        monkeypatch.setattr(target, "load_state_dict", _fail_mid_copy)
+    with pytest.raises(BackendError, match="partly replaced: import a complete set"):
+        b.import_weights(blob)
+    monkeypatch.undo()
+    b.activate()
+    with pytest.raises(NotReady, match="partly replaced by a failed import"):
+        b.generate(PROMPTS, PARAMS)
+    b.import_weights(blob)  # a complete set: runs again
+    b.generate(PROMPTS, PARAMS)
+
+
+def _fail_mid_copy(*args: Any, **kwargs: Any) -> None:
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+@pytest.mark.parametrize("advantage", [1e39, -3e38 * 10], ids=["1e39", "-3e39"])
+def test_a_non_finite_step_is_not_taken_and_training_goes_on(advantage: float) -> None:
+    # finite as a Python float, infinite as float32: the loss is NaN, and a step taken
+    # with it would make every weight NaN for good
+    t, control = _trainer(), _trainer()
+    batch = _batch(t, 1)
+    t.train_step(batch)
+    control.train_step(batch)
+    before = _weights(t)
+    with pytest.raises(BackendError, match="step not applied: non-finite loss/gradient"):
+        t.train_step([TrainSample((4, 5), (6, 2), advantage)])
+    now = _weights(t)
+    assert all(torch.equal(now[k], before[k]) for k in before)
+    assert (t.steps, t.weights_version) == (1, 1)
+    # the optimizer state too: the next step is the one a trainer never refused takes
+    batch2 = _batch(t, 2)
+    assert t.train_step(batch2) == control.train_step(batch2)
+    wt, wc = _weights(t), _weights(control)
+    assert all(torch.equal(wt[k], wc[k]) for k in wc)
