@@ -202,6 +202,7 @@ def report(db_path: str | None, url: str | None, ids: str | None, baseline: str 
         if trace.left_out:
             warnings.append("no ended lease, left out of the trace: job "
                             + ", ".join(map(str, trace.left_out)))
+        warnings += list(trace.warnings)
     if traced:
         payload["trace"] = traced
     if as_json:

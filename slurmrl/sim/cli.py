@@ -2,8 +2,9 @@
 
 With no argument it runs `polytrace-mix`, steady arrivals, the default policies
 (`complementary` pairing, `round-robin` slicing, `site-limits` admission), seed 0.
-`-w FILE.jsonl` takes the jobs of a recorded trace (`slurmrl report --trace`) instead
-of drawing them: what a pairing policy would have saved on the site's own runs.
+`-w FILE.jsonl` (the suffix in any case) takes the jobs of a recorded trace (`slurmrl
+report --trace`) instead of drawing them: what a pairing policy would have saved on the
+site's own runs; any other file is read as a workload file.
 `--replay FILE` runs a trace's jobs in their recorded pools and compares makespans.
 `--param POLICY.KEY=VALUE` (repeatable) passes a policy parameter, as a site config's
 `[policies.params.POLICY]` table does (`--param complementary.max_load=1.0`).
@@ -11,7 +12,9 @@ of drawing them: what a pairing policy would have saved on the site's own runs.
 (`fifo-lock`: fifo, `gang`: round-robin), where another is a usage error; `meta.slice`
 says which ran. `--json` prints one envelope (`meta`, `errors`, `warnings`, `metrics`);
 otherwise a table. `warnings` lists joins the simulator refused (a pool that could not
-take the job: `slurmrl.sim.engine`), which then opened pools of their own. A malformed
+take the job: `slurmrl.sim.engine`), which then opened pools of their own, jobs the
+admission policy rejected (with the first one's reason), and a replayed trace's own
+(a recorded pool some of whose members it leaves out). A malformed
 workload or trace, or a simulation that cannot go on, fails with one line on stderr
 (exit 1). A progress bar is drawn on stderr for long runs (not with --json).
 """
@@ -22,7 +25,7 @@ import json
 import sys
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -31,6 +34,9 @@ from policies import registry
 from slurmrl.cli import finite
 from slurmrl.directives import MAX_SLOWDOWN
 from slurmrl.sim.workload import JOBS_MAX
+
+if TYPE_CHECKING:
+    from slurmrl.sim.engine import JobRun
 
 #: `--load`'s range: a hundredth to a hundred times the workload's arrival rate
 LOAD_MIN, LOAD_MAX = 0.01, 100.0
@@ -56,6 +62,23 @@ def _envelope(meta: dict[str, Any], warnings: list[str], payload: dict[str, Any]
                       indent=2, allow_nan=False)
 
 
+def _is_trace(path: str) -> bool:
+    """Whether `-w path` names a recorded trace (`*.jsonl`, in any case), not a
+    workload file or suite name."""
+    return path.lower().endswith(".jsonl")
+
+
+def _rejections(runs: list[JobRun]) -> list[str]:
+    """One warning for the jobs admission rejected, with the first's reason."""
+    rejected = sorted((r for r in runs if not r.admitted),
+                      key=lambda r: (r.job.submit_s, r.job.job_id))
+    if not rejected:
+        return []
+    first = rejected[0]
+    return [f"{len(rejected)} job(s) rejected by admission (first: job {first.job.job_id}: "
+            f"{first.reject_reason or 'no reason given'})"]
+
+
 def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
     """One warning for the joins the simulator refused, with the first's reason."""
     if not refused:
@@ -68,7 +91,7 @@ def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
 @click.command("simulate")
 @click.option("-w", "--workload", default="polytrace-mix", show_default=True,
               help="suite name (workloads/NAME.json), a workload file (.json), or a "
-                   "recorded trace (.jsonl, from `slurmrl report --trace`)")
+                   "recorded trace (.jsonl in any case, from `slurmrl report --trace`)")
 @click.option("--arrivals", type=click.Choice(["steady", "bursty"]), default="steady",
               show_default=True)
 @click.option("--pairing", "--policy", "pairing", default="complementary", show_default=True,
@@ -115,10 +138,11 @@ def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
                    "on a granted lease's GPUs even where their models fit beside it); "
                    "without: a context switch where the models fit GPU memory together")
 @click.option("--parked-host-mem", "parked_host_mem", default=None, metavar="SIZE",
-              help="what-if: host memory per pool for parked state, e.g. 64G (the "
-                   "controller's [limits] parked_host_mem_per_node; default: the "
-                   "workload's, none for most: unlimited; a trace's (-w FILE.jsonl): "
-                   "64G, the controller's where Slurm reports no node memory)")
+              help="what-if: host memory per pool for parked state, e.g. 64G, above 0 (the "
+                   "controller's [limits] parked_host_mem_per_node, whose 0, half the "
+                   "node's memory, the simulator cannot know; default: the workload's, "
+                   "none for most: unlimited; a trace's (-w FILE.jsonl): 64G, the "
+                   "controller's where Slurm reports no node memory)")
 @click.option("--rl-steps/--no-rl-steps", "declare_steps", default=True, show_default=True,
               help="every job declares its step count (#SBATCH --rl-steps), which lets "
                    "pairing judge a pool member on its whole run; or none does")
@@ -153,6 +177,11 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
             host_mem = parse_size(parked_host_mem)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--parked-host-mem") from None
+        if host_mem == 0:  # not a budget of 0 bytes: the simulator knows no node memory
+            raise click.BadParameter(
+                f"{parked_host_mem!r}: the controller's 0 means half the node's memory, "
+                "which the simulator does not know; give a size such as 512G",
+                param_hint="--parked-host-mem")
     parsed = [(arg, *_param(arg)) for arg in param_args]
     params: dict[str, dict[str, Any]] = {}
     for _, policy, key, value in parsed:
@@ -178,10 +207,10 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
         if (held_tails or floating_across_nodes) and not floating:
             raise click.UsageError("--held-tails and --floating-across-nodes describe "
                                    "floating pools: add --floating")
-        if assume_profiles and (replay_path is not None or not workload.endswith(".jsonl")):
+        if assume_profiles and (replay_path is not None or not _is_trace(workload)):
             raise click.UsageError("--assume-profiles applies to a recorded trace given "
                                    "as -w FILE.jsonl")
-        if workload.endswith(".jsonl") and given & {"arrivals", "seed", "n_jobs", "load_scale"}:
+        if _is_trace(workload) and given & {"arrivals", "seed", "n_jobs", "load_scale"}:
             raise click.UsageError("--arrivals, --seed, --jobs and --load draw a synthetic "
                                    "workload; a trace's jobs arrive as recorded")
         # the slice policy that runs: a pairing policy that fixes its own takes no other
@@ -198,9 +227,10 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
         t0 = time.perf_counter()
         warnings: list[str] = []
         if replay_path is not None:
-            from slurmrl.sim.replay import replay
+            from slurmrl.sim.replay import replay_with_warnings
 
-            payload: dict[str, Any] = {"replay": replay(replay_path, slice_name=sname)}
+            replayed, warnings = replay_with_warnings(replay_path, slice_name=sname)
+            payload: dict[str, Any] = {"replay": replayed}
             meta: dict[str, Any] = {"command": "simulate", "replay": replay_path,
                                     "slice": sname}
         else:
@@ -245,7 +275,7 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
     from slurmrl.sim.runner import config_for, run_jobs, trace_config, with_max_slowdown
     from slurmrl.sim.workload import generate, load
 
-    if workload.endswith(".jsonl"):
+    if _is_trace(workload):
         from slurmrl.sim.replay import trace_jobs
 
         jobs = trace_jobs(workload, assume_profiles)
@@ -291,4 +321,5 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
                               progress=lambda f: bar.update(task, completed=f))
     meta["slice"] = result.slice_name
     return ({"metrics": result.metrics.as_dict()}, meta,
-            _refusals(pairing, result.sim.refused))
+            _refusals(pairing, result.sim.refused)
+            + _rejections(list(result.sim.runs.values())))

@@ -284,7 +284,8 @@ def load(name_or_path: str) -> Workload:
     try:
         data = json.loads(read_text(p, "workload file"))
     except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{p}: not JSON: {exc}") from exc
+        raise WorkloadError(f"{p}: not JSON: {exc} (read as a workload file: a trace "
+                            "must be named *.jsonl)") from exc
     return validate(data, str(p), p)
 
 

@@ -26,6 +26,7 @@ from slurmrl.report.trace import (
     save_trace,
     write_trace,
 )
+from slurmrl.sim.cli import simulate
 from slurmrl.sim.replay import replay, trace_jobs
 
 
@@ -92,10 +93,10 @@ def test_trace_has_the_ended_leases_and_replays(tmp_path: Path) -> None:
     header, rows = _read(out)
     assert header == {"format": "slurmrl-trace/1", "jobs": [
         {"job_id": 11, "gpus": 2, "layout": "colocated", "model": "Qwen2.5-0.5B",
-         "user": "user11", "pool": 1, "profile": "rollout=0.5,train=0.5,step=30",
-         "max_slowdown": 1.3, "steps": 400},
+         "user": "user11", "pool": 1, "pool_gpus": 2,
+         "profile": "rollout=0.5,train=0.5,step=30", "max_slowdown": 1.3, "steps": 400},
         {"job_id": 12, "gpus": 2, "layout": "disaggregated", "rollout_gpus": 1,
-         "model": "tiny", "user": "user12", "pool": 1}]}
+         "model": "tiny", "user": "user12", "pool": 1, "pool_gpus": 2}]}
     # six ended leases in request order; the held lease, the cancelled request and
     # the reward gaps are not leases a replay can rebuild
     assert [(r["job_id"], r["phase"]) for r in rows] == [
@@ -278,3 +279,133 @@ def test_a_trace_of_jobs_with_profiles_at_the_bounds_replays_them_identical(
     assert write_trace(store, out) == len(priors)
     store.close()
     assert {j.job_id: j.prior for j in trace_jobs(out)} == priors
+
+
+# -- a recorded pool replays as it ran: its GPUs, floating, staggered, partly traced -------
+
+def _floating_db(path: Path) -> Path:
+    """A floating pool of two 1-GPU windows and three 1-GPU members, each asking for 4
+    rollouts of 10 s, 10 s apart; a rollout takes whichever window frees first."""
+    store = Store(path)
+    pool = store.add_pool(gpus=2, opened_at=0.0, slurm_job_id=9, floating=True)
+    for w in (0, 1):
+        store.add_window(pool_id=pool, window=w, slurm_job_id=9 + w, gpu_indices=[w],
+                         opened_at=0.0)
+    for jid in (1, 2, 3):
+        store.add_job(JobRecord(jid, "u", 100 + jid, RlRequest(gpus=1), JobState.COMPLETED,
+                                0.0, name=f"j{jid}", pool_id=pool, pool_gpus=(0,)))
+    free = {0: 0.0, 1: 0.0}  # when each window is next free
+    asks = {j: 0.0 for j in (1, 2, 3)}  # when each job next asks
+    left = {j: 4 for j in (1, 2, 3)}
+    while any(left.values()):
+        jid = min((j for j in left if left[j]), key=lambda j: (asks[j], j))
+        w = min(free, key=lambda w: (max(free[w], asks[jid]), w))
+        granted = max(asks[jid], free[w])
+        store.lease_ended(_grant(store, pool, jid, Phase.ROLLOUT, {w}, asks[jid], granted),
+                          LeaseState.RELEASED, granted + 10)
+        free[w], asks[jid], left[jid] = granted + 10, granted + 20, left[jid] - 1
+    store.close()
+    return path
+
+
+def _staggered_db(path: Path) -> Path:
+    """A fixed pool of 2 GPUs whose two 1-GPU members each ran on its own GPU, never
+    waiting for the other."""
+    store = Store(path)
+    pool = store.add_pool(gpus=2, opened_at=990.0, slurm_job_id=9)
+    for jid, gpu in ((21, 0), (22, 1)):
+        store.add_job(JobRecord(jid, "u", 3000 + jid, RlRequest(gpus=1), JobState.COMPLETED,
+                                990.0, name=f"j{jid}", pool_id=pool, pool_gpus=(gpu,)))
+        t = 1000.0
+        for k in range(4):
+            phase = Phase.ROLLOUT if k % 2 == 0 else Phase.TRAIN
+            store.lease_ended(_grant(store, pool, jid, phase, {gpu}, t, t),
+                              LeaseState.RELEASED, t + 10)
+            t += 12
+    store.close()
+    return path
+
+
+def test_a_floating_pool_is_traced_and_replayed_as_it_ran(tmp_path: Path) -> None:
+    # replayed as a fixed pool of one job's GPU, the three members queued for one GPU:
+    # predicted 121 s for the recorded 80 s (+51%)
+    out = tmp_path / "t.jsonl"
+    assert write_trace(_floating_db(tmp_path / "c.db"), out) == 12
+    header, _ = _read(out)
+    assert [(j["pool"], j["pool_gpus"], j["floating"]) for j in header["jobs"]] == [
+        (1, 2, True)] * 3
+    rep = replay(out)
+    assert rep["recorded_makespan_s"] == 80.0
+    assert abs(rep["error"]) < 0.02
+
+
+def test_a_floating_pool_exports_the_most_windows_it_held_at_once(tmp_path: Path) -> None:
+    # its record's `gpus` is its size when last changed: one window once two went back
+    store = Store(tmp_path / "c.db")
+    pool = store.add_pool(gpus=1, opened_at=0.0, slurm_job_id=9, floating=True)
+    wins = [store.add_window(pool_id=pool, window=w, slurm_job_id=9 + w, gpu_indices=[w],
+                             opened_at=at) for w, at in ((0, 0.0), (1, 5.0), (2, 20.0))]
+    store.close_window(wins[1], 20.0)  # window 2 opens as 1 closes: 2 at once, not 3
+    store.close_window(wins[2], 30.0)
+    store.add_job(JobRecord(1, "u", 101, RlRequest(gpus=1), JobState.COMPLETED, 0.0,
+                            pool_id=pool, pool_gpus=(0,)))
+    store.lease_ended(_grant(store, pool, 1, Phase.ROLLOUT, {0}, 1.0, 1.0),
+                      LeaseState.RELEASED, 2.0)
+    spec = build_trace(store).header["jobs"][0]
+    store.close()
+    assert (spec["pool_gpus"], spec["floating"]) == (2, True)
+
+
+def test_a_staggered_pool_replays_each_member_on_its_own_gpus(tmp_path: Path) -> None:
+    # replayed as one job's GPU, the two members took turns: +75%
+    out = tmp_path / "t.jsonl"
+    write_trace(_staggered_db(tmp_path / "c.db"), out)
+    header, _ = _read(out)
+    assert [(j["pool_gpus"], j.get("gpu_offset"), "floating" in j)
+            for j in header["jobs"]] == [(2, None, False), (2, 1, False)]
+    assert replay(out)["error"] == pytest.approx(0.0, abs=0.02)
+
+
+def test_a_trace_keeps_each_jobs_rl_group(tmp_path: Path) -> None:
+    store = Store(tmp_path / "c.db")
+    pool = store.add_pool(gpus=1, opened_at=0.0, slurm_job_id=9)
+    for jid, group in ((1, "teamA"), (2, None)):
+        store.add_job(JobRecord(jid, "u", 101, RlRequest(gpus=1, group=group),
+                                JobState.COMPLETED, 0.0, pool_id=pool, pool_gpus=(0,)))
+        store.lease_ended(_grant(store, pool, jid, Phase.ROLLOUT, {0}, jid, jid),
+                          LeaseState.RELEASED, jid + 0.5)
+    out = tmp_path / "t.jsonl"
+    write_trace(store, out)
+    store.close()
+    assert [j.get("group") for j in _read(out)[0]["jobs"]] == ["teamA", None]
+    assert [j.group for j in trace_jobs(out)] == ["teamA", None]
+
+
+def test_a_pool_traced_without_some_members_is_named(tmp_path: Path) -> None:
+    # two 2-GPU jobs that took turns in one pool, each waiting 10 s for the other's
+    # phase: job 2 replayed alone waits for no one (error -0.50), and nothing said why
+    store = Store(tmp_path / "c.db")
+    pool = store.add_pool(gpus=2, opened_at=0.0, slurm_job_id=9)
+    for jid in (1, 2):
+        store.add_job(JobRecord(jid, "u", 100 + jid, RlRequest(gpus=2), JobState.COMPLETED,
+                                0.0, name=f"j{jid}", pool_id=pool, pool_gpus=(0, 1)))
+    for k, phase in enumerate((Phase.ROLLOUT, Phase.TRAIN, Phase.ROLLOUT)):
+        for jid, asked, granted in ((1, max(0, 20 * k - 10), 20 * k),
+                                    (2, 20 * k, 20 * k + 10)):
+            store.lease_ended(_grant(store, pool, jid, phase, {0, 1}, asked, granted),
+                              LeaseState.RELEASED, granted + 10)
+    assert build_trace(store).warnings == ()
+    trace = build_trace(store, [2])
+    store.close()
+    said = "pool 1's member 1 is not in the trace: the replay runs job 2 without it"
+    assert trace.warnings == (said,) and trace.header["warnings"] == [said]
+    out = tmp_path / "t.jsonl"
+    save_trace(trace, out)
+    res = CliRunner().invoke(simulate, ["--replay", str(out), "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["warnings"] == [said], res.output
+    res = CliRunner().invoke(simulate, ["--replay", str(out)])
+    assert res.exit_code == 0 and f"warning: {said}" in res.stderr
+    # and `slurmrl report --trace` says it as it writes the trace
+    res = CliRunner().invoke(report, ["--db", str(tmp_path / "c.db"), "-j", "2", "--json",
+                                      "--trace", str(tmp_path / "r.jsonl")])
+    assert res.exit_code == 0 and said in json.loads(res.stdout)["warnings"], res.output
