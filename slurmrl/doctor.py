@@ -227,6 +227,14 @@ def evaluate_pool(name: str, part: PartitionInfo | None,
         return CheckResult(check, Level.WARN, summary + "; any user may submit to it",
                            "restrict it: AllowGroups=root (the controller submits pools "
                            "as root; users never do)")
+    # a pool gets --time=pool_time_limit, else the partition's DefaultTime, else MaxTime
+    ends = asked if time_limit else parse_time_limit(part.default_time) or most
+    if ends is not None:
+        return CheckResult(check, Level.WARN, summary + f"; each pool ends after {ends} "
+                           "min: a job whose own time limit is longer joins none (its "
+                           "members would be cancelled with it) and opens its own",
+                           f"set [slurm] pool_time_limit = 0 (no limit; the controller "
+                           f"cancels a pool once empty) and MaxTime=UNLIMITED on {name}")
     return CheckResult(check, Level.OK, summary + f"; AllowGroups={part.allow_groups}"
                        + (" RootOnly" if part.root_only else ""))
 

@@ -35,11 +35,47 @@ from slurmrl.directives import DirectiveError, parse_env
 from slurmrl.leases import LeaseError
 from slurmrl.leases.types import Lease
 from slurmrl.model import Identity, JobState, Mux
-from slurmrl.slurm import SlurmBackend, SlurmError, SlurmJobState, SlurmParseError
+from slurmrl.slurm import JobInfo, SlurmBackend, SlurmError, SlurmJobState, SlurmParseError
 
 log = logging.getLogger(__name__)
 
 _END_STATES = {"CD": JobState.COMPLETED, "F": JobState.FAILED, "CA": JobState.CANCELLED}
+
+
+#: how far Slurm's clock may be ahead of the controller's (MUNGE's default credential
+#: lifetime: more breaks MUNGE): a job Slurm started later than that after its RL job
+#: registered is a later run of it
+CLOCK_SKEW_S = 300.0
+
+
+def _ending(job: JobRecord, info: JobInfo | None) -> tuple[JobState, str] | None:
+    """How an RL job ends, and why, for its Slurm job's state (None: it runs on).
+
+    Gone or ended; completing (ended, its processes being killed: it may stay so for
+    long, a process stuck in the kernel); requeued (after a node failure or a
+    preemption: back in the queue, or running again since, as seen by its start time
+    after a controller restart): this run's driver is gone, and the next run keeps the
+    job id, which an ended RL job never takes again."""
+    if info is None:
+        return JobState.COMPLETED, f"Slurm job {SlurmJobState.COMPLETED}"
+    restarted = (info.start_time is not None
+                 and info.start_time > job.registered_at + CLOCK_SKEW_S)
+    if info.state.queued or restarted:
+        why = f", reason {info.reason}" if info.reason else ""
+        state = info.state if info.state.queued else "running again"
+        return JobState.CANCELLED, (f"Slurm job requeued ({state}{why}); a requeued "
+                                    "job is not placed again: submit it anew")
+    ended = info.end_state
+    if info.state is SlurmJobState.COMPLETING:
+        reason = "its Slurm job is completing" + (f" ({ended})" if ended else "")
+    elif info.state.terminal:
+        reason = f"Slurm job {info.state}"
+    else:
+        return None
+    # completing for a cause Slurm does not say: taken as cancelled
+    ours = {SlurmJobState.COMPLETED: JobState.COMPLETED, SlurmJobState.CANCELLED:
+            JobState.CANCELLED, None: JobState.CANCELLED}.get(ended, JobState.FAILED)
+    return ours, reason
 
 
 class Controller:
@@ -426,13 +462,9 @@ class Controller:
             infos = await asyncio.to_thread(self.slurm.jobs, [j.job_id for j in active])
             by_id = {i.job_id: i for i in infos}
             for job in active:
-                info = by_id.get(job.job_id)
-                if info is None or info.state.terminal:
-                    state = SlurmJobState.COMPLETED if info is None else info.state
-                    ours = (JobState.COMPLETED if state is SlurmJobState.COMPLETED
-                            else JobState.CANCELLED if state is SlurmJobState.CANCELLED
-                            else JobState.FAILED)
-                    await self.end_job(job.job_id, ours, f"Slurm job {state}")
+                ended = _ending(job, by_id.get(job.job_id))
+                if ended is not None:
+                    await self.end_job(job.job_id, *ended)
         await self.pools.reconcile()
 
     def gpu_seconds_now(self, job_ids: list[int]) -> dict[int, float]:

@@ -101,7 +101,9 @@ class PoolLoss:
     """Slurm ended a pool: which, in what state, and Slurm's reason."""
 
     slurm_job_id: int
-    state: str  #: Slurm's state name, or "GONE" when Slurm forgot the job
+    #: Slurm's state name (for an allocation still completing, the terminal state it
+    #: ended in where Slurm says; else "COMPLETING"), or "GONE" when Slurm forgot the job
+    state: str
     reason: str = ""
     #: when Slurm ended it (its end time, for an allocation that ended); None: unknown
     ended_at: float | None = None
@@ -114,7 +116,13 @@ class PoolLoss:
             "PREEMPTED": "was preempted",
             "NODE_FAIL": "lost its node (node failure)",
             "GONE": "is no longer known to Slurm",
-        }.get(self.state, f"ended ({self.state})")
+            "COMPLETING": "is ending (COMPLETING; Slurm does not say why)",
+        }.get(self.state)
+        if why is None:
+            queued = self.state in SlurmJobState.__members__ and SlurmJobState(
+                self.state).queued
+            why = (f"went back to the queue ({self.state})" if queued
+                   else f"ended ({self.state})")
         extra = f"; Slurm reason: {self.reason}" if self.reason else ""
         return f"pool allocation (Slurm job {self.slurm_job_id}) {why}{extra}"
 
@@ -193,20 +201,28 @@ class PoolAllocator:
                          info.gpu_indices)
 
     def _await_running(self, job_id: int) -> JobInfo:
+        """The allocation once Slurm runs it; PoolError if it ends first or is not
+        running by the start timeout. A query that fails (slurmctld busy) is asked
+        again until then."""
         deadline = time.monotonic() + self.start_timeout_s
-        info: JobInfo | None = None
         while True:
-            info = self.slurm.job(job_id)
-            if info is not None and info.state is SlurmJobState.RUNNING and info.gpu_indices:
-                return info
-            if info is None or info.state.terminal:
-                state = "GONE" if info is None else str(info.state)
-                reason = "" if info is None else info.reason
-                raise PoolError(f"pool job {job_id} ended before it ran: {state} {reason}")
+            try:
+                info = self.slurm.job(job_id)
+            except SlurmError as exc:
+                last = f"Slurm not answering: {exc}"
+            else:
+                if (info is not None and info.state is SlurmJobState.RUNNING
+                        and info.gpu_indices):
+                    return info
+                if info is None or info.state.terminal:
+                    state = "GONE" if info is None else str(info.state)
+                    reason = "" if info is None else info.reason
+                    raise PoolError(f"pool job {job_id} ended before it ran: {state} "
+                                    f"{reason}")
+                last = f"{info.state}, reason {info.reason or 'none'}"
             if time.monotonic() >= deadline:
                 raise PoolError(f"pool job {job_id} not running after "
-                                f"{self.start_timeout_s:g} s ({info.state}, reason "
-                                f"{info.reason or 'none'}); cancelled it")
+                                f"{self.start_timeout_s:g} s ({last}); cancelled it")
             time.sleep(self.poll_s)
 
     def recorded(self, slurm_job_id: int) -> None:
@@ -239,7 +255,11 @@ class PoolAllocator:
     def losses(self, slurm_job_ids: Sequence[int]) -> list[PoolLoss]:
         """The pools among `slurm_job_ids` that Slurm no longer runs: ended, ending, or
         back in the queue (requeued by an admin or after a node failure, in spite of
-        `--no-requeue`: its services are gone)."""
+        `--no-requeue`: its services are gone; a pool is recorded only once it runs).
+        One still completing is named by the state it ended in where Slurm says (23.02+
+        lists it beside the flag; 22.05's bare COMPLETING only through a reason that
+        names it, `JobInfo.end_state`), else "COMPLETING": not waited for, as its steps,
+        the services, are being killed now."""
         if not slurm_job_ids:
             return []
         infos = {i.job_id: i for i in self.slurm.jobs(list(slurm_job_ids))}
@@ -248,22 +268,18 @@ class PoolAllocator:
             info = infos.get(jid)
             if info is None:
                 out.append(PoolLoss(jid, "GONE"))
-            elif info.state.terminal or info.state in _NOT_RUNNING_AGAIN:
-                out.append(PoolLoss(jid, str(info.state), info.reason,
-                                    info.end_time if info.state.terminal else None))
+            elif info.state.queued:
+                out.append(PoolLoss(jid, str(info.state), info.reason))
+            elif info.state.terminal or info.state is SlurmJobState.COMPLETING:
+                # still completing: named by the state it ended in, where Slurm says
+                ended = info.end_state or info.state
+                out.append(PoolLoss(jid, str(ended), info.reason, info.end_time))
         return out
 
 
 # --------------------------------------------------------------------------------------
 # The controller's pool manager (the `PoolManager` plug-in of controller/manager.py)
 
-
-#: states a pool that ran is lost in, besides the terminal ones: it ends, or it went back
-#: to the queue (a pool is recorded only once it runs)
-_NOT_RUNNING_AGAIN = frozenset({
-    SlurmJobState.COMPLETING, SlurmJobState.PENDING, SlurmJobState.CONFIGURING,
-    SlurmJobState.REQUEUED, SlurmJobState.SPECIAL_EXIT, SlurmJobState.REQUEUE_HOLD,
-    SlurmJobState.REQUEUE_FED, SlurmJobState.RESV_DEL_HOLD})
 
 
 #: the slowest a park, an activation or a hand-off is taken to move a service's state
@@ -687,12 +703,13 @@ class SlurmPools:
         mine = self._footprints(job, gpus)
         host = self._host_budget(None)  # the alone case: the partition's smallest node
         target: PoolRecord | None = None
-        if pl.action is Action.JOIN and pl.pool_id is not None:
-            target = self._joinable(job, c.store.pool(pl.pool_id), mine, gpus)
-            if target is None:  # never wait for a partner: open alone instead
-                log.info("job %d cannot join pool %s; opens its own", job.job_id, pl.pool_id)
-        elif pl.action is Action.OPEN and pl.pool_id is not None and pl.pool_id in new:
-            target = self._joinable(job, c.store.pool(new[pl.pool_id].pool_id), mine, gpus)
+        join = self._joins(pl, new)
+        # Slurm is asked first: no await between the guard and the job's mark below
+        if join is not None and not await self._ends_first(job, join):
+            target = self._joinable(job, c.store.pool(join), mine, gpus)
+        if target is None and pl.action is Action.JOIN and pl.pool_id is not None:
+            # never wait for a partner: open alone instead
+            log.info("job %d cannot join pool %s; opens its own", job.job_id, pl.pool_id)
         if target is None:
             caps = [GpuCapacity(i, self._gpu_bytes) for i in gpus]
             reason = admit(mine, [], caps, host)
@@ -749,10 +766,9 @@ class SlurmPools:
         assert self.allocator is not None
         c, g = self.c, job.request.gpus
         target: PoolRecord | None = None
-        if pl.pool_id is not None and pl.action is Action.JOIN:
-            target = self._joinable_floating(job, c.store.pool(pl.pool_id))
-        elif pl.pool_id is not None and pl.pool_id in new:
-            target = self._joinable_floating(job, c.store.pool(new[pl.pool_id].pool_id))
+        join = self._joins(pl, new)
+        if join is not None and not await self._ends_first(job, join):
+            target = self._joinable_floating(job, c.store.pool(join))
         if target is not None:
             # marked as being placed in before it grows: no window of it is given back
             # while a new one is added (the new one's number is the newest's plus one)
@@ -770,7 +786,13 @@ class SlurmPools:
                         break
                     target = c.store.pool(target.pool_id)
                     assert target is not None
-            except BaseException:
+            except Exception:
+                assert target is not None
+                self._unmark_placing(target.pool_id, job.job_id)
+                # as above: a member that ended meanwhile left the pool empty
+                await self._close_if_empty(target.pool_id)
+                raise
+            except BaseException:  # cancelled (the controller stops): start() closes it
                 assert target is not None
                 self._unmark_placing(target.pool_id, job.job_id)
                 raise
@@ -794,6 +816,51 @@ class SlurmPools:
         finally:
             self._unmark_placing(target.pool_id, job.job_id)
             await self._close_if_empty(target.pool_id)
+
+    @staticmethod
+    def _joins(pl: Placement, new: dict[int, PoolRecord]) -> int | None:
+        """The pool a placement puts the job in beside others: the one it joins, or the
+        one opened this round for an OPEN of the same provisional id; else None."""
+        if pl.pool_id is None:
+            return None
+        if pl.action is Action.JOIN:
+            return pl.pool_id
+        opened = new.get(pl.pool_id) if pl.action is Action.OPEN else None
+        return opened.pool_id if opened is not None else None
+
+    async def _ends_first(self, job: JobRecord, pool_id: int) -> bool:
+        """Whether the pool's allocation (a floating pool's first window to end: losing
+        one loses the pool) ends before the job's own Slurm job, which would then be
+        cancelled with the pool at its time limit: the job opens its own pool instead
+        (logged). False for a pool with no time limit, and where Slurm cannot be asked
+        or does not say (the join goes on)."""
+        pool = self.c.store.pool(pool_id)
+        if pool is None or pool.slurm_job_id is None:
+            return False
+        allocs = sorted({pool.slurm_job_id, *(w.slurm_job_id
+                                              for w in self.c.store.windows(pool_id))})
+        try:
+            infos = {i.job_id: i for i in await asyncio.to_thread(
+                self.c.slurm.jobs, [job.job_id, *allocs])}
+        except SlurmError as exc:
+            log.warning("job %d: pool %d's end not asked of Slurm (judged without it): %s",
+                        job.job_id, pool_id, exc)
+            return False
+        ends = [i.end_time for a in allocs
+                if (i := infos.get(a)) is not None and i.end_time is not None]
+        mine = infos.get(job.job_id)
+        if not ends or mine is None or (mine.end_time is None
+                                        and mine.time_limit_min is not None):
+            return False  # the pool has no time limit, or an end is not known
+        if mine.end_time is not None and mine.end_time <= min(ends):
+            return False
+        now = time.time()  # Slurm's times are epoch seconds
+        own = ("has no time limit" if mine.end_time is None
+               else f"ends in {mine.end_time - now:.0f} s")
+        log.info("job %d cannot join pool %d: its allocation ends in %.0f s, and the "
+                 "job's own Slurm job %s; opens its own", job.job_id, pool_id,
+                 min(ends) - now, own)
+        return True
 
     def _mark_placing(self, pool_id: int, job_id: int) -> None:
         """The job is being placed in the pool: it neither closes nor gives a window
@@ -833,7 +900,8 @@ class SlurmPools:
     async def _grow(self, pool: PoolRecord) -> bool:
         """Add a window to a floating pool: an allocation of its window size on its node,
         every member's services launched there (handed off), then its GPUs scheduled.
-        False (and nothing changed) if Slurm gives no such allocation or a launch fails."""
+        False (and nothing changed) if Slurm gives no such allocation (or cannot be
+        asked) or a launch fails."""
         assert self.allocator is not None
         c = self.c
         wins = c.store.windows(pool.pool_id)
@@ -853,7 +921,7 @@ class SlurmPools:
         try:
             opened = await asyncio.to_thread(self.allocator.open, g,
                                              f"window of pool {pool.pool_id}", node)
-        except PoolError as exc:
+        except (PoolError, SlurmError) as exc:
             log.warning("pool %d: no window of %d GPUs on %s: %s", pool.pool_id, g, node, exc)
             return False
         home = pool.nodes[0] if pool.nodes else None

@@ -177,8 +177,9 @@ def _load(doc: Any, what: str) -> Mapping[str, Any]:
 
 def _end_time(end: float | None, limit: int | None, state: SlurmJobState) -> float | None:
     """Slurm's 'expected end' of an unlimited job is start + 1 year in JSON and Unknown
-    in scontrol; both mean "no end known", so report None until the job has ended."""
-    if limit is None and not state.terminal:
+    in scontrol; both mean "no end known", so report None until the job has ended (a
+    COMPLETING job has: its end time is when)."""
+    if limit is None and not state.terminal and state is not SlurmJobState.COMPLETING:
         return None
     return end
 
@@ -199,6 +200,7 @@ def job_from_json(j: Mapping[str, Any]) -> JobInfo:
     reason = _str(j.get("state_reason"))
     uid = unwrap_number(j.get("user_id"))
     state = SlurmJobState.parse(j.get("job_state", "UNKNOWN"))
+    ended_as = SlurmJobState.ended_as(j.get("job_state", "UNKNOWN"))
     limit = _minutes(j.get("time_limit"))
     return JobInfo(
         job_id=job_id,
@@ -218,6 +220,7 @@ def job_from_json(j: Mapping[str, Any]) -> JobInfo:
         exit_code=code,
         exit_signal=sig,
         time_limit_min=limit,
+        ended_as=ended_as,
     )
 
 

@@ -29,6 +29,7 @@ class PartitionInfo:
     allow_accounts: str
     root_only: bool
     max_time: str
+    default_time: str = ""  #: DefaultTime ("NONE": MaxTime is a job's default)
 
 
 def sbatch_help(backend: CommandBackend) -> str:
@@ -53,5 +54,6 @@ def partition(backend: CommandBackend, name: str) -> PartitionInfo | None:
                 allow_groups=kv.get("AllowGroups", "ALL"),
                 allow_accounts=kv.get("AllowAccounts", "ALL"),
                 root_only=kv.get("RootOnly", "NO") == "YES", max_time=kv.get("MaxTime", ""),
+                default_time=kv.get("DefaultTime", ""),
             )
     return None

@@ -82,23 +82,46 @@ class SlurmJobState(StrEnum):
         In the list form the base state comes with flags; COMPLETING and CONFIGURING
         flags win over the base state, as Slurm's own `job_state_string()` does.
         """
-        names: list[str]
-        if isinstance(value, str):
-            names = [value]
-        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-            names = [str(v) for v in value]
-        else:
-            raise SlurmParseError(f"job state must be a string or list of strings, got {value!r}")
-        upper = [n.strip().upper() for n in names if n.strip()]
+        upper = _state_names(value)
         for flag in ("COMPLETING", "CONFIGURING"):
             if flag in upper:
                 return cls(flag)
-        for n in upper:
-            # scontrol may print e.g. "CANCELLED by 0"
-            base = n.split()[0]
-            if base in cls.__members__:
-                return cls(base)
-        return cls.UNKNOWN
+        return _base_state(upper) or cls.UNKNOWN
+
+    @classmethod
+    def ended_as(cls, value: object) -> SlurmJobState | None:
+        """The terminal state a COMPLETING job ended in, where Slurm lists it beside the
+        flag (23.02+: ["CANCELLED", "COMPLETING"]); None otherwise, 22.05's bare
+        "COMPLETING" included."""
+        upper = _state_names(value)
+        base = _base_state(upper) if "COMPLETING" in upper else None
+        return base if base is not None and base.terminal else None
+
+    @property
+    def queued(self) -> bool:
+        """In (or back in) the queue: not running, not ended. A job seen running before
+        that is in one of these was requeued (node failure, preemption, scontrol)."""
+        return self in _QUEUED
+
+
+def _state_names(value: object) -> list[str]:
+    """Slurm's state as upper-case names, from a string or a list of strings."""
+    if isinstance(value, str):
+        names = [value]
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+        names = [str(v) for v in value]
+    else:
+        raise SlurmParseError(f"job state must be a string or list of strings, got {value!r}")
+    return [n.strip().upper() for n in names if n.strip()]
+
+
+def _base_state(upper: list[str]) -> SlurmJobState | None:
+    """The first known state name but the COMPLETING/CONFIGURING flags."""
+    for n in upper:
+        base = n.split()[0]  # scontrol may print e.g. "CANCELLED by 0"
+        if base in SlurmJobState.__members__ and base not in ("COMPLETING", "CONFIGURING"):
+            return SlurmJobState(base)
+    return None
 
 
 _TERMINAL = frozenset(
@@ -108,6 +131,16 @@ _TERMINAL = frozenset(
         SlurmJobState.BOOT_FAIL, SlurmJobState.DEADLINE, SlurmJobState.OUT_OF_MEMORY,
     }
 )
+
+_QUEUED = frozenset(
+    {
+        SlurmJobState.PENDING, SlurmJobState.CONFIGURING, SlurmJobState.REQUEUED,
+        SlurmJobState.SPECIAL_EXIT, SlurmJobState.REQUEUE_HOLD, SlurmJobState.REQUEUE_FED,
+        SlurmJobState.RESV_DEL_HOLD,
+    }
+)
+#: the terminal state a bare COMPLETING job (22.05) ended in, by Slurm's reason for it
+_ENDED_FOR = {"TimeLimit": SlurmJobState.TIMEOUT, "NodeDown": SlurmJobState.NODE_FAIL}
 
 
 @dataclass(frozen=True)
@@ -171,6 +204,20 @@ class JobInfo:
     exit_code: int | None = None  #: return code of the batch script, when known
     exit_signal: int | None = None  #: signal that ended it, when one did
     time_limit_min: int | None = None  #: None = unlimited
+    #: a COMPLETING job's terminal state where Slurm lists it (`SlurmJobState.ended_as`)
+    ended_as: SlurmJobState | None = None
+
+    @property
+    def end_state(self) -> SlurmJobState | None:
+        """The terminal state the job ended in: its state; for a COMPLETING job the one
+        Slurm lists beside the flag, else the one its reason names (22.05 prints a bare
+        "COMPLETING": Reason=TimeLimit, NodeDown); None while it runs or is queued, or
+        where Slurm does not say."""
+        if self.state.terminal:
+            return self.state
+        if self.state is not SlurmJobState.COMPLETING:
+            return None
+        return self.ended_as or _ENDED_FOR.get(self.reason)
 
 
 @dataclass(frozen=True)

@@ -46,14 +46,14 @@ def test_pool_partition_judgements() -> None:
 
 
 def test_a_pool_time_limit_over_the_partitions_max_time_fails() -> None:
-    day = _part(max_time="1-00:00:00")
-    assert evaluate_pool("pools", day, [4], "12:00:00").level is Level.OK
-    assert evaluate_pool("pools", day, [4], "").level is Level.OK  # the partition's default
+    day = _part(max_time="1-00:00:00")  # (a finite limit: warned of, not failed)
+    assert evaluate_pool("pools", day, [4], "12:00:00").level is Level.WARN
+    assert evaluate_pool("pools", day, [4], "").level is Level.WARN  # the partition's default
     for asked in ("2-00", "1-00:01", "UNLIMITED"):
         over = evaluate_pool("pools", day, [4], asked)
         assert over.level is Level.FAIL, asked
         assert "MaxTime=1-00:00:00" in over.detail and "pool_time_limit" in over.remedy
-    assert evaluate_pool("pools", _part(), [4], "30-00").level is Level.OK  # UNLIMITED
+    assert evaluate_pool("pools", _part(), [4], "30-00").level is Level.WARN  # UNLIMITED
 
 
 def test_spank_judgement_from_sbatch_help() -> None:
@@ -308,8 +308,29 @@ def test_a_pool_time_limit_of_zero_is_judged_as_no_limit(zero: str) -> None:
     assert "pool_time_limit" in over.remedy
     assert evaluate_pool("pools", _part(), [8], zero).level is Level.OK  # MaxTime UNLIMITED
     # a short limit that is not 0 is still minutes
-    assert evaluate_pool("pools", _part(max_time="7-00:00:00"), [8], "0:30").level \
-        is Level.OK
+    short = evaluate_pool("pools", _part(max_time="7-00:00:00"), [8], "0:30")
+    assert short.level is Level.WARN and "each pool ends after 1 min" in short.detail
+
+
+@pytest.mark.parametrize(("asked", "default", "most", "ends"), [
+    ("", "4:00:00", "7-00:00:00", 240),  # the partition's DefaultTime
+    ("", "NONE", "1-00:00:00", 1440),  # no DefaultTime: MaxTime
+    ("2:00:00", "NONE", "UNLIMITED", 120),  # [slurm] pool_time_limit
+])
+def test_pools_with_a_time_limit_are_warned_of(asked: str, default: str, most: str,
+                                               ends: int) -> None:
+    # a join is refused into a pool that ends before the joining job: with every pool
+    # ending, a job longer than a pool shares none
+    got = evaluate_pool("pools", _part(default_time=default, max_time=most), [4], asked)
+    assert got.level is Level.WARN and f"each pool ends after {ends} min" in got.detail
+    assert "pool_time_limit = 0" in got.remedy
+
+
+@pytest.mark.parametrize(("asked", "default"), [("", "NONE"), ("0", "1:00:00"),
+                                                ("UNLIMITED", "1:00:00")])
+def test_pools_with_no_time_limit_are_ok(asked: str, default: str) -> None:
+    got = evaluate_pool("pools", _part(default_time=default), [4], asked)
+    assert got.level is Level.OK
 
 
 def _broken(tmp_path: Path) -> Path:

@@ -14,7 +14,8 @@ from dataclasses import replace
 import pytest
 
 from slurmrl.controller.pools import POOL_NAME, PoolAllocator, PoolError
-from slurmrl.slurm import BatchSpec, JobInfo, SlurmJobState
+from slurmrl.slurm import BatchSpec, JobInfo, SlurmJobState, SlurmTimeout
+from slurmrl.slurm.parse import jobs_from_json
 
 TAG = "0f1e2d3c4b5a6978"
 
@@ -168,3 +169,63 @@ def test_a_pool_asks_cpus_and_memory_per_gpu_it_holds() -> None:
     whole = PoolAllocator(slurm, "pools", tag=TAG, mem_per_gpu_mb=0)  # type: ignore[arg-type]
     asked = [slurm.specs[a.open(2).slurm_job_id] for a in (small, sized, whole)]
     assert [(s.cpus, s.mem_mb) for s in asked] == [(1, 512), (8, 128 << 10), (1, 0)]
+
+
+class FlakySlurm(FakeBackend):
+    """Its `scontrol show job` times out `failures` times before it answers."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def job(self, job_id: int) -> JobInfo | None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise SlurmTimeout("no answer within 30 s", argv=["scontrol", "show", "job"])
+        return super().job(job_id)
+
+
+def test_a_slurm_query_that_fails_while_a_pool_starts_is_asked_again() -> None:
+    # one timed-out `scontrol show job` escaped open() as SlurmTimeout: the job placed
+    # there was refused ("refused: no answer within 30 s"), no PoolError to fall back on
+    slurm = FlakySlurm(failures=2)
+    pool = _allocator(slurm).open(2)
+    assert pool.gpus == 2 and slurm.queue[pool.slurm_job_id].state is SlurmJobState.RUNNING
+
+
+def test_a_pool_slurm_never_answers_for_is_a_pool_error_naming_the_last_error() -> None:
+    slurm = FlakySlurm(failures=10**6)
+    alloc = PoolAllocator(slurm, "pools", start_timeout_s=0.05, poll_s=0.01,  # type: ignore[arg-type]
+                          tag=TAG)
+    said = r"not running after 0\.05 s \(Slurm not answering: no answer within 30 s"
+    with pytest.raises(PoolError, match=said):
+        alloc.open(1)
+    (job_id,) = slurm.queue
+    assert slurm.queue[job_id].state is SlurmJobState.CANCELLED  # not left behind
+    assert alloc.tagged() == []
+
+
+@pytest.mark.parametrize(("state", "reason", "said"), [
+    (["CANCELLED", "COMPLETING"], "None", "cancelled (scancel or an administrator)"),
+    (["TIMEOUT", "COMPLETING"], "TimeLimit", "reached its time limit"),
+    (["PREEMPTED", "COMPLETING"], "None", "was preempted"),
+    ("COMPLETING", "TimeLimit", "reached its time limit"),  # 22.05: by its reason
+    ("COMPLETING", "None", "is ending (COMPLETING; Slurm does not say why)"),
+])
+def test_a_pool_seen_completing_is_lost_for_the_cause_slurm_gives(
+        state: str | list[str], reason: str, said: str) -> None:
+    # every one of these was "ended (COMPLETING)": the cause (scancel, time limit,
+    # preemption) lost, against docs/pools.md's "pool allocation (Slurm job N) cancelled"
+    number = {"set": True, "infinite": False, "number": 1700003600}
+    doc = {"jobs": [{"job_id": 101, "name": POOL_NAME, "job_state": state,
+                     "state_reason": reason, "user_id": 0, "time_limit": number,
+                     "end_time": number}]}
+
+    class Listed(FakeBackend):
+        def jobs(self, job_ids: list[int] | None = None, user: str | None = None
+                 ) -> list[JobInfo]:
+            return jobs_from_json(doc)
+
+    (loss,) = _allocator(Listed()).losses([101])
+    assert loss.message.startswith(f"pool allocation (Slurm job 101) {said}")
+    assert loss.ended_at == 1700003600.0  # its leases are charged up to Slurm's end

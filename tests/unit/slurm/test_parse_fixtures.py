@@ -28,7 +28,8 @@ EXPECTED_JOBS = [
     JobInfo(104, "waiting", "bob", 1002, S.PENDING, "Resources", "pools", (), (), (),
             None, None, "", "", 0, None, 30),
     JobInfo(105, "ending", "bob", 1002, S.COMPLETING, "", "pools", ("localhost",), (3,),
-            (("localhost", (3,)),), 1700000200.0, 1700000300.0, "", "localhost", 0, None, 30),
+            (("localhost", (3,)),), 1700000200.0, 1700000300.0, "", "localhost", 0, None, 30,
+            S.COMPLETED),
     JobInfo(106, "killed", "alice", 1001, S.CANCELLED, "", "drivers", ("localhost",), (), (),
             1700000000.0, 1700000010.0, "", "localhost", None, 9, 10),
 ]
@@ -53,6 +54,35 @@ def test_terminal_states_are_the_ended_ones() -> None:
     assert S.COMPLETED.terminal and S.CANCELLED.terminal and S.TIMEOUT.terminal
     assert not S.RUNNING.terminal and not S.COMPLETING.terminal and not S.PENDING.terminal
     assert not S.UNKNOWN.terminal
+
+
+def test_a_completing_job_keeps_the_state_it_ended_in_where_slurm_says() -> None:
+    # ["CANCELLED", "COMPLETING"] was COMPLETING only: a pool's loss said "ended
+    # (COMPLETING)", whether it was cancelled, timed out or preempted
+    assert S.parse(["CANCELLED", "COMPLETING"]) is S.COMPLETING
+    assert S.ended_as(["CANCELLED", "COMPLETING"]) is S.CANCELLED
+    assert S.ended_as(["COMPLETING", "TIMEOUT"]) is S.TIMEOUT
+    assert S.ended_as("COMPLETING") is None  # 22.05 names no cause
+    assert S.ended_as(["RUNNING", "CONFIGURING"]) is None
+    assert S.ended_as(["CANCELLED"]) is None  # not completing: its state says it
+
+    def info(state: S, reason: str = "", ended_as: S | None = None) -> JobInfo:
+        return JobInfo(7, "j", "u", 1, state, reason, ended_as=ended_as)
+
+    assert info(S.COMPLETING, ended_as=S.PREEMPTED).end_state is S.PREEMPTED
+    assert info(S.COMPLETING, "TimeLimit").end_state is S.TIMEOUT  # 22.05, by its reason
+    assert info(S.COMPLETING, "NodeDown").end_state is S.NODE_FAIL
+    assert info(S.COMPLETING).end_state is None
+    assert info(S.CANCELLED).end_state is S.CANCELLED
+    assert info(S.RUNNING).end_state is None
+
+
+def test_a_completing_unlimited_job_has_ended_when_its_end_time_says() -> None:
+    doc = {"jobs": [{"job_id": 9, "job_state": ["CANCELLED", "COMPLETING"],
+                     "time_limit": {"set": False, "infinite": True, "number": 0},
+                     "end_time": {"set": True, "infinite": False, "number": 1700000300}}]}
+    (job,) = p.jobs_from_json(doc)
+    assert job.end_time == 1700000300.0 and job.end_state is S.CANCELLED
 
 
 def test_state_from_future_slurm_is_unknown_not_a_crash() -> None:
