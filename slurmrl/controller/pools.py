@@ -27,6 +27,7 @@ import hashlib
 import logging
 import os
 import re
+import secrets
 import threading
 import time
 from collections import Counter
@@ -554,7 +555,8 @@ class SlurmPools:
                      else "their allocation's (0..n-1)")
         return self._device_numbering
 
-    def _handoff_dir(self, job: JobRecord, node: str, replica: int | None = None) -> str:
+    def _handoff_dir(self, job: JobRecord, pool: PoolRecord, node: str,
+                     replica: int | None = None) -> str:
         """Where a floating member's services hand its state over on `node`: a
         directory private to the job (created by its services, mode 0700), named so that
         no other user can guess it and squat it (the worker refuses a directory it does
@@ -562,20 +564,23 @@ class SlurmPools:
         that share a machine, as the dev cluster's `spread` nodes do). Rollout replica
         i's copies have one of their own (`-r<i>`): each replica's state moves between
         its copies, whichever window they are on. Each name is its own hash of the
-        job's secret, the node and the replica: one directory seen (the root may be
-        world-listable, as /dev/shm is) names no other."""
+        job's secret, the node, the replica and a fresh random value: one directory seen
+        (the root may be world-listable, as /dev/shm is) names no other, nor the one a
+        later copy on the node takes once the job's copies there discarded theirs (a
+        name seen once could be squatted then)."""
         # a copy of the job already on that node keeps its directory: the state is there
         # (named by an earlier controller, or under an earlier `services.handoff_dir`).
         # Its node is its window's (its address is Slurm's NodeAddr, not the node name)
-        pool = self.c.store.pool(job.pool_id) if job.pool_id is not None else None
-        where = self._nodes_of(pool) if pool is not None and pool.floating else {}
+        # (`pool`: the job's, which it joins only once its services are up)
+        where = self._nodes_of(pool) if pool.floating else {}
         for svc in self.c.store.services(job_id=job.job_id, live_only=True):
-            if (svc.handoff_dir and svc.gpus and svc.pool_id == job.pool_id
+            if (svc.handoff_dir and svc.gpus and svc.pool_id == pool.pool_id
                     and where.get(min(svc.gpus) // job.request.gpus) == node
                     and _replica_of(svc.handoff_dir) == replica):
                 return svc.handoff_dir
         which = "" if replica is None else str(replica)
-        tag = hashlib.sha256(f"slurmrl-handoff:{job.secret}:{node}:{which}".encode()
+        salt = secrets.token_hex(16)
+        tag = hashlib.sha256(f"slurmrl-handoff:{job.secret}:{node}:{which}:{salt}".encode()
                              ).hexdigest()[:32]
         mine = "" if replica is None else f"-r{replica}"
         return os.path.join(self.c.config.services.handoff_dir.replace("%n", node),
@@ -1254,7 +1259,7 @@ class SlurmPools:
                                replica=fp.replica, uid=job.uid,
                                mem_bytes=job.request.mem_bytes,
                                handoff_dir=None if fp.window is None
-                               else self._handoff_dir(job, node, fp.replica))
+                               else self._handoff_dir(job, pool, node, fp.replica))
             rid = self.c.store.add_service(job_id=job.job_id, role=fp.role,
                                            started_at=self.c.clock(), pool_id=pool.pool_id,
                                            backend=spec.backend, gpus=sorted(fp.gpus),

@@ -1225,6 +1225,15 @@ async def test_a_window_that_fails_on_another_node_leaves_no_state_there(
              if n == "n2"]
     assert on_n2 and all(s in site.launcher.stopped for s in on_n2)
     assert all(("discard", True) in s.handle.calls for s in on_n2)
+    # the next window on n2 names its directories afresh: the discarded names were seen
+    # in a world-listable root, and another user may have made them meanwhile
+    site.launcher.launch = launch  # type: ignore[method-assign]
+    gone = {s.spec.handoff_dir for s in on_n2}
+    n = len(site.launcher.launched)
+    await site.register(DAVE, 10)
+    again = [s for s, node in zip(site.launcher.launched[n:], site.launcher.nodes[n:],
+                                  strict=True) if node == "n2" and s.spec.job_id == 7]
+    assert again and not gone & {s.spec.handoff_dir for s in again}
     await site.c.stop()
 
 
