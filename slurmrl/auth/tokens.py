@@ -1,18 +1,25 @@
 """The data plane's per-job secret: a driver signs each call to its own services.
 
 The controller mints one random secret per RL job (`mint_secret`) and hands it to the
-job's driver and services only. The driver signs every data-plane call with
-HMAC-SHA256 over
+job's driver and services only. The driver signs every data-plane call to the service it
+is made out to, `host:port` as the service announced it and the controller recorded it
+(`sign(..., service=address)`), with HMAC-SHA256 over
 
-    slurmrl-data/1 \\n METHOD \\n PATH \\n sha256(body) hex \\n timestamp \\n nonce
+    slurmrl-data/2 \\n SERVICE \\n METHOD \\n PATH \\n sha256(body) hex \\n timestamp \\n nonce
 
-and sends the result as three headers (`sign`), with the body's sha256 in a fourth
-(`X-Slurmrl-Body-SHA256`): a service checks the signature over the headers alone
-before it reads a byte of the body (`Verifier.verify_head`), so that nobody without
-the secret makes it buffer a large body, then the body against that digest
-(`check_body`). A service's `Verifier` refuses calls
-that are unsigned, signed with another secret, altered in any bound part, outside the
-clock-skew window, or replayed (a nonce seen within the window).
+and sends the result as three headers, the service in a fourth (`X-Slurmrl-Service`) and
+the body's sha256 in a fifth (`X-Slurmrl-Body-SHA256`): a service checks the signature
+over the headers alone before it reads a byte of the body (`Verifier.verify_head`), so
+that nobody without the secret makes it buffer a large body, then the body against that
+digest (`check_body`). A service's `Verifier` refuses calls that are unsigned, signed
+with another secret, altered in any bound part, made out to another service (`MISMATCH`:
+a call captured on its way to one of the job's services, e.g. by whoever took a dead
+one's port, does not open the job's others), outside the clock-skew window, or replayed
+(a nonce seen within the window).
+
+Without `service` (`sign` and `verify` as the controller's sessions use them,
+`auth/sessions.py`), the signed string is the older `slurmrl-data/1` one, without a
+service: a service never accepts it.
 
 Why not MUNGE here: data-plane calls are frequent and carry large bodies; an HMAC costs
 microseconds and needs no munged round trip, and the secret proves "this job's driver",
@@ -29,11 +36,14 @@ everything before it (`stream_mac`). A caller refuses an answer that is not so s
 died leaves its port to whoever binds it next; such a process must not answer for it.
 Bound to the call's nonce, an answer cannot be replayed for another call.
 
-Known limits: replay protection is per `Verifier` (per service process), bounded in
-memory: past `max_nonces` remembered calls within the window, the oldest are forgotten
-and calls at or before their timestamp are refused as expired (never accepted twice). The
-body is hashed in full, so sign and verify the bytes actually sent. The secret must
-travel only over channels the job's user alone can read.
+Known limits: replay protection is per `Verifier` (per service process: the service
+named in the call keeps it from opening any other), bounded in memory: past `max_nonces`
+remembered calls within the window, the oldest are forgotten and calls at or before
+their timestamp are refused as expired (never accepted twice). The body is hashed in
+full, so sign and verify the bytes actually sent. The secret must travel only over
+channels the job's user alone can read. A service is named by its address: within its
+window, a captured call could still open a service of the same job that took that
+address after the one it was made out to.
 """
 
 from __future__ import annotations
@@ -49,7 +59,9 @@ from collections.abc import Callable, Mapping
 
 from slurmrl.auth.errors import AuthCode, AuthError
 
-VERSION = "slurmrl-data/1"
+VERSION = "slurmrl-data/1"  #: the controller's sessions: no service named
+SERVICE_VERSION = "slurmrl-data/2"  #: a service's calls: made out to one service
+SERVICE = "X-Slurmrl-Service"  #: the `host:port` a call is made out to, signed
 TIMESTAMP = "X-Slurmrl-Timestamp"
 NONCE = "X-Slurmrl-Nonce"
 SIGNATURE = "X-Slurmrl-Signature"
@@ -63,6 +75,7 @@ STREAM_MAC_BYTES = 64  #: the hex HMAC a streamed answer ends in
 _NONCE = re.compile(r"^[0-9a-f]{16,128}$")
 _HEADERS_LOWER = {h.lower() for h in HEADERS}
 _SIG = re.compile(r"^[0-9a-f]{64}$")
+_SERVICE = re.compile(r"[!-~]{1,300}")  #: printable ASCII, no space: a header value
 _MIN_SECRET_BYTES = 16
 
 
@@ -77,17 +90,25 @@ def sign(
     path: str,
     body: bytes = b"",
     *,
+    service: str | None = None,
     now: float | None = None,
     nonce: str | None = None,
 ) -> dict[str, str]:
-    """Headers that authenticate one call (`now` and `nonce` are for tests)."""
+    """Headers that authenticate one call made out to `service` (a service's
+    `host:port`; None: the controller's sessions, no service); `now` and `nonce` are
+    for tests."""
     if not method.isalpha() or not method.isascii():
         raise ValueError(f"not an HTTP method: {method!r}")
+    if service is not None:
+        check_service(service)
     ts = int(time.time() if now is None else now)
     nonce = secrets.token_hex(16) if nonce is None else nonce
     digest = hashlib.sha256(body).hexdigest()
-    mac = _mac_digest(_key(secret), method.upper(), path, digest, ts, nonce)
-    return {TIMESTAMP: str(ts), NONCE: nonce, SIGNATURE: mac, BODY_SHA256: digest}
+    mac = _mac_digest(_key(secret), service, method.upper(), path, digest, ts, nonce)
+    out = {TIMESTAMP: str(ts), NONCE: nonce, SIGNATURE: mac, BODY_SHA256: digest}
+    if service is not None:
+        out[SERVICE] = service
+    return out
 
 
 class Verifier:
@@ -114,11 +135,15 @@ class Verifier:
         self._seen: set[str] = set()
         self._floor = -1  # calls at or before this timestamp may have been forgotten
 
-    def verify(self, headers: Mapping[str, str], method: str, path: str, body: bytes) -> None:
-        """Return if the call is authentic and fresh; raise AuthError otherwise."""
-        self._verify(headers, method, path, hashlib.sha256(body).hexdigest())
+    def verify(self, headers: Mapping[str, str], method: str, path: str, body: bytes,
+               service: str | None = None) -> None:
+        """Return if the call is authentic, fresh and made out to `service` (this
+        service's `host:port`; None: a session's call, which names none); raise
+        AuthError otherwise."""
+        self._verify(headers, method, path, hashlib.sha256(body).hexdigest(), service)
 
-    def verify_head(self, headers: Mapping[str, str], method: str, path: str) -> str:
+    def verify_head(self, headers: Mapping[str, str], method: str, path: str,
+                    service: str | None = None) -> str:
         """Check a call's signature before its body is read, over the body digest its
         `BODY_SHA256` header gives; return that digest, which the body must then match
         (`check_body`). AuthError as `verify`, and where that header is absent or
@@ -134,11 +159,11 @@ class Verifier:
         if not _SIG.match(digest):
             raise AuthError(AuthCode.MALFORMED,
                             f"{BODY_SHA256} must be 64 lowercase hex digits")
-        self._verify(headers, method, path, digest)
+        self._verify(headers, method, path, digest, service)
         return digest
 
     def _verify(self, headers: Mapping[str, str], method: str, path: str,
-                digest: str) -> None:
+                digest: str, service: str | None) -> None:
         lower = {k.lower(): v for k, v in headers.items()}
         present = [h for h in HEADERS if h.lower() in lower]
         if not present:
@@ -155,12 +180,16 @@ class Verifier:
         if not _SIG.match(sig):
             raise AuthError(AuthCode.MALFORMED, f"{SIGNATURE} must be 64 lowercase hex digits")
         ts = int(ts_text)
-        expected = _mac_digest(self._key, method.upper(), path, digest, ts, nonce)
+        claimed = None if service is None else _service(lower)
+        expected = _mac_digest(self._key, claimed, method.upper(), path, digest, ts, nonce)
         if not hmac.compare_digest(expected, sig):
             raise AuthError(
                 AuthCode.INVALID,
                 "bad signature: the call was altered or signed with another job's key",
             )
+        if claimed != service:
+            raise AuthError(AuthCode.MISMATCH, f"call made out to service {claimed}, not "
+                            f"to this one ({service}): refused")
         now = self._clock()
         if now - ts > self.skew_s:
             raise AuthError(
@@ -227,6 +256,30 @@ def check_body(digest: str, body: bytes) -> None:
                         "(altered on the way?)")
 
 
-def _mac_digest(key: bytes, method: str, path: str, digest: str, ts: int, nonce: str) -> str:
-    message = f"{VERSION}\n{method}\n{path}\n{digest}\n{ts}\n{nonce}".encode()
-    return hmac.new(key, message, hashlib.sha256).hexdigest()
+def check_service(service: str) -> str:
+    """`service` if it can name a service in a signed call (printable ASCII, no space:
+    a `host:port`); ValueError otherwise."""
+    if not _SERVICE.fullmatch(service):
+        raise ValueError(f"not a service address: {service!r}")
+    return service
+
+
+def _service(lower: Mapping[str, str]) -> str:
+    """The service a signed call names (`lower`: its headers, names in lower case)."""
+    claimed = lower.get(SERVICE.lower())
+    if claimed is None:
+        raise AuthError(AuthCode.MALFORMED, f"signed call lacks {SERVICE} (a client older "
+                        "than this service: upgrade slurmrl)")
+    claimed = claimed.strip()
+    if not _SERVICE.fullmatch(claimed):
+        raise AuthError(AuthCode.MALFORMED, f"{SERVICE} must be the service's host:port")
+    return claimed
+
+
+def _mac_digest(key: bytes, service: str | None, method: str, path: str, digest: str,
+                ts: int, nonce: str) -> str:
+    if service is None:  # a controller session's call
+        message = f"{VERSION}\n{method}\n{path}\n{digest}\n{ts}\n{nonce}"
+    else:
+        message = f"{SERVICE_VERSION}\n{service}\n{method}\n{path}\n{digest}\n{ts}\n{nonce}"
+    return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()

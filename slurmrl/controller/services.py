@@ -16,7 +16,8 @@ started through `SlurmBackend.launch_step`:
   user can read; so does a floating member's hand-off directory
   (`$SLURMRL_HANDOFF_DIR`): its name is derived from the secret so that no other user
   can create it first (the worker refuses a directory it does not own), and another
-  user who read it in a `ps` listing could.
+  user who read it in a `ps` listing could; and so does the job's model
+  (`$SLURMRL_SERVICE_MODEL`: a job's model is private to it, docs/pools.md).
 - The worker binds a free port and writes `host:port` into a file in a directory that
   belongs to the user (mode 700, under `run_dir`, which only root can list). The
   launcher waits for that file and a `status` answer, with a timeout for the model load;
@@ -60,6 +61,9 @@ log = logging.getLogger(__name__)
 SECRET_ENV = "SLURMRL_JOB_SECRET"
 CONTROL_ENV = "SLURMRL_CONTROL_SECRET"  #: the worker's (slurmrl/worker/cli.py)
 HANDOFF_ENV = "SLURMRL_HANDOFF_DIR"  #: the worker's --handoff-dir, not in its argv
+#: the worker's --model, not in its argv (a job's model is private to it); not
+#: `SLURMRL_MODEL`, the RL job's own, which the SPANK plugin unsets in a pool's steps
+MODEL_ENV = "SLURMRL_SERVICE_MODEL"
 #: the controller's variables a service gets too, where set: thread counts and locale.
 #: Nothing else of the controller's environment reaches a service (`launch_step`)
 PASS_THROUGH = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LANG", "LC_ALL", "TZ")
@@ -206,7 +210,8 @@ def check_run_dir(run_dir: Path, create: bool = True) -> None:
 
 def worker_argv(spec: ServiceSpec, ids: UserIds, *, python: str, workdir: Path,
                 bind_host: str, advertise_host: str) -> list[str]:
-    """The step's command: drop to the user, then run the worker. No secret in here."""
+    """The step's command: drop to the user, then run the worker. No secret in here,
+    nor the job's model (`step_env`): every user on the node can read argv in /proc."""
     drop = [] if os.geteuid() == ids.uid else [
         "/usr/bin/setpriv", f"--reuid={ids.uid}", f"--regid={ids.gid}", "--init-groups",
         "--inh-caps=-all", "--no-new-privs", "--"]
@@ -217,8 +222,6 @@ def worker_argv(spec: ServiceSpec, ids: UserIds, *, python: str, workdir: Path,
             "--job-id", str(spec.job_id), "--host", bind_host,
             "--advertise-host", advertise_host, "--address-file", str(workdir / "address"),
             "--seed", str(spec.seed)]
-    if spec.model is not None and spec.backend != "tiny":
-        argv += ["--model", spec.model]
     if spec.lr is not None:
         argv += ["--lr", repr(spec.lr)]
     return [*drop, *env, *argv, *sizing_args(spec)]
@@ -259,11 +262,14 @@ def sizing_args(spec: ServiceSpec) -> list[str]:
 def step_env(spec: ServiceSpec, secret: str, control: str) -> dict[str, str]:
     """The step's environment (readable by root and the user only): the controller's
     `PASS_THROUGH` variables, `PATH`, `CUDA_DEVICE_ORDER=PCI_BUS_ID`, the job's and the
-    control secret and, for a floating member's copy, its hand-off directory."""
+    control secret, the job's model (`tiny` serves its own) and, for a floating member's
+    copy, its hand-off directory."""
     env = {k: os.environ[k] for k in PASS_THROUGH if k in os.environ}
     # CUDA numbers GPUs in PCI bus order, as NVML and Slurm do (slurmrl/gpu/nvml.py)
     env.update({SECRET_ENV: secret, CONTROL_ENV: control, "PATH": _STEP_PATH,
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    if spec.model is not None and spec.backend != "tiny":
+        env[MODEL_ENV] = spec.model
     if spec.handoff_dir is not None:
         env[HANDOFF_ENV] = spec.handoff_dir
     return env

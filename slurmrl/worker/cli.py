@@ -5,6 +5,9 @@ by hand and by tests on loopback. The job's secret never travels on the command 
 (argv is world-readable in /proc): it comes from `$SLURMRL_JOB_SECRET` or from
 `--secret-file`, a file only its owner may read.
 
+The job's model (`--model`) is private to the job too: the controller passes it as
+`$SLURMRL_SERVICE_MODEL`, not on the command line.
+
 `--handoff-dir DIR` lets this service hand its state to another copy of itself on the
 same node, and take it back (floating pools; `handoff.py`): DIR is created with mode
 0700 if missing, and the worker refuses to start unless it is a real directory (not a
@@ -16,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import stat
 import sys
 from pathlib import Path
@@ -29,6 +31,9 @@ from slurmrl.worker.protocol import BackendError, Role
 SECRET_ENV = "SLURMRL_JOB_SECRET"
 #: the controller's key for park, activate and stop (slurmrl/worker/server.py); optional
 CONTROL_ENV = "SLURMRL_CONTROL_SECRET"
+#: the job's model (`--model`): private to the job, so never in the step's argv (not
+#: `SLURMRL_MODEL`, the RL job's own, which the SPANK plugin unsets in a pool's steps)
+MODEL_ENV = "SLURMRL_SERVICE_MODEL"
 
 
 def read_secret(secret_file: Path | None) -> str:
@@ -59,13 +64,16 @@ def read_secret(secret_file: Path | None) -> str:
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to bind.")
 @click.option("--port", default=0, show_default=True, help="Port to bind; 0 lets the OS pick.")
 @click.option("--advertise-host", default=None,
-              help="Host to announce in the address file [default: bind host, or this "
-                   "machine's hostname when binding 0.0.0.0].")
+              help="Host to announce in the address file; calls must be made out to "
+                   "this host:port as announced [default: bind host, or this machine's "
+                   "hostname when binding 0.0.0.0].")
 @click.option("--address-file", type=click.Path(path_type=Path), default=None,
               help="Write host:port here once listening.")
 @click.option("--secret-file", type=click.Path(path_type=Path), default=None,
               help=f"File holding the job secret (mode 600); default ${SECRET_ENV}.")
-@click.option("--model", default=None, help="torch: module:callable; vllm: model name/path.")
+@click.option("--model", default=None, envvar=MODEL_ENV, show_envvar=True,
+              help="torch: module:callable; vllm: model name/path (the controller passes "
+                   "it in the environment: not in argv, which every user can read).")
 @click.option("--device", default="cuda", show_default=True, help="torch backend device.")
 @click.option("--seed", default=0, show_default=True, help="Model initialisation seed.")
 @click.option("--lr", type=float, default=None, help="Trainer learning rate.")
@@ -112,7 +120,7 @@ def worker(
     # imported here: aiohttp and the auth module are not needed for `--help`
     from slurmrl.worker.handoff import prepare_dir
     from slurmrl.worker.registration import write_address_file
-    from slurmrl.worker.server import ServiceInfo, ServiceServer, serve
+    from slurmrl.worker.server import ServiceInfo, ServiceServer, advertised_host, serve
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -137,7 +145,7 @@ def worker(
                                control_secret=control, handoff_dir=handoff_dir)
     except ValueError as exc:  # e.g. a secret too short to be one from mint_secret()
         raise click.UsageError(f"job secret or ${CONTROL_ENV}: {exc}") from exc
-    shown_host = advertise_host or (socket.gethostname() if host in ("0.0.0.0", "::") else host)
+    shown_host = advertised_host(host, advertise_host)
 
     class AddressFileError(Exception):
         pass
@@ -154,7 +162,7 @@ def worker(
                    f"{address} pid {os.getpid()}", err=False)
 
     try:
-        asyncio.run(serve(server, host, port, on_ready))
+        asyncio.run(serve(server, host, port, on_ready, advertise_host=shown_host))
     except (BackendError, AddressFileError) as exc:
         click.echo(f"slurmrl worker: error: {exc}", err=True)
         sys.exit(1)

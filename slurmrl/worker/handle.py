@@ -1,12 +1,17 @@
 """The driver's (and the controller's) blocking client for one service.
 
 `ServiceHandle(address, secret, job_id, role)` signs every request with the job's
-secret and keeps one HTTP/1.1 keep-alive connection (guarded by a lock: one call at a
-time per handle). Failures raise `ServiceError` carrying the server's message;
-`ServiceParked` (409) means the service is not active — call it inside a held lease.
-Every answer must carry the service's signature (`tokens.answer_mac`; a streamed one in
-its last bytes): one that does not (another process on a dead service's port) is a
-`ServiceUnreachable`, as a service that is gone would be.
+secret, made out to the service at `address` (`host:port` as the controller recorded
+it: a service refuses a call made out to another), and keeps one HTTP/1.1 keep-alive
+connection (guarded by a lock: one call at a time per handle). Failures raise
+`ServiceError` carrying the server's message; `ServiceParked` (409) means the service is
+not active — call it inside a held lease. Every answer must carry the service's
+signature (`tokens.answer_mac`; a streamed one in its last bytes): one that does not
+(another process on a dead service's port) is a `ServiceUnreachable`, as a service that
+is gone would be. A request body (weights, prompts, samples) goes only on a connection
+the service has so answered on: on a fresh one (the first call, or the retry after the
+service closed an idle one) a call with a body first makes a bodiless signed `status`
+call there, one more round trip; calls on a proven connection take one.
 
 Long tail: `generate(..., on_tail=f)` polls the service's `status` on a second
 connection every `poll_s` while the call runs and calls `f(active_sequences)` from the
@@ -35,6 +40,7 @@ from slurmrl.auth.tokens import (
     NONCE,
     STREAM_MAC_BYTES,
     check_answer,
+    check_service,
     sign,
     stream_mac,
 )
@@ -56,7 +62,8 @@ class ServiceParked(ServiceError):
 
 
 class ServiceUnauthorized(ServiceError):
-    """401: the signature was refused (wrong secret, or not this job's service)."""
+    """401: the signature was refused (wrong secret, not this job's service, or a
+    call made out to another service: the address is not the one it announced)."""
 
 
 class ServiceUnreachable(ServiceError):
@@ -85,8 +92,9 @@ class ServiceHandle:
         database's disk."""
         addr = address.removeprefix("http://").rstrip("/")
         host, sep, port = addr.rpartition(":")
-        if not sep or not host or not port.isdigit():
+        if not sep or not host or not port.isascii() or not port.isdigit():
             raise ValueError(f"service address {address!r} must look like host:port")
+        check_service(addr)  # every call is made out to it (`tokens.sign`)
         self.address = addr
         self.job_id = job_id
         self.role = role
@@ -109,9 +117,7 @@ class ServiceHandle:
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            self._drop()
 
     # --- data plane ----------------------------------------------------------------
 
@@ -321,82 +327,104 @@ class ServiceHandle:
     def _call_once(self, call: str, method: str, path: str, body: bytes,
                    content_type: str | None, timeout: float,
                    sink: BinaryIO | None = None) -> bytes:
+        limit = None if math.isinf(timeout) else timeout  # inf: block
         with self._lock:
             for attempt in (0, 1):
                 if sink is not None:  # a retry writes the answer from its start
                     sink.seek(0)
                     sink.truncate()
-                reused = self._conn is not None
-                limit = None if math.isinf(timeout) else timeout  # inf: block
-                if self._conn is None:
-                    self._conn = http.client.HTTPConnection(self._host, self._port,
-                                                            timeout=limit)
-                conn = self._conn
+                # kept: a connection the service has answered on, signed (below)
+                reused = self._conn is not None and self._conn.sock is not None
+                conn = self._conn if reused else None
+                if conn is None:
+                    self._drop()
+                    conn = self._conn = http.client.HTTPConnection(self._host, self._port,
+                                                                   timeout=limit)
                 conn.timeout = limit
                 if conn.sock is not None:
                     conn.sock.settimeout(limit)
-                # signed per attempt: a retry must not look like a replay
-                headers = dict(sign(self._secret, method, path, body))
-                nonce = headers[NONCE]
-                if content_type:
-                    headers["Content-Type"] = content_type
                 try:
-                    if conn.sock is None:
+                    if not reused:
                         conn.connect()
                         _keepalive(conn.sock)
-                    conn.request(method, path, body=body, headers=headers)
-                    resp = conn.getresponse()
-                    status = resp.status
-                    signature = resp.getheader(ANSWER)
-                    if sink is not None and status == 200:
-                        try:
-                            _copy(resp, sink, call, self.address,
-                                  stream_mac(self._secret, nonce))
-                        except ServiceError:
-                            conn.close()  # the rest is unread: this connection is done
-                            self._conn = None
-                            raise
-                        data = b""
-                        break
-                    cap = self.max_answer_bytes
-                    data = resp.read() if cap is None else resp.read(cap + 1)
-                    if cap is not None and len(data) > cap:
-                        conn.close()  # the rest is unread: this connection is done
-                        self._conn = None
-                        raise ServiceError(call, status, f"{self.address} answered more "
-                                           f"than {cap} bytes")
+                        if body:  # not a byte of it before the peer proved who it is
+                            self._prove(conn, call, limit)
+                    status, data = self._exchange(conn, call, method, path, body,
+                                                  content_type, sink, self.max_answer_bytes)
                     break
                 except _RETRYABLE as exc:
-                    conn.close()
-                    self._conn = None
+                    self._drop()
                     # the server closed an idle keep-alive connection: retry once, fresh
                     if reused and attempt == 0:
                         continue
                     raise ServiceUnreachable(call, None, f"{self.address}: {exc}") from exc
                 except (TimeoutError, OSError) as exc:
-                    conn.close()
-                    self._conn = None
+                    self._drop()
                     what = "timed out" if isinstance(exc, TimeoutError) else str(exc)
                     raise ServiceUnreachable(call, None, f"{self.address}: {what}") from exc
-        if sink is not None and status == 200:
-            return data  # its signature checked as it streamed (`_copy`)
-        if status not in (401, 413) and not check_answer(self._secret, nonce, status, data,
-                                                          signature):
-            # a refusal before any secret opened the call (401, or 413: a body too large
-            # to be read) is the one answer a service cannot sign; it carries no result
-            raise _impostor(call, self.address)
+                except ServiceError:
+                    self._drop()  # its peer unproven, or an answer left unread
+                    raise
+            if not reused and status in (401, 413):
+                self._drop()  # an unsigned answer proves nothing of who gave it
         if status == 200:
             return data
-        try:
-            message = str(json.loads(data)["error"])
-        except (ValueError, KeyError, TypeError):
-            message = data[:500].decode(errors="replace") or http.client.responses.get(
-                status, "error")
-        cls = {409: ServiceParked, 401: ServiceUnauthorized}.get(status, ServiceError)
-        raise cls(call, status, message)
+        raise _refusal(call, status, data)
+
+    def _drop(self) -> None:
+        """Close this handle's connection: the next call opens (and proves) a new one."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _prove(self, conn: http.client.HTTPConnection, call: str,
+               limit: float | None) -> None:
+        """Before a body goes out on a fresh connection: a bodiless signed `status` on
+        it, which the service must answer signed, within the control plane's timeout at
+        most. A process that took a dead service's port so gets no body (weights,
+        prompts, samples): `ServiceUnreachable` (`_impostor`), or the 401 it answered."""
+        assert conn.sock is not None
+        conn.sock.settimeout(self.timeout_s if limit is None else min(limit, self.timeout_s))
+        status, data = self._exchange(conn, call, "GET", "/v1/status", b"", None, None,
+                                      PROOF_ANSWER_BYTES)
+        if status != 200:
+            raise _refusal(call, status, data)
+        if conn.sock is None:  # closed after it answered: the body would go elsewhere
+            raise ServiceUnreachable(call, None, f"{self.address} closed the connection "
+                                     "after proving itself")
+        conn.sock.settimeout(limit)
+
+    def _exchange(self, conn: http.client.HTTPConnection, call: str, method: str,
+                  path: str, body: bytes, content_type: str | None,
+                  sink: BinaryIO | None, cap: int | None) -> tuple[int, bytes]:
+        """One signed request on `conn`, made out to this service, and its answer's
+        status and body (b"": a 200 streamed into `sink`), read up to `cap` bytes
+        (None: any), its signature checked (a streamed one as it streams, `_copy`).
+        Only a refusal made before any secret opened the call (401, or 413: a body too
+        large to be read) comes unsigned: a service cannot sign it, and it carries no
+        result. ServiceError where the answer is not the service's, or is too large."""
+        headers = dict(sign(self._secret, method, path, body, service=self.address))
+        nonce = headers[NONCE]  # signed per attempt: a retry must not look like a replay
+        if content_type:
+            headers["Content-Type"] = content_type
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        status = resp.status
+        if sink is not None and status == 200:
+            _copy(resp, sink, call, self.address, stream_mac(self._secret, nonce))
+            return status, b""
+        data = resp.read() if cap is None else resp.read(cap + 1)
+        if cap is not None and len(data) > cap:
+            raise ServiceError(call, status, f"{self.address} answered more than {cap} "
+                               "bytes")
+        if status not in (401, 413) and not check_answer(self._secret, nonce, status, data,
+                                                          resp.getheader(ANSWER)):
+            raise _impostor(call, self.address)
+        return status, data
 
 
 STREAM_CHUNK = 1 << 20  #: bytes read from the socket at a time when streaming an answer
+PROOF_ANSWER_BYTES = 1 << 20  #: the largest `status` answer read to prove a connection
 
 
 class _SinkFailed(Exception):
@@ -413,6 +441,17 @@ def _keepalive(sock: socket.socket | None) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 60)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 10)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 6)
+
+
+def _refusal(call: str, status: int, data: bytes) -> ServiceError:
+    """The error a service's non-200 answer stands for, with its message."""
+    try:
+        message = str(json.loads(data)["error"])
+    except (ValueError, KeyError, TypeError):
+        message = data[:500].decode(errors="replace") or http.client.responses.get(
+            status, "error")
+    cls = {409: ServiceParked, 401: ServiceUnauthorized}.get(status, ServiceError)
+    return cls(call, status, message)
 
 
 def _impostor(call: str, address: str) -> ServiceUnreachable:

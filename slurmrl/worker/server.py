@@ -3,11 +3,14 @@
 Control plane (the controller): `POST /v1/park`, `POST /v1/activate`, `POST /v1/stop`,
 `GET /v1/status`. Data plane (the job's driver): `POST /v1/generate`,
 `POST /v1/train_step`, `GET /v1/weights` (export), `PUT /v1/weights` (import). Every
-request must carry an HMAC signature (`slurmrl.auth.tokens.sign`); anything else gets
-401. With a control secret (the controller's, one per service, never given to the job's
-driver), park, activate and stop take only that one: the job's secret, which the driver
-holds, opens the data plane and `status`, so a driver cannot wake its own parked service
-on GPUs the controller has leased to another job. The control secret opens every route.
+request must carry an HMAC signature (`slurmrl.auth.tokens.sign`) made out to this
+service, its `address` (`host:port` as it announces it, which the controller records and
+gives the driver; `serve` sets it once listening); anything else gets 401 (a call made
+out to another service: `mismatch`, naming both). With a control secret (the
+controller's, one per service, never given to the job's driver), park, activate and stop
+take only that one: the job's secret, which the driver holds, opens the data plane and
+`status`, so a driver cannot wake its own parked service on GPUs the controller has
+leased to another job. The control secret opens every route.
 Without one (a service started by hand), the job's secret opens every route. The
 control secret is in the service's environment, so code of the job's own running inside
 the service could read it: it keeps the driver out, not the job's code. Data-plane
@@ -56,6 +59,7 @@ import json
 import logging
 import os
 import signal
+import socket
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -141,6 +145,9 @@ class ServiceServer:
         self._control = None if control_secret is None else Verifier(control_secret)
         self._control_secret = control_secret
         self._max_body = max_body_bytes
+        #: the `host:port` calls must be made out to (`tokens.sign`'s `service`): what
+        #: this service announces; set by `serve` once listening, no call opens before
+        self.address: str | None = None
         self._lock = asyncio.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backend")
         self.stopped = asyncio.Event()
@@ -263,12 +270,16 @@ class ServiceServer:
         """The secret that signed the request's head, if one that opens this route did,
         and the body digest it signed (the body is checked against it once read); else
         raises AuthError."""
-        args = (request.headers, request.method, request.path_qs)
+        if self.address is None:
+            raise AuthError(AuthCode.UNAVAILABLE, "this service is not listening yet")
+        args = (request.headers, request.method, request.path_qs, self.address)
         if self._control is None or self._control_secret is None:
             return self._secret, self._verifier.verify_head(*args)
         try:
             return self._control_secret, self._control.verify_head(*args)
         except AuthError as exc:
+            if exc.code is AuthCode.MISMATCH:  # the controller's, to another service
+                raise
             if request.path in CONTROL_ONLY:
                 if exc.code is AuthCode.INVALID:
                     raise AuthError(AuthCode.INVALID, f"{request.path} is the controller's: "
@@ -540,14 +551,25 @@ class ServiceServer:
         return web.json_response({"imported_bytes": len(blob), "staged": staged})
 
 
+def advertised_host(host: str, advertise_host: str | None = None) -> str:
+    """The host a service announces: `advertise_host`, else the bound one, or this
+    machine's name where it binds every address."""
+    if advertise_host:
+        return advertise_host
+    return socket.gethostname() if host in ("0.0.0.0", "::") else host
+
+
 async def serve(
     server: ServiceServer,
     host: str,
     port: int,
     on_ready: Callable[[int], None],
     install_signals: bool = True,
+    advertise_host: str | None = None,
 ) -> None:
-    """Load the backend, listen, call `on_ready(port)`, and serve until stopped.
+    """Load the backend, listen, call `on_ready(port)`, and serve until stopped. The
+    service's `address`, which every call must be made out to, is
+    `advertised_host(host, advertise_host):port`.
 
     SIGTERM and SIGINT (what `scancel` and `srun` send a step) stop it like `stop` does.
     """
@@ -566,8 +588,10 @@ async def serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.stopped.set)
     try:
-        bound = runner.addresses[0]
-        on_ready(int(bound[1]))
+        bound = int(runner.addresses[0][1])
+        # before anything awaits: no call is served before the service knows its name
+        server.address = f"{advertised_host(host, advertise_host)}:{bound}"
+        on_ready(bound)
         await server.stopped.wait()
         # let the stop reply (and any call in flight) finish before closing the backend
         await asyncio.sleep(0.05)

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from slurmrl.auth import AuthCode, AuthError
-from slurmrl.auth.tokens import NONCE, SIGNATURE, TIMESTAMP, Verifier, mint_secret, sign
+from slurmrl.auth.tokens import (
+    NONCE,
+    SERVICE,
+    SIGNATURE,
+    TIMESTAMP,
+    Verifier,
+    mint_secret,
+    sign,
+)
 
 NOW = 1_800_000_000.0
 
@@ -158,3 +166,48 @@ def test_short_secret_is_rejected() -> None:
         Verifier("hunter2")
     with pytest.raises(ValueError, match="at least 16 bytes"):
         sign(b"", "GET", "/")
+
+
+# --- a service's calls: each made out to one service ---------------------------------
+
+ROLLOUT0, ROLLOUT1 = "node1:40001", "node2:40001"  #: two services of one job
+
+
+def test_a_call_opens_only_the_service_it_is_made_out_to(secret: str,
+                                                         verifier: Verifier) -> None:
+    headers = sign(secret, "POST", "/v1/generate", b"x", service=ROLLOUT0, now=NOW)
+    with pytest.raises(AuthError, match=f"made out to service {ROLLOUT0}, not to this one "
+                       f"\\({ROLLOUT1}\\)") as info:
+        verifier.verify(headers, "POST", "/v1/generate", b"x", ROLLOUT1)
+    assert info.value.code is AuthCode.MISMATCH
+    verifier.verify(headers, "POST", "/v1/generate", b"x", ROLLOUT0)  # not spent above
+    assert refused(verifier, headers, "POST", "/v1/generate", b"x",
+                   ROLLOUT0) is AuthCode.REPLAYED
+
+
+def test_the_service_a_call_names_is_signed(secret: str, verifier: Verifier) -> None:
+    headers = sign(secret, "POST", "/v1/generate", b"x", service=ROLLOUT0, now=NOW)
+    renamed = {**headers, SERVICE: ROLLOUT1}
+    assert refused(verifier, renamed, "POST", "/v1/generate", b"x",
+                   ROLLOUT1) is AuthCode.INVALID
+
+
+def test_a_service_refuses_a_call_that_names_no_service(secret: str,
+                                                        verifier: Verifier) -> None:
+    # as a session's call is signed, or an older driver's: naming no service
+    headers = sign(secret, "POST", "/v1/generate", b"x", now=NOW)
+    with pytest.raises(AuthError, match=f"lacks {SERVICE}") as info:
+        verifier.verify_head(headers, "POST", "/v1/generate", ROLLOUT0)
+    assert info.value.code is AuthCode.MALFORMED
+    # and a session's verifier (no service) does not take a service's call
+    to_service = sign(secret, "POST", "/v1/generate", b"x", service=ROLLOUT0, now=NOW)
+    assert refused(verifier, to_service, "POST", "/v1/generate", b"x") is AuthCode.INVALID
+    malformed = {**to_service, SERVICE: "node1 :1"}
+    assert refused(verifier, malformed, "POST", "/v1/generate", b"x",
+                   ROLLOUT0) is AuthCode.MALFORMED
+
+
+@pytest.mark.parametrize("service", ["", "node1:1\n", "node 1:1", "n\u00e9:1"])
+def test_a_service_address_must_be_printable_ascii(secret: str, service: str) -> None:
+    with pytest.raises(ValueError, match="not a service address"):
+        sign(secret, "GET", "/v1/status", service=service)

@@ -17,11 +17,11 @@ from click.testing import CliRunner
 
 from slurmrl.auth.tokens import mint_secret
 from slurmrl.controller.residency import footprints_for_job
-from slurmrl.controller.services import ServiceSpec, UserIds, worker_argv
+from slurmrl.controller.services import ServiceSpec, UserIds, step_env, worker_argv
 from slurmrl.gpu.estimate import GiB
 from slurmrl.model import Layout, RlRequest
 from slurmrl.worker import server as worker_server
-from slurmrl.worker.cli import SECRET_ENV, worker
+from slurmrl.worker.cli import worker
 
 
 def _worker_args(spec: ServiceSpec, tmp_path: Path) -> list[str]:
@@ -31,8 +31,10 @@ def _worker_args(spec: ServiceSpec, tmp_path: Path) -> list[str]:
     return argv[argv.index("slurmrl.worker") + 1:]
 
 
-def _served_limit(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    """The request-size limit of the server the worker would listen with."""
+def _served_limit(spec: ServiceSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The request-size limit of the server the worker would listen with, given the
+    launcher's arguments and the step's environment (the model comes in the latter)."""
+    args = _worker_args(spec, tmp_path)
     seen: dict[str, Any] = {}
 
     async def serve(server: Any, *a: Any, **k: Any) -> None:
@@ -42,7 +44,7 @@ def _served_limit(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     # no engine is started: vLLM would only load in serve (as the tiny model does)
     result = CliRunner().invoke(worker, [a for a in args if a != "--address-file"
                                          and not a.endswith("/address")],
-                                env={SECRET_ENV: mint_secret()})
+                                env=step_env(spec, mint_secret(), mint_secret()))
     assert result.exit_code == 0, result.output
     # what aiohttp refuses a body over (413): the limit the server was built with
     return int(seen["server"].app()._client_max_size)
@@ -53,7 +55,7 @@ def _served_limit(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
 def test_a_rollout_takes_a_weights_upload_of_its_whole_model(
         model: str, params: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = ServiceSpec(7, "rollout", "someone", (0,), backend="vllm", model=model)
-    limit = _served_limit(_worker_args(spec, tmp_path), monkeypatch)
+    limit = _served_limit(spec, tmp_path, monkeypatch)
     # the state_dict in bf16 is over the old 1 GiB limit; even in fp32 it fits now
     assert params * 2 > GiB
     assert limit >= params * 4 + (64 << 20)

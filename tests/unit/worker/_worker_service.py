@@ -54,10 +54,11 @@ def start(
 
 
 @contextmanager
-def http_standin(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+def http_standin(handler: type[BaseHTTPRequestHandler], port: int = 0) -> Iterator[str]:
     """A plain HTTP server on loopback answering with `handler` (a service stand-in that
-    answers as a test says); yields its host:port."""
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    answers as a test says), on `port` (0: any free one; a given one may be a stopped
+    service's, which it binds as another user's process could); yields its host:port."""
+    srv = ThreadingHTTPServer(("127.0.0.1", port), handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         yield f"127.0.0.1:{srv.server_address[1]}"

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import click
@@ -13,6 +16,7 @@ from click.testing import CliRunner
 from slurmrl.auth.tokens import mint_secret
 from slurmrl.cli.main import cli
 from slurmrl.worker.cli import SECRET_ENV, read_secret
+from slurmrl.worker.handle import ServiceHandle, ServiceUnauthorized
 from slurmrl.worker.handoff import prepare_dir
 
 
@@ -134,3 +138,37 @@ def test_an_address_file_it_cannot_write_is_named_not_taken_for_a_port(
     assert result.exit_code == 1, result.output
     assert f"cannot write --address-file {where}" in result.output
     assert "cannot listen" not in result.output
+
+
+def test_the_worker_takes_calls_made_out_to_the_address_it_announces(
+        tmp_path: Path) -> None:
+    # the controller records the address file's host:port and gives it to the driver:
+    # that is the name a call must be made out to, not the one the worker binds
+    secret = mint_secret()
+    addr_file = tmp_path / "address"
+    env = {**os.environ, SECRET_ENV: secret}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slurmrl.worker", "--backend", "tiny", "--role", "rollout",
+         "--job-id", "9", "--host", "127.0.0.1", "--advertise-host", "localhost",
+         "--address-file", str(addr_file)], env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not addr_file.exists():
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the worker did not announce itself"
+            time.sleep(0.1)
+        announced = addr_file.read_text().strip()
+        port = announced.rsplit(":", 1)[1]
+        assert announced == f"localhost:{port}"
+        handle = ServiceHandle(announced, secret, "9", "rollout", timeout_s=30)
+        assert handle.generate(["1+1="], max_tokens=2).samples
+        bound = ServiceHandle(f"127.0.0.1:{port}", secret, "9", "rollout", timeout_s=30)
+        with pytest.raises(ServiceUnauthorized, match=f"not to this one \\({announced}\\)"):
+            bound.status()
+        handle.stop()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -137,7 +137,7 @@ def test_a_handed_off_copy_needs_handoff_to_wake_and_a_parked_one_cannot_hand_of
 
 def _raw_post(svc: Running, path: str, obj: dict[str, Any]) -> tuple[int, str]:
     body = json.dumps(obj).encode()
-    headers = sign(svc.secret, "POST", path, body)
+    headers = sign(svc.secret, "POST", path, body, service=svc.address)
     host, port = svc.address.split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:

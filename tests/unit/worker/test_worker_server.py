@@ -64,13 +64,15 @@ def test_unsigned_call_is_refused_with_a_reason(rollout_service: Running) -> Non
 def test_wrong_secret_and_replay_and_tampering_are_refused(rollout_service: Running) -> None:
     with pytest.raises(ServiceUnauthorized, match="another job's key"):
         _handle(rollout_service, mint_secret()).generate(PROMPTS)
-    headers = sign(rollout_service.secret, "GET", "/v1/status", b"")
+    headers = sign(rollout_service.secret, "GET", "/v1/status", b"",
+                   service=rollout_service.address)
     assert _raw(rollout_service, "GET", "/v1/status", b"", headers)[0] == 200
     status, body = _raw(rollout_service, "GET", "/v1/status", b"", headers)
     assert status == 401 and body["code"] == "replayed"
     signed_for = json.dumps({"prompts": ["1="]}).encode()
     sent = json.dumps({"prompts": ["9="]}).encode()
-    headers = sign(rollout_service.secret, "POST", "/v1/generate", signed_for)
+    headers = sign(rollout_service.secret, "POST", "/v1/generate", signed_for,
+                   service=rollout_service.address)
     assert _raw(rollout_service, "POST", "/v1/generate", sent, headers)[0] == 401
 
 
@@ -98,7 +100,8 @@ def test_wrong_secret_and_replay_and_tampering_are_refused(rollout_service: Runn
 def test_malformed_generate_gets_400_naming_the_problem(
     rollout_service: Running, body: bytes, message: str
 ) -> None:
-    headers = sign(rollout_service.secret, "POST", "/v1/generate", body)
+    headers = sign(rollout_service.secret, "POST", "/v1/generate", body,
+                   service=rollout_service.address)
     status, reply = _raw(rollout_service, "POST", "/v1/generate", body, headers)
     assert status == 400
     assert re.search(message, str(reply["error"]))
@@ -129,7 +132,8 @@ def test_out_of_range_numbers_get_400_naming_the_field(
     svc, stop = start(role, mint_secret())
     try:
         body = json.dumps(obj).encode()
-        status, reply = _raw(svc, "POST", path, body, sign(svc.secret, "POST", path, body))
+        status, reply = _raw(svc, "POST", path, body, sign(svc.secret, "POST", path, body,
+                                                                service=svc.address))
         assert status == 400 and re.search(message, str(reply["error"]))
         if role is Role.TRAINER:  # and the trainer trains on, its weights untouched
             h = ServiceHandle(svc.address, svc.secret, "42", "trainer", timeout_s=30)
@@ -157,7 +161,8 @@ def test_bad_park_level_and_unknown_route(rollout_service: Running) -> None:
     with pytest.raises(ServiceError, match="level must be 1") as err:
         h.park(level=7)
     assert err.value.status == 400
-    headers = sign(rollout_service.secret, "GET", "/v1/nothing", b"")
+    headers = sign(rollout_service.secret, "GET", "/v1/nothing", b"",
+                   service=rollout_service.address)
     host, port = rollout_service.address.split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     conn.request("GET", "/v1/nothing", headers=headers)
@@ -388,14 +393,16 @@ def test_a_call_without_a_valid_signed_head_is_refused_before_its_body_is_read(
         rollout_service: Running) -> None:
     # anyone reaching the port made the service buffer up to --max-body-mb (1 GiB) per
     # call before it looked at the signature
-    forged = {**sign("not-the-jobs-secret-" * 2, "PUT", "/v1/weights", b"x" * 10)}
+    forged = {**sign("not-the-jobs-secret-" * 2, "PUT", "/v1/weights", b"x" * 10,
+                     service=rollout_service.address)}
     for head in ({}, forged):
         answer = _head_then_wait(rollout_service, head, 500 << 20)
         assert answer.startswith(b"HTTP/1.1 401"), answer[:80]
 
 
 def test_a_body_other_than_the_one_signed_for_is_refused(rollout_service: Running) -> None:
-    head = sign(rollout_service.secret, "POST", "/v1/generate", b'{"prompts": ["1+1="]}')
+    head = sign(rollout_service.secret, "POST", "/v1/generate", b'{"prompts": ["1+1="]}',
+                service=rollout_service.address)
     status, body = _raw(rollout_service, "POST", "/v1/generate", b'{"prompts": ["2+2="]}',
                         head)
     assert status == 401 and "not the one the call was signed for" in str(body["error"])
