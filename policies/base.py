@@ -156,7 +156,9 @@ class Action(StrEnum):
 
 @dataclass(frozen=True)
 class Placement:
-    """A pairing decision for one waiting job."""
+    """A pairing decision for one waiting job. `action` an `Action` (its plain string is
+    taken as it; any other value is an error naming the policy: the simulator stops,
+    the controller logs it and the job waits)."""
 
     job_id: int
     action: Action
@@ -178,8 +180,11 @@ class PairingPolicy(Protocol):
     """Places waiting jobs: join an existing pool, open a new one, or run dedicated.
 
     Called with every waiting job at once (a batch), so a policy may match them among
-    themselves. Returns one placement per waiting job. `OPEN` placements that should
-    share with each other use the same (negative, provisional) `pool_id`.
+    themselves. Returns one placement per waiting job (a list, or any iterable: it is
+    read once). `OPEN` placements that should share with each other use the same
+    (negative, provisional) `pool_id`; a `JOIN` names an open pool of the snapshot.
+    `mode` is required (`PoolMode.LEASE` for a policy the controller runs; the registry
+    takes the plain string of a member as that member, and refuses any other value).
 
     Optional attributes, read where present: `fixed_group` (an int, see `fixed_group`),
     `slice_policy` (the name of the slice policy its pools run in the simulator, which
@@ -188,10 +193,10 @@ class PairingPolicy(Protocol):
 
     A join (or a second `OPEN` of the same provisional pool) is a request: the caller
     enacts it only where the pool still takes the job (the controller's guard,
-    `SlurmPools._joinable`: not dedicated, fewer members than `max_jobs_per_pool`, the
-    job's window inside the pool, memory; the simulator's, `Simulation._refusal`, checks
-    the same, the members' compatibility and `closed` too), else the job opens a pool of
-    its own: it never waits for a partner.
+    `SlurmPools._joinable`, and the simulator's, `Simulation._refusal`: not dedicated,
+    not `closed`, fewer members than `max_jobs_per_pool`, the job's window inside the
+    pool, members that may share (`complementarity.compatible`), memory), else the job
+    opens a pool of its own: it never waits for a partner.
     """
 
     name: str
@@ -204,7 +209,8 @@ def fixed_group(policy: object) -> int | None:
     """How many members a group of `policy` has for good (its optional `fixed_group`
     attribute), or None where its groups are not fixed. A pool that has had that many
     members takes no new one, even after a member leaves: the caller (the simulator,
-    the controller) marks it `PoolSnapshot.closed`."""
+    the controller) marks it `PoolSnapshot.closed`, and its join guard refuses a join
+    to it (the job opens a pool of its own)."""
     n = getattr(policy, "fixed_group", None)
     return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
 
@@ -217,6 +223,10 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True)
 class Admission:
+    """An admission decision. `verdict` a `Verdict` (its plain string is taken as it; any
+    other value is an error naming the policy: the simulator stops, the controller logs
+    it and refuses the job)."""
+
     verdict: Verdict
     reason: str = ""
 

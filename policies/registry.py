@@ -9,9 +9,11 @@ checks each parameter against the constructor's signature and annotations (an un
 key names the ones it takes; a value of the wrong type names the type expected: an int
 passes for a float, a bool for neither, a float must be finite), then the constructor
 checks ranges; after, that the object built has the extension point's protocol
-(`policies/base.py`). Known limit: only annotations of plain types (bool, int, float,
-str, None, `Literal`, unions, tuples, lists and dicts of them) are checked; a parameter
-annotated otherwise, or not at all, goes to the constructor as given.
+(`policies/base.py`), a pairing policy's `mode` a `PoolMode` (the plain string of one
+is taken as that member). Known limit: only annotations of plain types (bool, int,
+float, str, None, `Literal`, unions, tuples, lists and dicts of them) are checked; a
+parameter annotated otherwise, or not at all, or with an annotation that does not
+resolve (a name imported only under `TYPE_CHECKING`), goes to the constructor as given.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ import contextlib
 import importlib
 import inspect
 import math
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from policies.admission_limits import SiteLimitsAdmission
-from policies.base import AdmissionPolicy, PairingPolicy, SlicePolicy
+from policies.base import AdmissionPolicy, PairingPolicy, PoolMode, SlicePolicy
 from policies.pairing_dedicated import DedicatedPairing
 from policies.pairing_default import ComplementaryPairing
 from policies.pairing_fifo_lock import FifoLockPairing
@@ -123,12 +126,9 @@ def load(kind: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
 def _check_params(what: str, factory: Callable[..., Any], params: Mapping[str, Any]) -> None:
     """Each of `params` against `factory`'s signature and annotations (module doc)."""
     try:
-        sig = inspect.signature(factory)
+        sig = _signature(factory)
     except (TypeError, ValueError):  # a builtin without a signature: the call will tell
         return
-    # an annotation that does not resolve leaves them all unchecked, the names still are
-    with contextlib.suppress(Exception):
-        sig = inspect.signature(factory, eval_str=True)
     takes = {p.name: p for p in sig.parameters.values()
              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     open_ended = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
@@ -151,6 +151,36 @@ def _check_params(what: str, factory: Callable[..., Any], params: Mapping[str, A
     missing = [k for k, p in takes.items() if p.default is p.empty and k not in params]
     if missing:
         raise UnknownPolicy(f"{what}: missing required {', '.join(map(repr, missing))}")
+
+
+def _signature(factory: Callable[..., Any]) -> inspect.Signature:
+    """`factory`'s signature with its annotations resolved, each on its own: one that
+    does not resolve (a name imported only under `TYPE_CHECKING`, with `from __future__
+    import annotations`) stays a string, and only its parameter goes unchecked."""
+    sig = inspect.signature(factory)
+    with contextlib.suppress(Exception):  # all resolve: the common case
+        return inspect.signature(factory, eval_str=True)
+    # the names an annotation may use: those of the module that defines the signature
+    # (a class's `__init__`, possibly inherited from another module's class)
+    defining = getattr(factory, "__init__", factory) if isinstance(factory, type) else factory
+    defining = inspect.unwrap(defining)
+    ns = getattr(defining, "__globals__", None)
+    if not isinstance(ns, dict):
+        module = sys.modules.get(getattr(factory, "__module__", "") or "")
+        ns = vars(module) if module is not None else {}
+    return sig.replace(parameters=[p.replace(annotation=_resolve(p.annotation, ns))
+                                   for p in sig.parameters.values()])
+
+
+def _resolve(hint: Any, ns: dict[str, Any]) -> Any:
+    """A string annotation evaluated in `ns` (as `inspect.signature(eval_str=True)`
+    does), or left as it is where it does not resolve."""
+    if not isinstance(hint, str):
+        return hint
+    try:
+        return eval(hint, ns)
+    except Exception:  # any error an annotation's expression may raise
+        return hint
 
 
 def _conforms(value: Any, hint: Any) -> bool:
@@ -222,7 +252,8 @@ def _plural(hint: Any) -> str:
 
 
 def _check_protocol(kind: str, name: str, policy: object) -> None:
-    """`policy` has the members of `kind`'s protocol (methods callable)."""
+    """`policy` has the members of `kind`'s protocol (methods callable); a pairing
+    policy's `mode` is a `PoolMode` (`_check_mode`)."""
     protocol, members = PROTOCOLS[kind]
     missing = []
     for member in members:
@@ -235,3 +266,26 @@ def _check_protocol(kind: str, name: str, policy: object) -> None:
             f"{kind} policy {name!r} is not a {kind} policy: the {type(policy).__name__} it "
             f"builds has no {', '.join(missing or members)} (policies/base.py "
             f"{protocol.__name__})")
+    if kind == "pairing":
+        _check_mode(name, policy)
+
+
+def _check_mode(name: str, policy: Any) -> None:
+    """The pairing policy's `mode` is a `PoolMode`: the plain string of a member (`mode =
+    "lease"`) is set to that member, for the callers compare members by identity (a
+    string ran as another mode: `"lease"` as whole-pool locks in the simulator)."""
+    value = policy.mode
+    if isinstance(value, PoolMode):
+        return
+    valid = ", ".join(f"PoolMode.{m.name}" for m in PoolMode)
+    try:
+        mode = PoolMode(value)
+    except (TypeError, ValueError):
+        raise UnknownPolicy(f"pairing policy {name!r}: mode {value!r} is not a pool mode; "
+                            f"valid: {valid} (policies/base.py)") from None
+    try:
+        policy.mode = mode
+    except AttributeError:  # a read-only property, a frozen dataclass, slots
+        raise UnknownPolicy(f"pairing policy {name!r}: mode {value!r} must be "
+                            f"PoolMode.{mode.name}, not its string (policies/base.py)"
+                            ) from None

@@ -27,7 +27,12 @@ from slurmrl.auth.tokens import mint_secret
 from slurmrl.config import Config
 from slurmrl.controller.manager import AttachedPools, PoolManager
 from slurmrl.controller.metrics import Metrics
-from slurmrl.controller.placement import job_snapshot, load_policies, site_limits
+from slurmrl.controller.placement import (
+    admission_of,
+    job_snapshot,
+    load_policies,
+    site_limits,
+)
 from slurmrl.controller.scheduler import LeaseScheduler
 from slurmrl.controller.validate import RpcError
 from slurmrl.db import JobRecord, PoolRecord, Store, WindowRecord
@@ -212,9 +217,12 @@ class Controller:
         )
         verdict = self.policies.admission.admit(
             job_snapshot(job, self.config.slurm.pool_partition), self.policies.limits)
+        # a Verdict's plain string is taken as it; any other value refuses the job
+        verdict = admission_of(verdict, self.policies.admission.name, job_id)
         limit = self.config.limits.max_gpus_per_job
-        if verdict.verdict is Verdict.ACCEPT and request.gpus > limit:
-            # a site admission policy that ignores the hard limit still cannot pass it
+        if verdict.verdict is not Verdict.REJECT and request.gpus > limit:
+            # a site admission policy that ignores the hard limit still cannot pass it,
+            # whether it accepts the job or runs it dedicated
             verdict = replace(verdict, verdict=Verdict.REJECT, reason=(
                 f"--rl-gpus={request.gpus} exceeds this site's limit of {limit}"))
         if verdict.verdict is Verdict.REJECT:

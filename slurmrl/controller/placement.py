@@ -15,7 +15,12 @@ and Slurm, so both call the same objects with the same kind of input:
   shared), plus the controller's own open pools Slurm listed without GPUs;
 - a pool is `closed` where the pairing policy's groups are fixed
   (`policies.base.fixed_group`) and it has had that many members, ended ones included,
-  as the simulator marks it.
+  as the simulator marks it (`closed_because`); the pool manager's join guard refuses
+  it a new member, as the simulator's does;
+- a policy's answer is read through `placement_of` and `admission_of`: the plain
+  string of an `Action` or `Verdict` is taken as that member, any other value is logged
+  at ERROR naming the policy and taken as the safe outcome (the job waits; the job is
+  refused), with a reason naming the value.
 
 Known limits: free GPUs are summed over nodes while a pool needs all its GPUs on one
 node, so a fragmented partition may be over-estimated; the pool then stays pending in
@@ -33,13 +38,17 @@ from typing import TYPE_CHECKING, Any
 
 from policies import registry
 from policies.base import (
+    Action,
+    Admission,
     AdmissionPolicy,
     ClusterSnapshot,
     JobSnapshot,
     PairingPolicy,
+    Placement,
     PoolMode,
     PoolSnapshot,
     SiteLimits,
+    Verdict,
     fixed_group,
 )
 from policies.complementarity import host_bytes
@@ -123,6 +132,49 @@ def load_policies(cfg: Config) -> SitePolicies:
             f"pairing policy {p.pairing!r} forms {pairing.mode} pools, which only the "
             f"simulator runs; the controller slices by leases: {', '.join(usable)}")
     return SitePolicies(pairing, admission, site_limits(cfg))
+
+
+def placement_of(pl: Placement, policy: str) -> Placement:
+    """`pl` with its action an `Action` (the plain string of one is taken as it). Any
+    other value is logged at ERROR naming the `policy` and the job waits (a WAIT, its
+    reason naming the value): the safe outcome, which opens and joins nothing on a guess
+    and places the job once the policy says what it means."""
+    if isinstance(pl.action, Action):
+        return pl
+    try:
+        return replace(pl, action=Action(pl.action))
+    except ValueError:
+        log.error("pairing policy %r gave job %d the action %r, none of %s: it waits",
+                  policy, pl.job_id, pl.action, ", ".join(Action))
+        return replace(pl, action=Action.WAIT,
+                       reason=f"pairing policy {policy!r} gave no valid action "
+                              f"({pl.action!r})")
+
+
+def admission_of(adm: Admission, policy: str, job_id: int) -> Admission:
+    """`adm` with its verdict a `Verdict` (the plain string of one is taken as it). Any
+    other value is logged at ERROR naming the `policy` and taken as a REJECT whose
+    reason names the value: the safe outcome, for an admission policy's slip must let
+    no job past it."""
+    if isinstance(adm.verdict, Verdict):
+        return adm
+    try:
+        return replace(adm, verdict=Verdict(adm.verdict))
+    except ValueError:
+        log.error("admission policy %r gave job %d the verdict %r, none of %s: refused",
+                  policy, job_id, adm.verdict, ", ".join(Verdict))
+        return Admission(Verdict.REJECT, f"admission policy {policy!r} gave no valid "
+                                         f"verdict ({adm.verdict!r})")
+
+
+def closed_because(c: Controller, pool_id: int) -> str | None:
+    """Why the pool takes no new member, or None: the pairing policy's groups are fixed
+    (`fixed_group`) and the pool has had that many members, ended ones included."""
+    group = fixed_group(c.policies.pairing)
+    if group is None or len(c.store.jobs(pool_id=pool_id)) < group:
+        return None
+    return (f"its group of {group} is fixed (pairing policy "
+            f"{c.policies.pairing.name!r}: fixed_group)")
 
 
 #: the share of its set a rollout lease holds here before any observation: the whole
@@ -261,13 +313,12 @@ async def controller_snapshot(
         return job_snapshot(job, part, c.store.observations(job.job_id), now)
 
     open_pools = c.store.pools(open_only=True)
-    group = fixed_group(c.policies.pairing)
     pools = []
     for p in open_pools:
         if p.slurm_job_id is None:
             continue
         members = c.store.jobs(active=True, pool_id=p.pool_id)
-        closed = group is not None and len(c.store.jobs(pool_id=p.pool_id)) >= group
+        closed = closed_because(c, p.pool_id) is not None
         pools.append(pool_snapshot(p, [snap(m) for m in members], part, gpu_mem_bytes, limits,
                                    [min(m.pool_gpus, default=0) for m in members], closed,
                                    None if budget_of is None else budget_of(p)))

@@ -37,7 +37,12 @@ from typing import TYPE_CHECKING, Any
 
 from policies.base import Action, JobSnapshot, Placement
 from policies.complementarity import compatible
-from slurmrl.controller.placement import controller_snapshot, free_gpus
+from slurmrl.controller.placement import (
+    closed_because,
+    controller_snapshot,
+    free_gpus,
+    placement_of,
+)
 from slurmrl.controller.residency import (
     Footprint,
     GpuCapacity,
@@ -678,6 +683,9 @@ class SlurmPools:
                     if any(j.job_id == pl.job_id for j in waiting):
                         log.error("pairing policy %r placed job %d twice: the first "
                                   "placement stands", c.policies.pairing.name, pl.job_id)
+                    else:
+                        log.error("pairing policy %r placed job %r, which is not waiting: "
+                                  "ignored", c.policies.pairing.name, pl.job_id)
                     continue
                 try:
                     await self._enact(rec, pl, new)
@@ -691,6 +699,7 @@ class SlurmPools:
         c = self.c
         if self._ended(job.job_id):  # since the snapshot the policy placed it from
             return
+        pl = placement_of(pl, c.policies.pairing.name)  # a bad action: it waits
         if pl.gpu_offset < 0:  # a site policy's slip: the job's GPUs start at 0
             log.warning("job %d: the pairing policy placed it at GPU offset %d; at 0 "
                         "instead", job.job_id, pl.gpu_offset)
@@ -700,6 +709,15 @@ class SlurmPools:
             if job.reason != why:
                 c.store.update_job(job.job_id, reason=why)
             return
+        # a join to no pool the store holds: a policy's slip (a provisional id is an
+        # OPEN's); the job opens its own, as after any refused join
+        unknown = pl.action is Action.JOIN and (pl.pool_id is None
+                                                or c.store.pool(pl.pool_id) is None)
+        if unknown:
+            log.error("pairing policy %r told job %d to join pool %s, which does not "
+                      "exist%s; it opens its own", c.policies.pairing.name, job.job_id,
+                      pl.pool_id, " (a provisional id: jobs share a new pool by OPENs "
+                      "of the same id)" if (pl.pool_id or 0) < 0 else "")
         if self._floats(job, pl):
             await self._enact_floating(job, pl, new)
             return
@@ -712,7 +730,7 @@ class SlurmPools:
         # Slurm is asked first: no await between the guard and the job's mark below
         if join is not None and not await self._ends_first(job, join):
             target = self._joinable(job, c.store.pool(join), mine, gpus)
-        if target is None and pl.action is Action.JOIN and pl.pool_id is not None:
+        if target is None and pl.action is Action.JOIN and not unknown:
             # never wait for a partner: open alone instead
             log.info("job %d cannot join pool %s; opens its own", job.job_id, pl.pool_id)
         if target is None:
@@ -883,6 +901,9 @@ class SlurmPools:
         controller's guard, as `_joinable` for fixed pools."""
         if (pool is None or pool.state != "open" or not pool.floating or pool.dedicated
                 or pool.slurm_job_id is None or pool.pool_id in self._closing):
+            return None
+        if (why := closed_because(self.c, pool.pool_id)) is not None:
+            log.info("job %d cannot join pool %d: %s", job.job_id, pool.pool_id, why)
             return None
         members = self.c.store.jobs(active=True, pool_id=pool.pool_id)
         wins = self.c.store.windows(pool.pool_id)
@@ -1203,6 +1224,9 @@ class SlurmPools:
         if (pool is None or pool.state != "open" or pool.slurm_job_id is None or pool.dedicated
                 or pool.floating or pool.pool_id in self._closing):
             return None  # (a floating pool takes floating members only)
+        if (why := closed_because(self.c, pool.pool_id)) is not None:
+            log.info("job %d cannot join pool %d: %s", job.job_id, pool.pool_id, why)
+            return None
         members = self.c.store.jobs(active=True, pool_id=pool.pool_id)
         alone = job.request.mux is Mux.OFF or any(m.request.mux is Mux.OFF for m in members)
         if (pool.gpus <= max(gpus)

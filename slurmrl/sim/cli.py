@@ -15,8 +15,10 @@ otherwise a table. `warnings` lists joins the simulator refused (a pool that cou
 take the job: `slurmrl.sim.engine`), which then opened pools of their own, jobs the
 admission policy rejected (with the first one's reason), and a replayed trace's own
 (a recorded pool some of whose members it leaves out). A malformed
-workload or trace, or a simulation that cannot go on, fails with one line on stderr
-(exit 1). A progress bar is drawn on stderr for long runs (not with --json).
+workload or trace, a simulation that cannot go on, or a policy that raises (its
+`place`, `order` or `admit`: "pairing policy 'X' raised KeyError: ...") fails with one
+line on stderr (exit 1); any other exception, the simulator's own bug, keeps its
+traceback. A progress bar is drawn on stderr for long runs (not with --json).
 """
 
 from __future__ import annotations
@@ -66,6 +68,27 @@ def _is_trace(path: str) -> bool:
     """Whether `-w path` names a recorded trace (`*.jsonl`, in any case), not a
     workload file or suite name."""
     return path.lower().endswith(".jsonl")
+
+
+#: a policy's method -> its extension point: an exception raised within one names it
+_POLICY_METHODS = {"place": "pairing", "order": "slice", "admit": "admission"}
+
+
+def _policy_raised(exc: BaseException) -> str | None:
+    """"slice policy 'X' raised KeyError: ..." where `exc` came out of a policy's own
+    `place`, `order` or `admit` (the outermost such call of its traceback), else None.
+    The simulator names a raising `place` or `admit` itself (`SimError`); a slice
+    policy's `order` is called by the lease table at every lease pass, too often to
+    wrap, so it is told here, from the traceback, at no cost to the run."""
+    tb = exc.__traceback__
+    while tb is not None:
+        kind = _POLICY_METHODS.get(tb.tb_frame.f_code.co_name)
+        policy = tb.tb_frame.f_locals.get("self")
+        if kind is not None and isinstance(policy, registry.PROTOCOLS[kind][0]):
+            name = getattr(policy, "name", "?")  # its protocol's: it has one
+            return f"{kind} policy {name!r} raised {type(exc).__name__}: {exc}"
+        tb = tb.tb_next
+    return None
 
 
 def _rejections(runs: list[JobRun]) -> list[str]:
@@ -243,10 +266,13 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
         meta["wall_s"] = f"{time.perf_counter() - t0:.3f}"
     except SliceConflict as exc:
         raise click.UsageError(str(exc)) from None
-    except (WorkloadError, ValueError, SimError) as exc:
-        if isinstance(exc, click.UsageError):
+    except Exception as exc:
+        if isinstance(exc, click.ClickException):
             raise
-        click.echo(f"slurmrl simulate: {exc}", err=True)
+        said = _policy_raised(exc)
+        if said is None and not isinstance(exc, WorkloadError | ValueError | SimError):
+            raise  # the simulator's own bug: its traceback
+        click.echo(f"slurmrl simulate: {said or exc}", err=True)
         sys.exit(1)
     if as_json:
         try:

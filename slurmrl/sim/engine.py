@@ -9,14 +9,18 @@ pairing policy from a `ClusterSnapshot`, admitted by the real admission policy, 
 
 A join (or a second `OPEN` of one provisional pool) is enacted only where the pool still
 takes the job, as the controller's guard does (`SlurmPools._joinable`): not dedicated,
-fewer members than the site's `max_jobs_per_pool`, the job's window inside the pool,
-members that may share (`complementarity.compatible`: `--rl-group`, GPU count, layout
-split, `--rl-mux=off`), the parked state of all its members within
-`SimConfig.host_mem_per_pool_bytes`; and here also a pool not closed. A refused job
+not closed, fewer members than the site's `max_jobs_per_pool`, the job's window inside
+the pool, members that may share (`complementarity.compatible`: `--rl-group`, GPU count,
+layout split, `--rl-mux=off`), the parked state of all its members within
+`SimConfig.host_mem_per_pool_bytes`. A refused job
 opens a pool of its own (it never waits for a partner) and is listed in
 `Simulation.refused`, so a policy that ignores a constraint gains nothing from it.
 Pairing policies with fixed groups (`policies.base.fixed_group`) have a pool marked
-`PoolSnapshot.closed` once it has had that many members.
+`PoolSnapshot.closed` once it has had that many members. A policy's output is read as
+members of its enums (`PoolMode`, `Action`, `Verdict`: the plain string of one taken as
+it, any other value a `SimError` naming the policy), and a `place` or `admit` that
+raises is a `SimError` naming the policy (a slice policy's `order`, called by the lease
+table, is named by `slurmrl simulate` from the traceback).
 
 Pool modes (`PoolMode`):
 LEASE (phase leases; a rollout starts on >= half its set, asks for the rest with a second
@@ -74,15 +78,17 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from policies.base import (
     Action,
+    Admission,
     AdmissionPolicy,
     ClusterSnapshot,
     JobSnapshot,
     PairingPolicy,
+    Placement,
     PoolMode,
     PoolSnapshot,
     SiteLimits,
@@ -111,6 +117,11 @@ PARTITION = "pools"
 
 class SimError(RuntimeError):
     """The simulation reached an impossible state: a bug in a policy or the simulator."""
+
+
+def _raised(kind: str, policy: Any, exc: Exception) -> SimError:
+    """A policy's own exception, as one line naming the policy (raised `from` it)."""
+    return SimError(f"{kind} policy {policy.name!r} raised {type(exc).__name__}: {exc}")
 
 
 @dataclass
@@ -265,7 +276,11 @@ class Simulation:
                  progress: Callable[[float], None] | None = None) -> None:
         self.cfg, self.pairing, self.admission = config, pairing, admission
         self.slice_factory = slice_factory
-        self.mode = pairing.mode
+        try:  # a member, compared by identity below ("lease" may come as the string)
+            self.mode = PoolMode(pairing.mode)
+        except ValueError:
+            raise SimError(f"pairing policy {pairing.name!r} has mode {pairing.mode!r}; "
+                           f"valid: {', '.join(PoolMode)}") from None
         #: members after which a pool takes no new one (the policy's fixed groups)
         self.group = fixed_group(pairing)
         self.quantum_s = 0.0
@@ -382,7 +397,12 @@ class Simulation:
 
     def _on_arrive(self, job_id: int) -> None:
         run = self.runs[job_id]
-        verdict = self.admission.admit(self._snapshot(run), self.cfg.limits)
+        try:
+            verdict = self.admission.admit(self._snapshot(run), self.cfg.limits)
+        except Exception as exc:
+            raise _raised("admission", self.admission, exc) from exc
+        if not isinstance(verdict.verdict, Verdict):
+            verdict = self._verdict(job_id, verdict)
         if verdict.verdict is Verdict.REJECT:
             run.admitted, run.reject_reason = False, verdict.reason
             self._left -= 1
@@ -418,7 +438,12 @@ class Simulation:
                                {} if self.cfg.floating_across_nodes
                                else {PARTITION: self.cfg.gpus_per_node})
         jobs = {j.job_id: j for j in itertools.chain(snap.waiting, *(p.members for p in pools))}
-        placements = self.pairing.place(snap)
+        try:  # a list: a generator would be spent by the check below
+            placements = list(self.pairing.place(snap))
+        except Exception as exc:
+            raise _raised("pairing", self.pairing, exc) from exc
+        placements = [pl if isinstance(pl.action, Action) else self._action(pl)
+                      for pl in placements]
         if sorted(p.job_id for p in placements) != sorted(r.job.job_id for r in self.waiting):
             raise SimError(f"pairing policy {self.pairing.name!r} must place every waiting job")
         new: dict[int, Pool] = {}
@@ -433,7 +458,10 @@ class Simulation:
             if pl.action is Action.JOIN:
                 pool = self.pools.get(pl.pool_id if pl.pool_id is not None else 0)
                 if pool is None:
-                    raise SimError(f"job {pl.job_id} told to join unknown pool {pl.pool_id}")
+                    raise SimError(
+                        f"pairing policy {self.pairing.name!r} told job {pl.job_id} to join "
+                        f"unknown pool {pl.pool_id}" + (" (a provisional id: jobs share a "
+                        "new pool by OPENs of the same id)" if (pl.pool_id or 0) < 0 else ""))
             elif pl.action is Action.OPEN and pl.pool_id in new:
                 pool = new[pl.pool_id]
             if pool is not None:
@@ -471,6 +499,22 @@ class Simulation:
         self.waiting = still
         for pool in touched.values():  # windows more than members go back at once
             self._retire_spare(pool)
+
+    def _action(self, pl: Placement) -> Placement:
+        """`pl` with its action a member (a policy may give the plain string)."""
+        try:
+            return replace(pl, action=Action(pl.action))
+        except ValueError:
+            raise SimError(f"pairing policy {self.pairing.name!r} gave job {pl.job_id} "
+                           f"action {pl.action!r}; valid: {', '.join(Action)}") from None
+
+    def _verdict(self, job_id: int, adm: Admission) -> Admission:
+        """`adm` with its verdict a member (a policy may give the plain string)."""
+        try:
+            return replace(adm, verdict=Verdict(adm.verdict))
+        except ValueError:
+            raise SimError(f"admission policy {self.admission.name!r} gave job {job_id} "
+                           f"verdict {adm.verdict!r}; valid: {', '.join(Verdict)}") from None
 
     def _closed(self, pool: Pool) -> bool:
         """Whether the pool takes no new member: its fixed group was complete."""

@@ -11,17 +11,19 @@ import asyncio
 import threading
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from _loop import Clock, run
 
+from policies.base import Admission, JobSnapshot, SiteLimits, Verdict
 from slurmrl.config import Config
 from slurmrl.controller.core import Controller
 from slurmrl.controller.server import Api
 from slurmrl.controller.views import job_view
 from slurmrl.db import JobRecord, Store
 from slurmrl.leases import LeaseError
-from slurmrl.model import Identity, JobState, Phase, RlRequest
+from slurmrl.model import Identity, JobState, Mux, Phase, RlRequest
 from slurmrl.slurm import JobInfo, SlurmJobState
 
 ALICE = Identity(1001, 1001, "alice")
@@ -216,4 +218,61 @@ async def test_a_max_slowdown_over_the_sites_cap_is_accepted_and_the_user_told()
     assert job.state is JobState.PENDING
     # what `slurmrl status` shows while it waits for a pool
     assert job.reason == "PoolPending (--rl-max-slowdown=3.0 capped at the site's 1.5)"
+    await c.stop()
+
+
+class Judges:
+    """A site admission policy that gives the verdict it is given (a slip: a string)."""
+
+    name = "judges"
+
+    def __init__(self, verdict: Any) -> None:
+        self.verdict = verdict
+
+    def admit(self, job: JobSnapshot, limits: SiteLimits) -> Admission:
+        return Admission(self.verdict, "told so")
+
+
+@pytest.mark.parametrize(("verdict", "gpus", "why"), [
+    ("reject", 1, "told so"),  # it was accepted
+    # any other value refuses the job (it was accepted, past the GPU limit too)
+    ("maybe", 4, "admission policy 'judges' gave no valid verdict ('maybe')"),
+    # a dedicated job is held to the site's GPU limit as an accepted one is
+    (Verdict.DEDICATED, 4, "--rl-gpus=4 exceeds this site's limit of 2"),
+    ("dedicated", 4, "--rl-gpus=4 exceeds this site's limit of 2"),
+])
+@run
+async def test_an_admission_verdict_is_read_as_a_verdict_and_the_gpu_limit_holds(
+        caplog: pytest.LogCaptureFixture, verdict: Any, gpus: int, why: str) -> None:
+    from slurmrl.config.schema import LimitsConfig
+    from slurmrl.controller.validate import RpcError
+
+    store = Store(":memory:")
+    c = Controller(Config(limits=LimitsConfig(max_gpus_per_job=2)), store,
+                   OneJobSlurm())  # type: ignore[arg-type]
+    c.policies = replace(c.policies, admission=Judges(verdict))
+    await c.start()
+    try:
+        with pytest.raises(RpcError) as err:
+            await c.register(ALICE, 7, {"SLURMRL_GPUS": str(gpus), "SLURMRL_MODEL": "tiny"})
+        assert (err.value.status, str(err.value)) == (403, f"admission refused: {why}")
+        rec = store.job(7)
+        assert rec is not None and rec.state is JobState.FAILED
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert errors == ([] if verdict != "maybe" else [
+            "admission policy 'judges' gave job 7 the verdict 'maybe', none of accept, "
+            "reject, dedicated: refused"])
+    finally:
+        await c.stop()
+
+
+@run
+async def test_a_dedicated_verdict_given_as_a_string_runs_the_job_dedicated() -> None:
+    store = Store(":memory:")
+    c = Controller(Config(), store, OneJobSlurm())  # type: ignore[arg-type]
+    c.policies = replace(c.policies, admission=Judges("dedicated"))
+    await c.start()
+    job = await c.register(ALICE, 7, {"SLURMRL_GPUS": "2", "SLURMRL_MODEL": "tiny"})
+    assert job.state is JobState.PENDING and job.request.mux is Mux.OFF  # run dedicated
+    assert job.reason == "PoolPending (dedicated: told so)"
     await c.stop()

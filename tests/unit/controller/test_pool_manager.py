@@ -788,3 +788,128 @@ async def test_a_pool_takes_no_more_members_than_the_site_allows(tmp_path: Path)
     pools = [site.job(j).pool_id for j in (1, 2, 3)]
     assert pools[0] == pools[1] and pools[2] not in (None, pools[0])
     await site.c.stop()
+
+
+class Says:
+    """A site policy's slip: every waiting job given `action` as a plain string (a pool
+    of its own opened, where it is an OPEN)."""
+
+    name = "says"
+    mode = PoolMode.LEASE
+
+    def __init__(self, action: Any) -> None:
+        self.action = action
+
+    def place(self, snap: ClusterSnapshot) -> list[Placement]:
+        return [Placement(j.job_id, self.action, -1, j.request.gpus) for j in snap.waiting]
+
+
+def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+
+
+@pytest.mark.parametrize(("action", "placed", "reason"), [
+    ("open", True, ""),
+    ("wait", False, "PoolPending"),  # it was enacted as an OPEN
+    # nor may a value of no Action open a pool: the job waits, told why
+    ("bogus", False, "PoolPending: pairing policy 'says' gave no valid action ('bogus')"),
+])
+@run
+async def test_an_action_given_as_a_string_is_its_member_and_any_other_waits(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, action: str, placed: bool,
+        reason: str) -> None:
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE})
+    site.c.policies = replace(site.c.policies, pairing=Says(action))
+    await site.c.register(ALICE, 7, ENV)
+    await site.settle()
+    job = site.job(7)
+    assert (job.pool_id is not None, job.reason) == (placed, reason)
+    assert bool(site.allocator.running) is placed
+    bad = [m for m in _errors(caplog) if "'says'" in m]
+    assert bad == ([] if action != "bogus" else [
+        "pairing policy 'says' gave job 7 the action 'bogus', none of join, open, "
+        "dedicated, wait: it waits"])
+    await site.c.stop()
+
+
+class JoinsNowhere:
+    """A site policy's slip: every job told to join pool `pool_id`, which is none."""
+
+    name = "joins-nowhere"
+    mode = PoolMode.LEASE
+
+    def __init__(self, pool_id: int | None) -> None:
+        self.pool_id = pool_id
+
+    def place(self, snap: ClusterSnapshot) -> list[Placement]:
+        return [Placement(j.job_id, Action.JOIN, self.pool_id) for j in snap.waiting]
+
+
+@pytest.mark.parametrize(("pool_id", "more"), [
+    (4242, ""), (None, ""),
+    (-1, " (a provisional id: jobs share a new pool by OPENs of the same id)")])
+@run
+async def test_a_join_to_no_pool_is_logged_as_the_policys_error_and_opens_one(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, pool_id: int | None,
+        more: str) -> None:
+    # it was an INFO line, as for a pool that may no longer take the job
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE})
+    site.c.policies = replace(site.c.policies, pairing=JoinsNowhere(pool_id))
+    await site.c.register(ALICE, 7, ENV)
+    await site.settle()
+    assert site.job(7).state is JobState.RUNNING and site.allocator.running == {101}
+    assert _errors(caplog) == [f"pairing policy 'joins-nowhere' told job 7 to join pool "
+                               f"{pool_id}, which does not exist{more}; it opens its own"]
+    await site.c.stop()
+
+
+class AndAnother(JoinFirst):
+    """A site policy's slip: a placement for a job that is not waiting, besides."""
+
+    name = "and-another"
+
+    def place(self, snap: ClusterSnapshot) -> list[Placement]:
+        return [*super().place(snap), Placement(999, Action.OPEN, -2, 2)]
+
+
+@run
+async def test_a_placement_for_a_job_not_waiting_is_logged_as_the_policys_error(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE})
+    site.c.policies = replace(site.c.policies, pairing=AndAnother())
+    await site.c.register(ALICE, 7, ENV)
+    await site.settle()
+    assert site.job(7).state is JobState.RUNNING and site.allocator.running == {101}
+    assert _errors(caplog) == ["pairing policy 'and-another' placed job 999, which is not "
+                               "waiting: ignored"]
+    await site.c.stop()
+
+
+class FixedPairs(JoinFirst):
+    """Fixed pairs (`fixed_group`): a pool that has had two members takes no third."""
+
+    name = "fixed-pairs"
+    fixed_group = 2
+
+
+@run
+async def test_a_pool_whose_fixed_group_was_complete_takes_no_new_member(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # it was marked closed for the policy, and joined anyway (the simulator refuses)
+    caplog.set_level("INFO", logger="slurmrl.controller.pools")
+    carol = Identity(1003, 1003, "carol")
+    site = await _site(Store(tmp_path / "c.db"), jobs={1: ALICE, 2: BOB, 3: carol})
+    site.c.policies = replace(site.c.policies, pairing=FixedPairs())
+    for who, job_id in ((ALICE, 1), (BOB, 2)):
+        await site.c.register(who, job_id, ENV)
+        await site.settle()
+    pool = site.job(1).pool_id
+    assert pool is not None and site.job(2).pool_id == pool
+    await site.c.end_job(1, JobState.COMPLETED, "driver done")  # room for one more...
+    await site.c.register(carol, 3, ENV)  # ...which the policy asks for
+    await site.settle()
+    job = site.job(3)
+    assert job.state is JobState.RUNNING and job.pool_id not in (None, pool)
+    assert (f"job 3 cannot join pool {pool}: its group of 2 is fixed (pairing policy "
+            "'fixed-pairs': fixed_group)") in caplog.messages
+    await site.c.stop()

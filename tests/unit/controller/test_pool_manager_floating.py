@@ -1341,3 +1341,27 @@ def test_a_pool_lost_while_the_controller_was_down_leaves_no_state_on_its_nodes(
         await site2.c.stop()
 
     asyncio.run(main())
+
+
+class FloatPairs(FloatFirst):
+    """Fixed pairs (`fixed_group`) in floating pools: a pool that has had two members
+    takes no third, though the site allows four."""
+
+    name = "float-pairs"
+    fixed_group = 2
+
+
+@run
+async def test_a_floating_pool_whose_fixed_group_was_complete_takes_no_new_member(
+        tmp_path: Path) -> None:
+    # it was marked closed for the policy, and joined anyway (the simulator refuses)
+    site = await _site(Store(tmp_path / "c.db"))
+    site.c.policies = replace(site.c.policies, pairing=FloatPairs())
+    await site.register(ALICE, 7)
+    await site.register(BOB, 8)
+    await site.register(CAROL, 9)
+    a, b, c = site.job(7), site.job(8), site.job(9)
+    assert a.pool_id is not None and b.pool_id == a.pool_id
+    assert c.state is JobState.RUNNING and c.pool_id not in (None, a.pool_id)
+    assert len(site.c.store.windows(a.pool_id)) == 2  # no window added for job 9
+    await site.c.stop()

@@ -167,3 +167,72 @@ def test_site_limits_partitions_fall_back_to_the_pool_partition_where_no_submit_
                                submit_partition="drivers")
     verdict = adm.admit(from_drivers, SiteLimits())
     assert verdict.verdict is Verdict.REJECT and "'drivers'" in verdict.reason
+
+
+def _site_module(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, name: str, code: str) -> None:
+    (tmp_path / f"{name}.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, name, raising=False)
+
+
+_MODES = '''
+from policies.base import Action, Placement
+
+class Mode:
+    name = "mode"
+
+    def __init__(self, mode: object = "lease") -> None:
+        self.mode = mode
+
+    def place(self, snapshot):
+        return [Placement(j.job_id, Action.DEDICATED, gpus=j.request.gpus)
+                for j in snapshot.waiting]
+'''
+
+
+def test_a_pairing_policys_mode_given_as_a_string_is_taken_as_its_member(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the callers compare modes by identity: "lease" ran as whole-pool locks in the
+    # simulator, and the controller refused it as "forms lease pools"
+    from policies.base import PoolMode
+
+    _site_module(tmp_path, monkeypatch, "sitemodes", _MODES)
+    assert registry.load("pairing", "sitemodes:Mode").mode is PoolMode.LEASE
+    assert registry.load("pairing", "sitemodes:Mode", {"mode": "gang"}).mode is PoolMode.GANG
+    with pytest.raises(registry.UnknownPolicy) as err:
+        registry.load("pairing", "sitemodes:Mode", {"mode": "leases"})
+    assert str(err.value) == ("pairing policy 'sitemodes:Mode': mode 'leases' is not a pool "
+                              "mode; valid: PoolMode.LEASE, PoolMode.LOCK, PoolMode.GANG "
+                              "(policies/base.py)")
+
+
+_TYPE_CHECKING_ONLY = '''
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from slurmrl.leases.types import PoolView
+
+class Slice:
+    name = "slice"
+
+    def __init__(self, max_skips: int = 4, hint: PoolView | None = None) -> None:
+        self.max_skips, self.hint = max_skips, hint
+
+    def order(self, view):
+        return list(view.waiting)
+'''
+
+
+@pytest.mark.parametrize(("value", "shown"), [(True, "true"), (2.5, "2.5"), ("2", "'2'")])
+def test_an_annotation_that_does_not_resolve_leaves_the_others_checked(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, value: object, shown: str) -> None:
+    # a name imported only for type checkers (`hint`) left every parameter unchecked
+    _site_module(tmp_path, monkeypatch, "sitehints", _TYPE_CHECKING_ONLY)
+    with pytest.raises(registry.UnknownPolicy) as err:
+        registry.load("slice", "sitehints:Slice", {"max_skips": value})
+    assert str(err.value) == ("slice policy 'sitehints:Slice': bad parameters: parameter "
+                              f"'max_skips' must be an integer, got {shown}")
+    # the one it cannot resolve goes to the constructor as given
+    assert registry.load("slice", "sitehints:Slice", {"hint": 3, "max_skips": 2}).hint == 3
