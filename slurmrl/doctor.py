@@ -90,11 +90,15 @@ def load_settings(config_path: str | None, controller_url: str | None,
     else:
         loaded = True
         src = cfg.source or ""
-        bad = _policy_problem(cfg) or _backend_problem(cfg)
-        if bad:
-            res = CheckResult("config", Level.FAIL, bad,
+        policy, backend = _policy_problem(cfg), _backend_problem(cfg)
+        if policy:
+            res = CheckResult("config", Level.FAIL, policy,
                               "name a listed policy, or fix its [policies.params] table "
                               "(docs/site-policies.md)")
+        elif backend:
+            res = CheckResult("config", Level.FAIL, backend,
+                              "install a pyslurm matching your Slurm, or set [slurm] backend "
+                              "= \"command\" or \"auto\" (docs/install.md)")
         elif src:
             res = CheckResult("config", Level.OK, f"site config {src} loads; policies "
                               f"{cfg.policies.pairing}/{cfg.policies.slice}/"

@@ -25,6 +25,7 @@ from policies import registry
 from slurmrl.config import Config, ConfigError, load
 
 if TYPE_CHECKING:
+    from slurmrl.db import Store
     from slurmrl.slurm import SlurmBackend
 
 
@@ -159,18 +160,31 @@ async def check_listen(cfg: Config) -> None:
         await srv.wait_closed()
 
 
+def open_store(cfg: Config) -> Store:
+    """The controller's DB, or a ConfigError naming `controller.db_path` where it cannot
+    be had (a directory, a path it may not write, a file that is no slurmrl DB)."""
+    from slurmrl.db import Store, StoreError
+
+    try:
+        return Store(cfg.controller.db_path)
+    except (OSError, StoreError) as exc:
+        why = f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) and \
+            exc.strerror else str(exc)
+        raise ConfigError(cfg.source_of("controller.db_path"), "controller.db_path",
+                          f"cannot open the DB {cfg.controller.db_path!r}: {why}") from None
+
+
 async def _run(cfg: Config, debug_invariants: bool, pool_manager: str = "attached",
                services_dir: str | None = None) -> None:
     from slurmrl.controller.core import Controller
     from slurmrl.controller.server import serve
-    from slurmrl.db import Store
 
     slurm = slurm_backend(cfg)  # before the DB: a backend that cannot be had changes nothing
     await check_listen(cfg)  # so is an address it cannot listen on
     if pool_manager == "slurm":  # and a services directory it may not use
         check_services_dir(cfg, services_dir)
         check_slurm_commands()  # and Slurm commands it cannot run
-    store = Store(cfg.controller.db_path)
+    store = open_store(cfg)
     store.checkpoint_in_background()
     pools = None
     if pool_manager == "slurm":  # issue 4: pools and services on Slurm

@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 
 API_VERSION = "v1"
 MAX_WAIT_S = 300.0
+#: how long a stop waits for the requests under way (a lease request's long poll is cut
+#: short: its request is kept for the restart, and its driver retries)
+SHUTDOWN_S = 2.0
 PUBLIC = {("GET", "/v1/ping"), ("HEAD", "/v1/ping"), ("GET", "/metrics"), ("HEAD", "/metrics")}
 CTRL: web.AppKey[Controller] = web.AppKey("controller", Controller)
 SESSIONS: web.AppKey[sessions.SessionTable] = web.AppKey("sessions", sessions.SessionTable)
@@ -643,7 +646,10 @@ async def serve(c: Controller, host: str, port: int) -> web.AppRunner:
             await metrics.cleanup()
 
         app.on_cleanup.append(stop_metrics)  # the caller cleans up the returned runner only
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # aiohttp's default wait at a stop (60 s, then 60 more) outlasted systemd's
+    # TimeoutStopSec whenever a driver waited for GPUs
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=SHUTDOWN_S)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()

@@ -247,6 +247,8 @@ def test_config_fails_for_a_pyslurm_backend_the_controller_would_refuse(
     (r,) = run_checks(load_settings(str(cfg), None), ["config"])
     assert r.level is Level.FAIL
     assert r.detail.startswith(f"{cfg}: slurm.backend: the pyslurm backend cannot be used")
+    # and the fix it suggests is about the backend, not about policies
+    assert "[slurm] backend" in r.remedy and "policy" not in r.remedy
 
 
 def test_the_controller_url_of_an_ipv6_host_is_bracketed(tmp_path: Path) -> None:

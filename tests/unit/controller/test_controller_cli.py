@@ -167,3 +167,20 @@ def test_a_pool_manager_without_slurms_commands_stops_it_before_the_db_exists(
     assert "PATH: the Slurm commands scancel, scontrol, sinfo, srun are not on the " \
         "controller's PATH" in res.output, res.output
     assert not db_dir.exists()
+
+
+@pytest.mark.parametrize("where", ["a directory", "a file that is no DB"])
+def test_a_db_path_it_cannot_open_is_named_by_its_key(tmp_path: Path, where: str) -> None:
+    # an OSError ("[Errno 21] Is a directory") said nothing of which setting was wrong
+    db = tmp_path / "db"
+    if where == "a directory":
+        db.mkdir()
+    else:
+        db.write_bytes(b"not sqlite at all, but long enough to be read as a header" * 4)
+    with socket.create_server(("127.0.0.1", 0)) as free:
+        port = free.getsockname()[1]
+    site = tmp_path / "site.toml"
+    site.write_text(f'[controller]\ndb_path = "{db}"\nhost = "127.0.0.1"\nport = {port}\n')
+    res = CliRunner().invoke(controller, ["--config", str(site)])
+    assert res.exit_code == 1
+    assert f"{site}: controller.db_path: cannot open the DB '{db}': " in res.output, res.output

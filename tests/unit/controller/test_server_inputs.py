@@ -4,6 +4,7 @@ malformed bodies and frames, a malformed credential, and where `/metrics` is ser
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator, Sequence
@@ -223,3 +224,40 @@ def test_a_head_of_ping_needs_no_credential_as_its_get(tmp_path: Path) -> None:
             return head.status, get.status
 
     assert asyncio.run(main()) == (200, 200)
+
+
+def test_a_stop_does_not_wait_out_a_drivers_long_poll(tmp_path: Path) -> None:
+    # a driver waiting for GPUs (a 30 s long poll by default, up to 300 s) held a stop
+    # for as long, past systemd's TimeoutStopSec: SIGKILL, `Result: timeout`
+    async def main() -> float:
+        store = Store(tmp_path / "c.db")
+        c = Controller(Config(), store, FakeSlurm())  # type: ignore[arg-type]
+        with socket.create_server(("127.0.0.1", 0)) as free:
+            port = free.getsockname()[1]
+        runner = await serve(c, "127.0.0.1", port)
+        grant = runner.app[SESSIONS].open(ALICE)
+        url = f"http://127.0.0.1:{port}"
+
+        async def call(path: str, body: dict[str, Any]) -> int:
+            raw = json.dumps(body).encode()
+            signed = sessions.sign(grant.session_id, grant.key, "POST", path, raw)
+            async with aiohttp.ClientSession() as s, \
+                    s.post(url + path, data=raw, headers=signed) as r:
+                return r.status
+
+        assert await call("/v1/jobs", {"job_id": 100, "env": {"SLURMRL_GPUS": "2"}}) == 200
+        poll = asyncio.ensure_future(call("/v1/jobs/100/leases",
+                                          {"phase": "rollout", "wait_s": 120}))
+        await asyncio.sleep(0.5)  # waiting (the job has no pool)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        c.scheduler.stopping = True  # as `slurmrl controller` does on SIGTERM
+        await runner.cleanup()
+        took = loop.time() - t0
+        await c.stop()
+        store.close()
+        with contextlib.suppress(aiohttp.ClientError):
+            await poll  # the driver sees its connection drop, and retries
+        return took
+
+    assert asyncio.run(main()) < 10.0
