@@ -45,10 +45,11 @@ JOB_COLS: list[Field] = [
     ("DEDIC-S", 8, True, lambda j: _gpu_s(j["dedicated_gpu_s"])),
     ("SAVED", 6, True, lambda j: _pct(j["saved"])),
     ("SLOWDN", 6, True, lambda j: "n/a" if j["slowdown"] is None else f"{j['slowdown']:.2f}"),
-    ("LEASES", 6, True, lambda j: str(j["leases"])),
-    ("WAIT-S", 7, True, lambda j: f"{j['wait']['total_s']:.1f}"),
-    ("P50", 6, True, lambda j: _s(j["wait"]["p50_s"])),
-    ("P95", 6, True, lambda j: _s(j["wait"]["p95_s"])),
+    # another user's, through the controller: its requests unread (`-`, not 0)
+    ("LEASES", 6, True, lambda j: "-" if j["leases"] is None else str(j["leases"])),
+    ("WAIT-S", 7, True, lambda j: _wait(j, "total_s", 1)),
+    ("P50", 6, True, lambda j: _wait(j, "p50_s", 2)),
+    ("P95", 6, True, lambda j: _wait(j, "p95_s", 2)),
     ("REWARD", 0, False, lambda j: _reward(j)),
 ]
 POOL_COLS: list[Field] = [
@@ -71,8 +72,10 @@ def _gpu_s(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
-def _s(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
+def _wait(j: dict[str, Any], key: str, digits: int) -> str:
+    """A job's wait figure `key`; `-` where its requests were not read, or none."""
+    x = None if j["wait"] is None else j["wait"][key]
+    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def _reward(j: dict[str, Any]) -> str:
@@ -266,7 +269,8 @@ def _ledger(rep: Report) -> str:
             f"dedicated ({t.dedicated_gpu_s / 3600:.3f} GPU-h): saved {_pct(t.saved)}; "
             f"pools held {t.pool_gpu_s:.1f} GPU-s"
             + (f" ({len(rep.jobs) - t.jobs} more jobs not counted: never placed in a "
-               "pool, or another user's)" if t.jobs < len(rep.jobs) else ""))
+               "pool, before their first request, or another user's)"
+               if t.jobs < len(rep.jobs) else ""))
 
 
 def _envelope(payload: dict[str, Any], errors: list[str], warnings: list[str],

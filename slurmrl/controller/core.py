@@ -243,14 +243,18 @@ class Controller:
         await self.pools.job_registered(job)
         return self.store.job(job_id) or job
 
-    async def end_job(self, job_id: int, state: JobState, reason: str) -> None:
-        """The job ended (deregistered, or Slurm says so): revoke its leases."""
+    async def end_job(self, job_id: int, state: JobState, reason: str,
+                      at: float | None = None) -> None:
+        """The job ended (deregistered, or Slurm says so): revoke its leases. `at`: when
+        it ended, if before now (its lost pool's end); never before it registered."""
         job = self.store.job(job_id)
         if job is None or job.state.terminal:
             return
+        now = self.clock()
+        ended_at = now if at is None else max(job.registered_at, min(now, at))
         with self.store.transaction():
             self.scheduler.remove_job(job_id, job.pool_id, "job-ended")
-            self.store.update_job(job_id, state=state, reason=reason, ended_at=self.clock(),
+            self.store.update_job(job_id, state=state, reason=reason, ended_at=ended_at,
                                   phase=None)
         ev = self._placed.pop(job_id, None)
         if ev is not None:
@@ -395,7 +399,7 @@ class Controller:
                 if g.dissolved_at is None:
                     self.store.dissolve_group(g.group_id, max(at, g.created_at))
         for job in self.store.jobs(active=True, pool_id=pool_id):
-            await self.end_job(job.job_id, JobState.CANCELLED, reason)
+            await self.end_job(job.job_id, JobState.CANCELLED, reason, at)
 
     def place_job(self, job_id: int, pool_id: int, pool_gpus: tuple[int, ...],
                   group_id: int | None = None) -> None:
@@ -452,7 +456,8 @@ class Controller:
                 log.exception("reconcile failed")
 
     async def _end_jobs_of_closed_pools(self) -> None:
-        """End the active jobs placed in a closed pool, with the pool's close reason.
+        """End the active jobs placed in a closed pool, with the pool's close reason,
+        when it closed.
 
         `close_pool` closes the pool in one transaction, then ends its members one at a
         time: a crash (or an error) in between leaves members running in a closed pool.
@@ -460,7 +465,8 @@ class Controller:
         for job in self.store.jobs(active=True):
             pool = None if job.pool_id is None else self.store.pool(job.pool_id)
             if pool is not None and pool.state == "closed":
-                await self.end_job(job.job_id, JobState.CANCELLED, pool.reason or "pool closed")
+                await self.end_job(job.job_id, JobState.CANCELLED, pool.reason or "pool closed",
+                                   pool.closed_at)
 
     async def reconcile(self) -> None:
         """End RL jobs whose Slurm job or pool ended; let the pool manager check pools."""

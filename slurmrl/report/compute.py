@@ -19,14 +19,16 @@ Definitions (also in docs/user-guide.md):
   the GPU time it left idle could not go to anyone else); none for a job never placed
   in a pool (it waited, it did not save 100%) or whose leases the caller may not read
   (another user's, through the controller);
-- totals: over the jobs placed whose leases were read; a `--rl-mux=off` job counts as
+- totals: over the jobs placed whose leases were read and that made a phase request
+  (before one a job has nothing granted or dedicated); a `--rl-mux=off` job counts as
   granted its whole dedicated allocation (so the totals' saved agrees with the rows'),
   not its GPU-S: `Totals.charged_whole` names such jobs;
 - slowdown: wall time / wall time of the same job (matched by name) in a baseline run
   (a dedicated `--rl-mux=off` run); `None` — shown as "n/a" — when no baseline is given
   or the name is not in it. Never estimated;
 - wait: `granted_at - requested_at` of each granted lease; requests never granted
-  are counted apart;
+  are counted apart; none, nor a lease count, where the caller may not read its
+  requests (another user's, through the controller);
 - pool utilisation: leased GPU-seconds / (pool GPUs × time the pool was open), over
   every hold in the pool, whichever jobs the report lists (`ReportInput.holds` may hold
   other jobs' holds for that: they count in no job row);
@@ -154,8 +156,8 @@ class JobReport:
     saved: float | None
     slowdown: float | None  #: None: no baseline for this job
     baseline_wall_s: float | None
-    wait: WaitStats
-    leases: int
+    wait: WaitStats | None  #: None: another user's, not visible to the caller
+    leases: int | None  #: None: another user's, not visible to the caller
     rewards: tuple[tuple[int, float, float], ...]  #: (step, at, reward)
     reward_first: float | None  #: mean of the first min(5, n//2) reported steps
     reward_last: float | None  #: mean of the last min(5, n//2) reported steps
@@ -175,7 +177,8 @@ class PoolReport:
 
 @dataclass(frozen=True)
 class Totals:
-    """Over the jobs counted: placed in a pool, their GPU-seconds visible to the caller."""
+    """Over the jobs counted: placed in a pool, their GPU-seconds visible to the caller,
+    with a phase request made."""
 
     jobs: int
     granted_gpu_s: float
@@ -303,9 +306,10 @@ def compute(
             saved=(None if not j.visible or not placed else 0.0 if j.dedicated
                    else (1 - g / dedic) if dedic > 0 else None),
             slowdown=(wall / base) if base else None, baseline_wall_s=base,
-            wait=WaitStats(len(ws), sum(ws), quantile(ws, 0.5), quantile(ws, 0.95),
-                           never.get(j.job_id, 0)),
-            leases=len(ws), rewards=tuple((p.step, p.at, p.reward) for p in pts),
+            wait=(WaitStats(len(ws), sum(ws), quantile(ws, 0.5), quantile(ws, 0.95),
+                            never.get(j.job_id, 0)) if j.visible else None),
+            leases=len(ws) if j.visible else None,
+            rewards=tuple((p.step, p.at, p.reward) for p in pts),
             reward_first=sum(vals[:w]) / w if vals else None,
             reward_last=sum(vals[-w:]) / w if vals else None,
         ))
@@ -333,12 +337,13 @@ def compute(
             handoffs=sum(1 for x in hand if x.pool_id == p.pool_id), dedicated=p.dedicated,
         ))
     # the totals count what the rows' SAVED counts: a --rl-mux=off job as costing its
-    # whole dedicated allocation; neither another user's job (its GPU-seconds unread)
-    # nor a job never placed (it used nothing, and would save 100%)
+    # whole dedicated allocation; neither another user's job (its GPU-seconds unread),
+    # nor a job never placed (it used nothing, and would save 100%), nor one placed
+    # that made no phase request yet (nothing granted, nothing dedicated)
     counted = [(r, info) for r, info in zip(jobs, sorted(data.jobs, key=lambda j: j.job_id),
                                             strict=True)
-               if r.granted_gpu_s is not None and (info.pool_id is not None
-                                                    or r.granted_gpu_s > 0)]
+               if r.granted_gpu_s is not None and info.job_id in first
+               and (info.pool_id is not None or r.granted_gpu_s > 0)]
     tg = sum((r.dedicated_gpu_s if info.dedicated else r.granted_gpu_s) or 0.0
              for r, info in counted)
     td = sum(r.dedicated_gpu_s or 0.0 for r, _ in counted)

@@ -119,9 +119,10 @@ def test_others_jobs_in_a_users_report_show_no_gpu_seconds_and_count_in_no_total
     theirs = [j for j in out.jobs if j.job_id in (200, 300)]
     # their leases were not read: not "0 GPU-s, 100% saved"
     assert [(j.granted_gpu_s, j.saved) for j in theirs] == [(None, None), (None, None)]
-    assert out.totals.jobs == 1  # Alice's own, dedicated: saved nothing
-    # it made no phase request yet: a dedicated allocation would have cost nothing so
-    # far, so the totals have nothing to compare (not "100% saved")
+    # Alice's own, dedicated, made no phase request yet: a dedicated allocation would
+    # have cost nothing so far, so the totals count no job and have nothing to compare
+    # (not "100% saved")
+    assert out.totals.jobs == 0
     assert (out.totals.dedicated_gpu_s, out.totals.saved) == (0.0, None)
     assert [j.dedicated_gpu_s for j in theirs] == [None, None]  # their requests unread
 
@@ -144,7 +145,8 @@ def test_a_users_report_renders_where_the_site_hides_other_users_names(
     rows = {line.split()[0]: line.split() for line in res.output.splitlines()
             if line.split() and line.split()[0].isdigit()}
     assert rows["100"][1] == "alice" and rows["200"][1] == "-"
-    assert "2 more jobs not counted: never placed in a pool, or another user's" in res.output
+    assert ("3 more jobs not counted: never placed in a pool, before their first request, "
+            "or another user's") in res.output
 
 
 def test_a_report_of_some_jobs_via_the_controller_lists_only_their_pools(
