@@ -33,7 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from policies.base import Action, JobSnapshot, Placement
 from policies.complementarity import compatible
@@ -63,6 +63,7 @@ from slurmrl.controller.services import (
 from slurmrl.controller.views import physical_gpus
 from slurmrl.db import JobRecord, PoolRecord, ServiceRecord, WindowRecord
 from slurmrl.db.readings import add_lease_reading
+from slurmrl.leases import LeaseError
 from slurmrl.leases.types import Lease
 from slurmrl.model import JobState, Mux, Phase, Residency
 from slurmrl.slurm import BatchSpec, JobInfo, SlurmBackend, SlurmError, SlurmJobState
@@ -81,6 +82,8 @@ POOL_COMMENT = "slurmrl pool"
 SWEEP_INTERVAL_S = 60.0
 #: the host budget for parked state where the site sets none and Slurm reports no memory
 UNKNOWN_HOST_BUDGET = 64 << 30
+#: how long a restart waits for a re-attached service to say its residency
+REATTACH_STATUS_TIMEOUT_S = 10.0
 
 
 class PoolError(RuntimeError):
@@ -433,7 +436,9 @@ class SlurmPools:
 
         Those of a job that has ended, or that was being placed when the controller died
         (not placed in the service's pool), are stopped: such a job waits again and is
-        placed anew."""
+        placed anew. Each re-attached service is asked its residency (`_ask_residency`):
+        the DB holds what its last park or activation answered, not one that timed out."""
+        attached: list[_Live] = []
         for svc in self.c.store.services(live_only=True):
             job = self.c.store.job(svc.job_id)
             if job is None or job.state.terminal or job.pool_id != svc.pool_id:
@@ -461,8 +466,29 @@ class SlurmPools:
             handle = ServiceHandle(svc.address, svc.control_secret or job.secret,
                                    str(job.job_id), svc.role,
                                    max_answer_bytes=CONTROL_ANSWER_BYTES)
-            self._live[fp.key] = _Live(svc.service_id, job.job_id, fp.name, svc.pool_id,
-                                       handle, fp)
+            live = _Live(svc.service_id, job.job_id, fp.name, svc.pool_id, handle, fp)
+            self._live[fp.key] = live
+            attached.append(live)
+        await asyncio.gather(*(self._ask_residency(live) for live in attached))
+
+    async def _ask_residency(self, live: _Live) -> None:
+        """Take a re-attached service's residency from its status (recorded in the DB where
+        that differs). One that cannot say is uncertain, as after a park that timed out:
+        taken as active, its host bytes counted, and activated again where a grant of its
+        own job needs it."""
+        try:
+            ans = await asyncio.to_thread(live.handle.status, REATTACH_STATUS_TIMEOUT_S)
+            now = Residency(str(ans["residency"]))
+        except (ServiceError, OSError, LookupError, TypeError, ValueError) as exc:
+            log.warning("service %s of job %d did not say its residency after the restart "
+                        "(%s): taken as active, and activated again where needed", live.role,
+                        live.job_id, exc)
+            live.footprint = replace(live.footprint, residency=Residency.ACTIVE,
+                                     uncertain=True)
+            return
+        if now is not live.footprint.residency:
+            self.c.store.update_service(live.record_id, residency=str(now))
+        live.footprint = replace(live.footprint, residency=now, uncertain=False)
 
     async def _sweep_allocations(self) -> None:
         """Cancel each allocation of this controller that no open pool holds:
@@ -531,22 +557,23 @@ class SlurmPools:
                  svc.service_id, svc.role, svc.job_id)
 
     def _footprints(self, job: JobRecord, gpus: Sequence[int]) -> list[Footprint]:
-        return footprints_for_job(job.job_id, job.request, gpus,
-                                  self.c.config.services.rollout_replica_gpus,
-                                  rollout_backend=self.c.config.services.rollout_backend)
+        services = self.c.config.services
+        return footprints_for_job(job.job_id, job.request, gpus, services.rollout_replica_gpus,
+                                  rollout_backend=services.rollout_backend,
+                                  trainer_backend=services.trainer_backend)
 
     def _window_footprints(self, job: JobRecord, pool: PoolRecord,
                            windows: Sequence[WindowRecord] | None = None) -> list[Footprint]:
         """A floating pool member's services: its rollout (one engine, or replicas of
         `services.rollout_replica_gpus`, whose tail can pack beside another's) and its
         trainer, on every window (`windows`, default the pool's open ones)."""
-        g = job.request.gpus
+        g, services = job.request.gpus, self.c.config.services
         return [f for w in (self.c.store.windows(pool.pool_id) if windows is None else windows)
                 for f in footprints_for_job(job.job_id, job.request,
                                             range(w.window * g, w.window * g + g),
-                                            self.c.config.services.rollout_replica_gpus,
-                                            window=w.window, rollout_backend=self.c.config
-                                            .services.rollout_backend)]
+                                            services.rollout_replica_gpus, window=w.window,
+                                            rollout_backend=services.rollout_backend,
+                                            trainer_backend=services.trainer_backend)]
 
     def _numbering(self) -> str:
         """How steps name their GPUs (`slurmrl.slurm.devices`): the site's
@@ -1351,8 +1378,7 @@ class SlurmPools:
                                   host_budget_bytes=self._host_budget(self.c.store.pool(pool_id)),
                                   gpus=lease.gpus, park_others=self.park_others)
         except ResidencyError as exc:
-            log.error("job %d %s: residency does not fit: %s", job.job_id, phase, exc)
-            return
+            self._give_back(job, pool_id, lease, f"its services cannot be made resident: {exc}")
         park = plan.park
         t1 = time.perf_counter()
         await asyncio.gather(*(self._set(k, Residency.PARKED, handoff=floating) for k in park),
@@ -1372,6 +1398,21 @@ class SlurmPools:
             log.info("handoff to job %d (%s): parked %s, dropped %s, activated %s "
                      "(%.1f/%.1f ms)", job.job_id, phase, list(park), list(plan.drop),
                      list(plan.activate), (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+
+    def _give_back(self, job: JobRecord, pool_id: int, lease: Lease, why: str) -> NoReturn:
+        """A grant whose handoff cannot be planned (nothing was parked or activated): its
+        lease is released, its GPUs going to the next waiter, and its answer is refused
+        (`LeaseError`: 409 `lease-conflict`) with `why`, rather than a lease on GPUs that
+        other services still occupy."""
+        msg = f"lease {lease.lease_id} ({lease.phase}) of job {job.job_id} given back: {why}"
+        log.error("%s", msg)
+        table = self.c.scheduler.tables.get(pool_id)
+        if table is not None and table.lease(lease.lease_id) is not None:
+            with self.c.store.transaction():  # as a driver's release: idle if it holds none
+                self.c.scheduler.release(job, lease.lease_id, {})
+                if not any(x.job_id == job.job_id for x in table.leases):
+                    self.c.store.update_job(job.job_id, phase="idle")
+        raise LeaseError(msg)
 
     async def _record_readings(self, job_id: int, lease_id: int, phase: Phase,
                                gpus: frozenset[int]) -> None:

@@ -11,8 +11,9 @@ hand-built cases and could run in the simulator unchanged.
   data-parallel replicas of that many GPUs each, so a rollout's tail can hand the GPUs
   of its finished replicas to a partner while the others still generate.
 - `plan_grant()` is called before a lease is answered: the services the phase needs
-  (`phase_roles()`; a disaggregated sync needs only the trainer) on the lease's GPUs
-  (a rollout granted part of its set activates the replicas there) are made active;
+  (`phase_roles()`; a disaggregated sync needs only the trainer) whose GPUs the lease
+  holds all of (a rollout granted part of its set activates the replicas there, never
+  an engine spanning GPUs another job holds) are made active;
   every other service on the lease's GPUs stays active only while the GPU still fits,
   otherwise it is parked — other jobs' services first, then this job's idle ones.
   Parked state goes to host memory while the node's budget (site config
@@ -41,6 +42,12 @@ only where its backend frees its host copy on a level-2 park from parked
 (`Footprint.drops_parked`: `tiny`; not `vllm`, whose sleeping engine cannot give up its
 CPU copy of the weights without waking first, `worker/protocol.py`).
 
+Host memory: a service pins its `host_bytes` while parked; one whose backend keeps its
+host buffers while active too (`KEEPS_HOST_BACKENDS`: `tiny`, `torch`, whose offloader
+allocates them at load) pins them in every residency but dropped. A service whose park
+or activation timed out (`uncertain`) is counted as pinning them, unless this plan
+activates it.
+
 Known limits: memory is planned per GPU, not per allocation block (fragmentation is not
 modelled); NVML readings are point-in-time.
 """
@@ -66,6 +73,10 @@ PHASE_ROLES: Mapping[Phase, tuple[str, ...]] = {
 #: rollout backends whose park(level=2) of a PARKED service frees its host copy (the
 #: contract in `slurmrl.worker.protocol`); a drop of a parked `vllm` rollout frees nothing
 DROPS_PARKED_BACKENDS = frozenset({"tiny"})
+#: backends whose services keep their pinned host buffers while active (`tiny`, `torch`:
+#: `worker/offload.py` allocates them at load, and an activation copies up and keeps
+#: them); only a drop frees them. A `vllm` engine pins host memory only once asleep
+KEEPS_HOST_BACKENDS = frozenset({"tiny", "torch"})
 
 
 class ResidencyError(ValueError):
@@ -93,6 +104,9 @@ class Footprint:
     #: `DROPS_PARKED_BACKENDS`); False (unknown, or `vllm`): the planner never counts a
     #: drop of it freed once it is parked, only a drop straight from active
     drops_parked: bool = False
+    #: its backend keeps its host buffers while active (`KEEPS_HOST_BACKENDS`): its
+    #: `host_bytes` are pinned in every residency but dropped or stopped
+    keeps_host: bool = False
 
     @property
     def service(self) -> str:
@@ -121,12 +135,13 @@ class Footprint:
         return 0 if r is Residency.STOPPED else self.parked_bytes
 
     def pinned_host_bytes(self, residency: Residency | None = None) -> int:
-        """Host memory its parked state pins as `residency` (default its own); one whose
-        park or activation timed out (`uncertain`) is counted as holding it while taken
-        as active too: the park may have landed."""
+        """Host memory it pins as `residency` (default its own): parked, its state; active,
+        its buffers where its backend keeps them (`keeps_host`), and where its park or
+        activation timed out (`uncertain`), since the park may have landed."""
         r = self.residency if residency is None else residency
-        parked = r is Residency.PARKED or (r is Residency.ACTIVE and self.uncertain)
-        return self.host_bytes if parked else 0
+        held = r is Residency.PARKED or (
+            r is Residency.ACTIVE and (self.uncertain or self.keeps_host))
+        return self.host_bytes if held else 0
 
 
 @dataclass(frozen=True)
@@ -151,7 +166,7 @@ class ResidencyPlan:
     park: tuple[ServiceKey, ...] = ()  #: to level 1 (weights to pinned host memory)
     drop: tuple[ServiceKey, ...] = ()  #: to level 2 (rollouts only)
     activate: tuple[ServiceKey, ...] = ()
-    host_bytes_after: int = 0  #: parked state pinned on the node once applied
+    host_bytes_after: int = 0  #: host memory pinned on the node once applied
 
     @property
     def empty(self) -> bool:
@@ -170,11 +185,13 @@ def replica_sets(gpus: Sequence[int], replica_gpus: int) -> list[tuple[int, ...]
 def footprints_for_job(job_id: int, request: RlRequest, pool_gpus: Sequence[int],
                        rollout_replica_gpus: int = 0,
                        window: int | None = None,
-                       rollout_backend: str | None = None) -> list[Footprint]:
+                       rollout_backend: str | None = None,
+                       trainer_backend: str | None = None) -> list[Footprint]:
     """The rollout (one engine, or replicas of `rollout_replica_gpus` GPUs) and trainer
     footprints of one job placed on `pool_gpus` (`window`: a floating pool's copy).
-    `rollout_backend` (the site's `services.rollout_backend`) says whether a parked
-    rollout can be dropped (`DROPS_PARKED_BACKENDS`); None: not counted on."""
+    `rollout_backend` and `trainer_backend` (the site's `services.*_backend`) say whether
+    a parked rollout can be dropped (`DROPS_PARKED_BACKENDS`) and whether a service keeps
+    its host buffers while active (`KEEPS_HOST_BACKENDS`); None: not counted on."""
     if len(pool_gpus) != request.gpus:
         raise ResidencyError(f"job {job_id} asks for {request.gpus} GPUs but is placed on "
                              f"{len(pool_gpus)}")
@@ -185,6 +202,7 @@ def footprints_for_job(job_id: int, request: RlRequest, pool_gpus: Sequence[int]
         ("rollout", None if len(sets) == 1 else i, g) for i, g in enumerate(sets)]
     services.append(("trainer", None, tuple(pool_gpus[i]
                                             for i in request.gpus_for(Phase.TRAIN))))
+    backend = {"rollout": rollout_backend, "trainer": trainer_backend}
     for role, replica, members in services:
         gpus = frozenset(members)
         try:
@@ -208,7 +226,8 @@ def footprints_for_job(job_id: int, request: RlRequest, pool_gpus: Sequence[int]
         out.append(Footprint(job_id, role, gpus, active, parked, host, replica=replica,
                              window=window,
                              drops_parked=role == "rollout"
-                             and rollout_backend in DROPS_PARKED_BACKENDS))
+                             and rollout_backend in DROPS_PARKED_BACKENDS,
+                             keeps_host=backend[role] in KEEPS_HOST_BACKENDS))
     return out
 
 
@@ -250,7 +269,8 @@ def plan_grant(
     park_others: bool = False,
 ) -> ResidencyPlan:
     """Park/drop/activate so that job `job_id`'s `phase` services run on the lease's `gpus`
-    (None: wherever they are); raise if impossible.
+    (None: wherever they are); raise if impossible. A phase's service is activated only
+    where the lease holds all its GPUs: one engine over a set cannot run on part of it.
 
     With `park_others`, other jobs' services still active on the lease's GPUs are parked
     too (an RL phase wants nearly all of a GPU's memory), but only while the node's host
@@ -261,10 +281,15 @@ def plan_grant(
     mine = [f for f in services if f.job_id == job_id]
     roles = phase_roles(phase, mine)
     held = None if gpus is None else frozenset(gpus)
-    needed = [f.key for f in mine if f.role in roles and (held is None or f.gpus & held)]
+    needed = [f.key for f in mine if f.role in roles and (held is None or f.gpus <= held)]
     if not needed:
         return ResidencyPlan(host_bytes_after=_host(by_key, {k: f.residency
                                                              for k, f in by_key.items()}))
+    activate = tuple(k for k in needed if by_key[k].residency is not Residency.ACTIVE
+                     or by_key[k].uncertain)
+    # once activated, a service whose park timed out is certain again: its host bytes
+    # count only where its backend keeps them while active
+    by_key.update((k, replace(by_key[k], uncertain=False)) for k in needed)
     touched = frozenset().union(*(by_key[k].gpus for k in needed))
     unknown = touched - cap.keys()
     if unknown:
@@ -286,12 +311,13 @@ def plan_grant(
         others = sorted((f for f in services if f.job_id != job_id and f.gpus & scope),
                         key=lambda f: (-f.active_bytes, f.key))
         for f in others:
+            # what parking it adds (nothing where its host bytes count already: its park
+            # timed out, or its backend keeps them while active)
+            more = f.pinned_host_bytes(Residency.PARKED) - f.pinned_host_bytes(state[f.key])
             if (state[f.key] is Residency.ACTIVE
-                    and _host(by_key, state) + f.host_bytes <= host_budget_bytes):
+                    and _host(by_key, state) + more <= host_budget_bytes):
                 state[f.key] = Residency.PARKED
                 park.append(f.key)
-    activate = tuple(k for k in needed if by_key[k].residency is not Residency.ACTIVE
-                     or by_key[k].uncertain)
     return ResidencyPlan(tuple(park), tuple(drop), activate, _host(by_key, state))
 
 
@@ -377,8 +403,9 @@ def _fit_host(by_key: Mapping[ServiceKey, Footprint], state: dict[ServiceKey, Re
         drop.append(k)
     if _host(by_key, state) > budget:
         raise ResidencyError(
-            f"parked trainer state needs {_gib(_host(by_key, state))} of host memory; the "
-            f"node's budget for parked state is {_gib(budget)}")
+            f"state pinned on the host (parked services, and buffers a backend keeps while "
+            f"active) needs {_gib(_host(by_key, state))} of host memory; the node's budget "
+            f"for parked state is {_gib(budget)}")
     return [k for k in parked if state[k] is Residency.PARKED], drop
 
 
@@ -387,7 +414,9 @@ def admit(new: Sequence[Footprint], members: Sequence[Footprint],
     """None if a job with services `new` can share the pool with `members`, else why not.
 
     Every phase of the new job must fit with all other services parked (or dropped),
-    and the other members' phases must still fit with the new job parked.
+    and the other members' phases must still fit with the new job parked. Host memory is
+    counted as `plan_grant` counts it: a phase's active services pin theirs too where
+    their backend keeps its buffers while active (`Footprint.keeps_host`).
     """
     cap = {c.index: c.usable_bytes for c in capacity}
     for f in new:

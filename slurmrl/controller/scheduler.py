@@ -294,7 +294,10 @@ class LeaseScheduler:
     def min_gpus_refusal(self, job: JobRecord, phase: Phase, min_gpus: int | None) -> str:
         """Why a `phase` request of `job` cannot have `min_gpus` ("" if it can): it is 1 to
         the phase's GPUs, and in a floating pool a whole window (the job's GPUs) or None.
-        Before placement the pool is not known: at most the job's GPUs, as in any pool."""
+        Before placement the pool is not known: at most the job's GPUs, as in any pool.
+        Where the job's services run (the DB lists them), a phase runs only on all of a
+        service's GPUs: its whole set, or whole replicas for a rollout run as replicas
+        (`services.rollout_replica_gpus`: one rollout service per replica)."""
         if min_gpus is None:
             return ""
         g = job.request.gpus
@@ -303,9 +306,26 @@ class LeaseScheduler:
                 f"min_gpus: job {job.job_id} is in a floating pool, whose leases are whole "
                 f"windows of {g} GPUs: no min_gpus (null or {g}), got {min_gpus}")
         most = g if job.pool_id is None else len(job.request.gpus_for(phase))
-        if 1 <= min_gpus <= most:
+        if not 1 <= min_gpus <= most:
+            return f"min_gpus must be between 1 and {most}, got {min_gpus}"
+        if job.pool_id is None or min_gpus == most:
             return ""
-        return f"min_gpus must be between 1 and {most}, got {min_gpus}"
+        services = [s for s in self.store.services(job_id=job.job_id, live_only=True)
+                    if s.pool_id == job.pool_id]
+        if not services:  # none run (an admin-attached pool's job): any part of the set
+            return ""
+        replicas = [s for s in services if s.role == "rollout"]
+        if phase is not Phase.ROLLOUT or len(replicas) < 2:
+            why = " (a rollout does only as replicas: services.rollout_replica_gpus)" if (
+                phase is Phase.ROLLOUT) else ""
+            return (f"min_gpus: job {job.job_id}'s {phase} services span all {most} GPUs of "
+                    f"the phase and cannot run on part of them{why}: no min_gpus (null or "
+                    f"{most}), got {min_gpus}")
+        unit = len(replicas[0].gpus)
+        return "" if min_gpus % unit == 0 else (
+            f"min_gpus: job {job.job_id}'s rollout runs as replicas of {unit} GPUs "
+            f"(services.rollout_replica_gpus), so a lease holds whole replicas: a multiple "
+            f"of {unit}, got {min_gpus}")
 
     async def wait(self, request_id: int, timeout_s: float,
                    withdraw_on_cancel: bool | Callable[[], bool] = True) -> Lease | None:

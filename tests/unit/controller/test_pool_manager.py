@@ -354,8 +354,9 @@ async def test_a_job_that_ends_while_being_placed_stays_ended(tmp_path: Path) ->
 @run
 async def test_parking_the_other_members_never_pins_host_memory_past_the_budget(
         tmp_path: Path) -> None:
-    # two jobs, each service 30 GiB per GPU on both GPUs: 60 GiB of host memory parked
-    budget = 130 * GiB
+    # two jobs, each service 30 GiB per GPU on both GPUs: 60 GiB of host memory each,
+    # pinned while parked and, `tiny` services keeping their buffers, while active too
+    budget = 190 * GiB
     cfg = Config(limits=LimitsConfig(parked_host_mem_per_node=budget))
     site = await _site(Store(tmp_path / "c.db"), cfg, jobs={1: ALICE, 2: BOB})
     env = {"SLURMRL_GPUS": "2", "SLURMRL_MODEL": "custom-model",
@@ -369,7 +370,7 @@ async def test_parking_the_other_members_never_pins_host_memory_past_the_budget(
 
     def pinned() -> int:
         return sum(host[(s.job_id, s.role)] for s in site.c.store.services(live_only=True)
-                   if s.residency == "parked")
+                   if s.residency in ("parked", "active"))
 
     for job_id, phase in ((1, Phase.ROLLOUT), (2, Phase.TRAIN)):
         ticket = site.c.scheduler.request(site.job(job_id), phase)
@@ -377,12 +378,13 @@ async def test_parking_the_other_members_never_pins_host_memory_past_the_budget(
         await site.pools.before_answer(site.job(job_id), ticket.lease)
         assert pinned() <= budget
         site.c.scheduler.release(site.job(job_id), ticket.request_id, {})
-    # job 2 trains: job 1's rollout had to leave the GPUs; its trainer would overflow
-    # the host budget parked, and memory does not require it, so it stays
+    # job 1 rolled out: job 2's services left the GPUs, its rollout dropped (the four
+    # services' 240 GiB would not fit the host). Job 2 trains: job 1's rollout is parked
+    # for room, its trainer too (`park_others`: parked, it pins no more than active)
     residency = {(s.job_id, s.role): s.residency
                  for s in site.c.store.services(live_only=True)}
-    assert residency[(1, "rollout")] == "parked" and residency[(1, "trainer")] == "active"
-    assert residency[(2, "trainer")] == "active"
+    assert residency == {(1, "rollout"): "parked", (1, "trainer"): "parked",
+                         (2, "rollout"): "dropped", (2, "trainer"): "active"}
     await site.c.stop()
 
 

@@ -302,3 +302,84 @@ def test_a_service_whose_park_timed_out_counts_its_host_copy_too() -> None:
                       host_budget_bytes=50 * GiB, park_others=True)
     assert plan.park == ()  # 40 + 30 GiB would pass the node's 50
     assert plan.activate == ((1, "rollout"),)
+
+
+def test_a_lease_on_part_of_a_services_gpus_does_not_activate_it() -> None:
+    # job 1 shrank its rollout lease to GPU 0 (its engine spans 0,1); job 2's train lease
+    # holds GPU 1 only: its trainer, one engine over 0,1, cannot run there, and job 1's
+    # rollout, whose job still holds GPU 0, is not parked for it
+    parked = Residency.PARKED
+    services = [fp(1, "rollout", (0, 1), 30), fp(1, "trainer", (0, 1), 30, residency=parked),
+                fp(2, "rollout", (0, 1), 30, residency=parked),
+                fp(2, "trainer", (0, 1), 50, residency=parked)]
+    plan = plan_grant(services, CAP80, job_id=2, phase=Phase.TRAIN,
+                      host_budget_bytes=1000 * GiB, gpus=(1,), park_others=True)
+    assert plan.empty
+    # on both GPUs it is activated, parking job 1's rollout
+    plan = plan_grant(services, CAP80, job_id=2, phase=Phase.TRAIN,
+                      host_budget_bytes=1000 * GiB, gpus=(0, 1))
+    assert plan.activate == ((2, "trainer"),) and plan.park == ((1, "rollout"),)
+
+
+def test_a_timed_out_service_being_activated_counts_no_parked_state() -> None:
+    # job 1's rollout: its last park timed out (taken as active, its host copy counted);
+    # its own grant activates it, so its state leaves the host: 30 GiB, not 70
+    services = [replace(fp(1, "rollout", (0,), 30, host=40), uncertain=True),
+                fp(1, "trainer", (0,), 30, host=30, residency=Residency.PARKED)]
+    plan = plan_grant(services, CAP80, job_id=1, phase=Phase.ROLLOUT,
+                      host_budget_bytes=50 * GiB, gpus=(0,))
+    assert plan.activate == ((1, "rollout"),) and plan.drop == ()
+    assert plan.host_bytes_after == 30 * GiB
+
+
+def test_parking_a_timed_out_service_of_another_job_adds_no_host_use() -> None:
+    # job 2's trainer: its park timed out, its host copy counted already; parking it
+    # again for job 1's lease pins nothing more, so it is parked, not left active there
+    services = [fp(1, "rollout", (0,), 10, host=10, residency=Residency.PARKED),
+                fp(1, "trainer", (0,), 10, host=10, residency=Residency.PARKED),
+                replace(fp(2, "trainer", (0,), 10, host=40), uncertain=True)]
+    plan = plan_grant(services, CAP80, job_id=1, phase=Phase.ROLLOUT,
+                      host_budget_bytes=55 * GiB, gpus=(0,), park_others=True)
+    assert plan.park == ((2, "trainer"),) and plan.activate == ((1, "rollout"),)
+    assert plan.host_bytes_after == 50 * GiB
+
+
+def test_footprints_know_which_backends_keep_host_buffers_while_active() -> None:
+    req = RlRequest(gpus=1, model="Qwen2.5-1.5B")
+    for ro_backend, tr_backend, keeps in (("tiny", "tiny", (True, True)),
+                                          ("vllm", "torch", (False, True)),
+                                          (None, None, (False, False))):
+        ro, tr = footprints_for_job(1, req, [0], rollout_backend=ro_backend,
+                                    trainer_backend=tr_backend)
+        assert (ro.keeps_host, tr.keeps_host) == keeps
+        assert ro.pinned_host_bytes(Residency.ACTIVE) == (ro.host_bytes if keeps[0] else 0)
+        assert tr.pinned_host_bytes(Residency.DROPPED) == 0
+
+
+def test_host_buffers_kept_while_active_count_against_the_budget() -> None:
+    # job 1's trainer (tiny/torch) is active and keeps its 50 GiB of host buffers; job 2's
+    # rollout, activated, keeps its 20 GiB; job 2's trainer is parked (30 GiB): 100 GiB
+    keep = [replace(fp(1, "trainer", (0,), 10, host=50), keeps_host=True),
+            replace(fp(2, "rollout", (0,), 10, host=20, residency=Residency.PARKED),
+                    keeps_host=True),
+            replace(fp(2, "trainer", (0,), 10, host=30, residency=Residency.PARKED),
+                    keeps_host=True)]
+    plan = plan_grant(keep, CAP80, job_id=2, phase=Phase.ROLLOUT, host_budget_bytes=100 * GiB)
+    assert plan.host_bytes_after == 100 * GiB
+    with pytest.raises(ResidencyError, match=r"100\.00 GiB.*60\.00 GiB"):
+        plan_grant(keep, CAP80, job_id=2, phase=Phase.ROLLOUT, host_budget_bytes=60 * GiB)
+
+
+def test_admission_counts_the_host_buffers_an_active_phase_keeps() -> None:
+    # tiny services: job 1's rollout phase keeps its rollout's buffers while both
+    # trainers' state stays on the host (job 2's parked rollout is dropped)
+    def job(jid: int) -> list[Footprint]:
+        return footprints_for_job(jid, RlRequest(gpus=1, model="Qwen2.5-7B"), [0],
+                                  rollout_backend="tiny", trainer_backend="tiny")
+
+    cap = [GpuCapacity(0, 200 * GiB)]
+    ro, tr = job(1)
+    need = 2 * tr.host_bytes + ro.host_bytes
+    assert admit(job(2), job(1), cap, need) is None
+    why = admit(job(2), job(1), cap, need - 1)
+    assert why is not None and "host memory" in why

@@ -6,6 +6,8 @@ tests/unit/worker/test_worker_park_levels.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from slurmrl.controller.residency import (
@@ -70,10 +72,11 @@ def test_footprints_know_which_rollout_backends_drop_when_parked() -> None:
 def test_admission_counts_no_drop_a_parked_vllm_rollout_cannot_make() -> None:
     # worst case, every other service parked: job 1's rollout phase leaves both
     # trainers' state and job 2's rollout's on the host, one byte over the budget unless
-    # that rollout can be dropped
+    # that rollout can be dropped. The drop rule alone: an active `tiny` rollout keeps
+    # its host buffers too (`keeps_host`), which would need as much as the vllm pair
     def job(jid: int, backend: str) -> list[Footprint]:
-        return footprints_for_job(jid, RlRequest(gpus=1, model="Qwen2.5-7B"), [0],
-                                  rollout_backend=backend)
+        return [replace(f, keeps_host=False) for f in footprints_for_job(
+            jid, RlRequest(gpus=1, model="Qwen2.5-7B"), [0], rollout_backend=backend)]
 
     cap = [GpuCapacity(0, 200 * GiB)]
     (ro, tr) = job(1, "tiny")

@@ -100,6 +100,31 @@ def test_a_min_gpus_in_a_floating_pool_is_a_400_bad_value(tmp_path: Path) -> Non
     asyncio.run(main())
 
 
+def test_a_min_gpus_below_a_services_gpus_is_a_400_bad_value(tmp_path: Path) -> None:
+    # a lease on part of a one-engine service's GPUs was granted, and its handoff ran
+    # that service on GPUs another job held; a rollout run as replicas takes whole ones
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            pool_id = _pool_of_both(r)
+            for job, role, gpus in ((A, "rollout", (0, 1)), (A, "trainer", (0, 1)),
+                                    (B, "rollout", (0,)), (B, "rollout", (1,)),
+                                    (B, "trainer", (0, 1))):
+                r.c.store.add_service(job_id=job, role=role, started_at=0.0,
+                                      pool_id=pool_id, gpus=gpus, state="running")
+            for who, job, phase in ((ALICE, A, "rollout"), (ALICE, A, "train"),
+                                    (BOB, B, "train")):
+                status, answer = await r.call(who, "POST", f"/v1/jobs/{job}/leases",
+                                              {"phase": phase, "min_gpus": 1, "wait_s": 0})
+                assert (status, answer["error"]["code"]) == (400, "bad-value"), answer
+                assert "cannot run on part of them" in answer["error"]["message"]
+            assert r.c.store.leases() == []
+            status, _ = await r.call(BOB, "POST", f"/v1/jobs/{B}/leases",
+                                     {"phase": "rollout", "min_gpus": 1, "wait_s": 0})
+            assert status == 200  # whole replicas
+
+    asyncio.run(main())
+
+
 def test_a_job_whose_lease_lapsed_is_idle(tmp_path: Path) -> None:
     # its phase (`slurmrl status`'s PHASE) stayed "train" on a lease revoked by expiry
     async def main() -> None:

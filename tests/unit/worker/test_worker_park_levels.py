@@ -1,6 +1,7 @@
 """A level-2 park (a rollout's drop) frees the host copy, also from parked: the contract
 `protocol.ServiceBackend.park` states and the residency planner counts on
-(`residency.DROPS_PARKED_BACKENDS`).
+(`residency.DROPS_PARKED_BACKENDS`); and `tiny`/`torch` keep their host buffers while
+active, which the planner counts too (`residency.KEEPS_HOST_BACKENDS`).
 
 `tiny` and `torch` run here on the CPU, where the host buffers are ordinary tensors
 (pinned memory only exists with CUDA): these tests check the backends' bookkeeping of
@@ -16,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from slurmrl.controller.residency import DROPS_PARKED_BACKENDS
+from slurmrl.controller.residency import DROPS_PARKED_BACKENDS, KEEPS_HOST_BACKENDS
 from slurmrl.model import Residency
 from slurmrl.worker.offload import Offloader
 from slurmrl.worker.protocol import GenerateParams, MemoryUse, Role
@@ -169,3 +170,18 @@ def test_the_planners_list_matches_what_the_rollout_backends_do() -> None:
     tiny.park(2)
     assert ("tiny" in DROPS_PARKED_BACKENDS) == (tiny.residency is Residency.DROPPED)
     assert "vllm" not in DROPS_PARKED_BACKENDS  # the test above
+
+
+def test_the_planners_list_of_backends_keeping_host_buffers_while_active_matches() -> None:
+    # tiny and torch allocate their host buffers at load and keep them through an
+    # activation: the planner counted an active service as pinning no host memory
+    trainer = TorchModelBackend(Role.TRAINER, lambda: nn.Linear(64, 64), device="cpu")
+    trainer.load()
+    for name, b in (("tiny", _rollout()), ("torch", trainer)):
+        held = [b.memory().host_bytes]  # loaded, active
+        b.park(1)
+        b.activate()
+        held.append(b.memory().host_bytes)
+        assert b.residency is Residency.ACTIVE
+        assert (name in KEEPS_HOST_BACKENDS) == (min(held) > 0), (name, held)
+    assert "vllm" not in KEEPS_HOST_BACKENDS  # its engine pins host memory once asleep
