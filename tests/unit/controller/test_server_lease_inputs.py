@@ -7,19 +7,10 @@ import asyncio
 import json
 from pathlib import Path
 
+from _loop import Clock
 from test_server_two_users import ALICE, BOB, A, B, _frame, _pool_of_both, _stream, rig
 
 from slurmrl.model import LeaseState
-
-
-class Clock:
-    """A clock the test moves."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def test_a_post_with_a_query_string_is_a_400_naming_it_and_changes_nothing(
@@ -136,7 +127,7 @@ def test_a_job_whose_lease_lapsed_is_idle(tmp_path: Path) -> None:
             assert status == 200
             _, job = await r.call(ALICE, "GET", f"/v1/jobs/{A}")
             assert job["job"]["phase"] == "train"
-            clock.t += r.c.config.controller.lease_timeout_s + 1
+            clock.now += r.c.config.controller.lease_timeout_s + 1
             r.c.scheduler.expire()
             lease = r.c.store.lease(held["lease"]["lease_id"])
             assert lease is not None and lease.state is LeaseState.REVOKED

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -65,3 +67,17 @@ def http_standin(handler: type[BaseHTTPRequestHandler], port: int = 0) -> Iterat
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def raw_call(address: str, method: str, path: str, body: bytes,
+             headers: dict[str, str]) -> tuple[int, dict[str, object]]:
+    """One HTTP request to a service as the bytes and headers given (no signing, no
+    checks): what a caller outside `ServiceHandle`, or a replayer, sends."""
+    host, port = address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()

@@ -16,14 +16,13 @@ services are real (`_worker_service.start`).
 
 from __future__ import annotations
 
-import http.client
 import json
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 
 import pytest
-from _worker_service import Running, http_standin, start
+from _worker_service import Running, http_standin, raw_call, start
 
 from slurmrl.auth.tokens import mint_secret, sign
 from slurmrl.worker.handle import ServiceHandle, ServiceUnauthorized, ServiceUnreachable
@@ -70,14 +69,7 @@ def _calls() -> list[tuple[str, str]]:
 
 def _replay(svc: Running, method: str, path: str, headers: dict[str, str],
             body: bytes) -> tuple[int, dict[str, object]]:
-    host, port = svc.address.rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    try:
-        conn.request(method, path, body=body, headers=headers)
-        resp = conn.getresponse()
-        return resp.status, json.loads(resp.read())
-    finally:
-        conn.close()
+    return raw_call(svc.address, method, path, body, headers)
 
 
 def test_a_process_on_a_dead_services_port_gets_no_body() -> None:

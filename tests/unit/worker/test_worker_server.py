@@ -16,7 +16,7 @@ import time
 from typing import Any, cast
 
 import pytest
-from _worker_service import Running, start
+from _worker_service import Running, raw_call, start
 
 from slurmrl.auth.tokens import BODY_SHA256, mint_secret, sign
 from slurmrl.worker.handle import (
@@ -38,14 +38,7 @@ def _handle(svc: Running, secret: str | None = None) -> ServiceHandle:
 
 def _raw(svc: Running, method: str, path: str, body: bytes,
          headers: dict[str, str]) -> tuple[int, dict[str, object]]:
-    host, port = svc.address.split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    try:
-        conn.request(method, path, body=body, headers=headers)
-        resp = conn.getresponse()
-        return resp.status, json.loads(resp.read())
-    finally:
-        conn.close()
+    return raw_call(svc.address, method, path, body, headers)
 
 
 def test_status_reports_identity_and_residency(rollout_service: Running) -> None:
