@@ -137,3 +137,15 @@ class Identity:
     uid: int
     gid: int
     user: str = field(default="")
+
+
+def dedicated_gpu_s(gpus: int, registered_at: float, first_request_at: float | None,
+                    end: float) -> float:
+    """What a dedicated allocation of a job's `gpus` would have cost up to `end` (the
+    ledger's counterfactual, in `slurmrl status` and `slurmrl report` alike): from its
+    first phase request, not from its registration, since a driver registers as its CPU
+    job starts, while its pool may still be pending in Slurm or waiting for a partner,
+    and a dedicated allocation would cost nothing then. 0 before any request."""
+    if first_request_at is None:
+        return 0.0
+    return gpus * max(0.0, end - max(first_request_at, registered_at))

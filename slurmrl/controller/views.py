@@ -13,7 +13,7 @@ from typing import Any
 
 from slurmrl.db import JobRecord, LeaseRecord, PoolRecord, ServiceRecord, WindowRecord
 from slurmrl.leases.types import Lease
-from slurmrl.model import LeaseState
+from slurmrl.model import LeaseState, dedicated_gpu_s
 
 
 def wait_slowdown(waits: tuple[float, float] | None, end: float) -> float | None:
@@ -27,18 +27,6 @@ def wait_slowdown(waits: tuple[float, float] | None, end: float) -> float | None
     first, waited = waits
     span = end - first
     return span / (span - waited) if span > 0 and span - waited > 0 else None
-
-
-def dedicated_gpu_seconds(gpus: int, registered_at: float,
-                          waits: tuple[float, float] | None, end: float) -> float:
-    """What a dedicated allocation of the job's GPUs would have cost up to `end`: from its
-    first phase request (`waits`: its `Store.lease_waits` entry; SLOWDN's start), not from
-    its registration, since a driver registers as its CPU job starts, while its pool may
-    still be pending in Slurm or waiting for a partner, and a dedicated allocation would
-    cost nothing then. 0 before any request."""
-    if waits is None:
-        return 0.0
-    return gpus * max(0.0, end - max(waits[0], registered_at))
 
 
 def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
@@ -71,7 +59,8 @@ def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
     }
     if private:
         r = job.request
-        dedicated = dedicated_gpu_seconds(r.gpus, job.registered_at, waits, end)
+        dedicated = dedicated_gpu_s(r.gpus, job.registered_at,
+                                    None if waits is None else waits[0], end)
         out.update({
             "name": job.name,
             "partition": job.partition,

@@ -50,6 +50,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from slurmrl.model import dedicated_gpu_s
+
 
 @dataclass(frozen=True)
 class JobInfo:
@@ -278,8 +280,7 @@ def compute(
         end = j.ended_at if j.ended_at is not None else now
         wall = max(0.0, end - j.registered_at)
         start = first.get(j.job_id)
-        dedic = (j.gpus * max(0.0, end - max(start, j.registered_at)) if start is not None
-                 else 0.0)
+        dedic = dedicated_gpu_s(j.gpus, j.registered_at, start, end)
         g = granted.get(j.job_id, 0.0)
         placed = j.pool_id is not None or g > 0
         base = None
