@@ -53,23 +53,36 @@ _END_STATES = {"CD": JobState.COMPLETED, "F": JobState.FAILED, "CA": JobState.CA
 CLOCK_SKEW_S = 300.0
 
 
+def _requeued(job: JobRecord, info: JobInfo) -> str | None:
+    """Why the Slurm job's run is no longer the one that registered the RL job (back in
+    the queue, or running again since), else None."""
+    if job.slurm_started_at is not None:  # the registering run's start, as Slurm gave it
+        restarted = (info.start_time is not None
+                     and abs(info.start_time - job.slurm_started_at) > 1.0)
+    else:  # registered before that was kept: a start well after the registration
+        restarted = (info.start_time is not None
+                     and info.start_time > job.registered_at + CLOCK_SKEW_S)
+    if not (info.state.queued or restarted):
+        return None
+    why = f", reason {info.reason}" if info.reason else ""
+    state = info.state if info.state.queued else "running again"
+    return (f"Slurm job requeued ({state}{why}); a requeued job is not placed again: "
+            "submit it anew")
+
+
 def _ending(job: JobRecord, info: JobInfo | None) -> tuple[JobState, str] | None:
     """How an RL job ends, and why, for its Slurm job's state (None: it runs on).
 
     Gone or ended; completing (ended, its processes being killed: it may stay so for
     long, a process stuck in the kernel); requeued (after a node failure or a
-    preemption: back in the queue, or running again since, as seen by its start time
-    after a controller restart): this run's driver is gone, and the next run keeps the
-    job id, which an ended RL job never takes again."""
+    preemption: back in the queue, or running again since, as seen by its start time):
+    this run's driver is gone, and the next run keeps the job id, which an ended RL job
+    never takes again."""
     if info is None:
         return JobState.COMPLETED, f"Slurm job {SlurmJobState.COMPLETED}"
-    restarted = (info.start_time is not None
-                 and info.start_time > job.registered_at + CLOCK_SKEW_S)
-    if info.state.queued or restarted:
-        why = f", reason {info.reason}" if info.reason else ""
-        state = info.state if info.state.queued else "running again"
-        return JobState.CANCELLED, (f"Slurm job requeued ({state}{why}); a requeued "
-                                    "job is not placed again: submit it anew")
+    requeued = _requeued(job, info)
+    if requeued is not None:
+        return JobState.CANCELLED, requeued
     ended = info.end_state
     if info.state is SlurmJobState.COMPLETING:
         reason = "its Slurm job is completing" + (f" ({ended})" if ended else "")
@@ -170,11 +183,27 @@ class Controller:
             return None
         return self.active_job(who, job_id)
 
+    async def _still_this_run(self, job: JobRecord) -> JobRecord:
+        """A registered job's idempotent answer, unless its Slurm job was requeued since
+        (a later run's driver must not take the earlier run's placement before the next
+        reconcile ends it): then it ends now, and the register is refused naming why.
+        Where Slurm cannot be asked, the job is taken as it is (reconcile decides)."""
+        try:
+            info = await asyncio.to_thread(self.slurm.job, job.job_id)
+        except SlurmError:
+            return job
+        why = None if info is None else _requeued(job, info)
+        if why is None:
+            return job
+        await self.end_job(job.job_id, JobState.CANCELLED, why)
+        raise RpcError(409, "job-ended", f"RL job {job.job_id} has ended "
+                       f"({JobState.CANCELLED}): {why}")
+
     async def register(self, who: Identity, job_id: int, env: Mapping[str, str]) -> JobRecord:
         """Register a running Slurm job as an RL job (idempotent for its owner)."""
         existing = self._registered(who, job_id)
         if existing is not None:
-            return existing
+            return await self._still_this_run(existing)
         try:
             request = parse_env(env)
         except DirectiveError as exc:
@@ -214,6 +243,7 @@ class Controller:
             job_id=job_id, user=user, uid=info.uid, request=request,
             state=JobState.PENDING, registered_at=self.clock(), name=info.name,
             partition=info.partition, reason="PoolPending", secret=mint_secret(),
+            slurm_started_at=info.start_time,
         )
         verdict = self.policies.admission.admit(
             job_snapshot(job, self.config.slurm.pool_partition), self.policies.limits)

@@ -186,6 +186,12 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE services ADD COLUMN handoff_dir TEXT;
     """,
+    # 9: the Slurm start time of the run of the job that registered it: a later run
+    # (after a requeue) starts at another time; NULL: Slurm did not say, or registered
+    # before this
+    """
+    ALTER TABLE jobs ADD COLUMN slurm_started_at REAL;
+    """,
 )
 
 LATEST = len(MIGRATIONS)

@@ -81,6 +81,9 @@ class JobRecord:
     phase: str | None = None
     secret: str = ""
     ended_at: float | None = None
+    #: Slurm's start time of the run that registered the job (a requeued job's next run
+    #: starts at another); None where Slurm did not say
+    slurm_started_at: float | None = None
 
     def pool_gpus_for(self, phase: Phase) -> frozenset[int]:
         """The pool GPUs a phase of this job runs on (empty before placement)."""

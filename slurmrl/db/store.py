@@ -288,12 +288,12 @@ class Store:
     def add_job(self, job: JobRecord) -> None:
         self._x(
             "INSERT INTO jobs (job_id, user, uid, name, partition, request, state, reason,"
-            " pool_id, group_id, pool_gpus, phase, secret, registered_at, ended_at)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " pool_id, group_id, pool_gpus, phase, secret, registered_at, ended_at,"
+            " slurm_started_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (job.job_id, job.user, job.uid, job.name, job.partition,
              request_to_json(job.request), str(job.state), job.reason, job.pool_id,
              job.group_id, json.dumps(list(job.pool_gpus)), job.phase, job.secret,
-             job.registered_at, job.ended_at),
+             job.registered_at, job.ended_at, job.slurm_started_at),
         )
 
     def job(self, job_id: int) -> JobRecord | None:
@@ -697,7 +697,7 @@ def _job(r: dict[str, Any]) -> JobRecord:
         registered_at=r["registered_at"], name=r["name"], partition=r["partition"],
         reason=r["reason"], pool_id=r["pool_id"], group_id=r["group_id"],
         pool_gpus=ints(r["pool_gpus"]), phase=r["phase"], secret=r["secret"],
-        ended_at=r["ended_at"],
+        ended_at=r["ended_at"], slurm_started_at=r["slurm_started_at"],
     )
 
 

@@ -85,6 +85,52 @@ async def test_a_member_whose_slurm_job_ran_again_while_unseen_ends(tmp_path: Pa
     await site.c.stop()
 
 
+@run
+async def test_the_next_run_of_a_requeued_job_is_refused_before_any_reconcile(
+        tmp_path: Path) -> None:
+    # requeued and started again within seconds (a node failure, an admin's requeue):
+    # its next run's driver registered before a reconcile saw it, and was handed the
+    # last run's placement and services
+    site = await fixed._site(Store(tmp_path / "c.db"), jobs={21: fixed.ALICE})
+    site.slurm.running[21] = replace(site.slurm.running[21], start_time=time.time() - 30)
+    first = await site.c.register(fixed.ALICE, 21, fixed.ENV)
+    await site.settle()
+    # another rank of the same run: the same job, nothing ended
+    assert (await site.c.register(fixed.ALICE, 21, fixed.ENV)).job_id == first.job_id
+    assert site.job(21).state is not JobState.CANCELLED
+    pool = site.job(21).pool_id
+
+    # the next run started 60 s after the first: within the clock skew a start time
+    # after the registration is allowed, but it is not the start of the run registered
+    site.slurm.running[21] = replace(site.slurm.running[21],
+                                     start_time=site.slurm.running[21].start_time + 60)
+    with pytest.raises(RpcError, match=r"requeued \(running again\)") as err:
+        await site.c.register(fixed.ALICE, 21, fixed.ENV)
+    assert err.value.status == 409
+    await site.settle()
+    assert site.job(21).state is JobState.CANCELLED
+    assert fixed._live_roles(site.c.store, 21) == []
+    assert site.c.store.pool(pool).state == "closed"  # type: ignore[arg-type, union-attr]
+    await site.c.stop()
+
+
+@run
+async def test_a_rerun_within_the_clock_skew_is_seen_by_reconcile(tmp_path: Path) -> None:
+    site = await fixed._site(Store(tmp_path / "c.db"), jobs={21: fixed.ALICE})
+    started = time.time() - 30
+    site.slurm.running[21] = replace(site.slurm.running[21], start_time=started)
+    await site.c.register(fixed.ALICE, 21, fixed.ENV)
+    await site.settle()
+    await site.c.reconcile()
+    assert site.job(21).state is not JobState.CANCELLED  # the run that registered
+    site.slurm.running[21] = replace(site.slurm.running[21], start_time=started + 90)
+    await site.c.reconcile()
+    await site.settle()
+    assert site.job(21).state is JobState.CANCELLED
+    assert site.job(21).reason.startswith("Slurm job requeued (running again)")
+    await site.c.stop()
+
+
 @pytest.mark.parametrize(("state", "reason", "ended_as", "ours", "why"), [
     (S.COMPLETING, "", S.CANCELLED, JobState.CANCELLED,
      "its Slurm job is completing (CANCELLED)"),
