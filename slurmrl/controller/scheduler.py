@@ -32,7 +32,8 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -64,6 +65,11 @@ class RequestEnded(Exception):
     def __init__(self, request_id: int, state: LeaseState, reason: str) -> None:
         super().__init__(f"request {request_id} {state}: {reason}")
         self.request_id, self.state, self.reason = request_id, state, reason
+
+
+class CutsAService(LeaseError):
+    """A shrink that would keep part of one of the job's services (the caller's mistake:
+    the GPUs given back would still hold it); nothing changed."""
 
 
 @dataclass(frozen=True)
@@ -310,22 +316,35 @@ class LeaseScheduler:
             return f"min_gpus must be between 1 and {most}, got {min_gpus}"
         if job.pool_id is None or min_gpus == most:
             return ""
-        services = [s for s in self.store.services(job_id=job.job_id, live_only=True)
-                    if s.pool_id == job.pool_id]
-        if not services:  # none run (an admin-attached pool's job): any part of the set
+        sets = self._service_sets(job, phase)
+        if not sets:  # none run (an admin-attached pool's job): any part of the set
             return ""
-        replicas = [s for s in services if s.role == "rollout"]
-        if phase is not Phase.ROLLOUT or len(replicas) < 2:
+        if len(sets) == 1:
             why = " (a rollout does only as replicas: services.rollout_replica_gpus)" if (
                 phase is Phase.ROLLOUT) else ""
             return (f"min_gpus: job {job.job_id}'s {phase} services span all {most} GPUs of "
                     f"the phase and cannot run on part of them{why}: no min_gpus (null or "
                     f"{most}), got {min_gpus}")
-        unit = len(replicas[0].gpus)
+        unit = len(sets[0])
         return "" if min_gpus % unit == 0 else (
             f"min_gpus: job {job.job_id}'s rollout runs as replicas of {unit} GPUs "
             f"(services.rollout_replica_gpus), so a lease holds whole replicas: a multiple "
             f"of {unit}, got {min_gpus}")
+
+    def _service_sets(self, job: JobRecord, phase: Phase) -> list[frozenset[int]]:
+        """The pool GPU sets a `phase` lease of `job` holds all or none of: where the job's
+        services run (the DB lists them), each replica's of a rollout run as replicas
+        (`services.rollout_replica_gpus`: one rollout service per replica), else the
+        phase's whole set (one engine, a trainer: a service cannot run on part of its
+        GPUs); none where none runs (an admin-attached pool's job: any part will do)."""
+        services = [s for s in self.store.services(job_id=job.job_id, live_only=True)
+                    if s.pool_id == job.pool_id]
+        if not services:
+            return []
+        replicas = [frozenset(s.gpus) for s in services if s.role == "rollout"]
+        if phase is Phase.ROLLOUT and len(replicas) >= 2:
+            return replicas
+        return [job.pool_gpus_for(phase)]
 
     async def wait(self, request_id: int, timeout_s: float,
                    withdraw_on_cancel: bool | Callable[[], bool] = True) -> Lease | None:
@@ -462,23 +481,58 @@ class LeaseScheduler:
     def shrink(self, job: JobRecord, lease_id: int, keep: int | None = None,
                local_gpus: Sequence[int] | None = None) -> Lease:
         """Keep `keep` GPUs of the lease (the table picks which), or exactly the job-local
-        `local_gpus` (a rollout keeping the GPUs of its replicas still generating)."""
+        `local_gpus` (a rollout keeping the GPUs of its replicas still generating). Where
+        the job's services run, a shrink keeps whole services (`_service_sets`), `keep`
+        picking them as the table would; one that cannot is `CutsAService`, and nothing
+        changes: the GPUs it freed would still hold a service of the job."""
         table = self._table_of(job, lease_id)
         self._whole_windows(table.pool_id, "shrink")
         now = self.clock()
-        gpus = None if local_gpus is None else _pool_gpus(job, local_gpus)
+        gpus: Collection[int] | None = (None if local_gpus is None
+                                        else _pool_gpus(job, local_gpus))
         held = table.lease(lease_id)
-        if gpus is not None and held is not None and not (gpus and set(gpus) <= held.gpus):
+        assert held is not None
+        if gpus is not None and not (gpus and set(gpus) <= held.gpus):
             # said in the caller's job-local numbers, not the pool's
-            mine = list(job.pool_gpus or ())
-            have = sorted(mine.index(g) for g in held.gpus if g in mine)
-            raise LeaseError(f"a shrink keeps a non-empty subset of the lease's GPUs {have} "
-                             f"(job-local), got {sorted(set(local_gpus or ()))}")
+            raise LeaseError(f"a shrink keeps a non-empty subset of the lease's GPUs "
+                             f"{_local(job, held.gpus)} (job-local), got "
+                             f"{sorted(set(local_gpus or ()))}")
+        sets = self._service_sets(job, held.phase)
+        n = keep if gpus is None else len(set(gpus))
+        if sets and n is not None and 1 <= n < len(held.gpus):  # it gives GPUs back
+            gpus = self._whole_services(job, held, sets, n, gpus)
         with self._change(table.pool_id):
             self._apply(table.pool_id, table.shrink(lease_id, keep, now, gpus=gpus), now)
         lease = table.lease(lease_id)
         assert lease is not None
         return lease
+
+    def _whole_services(self, job: JobRecord, held: Lease, sets: Sequence[frozenset[int]],
+                        keep: int, gpus: Collection[int] | None) -> frozenset[int]:
+        """The pool GPUs a shrink of `held` to `gpus` (or to `keep` GPUs) keeps: all or
+        none of each of `sets`, `keep` taking those the other members' GPUs cover least
+        (as `LeaseTable.shrink` does). `CutsAService`, naming the sets, where it cannot."""
+        mine = [s for s in sets if s & held.gpus]
+        said = ", ".join(str(_local(job, s)) for s in mine)
+        what = (f"job {job.job_id}'s {held.phase} services span all of its job-local GPUs "
+                f"{said} in lease {held.lease_id}" if len(mine) == 1 else
+                f"job {job.job_id}'s {held.phase} runs as services of {len(mine[0])} GPUs "
+                f"(job-local {said}) in lease {held.lease_id}")
+        if gpus is not None:
+            if all(s <= set(gpus) for s in mine if s & set(gpus)):
+                return frozenset(gpus)
+            raise CutsAService(f"a shrink keeps whole services: {what}; got gpus "
+                               f"{_local(job, gpus)}")
+        cover = Counter(g for m in self.store.jobs(active=True, pool_id=job.pool_id)
+                        if m.job_id != job.job_id for g in m.pool_gpus or ())
+        kept: frozenset[int] = frozenset()
+        for s in sorted((s for s in mine if s <= held.gpus),
+                        key=lambda s: (sum(cover[g] for g in s), min(s))):
+            if len(kept | s) <= keep:
+                kept |= s
+        if len(kept) != keep:
+            raise CutsAService(f"a shrink keeps whole services: {what}; got keep={keep}")
+        return kept
 
     def pack(self, job: JobRecord, lease_id: int, local_gpus: Sequence[int],
              unit: int = 1, held: Sequence[int] | None = None) -> Lease:
@@ -779,6 +833,12 @@ def _named_first(windows: Sequence[frozenset[int]],
                  named: frozenset[int]) -> tuple[frozenset[int], ...]:
     """Every window, those among `named` first (a restored request's options)."""
     return tuple(sorted(windows, key=lambda w: (not w & named, min(w))))
+
+
+def _local(job: JobRecord, pool_gpus: Iterable[int]) -> list[int]:
+    """The job-local numbers of the job's `pool_gpus` (what its caller says)."""
+    mine = list(job.pool_gpus or ())
+    return sorted(mine.index(g) for g in pool_gpus if g in mine)
 
 
 def _pool_gpus(job: JobRecord, local_gpus: Sequence[int]) -> list[int]:

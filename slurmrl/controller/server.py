@@ -35,7 +35,7 @@ from slurmrl.auth.requests import verify_request
 from slurmrl.controller import stream
 from slurmrl.controller.core import Controller
 from slurmrl.controller.residency import replica_sets
-from slurmrl.controller.scheduler import RequestEnded
+from slurmrl.controller.scheduler import CutsAService, RequestEnded
 from slurmrl.controller.validate import (
     ACQUIRE,
     GROW,
@@ -459,8 +459,11 @@ class Api:
             raise bad("a shrink names either 'keep' (how many GPUs) or 'gpus' (which "
                       "job-local GPUs to keep), not both or neither")
         job = self.c.active_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
-        lease = self.c.scheduler.shrink(
-            job, parse_id(request.match_info["lease_id"], "lease id"), b["keep"], b["gpus"])
+        try:
+            lease = self.c.scheduler.shrink(
+                job, parse_id(request.match_info["lease_id"], "lease id"), b["keep"], b["gpus"])
+        except CutsAService as exc:  # part of a service: the GPUs given back would hold it
+            raise bad(str(exc), "bad-value") from None
         return _json({"lease": self._lease(lease, job.pool_id or 0)})
 
     async def grow(self, request: web.Request) -> web.Response:

@@ -12,7 +12,7 @@ import pytest
 from _loop import Clock, run
 
 from policies.registry import load
-from slurmrl.controller.scheduler import LeaseScheduler, RequestEnded
+from slurmrl.controller.scheduler import CutsAService, LeaseScheduler, RequestEnded
 from slurmrl.db import JobRecord, Store
 from slurmrl.leases import LeaseError
 from slurmrl.leases.invariants import check_history
@@ -240,6 +240,65 @@ async def test_shrink_to_job_local_gpus_keeps_those_pool_gpus() -> None:
     assert rec is not None and rec.state is LeaseState.HELD and rec.gpus == (0,)
     with pytest.raises(LeaseError, match=r"has no GPU\(s\) \[7\]"):
         s.shrink(_job(store, 1), a.request_id, local_gpus=[7])
+    check_history(store.intervals(pool))
+
+
+def _with_services(rollouts: list[tuple[int, ...]],
+                   partner: tuple[int, ...] = (0, 1, 2, 3)) -> tuple[Store, int, Clock]:
+    """Job 1 on 4 GPUs, its rollout on `rollouts` (one engine, or replicas) and a trainer
+    over all 4, as the controller launched them; job 2 on pool GPUs `partner`, running
+    none (its driver's own processes)."""
+    store = Store(":memory:")
+    pool = store.add_pool(gpus=4, opened_at=0.0)
+    for job_id, gpus in ((1, (0, 1, 2, 3)), (2, partner)):
+        store.add_job(JobRecord(job_id, "u", 1000 + job_id, RlRequest(gpus=len(gpus)),
+                                JobState.RUNNING, 0.0, pool_id=pool, pool_gpus=gpus))
+    for role, gpus in [*(("rollout", g) for g in rollouts), ("trainer", (0, 1, 2, 3))]:
+        store.add_service(job_id=1, role=role, started_at=0.0, pool_id=pool, gpus=gpus)
+    return store, pool, Clock()
+
+
+@run
+async def test_a_shrink_never_gives_back_part_of_one_service() -> None:
+    # job 1's rollout, one engine over 4 GPUs, shrank to 2: the 2 it gave back went to
+    # job 2's rollout beside the engine still resident there, whose handoff refused it
+    store, pool, clock = _with_services([(0, 1, 2, 3)])
+    s = _sched(store, clock)
+    for phase in (Phase.TRAIN, Phase.ROLLOUT):
+        a = s.request(_job(store, 1), phase)
+        b = s.request(_job(store, 2), Phase.ROLLOUT, min_gpus=2)
+        assert a.lease is not None and b.lease is None
+        for keep, gpus in ((2, None), (None, [2, 3])):
+            with pytest.raises(CutsAService, match=rf"job 1's {phase} services span all of "
+                               rf"its job-local GPUs \[0, 1, 2, 3\] in lease {a.request_id}"):
+                s.shrink(_job(store, 1), a.request_id, keep, gpus)
+        assert store.lease(a.request_id).gpus == (0, 1, 2, 3)  # type: ignore[union-attr]
+        assert store.lease(b.request_id).state is LeaseState.WAITING  # type: ignore[union-attr]
+        assert s.withdraw(_job(store, 2), b.request_id)
+        s.release(_job(store, 1), a.request_id, {})
+    # job 2 runs no service of the controller's: its leases shrink to any part
+    c = s.request(_job(store, 2), Phase.ROLLOUT)
+    assert s.shrink(_job(store, 2), c.request_id, 1).gpus == {0}
+    check_history(store.intervals(pool))
+
+
+@run
+async def test_a_shrink_of_rollout_replicas_keeps_whole_replicas() -> None:
+    # job 1's rollout runs as replicas of 2 GPUs; job 2 is on pool GPUs 0 and 1 only
+    store, pool, clock = _with_services([(0, 1), (2, 3)], partner=(0, 1))
+    s = _sched(store, clock)
+    a = s.request(_job(store, 1), Phase.ROLLOUT)
+    b = s.request(_job(store, 2), Phase.ROLLOUT)
+    with pytest.raises(CutsAService, match=r"job 1's rollout runs as services of 2 GPUs "
+                       r"\(job-local \[0, 1\], \[2, 3\]\) in lease \d+; got keep=3"):
+        s.shrink(_job(store, 1), a.request_id, 3)
+    with pytest.raises(CutsAService, match=r"; got gpus \[1, 2, 3\]"):
+        s.shrink(_job(store, 1), a.request_id, local_gpus=[1, 2, 3])
+    assert store.lease(a.request_id).gpus == (0, 1, 2, 3)  # type: ignore[union-attr]
+    # keep=2: the replica job 2 cannot use stays, job 2 gets the other at once
+    assert s.shrink(_job(store, 1), a.request_id, 2).gpus == {2, 3}
+    rec = store.lease(b.request_id)
+    assert rec is not None and rec.state is LeaseState.HELD and rec.gpus == (0, 1)
     check_history(store.intervals(pool))
 
 

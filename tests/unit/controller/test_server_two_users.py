@@ -214,6 +214,33 @@ def test_a_refused_shrink_names_the_gpus_in_the_callers_job_local_numbers(
     asyncio.run(main())
 
 
+def test_a_shrink_cutting_a_service_is_a_400_naming_it_and_changes_nothing(
+        tmp_path: Path) -> None:
+    # a shrink of a lease holding one engine over both GPUs was granted: the GPU it gave
+    # back still held the engine, and the partner's grant there was given back
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            pool = r.c.open_pool(gpus=4, slurm_job_id=None)
+            r.c.place_job(A, pool.pool_id, (2, 3))
+            r.c.store.add_service(job_id=A, role="rollout", started_at=0.0,
+                                  pool_id=pool.pool_id, gpus=(2, 3))
+            _, held = await r.call(ALICE, "POST", f"/v1/jobs/{A}/leases",
+                                   {"phase": "rollout", "wait_s": 0})
+            lid = held["lease"]["lease_id"]
+            path = f"/v1/jobs/{A}/leases/{lid}"
+            for body, got in (({"keep": 1}, "keep=1"), ({"gpus": [1]}, "gpus [1]")):
+                status, answer = await r.call(ALICE, "POST", f"{path}/shrink", body)
+                assert (status, answer["error"]) == (400, {
+                    "code": "bad-value",
+                    "message": f"a shrink keeps whole services: job {A}'s rollout services "
+                               f"span all of its job-local GPUs [0, 1] in lease {lid}; "
+                               f"got {got}"})
+            _, now = await r.call(ALICE, "GET", path)
+            assert now["lease"]["gpus"] == held["lease"]["gpus"] == [2, 3]  # pool GPUs
+
+    asyncio.run(main())
+
+
 def test_status_of_one_user_lists_only_that_users_leases(tmp_path: Path) -> None:
     async def main() -> None:
         async with rig(tmp_path) as r:
