@@ -46,8 +46,8 @@ class SiteLimitsAdmission:
                              f"{', '.join(self.partitions)} only; this job is in {part!r}")
         if self.gpu_mem_bytes is not None and r.mem_bytes is not None \
                 and r.mem_bytes > self.gpu_mem_bytes:
-            return Admission(Verdict.REJECT, f"--rl-mem={r.mem_bytes / 2**30:.0f}GiB per GPU "
-                             f"exceeds the GPUs' {self.gpu_mem_bytes / 2**30:.0f} GiB")
+            return Admission(Verdict.REJECT, f"--rl-mem={r.mem_bytes / 2**30:.2f}GiB per GPU "
+                             f"exceeds the GPUs' {self.gpu_mem_bytes / 2**30:.2f} GiB")
         if r.mux is Mux.OFF:
             return Admission(Verdict.DEDICATED, "--rl-mux=off: runs on its own pool")
         if r.max_slowdown is not None and r.max_slowdown > limits.max_slowdown:

@@ -153,11 +153,13 @@ def fits_memory(members: Sequence[JobSnapshot], pool: PoolSnapshot | None,
     else:
         need = sum(host_bytes(m) for m in members)
     if budget is not None and need > budget:
-        return f"parked state needs {need / 2**30:.0f} GiB host memory, {budget / 2**30:.0f} free"
+        return (f"parked state needs {need / 2**30:.2f} GiB host memory, "
+                f"{budget / 2**30:.2f} GiB free")
     for m in members:
         mem = m.request.mem_bytes
         if pool is not None and pool.gpu_mem_bytes is not None and mem and mem > pool.gpu_mem_bytes:
-            return f"job {m.job_id} needs {mem / 2**30:.0f} GiB per GPU"
+            return (f"job {m.job_id} needs {mem / 2**30:.2f} GiB per GPU, more than the "
+                    f"pool's GPUs' {pool.gpu_mem_bytes / 2**30:.2f} GiB")
     return None
 
 

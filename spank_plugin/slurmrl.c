@@ -630,7 +630,8 @@ struct env_var { const char *name; const char *value; };
 
 /*
  * A job submitted from inside another RL job inherits its SLURMRL_* variables through
- * sbatch's environment; in an RL step only the variables this job's options set may stay.
+ * sbatch's environment; in an RL step only the variables this job's options set may stay,
+ * and the user's SLURMRL_CONTROLLER where plugstack.conf names no controller.
  */
 static int unset_stale(spank_t sp, const struct env_var *vars, int n)
 {
@@ -638,7 +639,8 @@ static int unset_stale(spank_t sp, const struct env_var *vars, int n)
 	spank_err_t rc;
 
 	for (i = 0; contract_vars[i] != NULL; i++) {
-		for (keep = 0, j = 0; j < n && !keep; j++)
+		keep = !controller[0] && strcmp(contract_vars[i], "SLURMRL_CONTROLLER") == 0;
+		for (j = 0; j < n && !keep; j++)
 			keep = strcmp(vars[j].name, contract_vars[i]) == 0;
 		if (keep)
 			continue;

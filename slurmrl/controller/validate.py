@@ -182,8 +182,12 @@ def _check(name: str, v: Any, f: F) -> Any:
                 raise bad(f"field {name!r}: unknown key {k[:40]!r}; accepted: "
                           f"{', '.join(f.keys)}", "unknown-field")
             _text(f"field {name!r}: a key", k)
-            if f.kind == "strmap" and not (isinstance(x, str) and len(x) <= MAX_STR):
-                raise bad(f"field {name!r}: {k[:40]!r} must be a string", "bad-type")
+            if f.kind == "strmap" and not isinstance(x, str):
+                raise bad(f"field {name!r}: {k[:40]!r} must be a string, got {_kind(x)}",
+                          "bad-type")
+            if f.kind == "strmap" and len(x) > MAX_STR:
+                raise bad(f"field {name!r}: {k[:40]!r} is longer than {MAX_STR} characters",
+                          "bad-value")
             if f.kind == "strmap":
                 _text(f"field {name!r}: {k[:40]!r}", x)
             if f.kind == "nummap":

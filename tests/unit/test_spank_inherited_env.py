@@ -70,7 +70,8 @@ int main(int argc, char **argv)
 	int i, j;
 
 	ctx = strcmp(argv[1], "remote") == 0 ? S_CTX_REMOTE : S_CTX_ALLOCATOR;
-	if (slurm_spank_init(NULL, 1, a) < 0)
+	/* HARNESS_NO_CONTROLLER: plugstack.conf names no controller= */
+	if (slurm_spank_init(NULL, getenv("HARNESS_NO_CONTROLLER") ? 0 : 1, a) < 0)
 		return 1;
 	for (i = 2; i < argc; i++) {
 		char *eq = strchr(argv[i], '=');
@@ -187,3 +188,18 @@ def test_a_controller_url_the_user_set_reaches_a_plain_jobs_steps(plugin: Path) 
     mine = {"SLURMRL_CONTROLLER": "http://ctl.example:6829"}
     assert _env_after(plugin, "allocator", mine) == mine
     assert _env_after(plugin, "remote", mine) == mine
+
+
+def test_an_rl_job_keeps_the_users_controller_url_where_the_site_names_none(
+    plugin: Path,
+) -> None:
+    # plugstack.conf without controller=: the RL job's steps dropped the user's URL, and
+    # its driver waited minutes on the default address before failing
+    mine = {"SLURMRL_CONTROLLER": "http://ctl.example:6829", "HARNESS_NO_CONTROLLER": "1"}
+    step = _env_after(plugin, "remote", mine, "rl-gpus=2")
+    assert step["SLURMRL_CONTROLLER"] == "http://ctl.example:6829"
+    assert step["SLURMRL_GPUS"] == "2"
+    # where the site names one, the RL job's steps take the site's
+    site = _env_after(plugin, "remote", {"SLURMRL_CONTROLLER": "http://ctl.example:6829"},
+                      "rl-gpus=2")
+    assert site["SLURMRL_CONTROLLER"] == "http://ctl:6829"

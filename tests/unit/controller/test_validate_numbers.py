@@ -49,3 +49,17 @@ def test_a_timing_is_the_known_keys_with_seconds_only(
     with pytest.raises(RpcError, match=says) as err:
         fields({"timing": timing}, RELEASE)
     assert (err.value.status, err.value.code) == (400, code)
+
+
+@pytest.mark.parametrize(("value", "code", "says"), [
+    ("x" * 5000, "bad-value", "field 'env': 'SLURMRL_NOTE' is longer than 4096 characters"),
+    (7, "bad-type", "field 'env': 'SLURMRL_NOTE' must be a string, got an integer"),
+])
+def test_a_register_env_value_is_refused_for_what_is_wrong_with_it(
+        value: object, code: str, says: str) -> None:
+    # a long SLURMRL_* variable of the job's (connect() sends them all) read
+    # "must be a string"
+    spec = {"env": F("strmap", True)}
+    with pytest.raises(RpcError, match=says) as err:
+        fields({"env": {"SLURMRL_GPUS": "2", "SLURMRL_NOTE": value}}, spec)
+    assert err.value.status == 400 and err.value.code == code

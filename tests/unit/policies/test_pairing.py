@@ -174,6 +174,11 @@ def test_site_limits_admission_gives_reasons() -> None:
     assert v.verdict is Verdict.REJECT and "32" in v.reason and "16" in v.reason
     mem = JobSnapshot(2, "u", RlRequest(8, mem_bytes=100 * GiB), None, 0.0)
     assert "GiB" in adm.admit(mem, lim).reason
+    # just over the GPUs' memory (--rl-mem=82000M): the two figures differ as they do
+    # (they read "80GiB exceeds the GPUs' 80 GiB")
+    near = JobSnapshot(5, "u", RlRequest(8, mem_bytes=82000 * 2**20), None, 0.0)
+    assert adm.admit(near, lim).reason == ("--rl-mem=80.08GiB per GPU exceeds the GPUs' "
+                                           "80.00 GiB")
     off = JobSnapshot(3, "u", RlRequest(8, mux=Mux.OFF), None, 0.0)
     assert adm.admit(off, lim).verdict is Verdict.DEDICATED
     assert adm.admit(JobSnapshot(4, "u", RlRequest(8), None, 0.0), lim).verdict is Verdict.ACCEPT
