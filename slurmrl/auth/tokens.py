@@ -2,10 +2,12 @@
 
 The controller mints one random secret per RL job (`mint_secret`) and hands it to the
 job's driver and services only. The driver signs every data-plane call to the service it
-is made out to, `host:port` as the service announced it and the controller recorded it
-(`sign(..., service=address)`), with HMAC-SHA256 over
+is made out to, named `host:port/launch` as the service announced it and the controller
+recorded it (`sign(..., service=address)`; `launch` is a random id each worker process
+picks when it starts, so one launch's name is never another's, even on the same
+`host:port`), with HMAC-SHA256 over
 
-    slurmrl-data/2 \\n SERVICE \\n METHOD \\n PATH \\n sha256(body) hex \\n timestamp \\n nonce
+    slurmrl-data/3 \\n SERVICE \\n METHOD \\n PATH \\n sha256(body) hex \\n timestamp \\n nonce
 
 and sends the result as three headers, the service in a fourth (`X-Slurmrl-Service`) and
 the body's sha256 in a fifth (`X-Slurmrl-Body-SHA256`): a service checks the signature
@@ -14,8 +16,9 @@ that nobody without the secret makes it buffer a large body, then the body again
 digest (`check_body`). A service's `Verifier` refuses calls that are unsigned, signed
 with another secret, altered in any bound part, made out to another service (`MISMATCH`:
 a call captured on its way to one of the job's services, e.g. by whoever took a dead
-one's port, does not open the job's others), outside the clock-skew window, or replayed
-(a nonce seen within the window).
+one's port, does not open the job's others, nor a later launch of the same service on
+that `host:port`), outside the clock-skew window, or replayed (a nonce seen within the
+window).
 
 Without `service` (`sign` and `verify` as the controller's sessions use them,
 `auth/sessions.py`), the signed string is the older `slurmrl-data/1` one, without a
@@ -34,16 +37,15 @@ A service signs its answers too, with the secret that opened the call: header
 everything before it (`stream_mac`). A caller refuses an answer that is not so signed
 (`check_answer`): a service shares its node with other users' services, and one that
 died leaves its port to whoever binds it next; such a process must not answer for it.
-Bound to the call's nonce, an answer cannot be replayed for another call.
+Bound to the call's nonce, an answer cannot be replayed for another call, nor given by
+another launch of the service (which refuses the call: it is not made out to it).
 
 Known limits: replay protection is per `Verifier` (per service process: the service
-named in the call keeps it from opening any other), bounded in memory: past `max_nonces`
-remembered calls within the window, the oldest are forgotten and calls at or before
-their timestamp are refused as expired (never accepted twice). The body is hashed in
-full, so sign and verify the bytes actually sent. The secret must travel only over
-channels the job's user alone can read. A service is named by its address: within its
-window, a captured call could still open a service of the same job that took that
-address after the one it was made out to.
+named in the call, its launch included, keeps it from opening any other), bounded in
+memory: past `max_nonces` remembered calls within the window, the oldest are forgotten
+and calls at or before their timestamp are refused as expired (never accepted twice).
+The body is hashed in full, so sign and verify the bytes actually sent. The secret must
+travel only over channels the job's user alone can read.
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ from collections.abc import Callable, Mapping
 from slurmrl.auth.errors import AuthCode, AuthError
 
 VERSION = "slurmrl-data/1"  #: the controller's sessions: no service named
-SERVICE_VERSION = "slurmrl-data/2"  #: a service's calls: made out to one service
-SERVICE = "X-Slurmrl-Service"  #: the `host:port` a call is made out to, signed
+SERVICE_VERSION = "slurmrl-data/3"  #: a service's calls: made out to one launch
+SERVICE = "X-Slurmrl-Service"  #: the `host:port/launch` a call is made out to, signed
 TIMESTAMP = "X-Slurmrl-Timestamp"
 NONCE = "X-Slurmrl-Nonce"
 SIGNATURE = "X-Slurmrl-Signature"
@@ -95,8 +97,8 @@ def sign(
     nonce: str | None = None,
 ) -> dict[str, str]:
     """Headers that authenticate one call made out to `service` (a service's
-    `host:port`; None: the controller's sessions, no service); `now` and `nonce` are
-    for tests."""
+    `host:port/launch`; None: the controller's sessions, no service); `now` and `nonce`
+    are for tests."""
     if not method.isalpha() or not method.isascii():
         raise ValueError(f"not an HTTP method: {method!r}")
     if service is not None:
@@ -138,7 +140,7 @@ class Verifier:
     def verify(self, headers: Mapping[str, str], method: str, path: str, body: bytes,
                service: str | None = None) -> None:
         """Return if the call is authentic, fresh and made out to `service` (this
-        service's `host:port`; None: a session's call, which names none); raise
+        service's `host:port/launch`; None: a session's call, which names none); raise
         AuthError otherwise."""
         self._verify(headers, method, path, hashlib.sha256(body).hexdigest(), service)
 
@@ -189,7 +191,7 @@ class Verifier:
             )
         if claimed != service:
             raise AuthError(AuthCode.MISMATCH, f"call made out to service {claimed}, not "
-                            f"to this one ({service}): refused")
+                            f"to this one ({service}): refused{_relaunched(claimed, service)}")
         now = self._clock()
         if now - ts > self.skew_s:
             raise AuthError(
@@ -258,7 +260,7 @@ def check_body(digest: str, body: bytes) -> None:
 
 def check_service(service: str) -> str:
     """`service` if it can name a service in a signed call (printable ASCII, no space:
-    a `host:port`); ValueError otherwise."""
+    a `host:port/launch`); ValueError otherwise."""
     if not _SERVICE.fullmatch(service):
         raise ValueError(f"not a service address: {service!r}")
     return service
@@ -272,8 +274,19 @@ def _service(lower: Mapping[str, str]) -> str:
                         "than this service: upgrade slurmrl)")
     claimed = claimed.strip()
     if not _SERVICE.fullmatch(claimed):
-        raise AuthError(AuthCode.MALFORMED, f"{SERVICE} must be the service's host:port")
+        raise AuthError(AuthCode.MALFORMED, f"{SERVICE} must be the service's "
+                        "host:port/launch")
     return claimed
+
+
+def _relaunched(claimed: str | None, service: str | None) -> str:
+    """Why a call made out to `claimed` is not this service's, where the address alone
+    does not say: another launch at the same `host:port`."""
+    if claimed is None or service is None or \
+            claimed.partition("/")[0] != service.partition("/")[0]:
+        return ""
+    return (" (another launch of the service at this address: a call captured for "
+            "one, or a driver that did not learn of the relaunch)")
 
 
 def _mac_digest(key: bytes, service: str | None, method: str, path: str, digest: str,

@@ -18,11 +18,12 @@ started through `SlurmBackend.launch_step`:
   can create it first (the worker refuses a directory it does not own), and another
   user who read it in a `ps` listing could; and so does the job's model
   (`$SLURMRL_SERVICE_MODEL`: a job's model is private to it, docs/pools.md).
-- The worker binds a free port and writes `host:port` into a file in a directory that
-  belongs to the user (mode 700, under `run_dir`, which only root can list). The
-  launcher waits for that file and a `status` answer, with a timeout for the model load;
-  a launch that fails or times out is killed and retried (the step launch itself is
-  retried by the backend).
+- The worker binds a free port and writes `host:port/launch` (`launch`: its random
+  per-process id, which calls are made out to with the address) into a file in a
+  directory that belongs to the user (mode 700, under `run_dir`, which only root can
+  list). The launcher waits for that file and a `status` answer, with a timeout for
+  the model load; a launch that fails or times out is killed and retried (the step
+  launch itself is retried by the backend).
 
 - **It is sized from the job's model.** The worker's request-size limit takes the
   model's whole state_dict (`PUT /v1/weights`; `estimate.weights_body_bytes`), and a
@@ -30,8 +31,9 @@ started through `SlurmBackend.launch_step`:
   (`--gpu-memory-bytes`, `--kv-cache-bytes`; `estimate.rollout_budget`, by the rules
   `residency.footprints_for_job` plans with), so the engine takes what was planned.
 
-Known limits: one node per service (`-n1`); the worker's address is `<node>:<port>` on
-the node Slurm named for the pool, so that name must resolve for drivers.
+Known limits: one node per service (`-n1`); the worker's address is
+`<node>:<port>/<launch>` on the node Slurm named for the pool, so that name must resolve
+for drivers.
 """
 
 from __future__ import annotations
@@ -451,14 +453,16 @@ def specs_for_job(job_id: int, user: str, *, rollout_gpus: Sequence[int],
     ]
 
 
-#: `host:port` as the worker writes it (`write_address_file`): a DNS name or IPv4, or an
-#: IPv6 address in brackets
-_ADDRESS = re.compile(r"(?:[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}")
+#: `host:port/launch` as the worker writes it (`write_address_file`): a DNS name or IPv4,
+#: or an IPv6 address in brackets; the worker's launch id (`ServiceServer.launch_id`)
+_ADDRESS = re.compile(r"(?:[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}"
+                      r"/[0-9a-f]{16}")
 _ADDRESS_MAX = 300
 
 
 def read_address_file(path: Path, uid: int | None) -> str | None:
-    """The service's `host:port` from the file its worker wrote, None until written.
+    """The service's `host:port/launch` from the file its worker wrote, None until
+    written.
 
     The file lies in a directory the job's user owns, and the controller reads it as
     root: it is opened without following a symlink and without blocking (a FIFO), must
@@ -483,7 +487,7 @@ def read_address_file(path: Path, uid: int | None) -> str | None:
     if not text:
         return None
     if len(raw) > _ADDRESS_MAX or not _ADDRESS.fullmatch(text):
-        raise ServiceLaunchError(f"{path} does not hold a host:port address")
+        raise ServiceLaunchError(f"{path} does not hold a host:port/launch address")
     return text
 
 

@@ -697,7 +697,7 @@ def _job(r: dict[str, Any]) -> JobRecord:
         registered_at=r["registered_at"], name=r["name"], partition=r["partition"],
         reason=r["reason"], pool_id=r["pool_id"], group_id=r["group_id"],
         pool_gpus=ints(r["pool_gpus"]), phase=r["phase"], secret=r["secret"],
-        ended_at=r["ended_at"], slurm_started_at=r["slurm_started_at"],
+        ended_at=r["ended_at"], slurm_started_at=r.get("slurm_started_at"),  # schema 9
     )
 
 

@@ -65,10 +65,11 @@ def read_secret(secret_file: Path | None) -> str:
 @click.option("--port", default=0, show_default=True, help="Port to bind; 0 lets the OS pick.")
 @click.option("--advertise-host", default=None,
               help="Host to announce in the address file; calls must be made out to "
-                   "this host:port as announced [default: bind host, or this machine's "
-                   "hostname when binding 0.0.0.0].")
+                   "this host:port/launch as announced [default: bind host, or this "
+                   "machine's hostname when binding 0.0.0.0].")
 @click.option("--address-file", type=click.Path(path_type=Path), default=None,
-              help="Write host:port here once listening.")
+              help="Write host:port/launch here once listening (launch: this "
+                   "process's random id, which calls are made out to as well).")
 @click.option("--secret-file", type=click.Path(path_type=Path), default=None,
               help=f"File holding the job secret (mode 600); default ${SECRET_ENV}.")
 @click.option("--model", default=None, envvar=MODEL_ENV, show_envvar=True,
@@ -151,7 +152,8 @@ def worker(
         pass
 
     def on_ready(bound_port: int) -> None:
-        address = f"{shown_host}:{bound_port}"
+        address = server.address  # host:port/launch: set before this is called
+        assert address is not None
         if address_file is not None:
             try:
                 write_address_file(address_file, address)

@@ -1,9 +1,10 @@
 """The driver's (and the controller's) blocking client for one service.
 
 `ServiceHandle(address, secret, job_id, role)` signs every request with the job's
-secret, made out to the service at `address` (`host:port` as the controller recorded
-it: a service refuses a call made out to another), and keeps one HTTP/1.1 keep-alive
-connection (guarded by a lock: one call at a time per handle). Failures raise
+secret, made out to the service at `address` (`host:port/launch` as the controller
+recorded it: a service refuses a call made out to another, or to another launch of
+itself on the same `host:port`), and keeps one HTTP/1.1 keep-alive connection (guarded
+by a lock: one call at a time per handle). Failures raise
 `ServiceError` carrying the server's message; `ServiceParked` (409) means the service is
 not active — call it inside a held lease. Every answer must carry the service's
 signature (`tokens.answer_mac`; a streamed one in its last bytes): one that does not
@@ -11,7 +12,9 @@ signature (`tokens.answer_mac`; a streamed one in its last bytes): one that does
 is gone would be. A request body (weights, prompts, samples) goes only on a connection
 the service has so answered on: on a fresh one (the first call, or the retry after the
 service closed an idle one) a call with a body first makes a bodiless signed `status`
-call there, one more round trip; calls on a proven connection take one.
+call there, one more round trip; calls on a proven connection take one. That `status`
+is made out to the same launch: a later launch of the service on the same `host:port`
+refuses it (401), and gets no body either.
 
 Long tail: `generate(..., on_tail=f)` polls the service's `status` on a second
 connection every `poll_s` while the call runs and calls `f(active_sequences)` from the
@@ -63,7 +66,8 @@ class ServiceParked(ServiceError):
 
 class ServiceUnauthorized(ServiceError):
     """401: the signature was refused (wrong secret, not this job's service, or a
-    call made out to another service: the address is not the one it announced)."""
+    call made out to another service: the address is not the one it announced, e.g.
+    that of an earlier launch on the same `host:port`)."""
 
 
 class ServiceUnreachable(ServiceError):
@@ -75,7 +79,7 @@ CONTROL_TIMEOUT_S = 120.0  #: a control-plane call's limit, whole (status, park,
 
 
 class ServiceHandle:
-    """One service of one RL job, addressed as `host:port`."""
+    """One service of one RL job, addressed as `host:port/launch`."""
 
     def __init__(
         self, address: str, secret: str, job_id: str, role: str,
@@ -90,10 +94,12 @@ class ServiceHandle:
         the controller sets one, since a service runs the user's code and must not
         exhaust the controller's memory or, through the readings it stores, its
         database's disk."""
-        addr = address.removeprefix("http://").rstrip("/")
-        host, sep, port = addr.rpartition(":")
-        if not sep or not host or not port.isascii() or not port.isdigit():
-            raise ValueError(f"service address {address!r} must look like host:port")
+        addr = address.removeprefix("http://")
+        where, slash, launch = addr.partition("/")
+        host, sep, port = where.rpartition(":")
+        if not (slash and launch and sep and host and port.isascii() and port.isdigit()):
+            raise ValueError(f"service address {address!r} must look like "
+                             "host:port/launch, as the service announced it")
         check_service(addr)  # every call is made out to it (`tokens.sign`)
         self.address = addr
         self.job_id = job_id
@@ -222,7 +228,7 @@ class ServiceHandle:
                  handoff: bool = False, source: str | None = None) -> dict[str, Any]:
         """Activate; with `handoff`, take over the handoff file's state when this copy
         handed its own off or the file holds a newer generation; with `source` too (a
-        copy on another node, `host:port`), fetch that copy's state file first."""
+        copy on another node, `host:port/launch`), fetch that copy's state file first."""
         body: dict[str, Any] = {"handoff": True} if handoff else {}
         if source is not None:
             body["source"] = source
@@ -236,9 +242,9 @@ class ServiceHandle:
         return out.get("discarded") is True
 
     def fetch_handoff(self, source: str, timeout_s: float | None = None) -> dict[str, Any]:
-        """Fetch the job's state from its copy at `source` (`host:port`, on another node)
-        into this copy's node (the controller's call); the copy's residency stays as it
-        is. Returns the copy's status (`stored_generation` the file's)."""
+        """Fetch the job's state from its copy at `source` (`host:port/launch`, on
+        another node) into this copy's node (the controller's call); the copy's residency
+        stays as it is. Returns the copy's status (`stored_generation` the file's)."""
         return self._json("fetch_handoff", "POST", "/v1/handoff/fetch", {"source": source},
                           timeout_s, whole=True)
 

@@ -4,9 +4,11 @@ Control plane (the controller): `POST /v1/park`, `POST /v1/activate`, `POST /v1/
 `GET /v1/status`. Data plane (the job's driver): `POST /v1/generate`,
 `POST /v1/train_step`, `GET /v1/weights` (export), `PUT /v1/weights` (import). Every
 request must carry an HMAC signature (`slurmrl.auth.tokens.sign`) made out to this
-service, its `address` (`host:port` as it announces it, which the controller records and
-gives the driver; `serve` sets it once listening); anything else gets 401 (a call made
-out to another service: `mismatch`, naming both). With a control secret (the
+service, its `address` (`host:port/launch` as it announces it, which the controller
+records and gives the driver; `serve` sets it once listening; `launch` is the random
+`launch_id` this process picked, so a call made out to an earlier launch on the same
+`host:port` is not made out to this one); anything else gets 401 (a call made out to
+another service or launch: `mismatch`, naming both). With a control secret (the
 controller's, one per service, never given to the job's driver), park, activate and stop
 take only that one: the job's secret, which the driver holds, opens the data plane and
 `status`, so a driver cannot wake its own parked service on GPUs the controller has
@@ -26,7 +28,7 @@ takes that file over (`take_over`) when this copy handed its own state off or th
 holds a newer generation than its own, and otherwise activates as usual. `status`
 reports `handed_off` and `generation`. Without `--handoff-dir`, `"handoff": true` is a
 400. Across nodes (a floating pool whose windows are on several nodes), `activate` with
-`"source": "host:port"` first fetches the state file from the copy at that address
+`"source": "host:port/launch"` first fetches the state file from the copy so named
 (`GET /v1/handoff`, signed with the job's secret, which every copy holds) and stores it
 in this node's directory unless this one holds that generation or a newer one
 (streamed into a temp file there, `handoff.store_stream`), then goes on as above.
@@ -58,6 +60,7 @@ import asyncio
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 from collections.abc import Callable, Mapping
@@ -145,8 +148,10 @@ class ServiceServer:
         self._control = None if control_secret is None else Verifier(control_secret)
         self._control_secret = control_secret
         self._max_body = max_body_bytes
-        #: the `host:port` calls must be made out to (`tokens.sign`'s `service`): what
-        #: this service announces; set by `serve` once listening, no call opens before
+        #: this process's own: no other launch of the service, on any address, has it
+        self.launch_id = secrets.token_hex(8)
+        #: the `host:port/launch` calls must be made out to (`tokens.sign`'s `service`):
+        #: what this service announces; set by `serve` once listening, no call opens before
         self.address: str | None = None
         self._lock = asyncio.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backend")
@@ -348,7 +353,7 @@ class ServiceServer:
         path = self._handoff_path(obj, "activate")
         source = obj.get("source")
         if source is not None and (path is None or not isinstance(source, str)):
-            raise HttpError(400, "activate: source must be a copy's host:port, with "
+            raise HttpError(400, "activate: source must be a copy's host:port/launch, with "
                             f"handoff true; got {source!r}")
         if path is None:
             await self.run_backend(self.backend.activate)
@@ -377,7 +382,7 @@ class ServiceServer:
         self._only(obj, {"source"}, "handoff/fetch")
         source = obj.get("source")
         if not isinstance(source, str):
-            raise HttpError(400, f"handoff/fetch: source must be a copy's host:port; "
+            raise HttpError(400, f"handoff/fetch: source must be a copy's host:port/launch; "
                             f"got {source!r}")
         path = self._handoff_path({"handoff": True}, "handoff/fetch")
         assert path is not None
@@ -569,7 +574,7 @@ async def serve(
 ) -> None:
     """Load the backend, listen, call `on_ready(port)`, and serve until stopped. The
     service's `address`, which every call must be made out to, is
-    `advertised_host(host, advertise_host):port`.
+    `advertised_host(host, advertise_host):port/launch_id`.
 
     SIGTERM and SIGINT (what `scancel` and `srun` send a step) stop it like `stop` does.
     """
@@ -590,7 +595,7 @@ async def serve(
     try:
         bound = int(runner.addresses[0][1])
         # before anything awaits: no call is served before the service knows its name
-        server.address = f"{advertised_host(host, advertise_host)}:{bound}"
+        server.address = f"{advertised_host(host, advertise_host)}:{bound}/{server.launch_id}"
         on_ready(bound)
         await server.stopped.wait()
         # let the stop reply (and any call in flight) finish before closing the backend

@@ -173,7 +173,7 @@ def test_unauthenticated_and_foreign_calls_are_refused(workers: dict[str, Worker
         other_job.stop()
     import http.client
 
-    host, port = address.split(":")
+    host, port = address.partition("/")[0].split(":")  # host:port/launch
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     conn.request("POST", "/v1/stop", body=b"{}")
     assert conn.getresponse().status == 401

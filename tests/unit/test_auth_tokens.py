@@ -185,6 +185,17 @@ def test_a_call_opens_only_the_service_it_is_made_out_to(secret: str,
                    ROLLOUT0) is AuthCode.REPLAYED
 
 
+def test_a_call_opens_only_the_launch_it_is_made_out_to(secret: str) -> None:
+    # a service relaunched on the same host:port is another launch: a fresh process,
+    # whose verifier has seen none of the earlier one's nonces
+    earlier, later = "node1:40001/0123456789abcdef", "node1:40001/fedcba9876543210"
+    headers = sign(secret, "POST", "/v1/generate", b"x", service=earlier, now=NOW)
+    with pytest.raises(AuthError, match="another launch of the service at this address") \
+            as info:
+        Verifier(secret, clock=Clock()).verify(headers, "POST", "/v1/generate", b"x", later)
+    assert info.value.code is AuthCode.MISMATCH
+
+
 def test_the_service_a_call_names_is_signed(secret: str, verifier: Verifier) -> None:
     headers = sign(secret, "POST", "/v1/generate", b"x", service=ROLLOUT0, now=NOW)
     renamed = {**headers, SERVICE: ROLLOUT1}

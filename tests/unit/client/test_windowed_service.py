@@ -36,8 +36,13 @@ class StandInJob:
                 "services": self.services}
 
 
+def at(port: int) -> str:
+    """The address a copy on `port` announces: `host:port/launch`."""
+    return f"n1:{port}/{port:016x}"
+
+
 def copy(gpus: list[int], port: int, role: str = "trainer") -> dict[str, Any]:
-    return {"role": role, "backend": "tiny", "gpus": gpus, "address": f"n1:{port}"}
+    return {"role": role, "backend": "tiny", "gpus": gpus, "address": at(port)}
 
 
 def test_each_call_goes_to_the_copy_on_the_leases_window() -> None:
@@ -47,9 +52,9 @@ def test_each_call_goes_to_the_copy_on_the_leases_window() -> None:
     with pytest.raises(NoLease, match="held lease"):
         _ = svc.address
     job.current = StandInLease(1, (2, 3))
-    assert svc.address == "n1:5002"
+    assert svc.address == at(5002)
     job.current = StandInLease(2, (0, 1))
-    assert svc.address == "n1:5001"
+    assert svc.address == at(5001)
 
 
 def test_a_window_taken_since_is_found_and_one_given_back_and_taken_again_is_renewed(
@@ -58,13 +63,13 @@ def test_a_window_taken_since_is_found_and_one_given_back_and_taken_again_is_ren
     svc = LeasedService.find(job, "trainer", None, 1.0)  # type: ignore[arg-type]
     job.services = [copy([0, 1], 5001), copy([2, 3], 5002)]  # the pool grew
     job.current = StandInLease(1, (2, 3))
-    assert svc.address == "n1:5002"
+    assert svc.address == at(5002)
     asked = job.asked
-    assert svc.address == "n1:5002" and job.asked == asked  # once per lease
+    assert svc.address == at(5002) and job.asked == asked  # once per lease
     # window 1 given back, then taken again: a new copy there, at a new address
     job.services = [copy([0, 1], 5001), copy([2, 3], 5003)]
     job.current = StandInLease(2, (2, 3))
-    assert svc.address == "n1:5003"
+    assert svc.address == at(5003)
 
 
 def test_a_lease_on_gpus_without_a_copy_says_so() -> None:

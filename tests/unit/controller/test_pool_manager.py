@@ -39,8 +39,9 @@ from slurmrl.worker.handle import ServiceUnreachable
 ALICE = Identity(1001, 1001, "alice")
 BOB = Identity(1002, 1002, "bob")
 ENV = {"SLURMRL_GPUS": "2", "SLURMRL_MODEL": "tiny"}
-#: unreachable (connection refused at once): a re-attached service's stop fails fast
-DEAD_ADDRESS = "127.0.0.1:1"
+#: unreachable (connection refused at once): a re-attached service's stop fails fast;
+#: `host:port/launch`, as a service announces itself
+DEAD_ADDRESS = "127.0.0.1:1/0123456789abcdef"
 
 
 class FakeSlurm:

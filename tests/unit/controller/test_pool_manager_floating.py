@@ -162,7 +162,8 @@ class FakeLauncher:
 
     def launch(self, pool_job_id: int, node: str, spec: ServiceSpec,
                secret: str) -> FakeRunning:
-        address = f"{node}:{5000 + len(self.launched)}"
+        n = len(self.launched)
+        address = f"{node}:{5000 + n}/{n:016x}"  # host:port/launch, as a worker announces
         svc = FakeRunning(spec, pool_job_id, FakeHandle(spec, address=address,
                                                         registry=self.by_address),
                           address=address)
@@ -1251,7 +1252,8 @@ async def test_a_new_copy_takes_the_directory_its_jobs_copies_on_the_node_hand_o
         # as ServiceLauncher: a service's address is Slurm's NodeAddr of its node (the
         # dev cluster's every node: 127.0.0.1), not the node's name
         svc = launch(pool_job_id, node, spec, secret)
-        svc.address = svc.handle.address = f"127.0.0.1:{5000 + len(site.launcher.launched)}"
+        n = len(site.launcher.launched)
+        svc.address = svc.handle.address = f"127.0.0.1:{5000 + n}/{n:016x}"
         return svc
 
     site.launcher.launch = at_node_addr  # type: ignore[method-assign]

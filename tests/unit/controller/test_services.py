@@ -29,7 +29,8 @@ def test_the_address_a_worker_writes_is_read(tmp_path: Path) -> None:
     assert read_address_file(path, ME) is None  # not written yet
     path.write_text("")
     assert read_address_file(path, ME) is None  # being written
-    for address in ("gpu-node-3:40123", "10.0.0.7:8000", "[fe80::1]:9000"):
+    for address in ("gpu-node-3:40123/0123456789abcdef", "10.0.0.7:8000/fedcba9876543210",
+                    "[fe80::1]:9000/00000000ffffffff"):
         path.write_text(address + "\n")
         assert read_address_file(path, ME) == address
 
@@ -62,12 +63,14 @@ def test_a_fifo_as_the_address_file_does_not_block_the_controller(tmp_path: Path
 
 def test_an_address_file_of_another_owner_or_content_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "address"
-    path.write_text("node:1234\n")
+    path.write_text("node:1234/0123456789abcdef\n")
     with pytest.raises(ServiceLaunchError, match="not a regular file of the job's user"):
         read_address_file(path, ME + 1)
-    for junk in ("not an address", "node:1234 extra", "x" * 400 + ":1"):
+    for junk in ("not an address", "node:1234 extra", "x" * 400 + ":1/0123456789abcdef",
+                 "node:1234", "node:1234/launch", "node:1234/0123456789abcdef/x"):
         path.write_text(junk)
-        with pytest.raises(ServiceLaunchError, match="does not hold a host:port") as err:
+        with pytest.raises(ServiceLaunchError, match="does not hold a host:port/launch") \
+                as err:
             read_address_file(path, ME)
         assert junk not in str(err.value)
 
@@ -168,7 +171,7 @@ def test_a_step_whose_status_is_not_a_workers_is_killed_not_left_running(
 
     run_dir = tmp_path / "services"
     launcher = ServiceLauncher(Slurm(), run_dir, launch_attempts=1)  # type: ignore[arg-type]
-    monkeypatch.setattr(launcher, "_await_address", lambda *a, **k: "127.0.0.1:1")
+    monkeypatch.setattr(launcher, "_await_address", lambda *a, **k: "127.0.0.1:1/0123456789abcdef")
     monkeypatch.setattr(launcher, "_await_status", lambda *a, **k: {"pid": "not-a-pid"})
     monkeypatch.setattr(launcher, "_kill", lambda s: s.kill())
     monkeypatch.setattr(services, "worker_argv", lambda *a, **k: ["true"])

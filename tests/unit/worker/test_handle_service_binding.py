@@ -8,7 +8,11 @@ answer's signature only afterwards. And the call it captured, signed with the jo
 secret but naming no service, opened the job's other services within its window. Now a
 call names the service's address in what it signs, each service refuses one made out
 to another, and on a fresh connection a call with a body first makes a bodiless signed
-`status` there, whose answer must be the service's, before the body goes out.
+`status` there, whose answer must be the service's, before the body goes out. The
+address names one launch of the service (`host:port/launch`, the launch a random id the
+worker picks at start): a call captured for one launch no longer opens a later launch
+of the same job's service that took the same `host:port` (a relaunch, a new pool on
+the node) within its window, as it did when the address alone named the service.
 
 A plain HTTP server on loopback plays the other user's process (`_Recorder`); the
 services are real (`_worker_service.start`).
@@ -22,7 +26,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 
 import pytest
-from _worker_service import Running, http_standin, raw_call, start
+from _worker_service import Running, host_port, http_standin, raw_call, start
 
 from slurmrl.auth.tokens import mint_secret, sign
 from slurmrl.worker.handle import ServiceHandle, ServiceUnauthorized, ServiceUnreachable
@@ -80,7 +84,7 @@ def test_a_process_on_a_dead_services_port_gets_no_body() -> None:
     stop()  # the service dies; another user binds its port
     # the kept connection is gone: the handle retries on a fresh one, to whoever has the
     # port now, and asks it to prove itself before any weights go out
-    with http_standin(_Recorder, port=int(svc.address.rsplit(":", 1)[1])), \
+    with http_standin(_Recorder, port=host_port(svc.address)[1]), \
             pytest.raises(ServiceUnreachable, match="without the service's signature"):
         handle.import_weights(WEIGHTS, timeout_s=10)
     assert _calls() == [("GET", "/v1/status")]
@@ -134,10 +138,10 @@ def test_a_service_takes_only_calls_made_out_to_itself(rollout_service: Running)
 def test_a_handle_names_the_service_as_it_announced_itself(rollout_service: Running) -> None:
     # the address the controller records is the one the service announces; another
     # name for the same socket is another service's name to it
-    port = rollout_service.address.rsplit(":", 1)[1]
-    handle = ServiceHandle(f"localhost:{port}", rollout_service.secret, "42", "rollout",
-                           timeout_s=10)
-    refusal = f"made out to service localhost:{port}, not to this one \\(127.0.0.1:{port}\\)"
+    own = rollout_service.address  # 127.0.0.1:port/launch
+    other = f"localhost:{own.removeprefix('127.0.0.1:')}"
+    handle = ServiceHandle(other, rollout_service.secret, "42", "rollout", timeout_s=10)
+    refusal = f"made out to service {other}, not to this one \\({own}\\)"
     with pytest.raises(ServiceUnauthorized, match=refusal):
         handle.status()
     with pytest.raises(ServiceUnauthorized, match=refusal):  # refused at its status
@@ -156,3 +160,31 @@ def test_a_proven_connection_takes_one_round_trip_a_call(rollout_service: Runnin
     handle.close()
     handle.generate(PROMPTS)
     assert server.calls == 7  # a new connection is proven again
+
+
+def test_a_call_captured_for_one_launch_is_refused_by_a_later_one_on_its_address() -> None:
+    # the job's rollout is relaunched on the port its earlier launch had (same node, same
+    # job, same secret), within the window of a call captured on its way to the first
+    secret = mint_secret()
+    first, stop = start(Role.ROLLOUT, secret)
+    body = json.dumps({"prompts": PROMPTS}).encode()
+    captured = sign(secret, "POST", "/v1/generate", body, service=first.address)
+    assert _replay(first, "POST", "/v1/generate", captured, body)[0] == 200
+    stop()
+    later, stop = start(Role.ROLLOUT, secret, port=host_port(first.address)[1])
+    try:
+        assert host_port(later.address) == host_port(first.address)
+        status, answer = _replay(later, "POST", "/v1/generate", captured, body)
+        assert status == 401 and answer["code"] == "mismatch", answer
+        assert "another launch of the service at this address" in str(answer["error"])
+        # a driver that still holds the first launch's address is refused at the status
+        # that proves a fresh connection: its prompts never reach the later launch
+        stale = ServiceHandle(first.address, secret, "42", "rollout", timeout_s=10)
+        with pytest.raises(ServiceUnauthorized, match=f"not to this one \\({later.address}"):
+            stale.generate(PROMPTS)
+        assert later.server.calls == 0
+        # the address the later launch announced opens it
+        fresh = ServiceHandle(later.address, secret, "42", "rollout", timeout_s=10)
+        assert fresh.generate(PROMPTS).samples
+    finally:
+        stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -142,8 +143,8 @@ def test_an_address_file_it_cannot_write_is_named_not_taken_for_a_port(
 
 def test_the_worker_takes_calls_made_out_to_the_address_it_announces(
         tmp_path: Path) -> None:
-    # the controller records the address file's host:port and gives it to the driver:
-    # that is the name a call must be made out to, not the one the worker binds
+    # the controller records the address file's host:port/launch and gives it to the
+    # driver: that is the name a call must be made out to, not the one the worker binds
     secret = mint_secret()
     addr_file = tmp_path / "address"
     env = {**os.environ, SECRET_ENV: secret}
@@ -159,11 +160,12 @@ def test_the_worker_takes_calls_made_out_to_the_address_it_announces(
             assert time.monotonic() < deadline, "the worker did not announce itself"
             time.sleep(0.1)
         announced = addr_file.read_text().strip()
-        port = announced.rsplit(":", 1)[1]
-        assert announced == f"localhost:{port}"
+        port_launch = announced.removeprefix("localhost:")
+        assert re.fullmatch(r"[0-9]+/[0-9a-f]{16}", port_launch), announced
         handle = ServiceHandle(announced, secret, "9", "rollout", timeout_s=30)
         assert handle.generate(["1+1="], max_tokens=2).samples
-        bound = ServiceHandle(f"127.0.0.1:{port}", secret, "9", "rollout", timeout_s=30)
+        bound = ServiceHandle(f"127.0.0.1:{port_launch}", secret, "9", "rollout",
+                              timeout_s=30)
         with pytest.raises(ServiceUnauthorized, match=f"not to this one \\({announced}\\)"):
             bound.status()
         handle.stop()

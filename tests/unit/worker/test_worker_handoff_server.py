@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import pytest
-from _worker_service import Running, start
+from _worker_service import STANDIN_LAUNCH, Running, host_port, start
 
 from slurmrl.auth.tokens import mint_secret, sign
 from slurmrl.worker.handle import ServiceError, ServiceHandle, ServiceParked
@@ -138,8 +138,7 @@ def test_a_handed_off_copy_needs_handoff_to_wake_and_a_parked_one_cannot_hand_of
 def _raw_post(svc: Running, path: str, obj: dict[str, Any]) -> tuple[int, str]:
     body = json.dumps(obj).encode()
     headers = sign(svc.secret, "POST", path, body, service=svc.address)
-    host, port = svc.address.split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn = http.client.HTTPConnection(*host_port(svc.address), timeout=30)
     try:
         conn.request("POST", path, body=body, headers=headers)
         resp = conn.getresponse()
@@ -183,7 +182,7 @@ def test_the_handle_sends_handoff_only_when_asked(monkeypatch: pytest.MonkeyPatc
         return {}
 
     monkeypatch.setattr(ServiceHandle, "_json", record)
-    h = ServiceHandle("127.0.0.1:1", mint_secret(), "42", "rollout")
+    h = ServiceHandle(f"127.0.0.1:1/{STANDIN_LAUNCH}", mint_secret(), "42", "rollout")
     h.park()
     h.activate()
     h.park(2, handoff=True)
@@ -249,7 +248,7 @@ def test_a_fetch_that_fails_changes_nothing_and_says_why(
     a.park(handoff=True)
     b.park(level=1)
     with pytest.raises(ServiceError, match="cannot fetch the handoff state from"):
-        b.activate(handoff=True, source="127.0.0.1:1")  # nobody there
+        b.activate(handoff=True, source=f"127.0.0.1:1/{STANDIN_LAUNCH}")  # nobody there
     assert b.status()["residency"] == "parked" and not (dir_b / "trainer.state").exists()
     with pytest.raises(ServiceError, match="source must be"):
         b.activate(handoff=False, source=a.address)
@@ -293,7 +292,7 @@ def _one_answer_server(head: bytes, body: bytes, secret: str = "") -> tuple[str,
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
-    return f"127.0.0.1:{srv.getsockname()[1]}", t
+    return f"127.0.0.1:{srv.getsockname()[1]}/{STANDIN_LAUNCH}", t
 
 
 def test_a_fetched_state_is_streamed_to_a_file_not_held_whole(tmp_path: Path) -> None:
@@ -384,7 +383,7 @@ def test_a_fetch_moves_the_state_to_another_node_and_wakes_nothing(
     assert st["generation"] == 1 and ctl_b.export_weights() == trained
     assert ctl_b.train_step(batch)["step"] == 2.0
     with pytest.raises(ServiceError, match="cannot fetch the handoff state from"):
-        ctl_b.fetch_handoff("127.0.0.1:1")
+        ctl_b.fetch_handoff(f"127.0.0.1:1/{STANDIN_LAUNCH}")
     with pytest.raises(ServiceError, match="source must be"):
         ctl_b._json("fetch_handoff", "POST", "/v1/handoff/fetch", {"source": 7}, 10,
                     whole=True)

@@ -16,7 +16,7 @@ import time
 from typing import Any, cast
 
 import pytest
-from _worker_service import Running, raw_call, start
+from _worker_service import STANDIN_LAUNCH, Running, host_port, raw_call, start
 
 from slurmrl.auth.tokens import BODY_SHA256, mint_secret, sign
 from slurmrl.worker.handle import (
@@ -156,8 +156,7 @@ def test_bad_park_level_and_unknown_route(rollout_service: Running) -> None:
     assert err.value.status == 400
     headers = sign(rollout_service.secret, "GET", "/v1/nothing", b"",
                    service=rollout_service.address)
-    host, port = rollout_service.address.split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn = http.client.HTTPConnection(*host_port(rollout_service.address), timeout=30)
     conn.request("GET", "/v1/nothing", headers=headers)
     assert conn.getresponse().status == 404
     conn.close()
@@ -222,9 +221,11 @@ def test_on_tail_sees_the_active_count_shrink(rollout_service: Running,
 
 
 def test_unreachable_service_and_bad_address() -> None:
-    with pytest.raises(ValueError, match="host:port"):
-        ServiceHandle("nowhere", mint_secret(), "1", "rollout")
-    h = ServiceHandle("127.0.0.1:1", mint_secret(), "1", "rollout", timeout_s=2)
+    for bad in ("nowhere", "127.0.0.1:1", "127.0.0.1:1/", "127.0.0.1/0123"):
+        with pytest.raises(ValueError, match="host:port/launch"):
+            ServiceHandle(bad, mint_secret(), "1", "rollout")
+    h = ServiceHandle(f"127.0.0.1:1/{STANDIN_LAUNCH}", mint_secret(), "1", "rollout",
+                      timeout_s=2)
     with pytest.raises(ServiceUnreachable):
         h.status()
 
@@ -252,7 +253,8 @@ def test_a_service_trickling_its_answer_cannot_hold_a_control_call() -> None:
 
     t = threading.Thread(target=trickle, daemon=True)
     t.start()
-    h = ServiceHandle(f"127.0.0.1:{srv.getsockname()[1]}", mint_secret(), "1", "rollout")
+    h = ServiceHandle(f"127.0.0.1:{srv.getsockname()[1]}/{STANDIN_LAUNCH}", mint_secret(),
+                      "1", "rollout")
     try:
         with pytest.raises(ServiceUnreachable, match="no whole answer within 1 s"):
             h.status(timeout_s=1.0)
@@ -374,9 +376,8 @@ def test_a_rollout_longer_than_the_control_planes_timeout_is_waited_for() -> Non
 def _head_then_wait(svc: Running, head: dict[str, str], declared: int) -> bytes:
     """Send a PUT's head declaring a `declared`-byte body, and none of the body; the
     answer it gets within 5 s (a server reading the body first gives none)."""
-    host, port = svc.address.split(":")
-    with socket.create_connection((host, int(port)), timeout=5) as s:
-        lines = ["PUT /v1/weights HTTP/1.1", f"Host: {svc.address}",
+    with socket.create_connection(host_port(svc.address), timeout=5) as s:
+        lines = ["PUT /v1/weights HTTP/1.1", f"Host: {svc.address.partition('/')[0]}",
                  f"Content-Length: {declared}", *(f"{k}: {v}" for k, v in head.items())]
         s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
         return s.recv(4096)
