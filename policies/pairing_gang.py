@@ -36,8 +36,9 @@ class GangPairing:
     fixed_group = 2
 
     def __init__(self, quantum_s: float = 30.0, gpu_mem_bytes: int = 80 * 2**30) -> None:
-        if quantum_s <= 0:
-            raise ValueError(f"quantum_s must be > 0, got {quantum_s}")
+        if not quantum_s >= 1.0:  # Slurm's gang time slice is whole seconds
+            raise ValueError(f"quantum_s must be at least 1 s (Slurm's time slice is "
+                             f"whole seconds), got {quantum_s}")
         if gpu_mem_bytes < 1:
             raise ValueError(f"gpu_mem_bytes must be >= 1, got {gpu_mem_bytes}")
         self.quantum_s, self.gpu_mem_bytes = quantum_s, gpu_mem_bytes

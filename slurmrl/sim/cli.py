@@ -346,6 +346,10 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
             result = run_jobs(jobs, cfg, pairing, slice_name, admission, params,
                               progress=lambda f: bar.update(task, completed=f))
     meta["slice"] = result.slice_name
+    pools = [*result.sim.closed, *result.sim.pools.values()]
+    unused = ([f"--floating: pairing policy {pairing!r} formed no floating pool (only a "
+               "policy whose placements ask for one forms any)"]
+              if floating and not any(p.windows is not None for p in pools) else [])
     return ({"metrics": result.metrics.as_dict()}, meta,
             _refusals(pairing, result.sim.refused)
-            + _rejections(list(result.sim.runs.values())))
+            + _rejections(list(result.sim.runs.values())) + unused)

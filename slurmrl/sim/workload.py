@@ -276,7 +276,7 @@ def limits_of(data: Mapping[str, Any]) -> dict[str, Any]:
 def load(name_or_path: str) -> Workload:
     """A workload by suite name (workloads/NAME.json) or by path."""
     p = Path(name_or_path)
-    if not p.suffix:
+    if not p.suffix and not p.is_file():  # a suite name (a file is read as it is)
         p = WORKLOAD_DIR / f"{name_or_path}.json"
     if not p.is_file():
         names = sorted(x.stem for x in WORKLOAD_DIR.glob("*.json"))

@@ -506,3 +506,27 @@ def test_the_suite_states_every_limit_it_runs_with(name: str) -> None:
     w = load(name)
     assert set(w.data["limits"]) == set(DEFAULT_LIMITS)
     assert config_for(w).limits.max_gpus_per_job == 1024
+
+
+def test_a_workload_file_without_a_suffix_is_read_as_it_is(tmp_path: Path) -> None:
+    # a path to a file named without ".json" was looked up in the suite: "no workload"
+    path = tmp_path / "mywl"
+    path.write_text(json.dumps(BASE))
+    res = run("-w", str(path), "--jobs", "4", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["meta"]["workload"] == BASE["name"]
+
+
+def test_floating_with_a_policy_that_never_floats_a_pool_says_so() -> None:
+    # `--floating` ran greedy exactly as without it, its meta saying floating: true
+    res = run("-w", "agentic-tools", "--jobs", "8", "--pairing", "greedy", "--floating",
+              "--json")
+    assert res.exit_code == 0, res.output
+    assert any("--floating: pairing policy 'greedy' formed no floating pool" in w
+               for w in json.loads(res.stdout)["warnings"])
+
+
+def test_a_gang_quantum_under_a_second_is_refused_in_one_line() -> None:
+    # 1e-300 s never advanced the clock: simulate hung
+    one_line_error(run("-w", "math-sync", "--jobs", "2", "--pairing", "gang",
+                       "--param", "gang.quantum_s=1e-300"), "quantum_s must be at least 1 s")
