@@ -434,7 +434,10 @@ class Job:
 
     def observe(self, phase: str, started_at: float, ended_at: float, *,
                 detail: Mapping[str, float] | None = None) -> None:
-        """Report a gap phase (`reward`, `idle`) the job spent off GPU.
+        """Report a gap phase (`reward`, `idle`) the job spent off GPU, from
+        `started_at` to `ended_at` in wall-clock seconds (`time.time()`). It counts
+        toward the job's profile only where the controller saw the job off its GPUs
+        (after its latest lease and its previous gap, not before its first phase).
 
         `detail` (numbers only) is stored with the observation; `slurmrl report` draws
         the reward curve from `{"step": N, "reward": mean reward}` on `reward` gaps.

@@ -28,6 +28,7 @@ from slurmrl.config import Config
 from slurmrl.controller.manager import AttachedPools, PoolManager
 from slurmrl.controller.metrics import Metrics
 from slurmrl.controller.placement import (
+    JobHistories,
     admission_of,
     job_snapshot,
     load_policies,
@@ -115,6 +116,8 @@ class Controller:
         self.pools: PoolManager = pools or AttachedPools()
         self.clock = clock
         self.metrics = Metrics()
+        #: each active job's observations folded into its profile, read once each
+        self.histories = JobHistories()
         slice_name = config.policies.slice
         registry.load("slice", slice_name, config.policies.params_for(slice_name))  # fail early
         #: the pairing and admission policies the simulator runs too (fail early as well)

@@ -6,8 +6,11 @@ snapshots from its simulated cluster; this module builds them from the controlle
 and Slurm, so both call the same objects with the same kind of input:
 
 - a job's profile comes from its phase observations in the DB (leases the scheduler
-  recorded, gaps the driver reported), with its `--rl-profile` as the prior; with
-  neither it is None and the policy falls back to a prior by model size;
+  recorded, gaps the driver reported, a gap only where the controller saw the job off
+  its GPUs, once its next lease is asked for: `JobHistory`), with its `--rl-profile`
+  as the prior; with neither, the prior by its model's size, its rollout holding its
+  whole set (`ROLLOUT_HELD_SHARE`); each job's observations are read once each, kept
+  from round to round (`JobHistories`);
 - every job is placed in the site's pool partition (the driver's own partition is
   where the driver runs, not where its GPUs come from);
 - free GPUs per partition are the GPUs of the partition's usable nodes minus what is
@@ -53,7 +56,7 @@ from policies.base import (
 )
 from policies.complementarity import host_bytes
 from slurmrl.config import Config, ConfigError
-from slurmrl.db import JobRecord, ObservationRecord, PoolRecord
+from slurmrl.db import JobRecord, ObservationRecord, PoolRecord, Store
 from slurmrl.model import PhasePrior
 from slurmrl.profiles import Profile, ProfileBuilder, prior_for_model, profile_from_prior
 from slurmrl.slurm import JobInfo, NodeInfo, SlurmError, SlurmJobState
@@ -186,26 +189,89 @@ def closed_because(c: Controller, pool_id: int) -> str | None:
 ROLLOUT_HELD_SHARE = 1.0
 
 
+class JobHistory:
+    """A job's observations folded into its profile, each once, in the order they were
+    recorded (a lease's at its end, a gap at its report): `feed` takes the new ones.
+
+    A gap the driver reported (reward, idle) counts only where its job was off its GPUs
+    as the controller saw it: from its latest lease's release, after the gap counted
+    before it, to its next lease's request (so it is counted once that comes), and
+    never before the job's first phase (its start-up). So a driver's numbers cannot make
+    its steps longer than they ran, nor its GPU duty lower: a partner placed on that
+    would be slowed past its limit."""
+
+    def __init__(self, job: JobRecord) -> None:
+        self.job = job
+        by_size = prior_for_model(job.request.model, job.request.gpus)
+        prior = job.request.profile or by_size  # blended phase by phase as observed
+        if not prior.step_s:  # `--rl-profile` shares without `step=`: the size's period
+            prior = PhasePrior(prior.shares, by_size.step_s)
+        self._by_size = by_size
+        self.builder = ProfileBuilder(prior=prior, rollout_gpu_share=ROLLOUT_HELD_SHARE)
+        self.last_id = 0  #: the last observation fed
+        #: its first GPU phase's request (the controller's clock), None before any
+        self.begun: float | None = None
+        self._off_from: float | None = None  #: a gap counts from here on
+        self._gaps: list[ObservationRecord] = []  #: reported since its latest lease
+
+    def feed(self, observations: Iterable[ObservationRecord]) -> JobHistory:
+        b = self.builder
+        for o in observations:
+            self.last_id = max(self.last_id, o.observation_id)
+            if o.granted_at is None or o.released_at is None or o.released_at < o.granted_at:
+                continue  # never granted (ended while waiting): no phase ran
+            if o.phase.needs_gpu:
+                start = o.requested_at if o.requested_at is not None else o.granted_at
+                self._count_gaps(until=start)
+                self.begun = start if self.begun is None else min(self.begun, start)
+                b.observe_lease(o.phase, start, o.granted_at, o.released_at,
+                                _held_share(self.job, o))
+                self._off_from = max(self._off_from or o.released_at, o.released_at)
+            elif self._off_from is not None:  # (none before its first phase)
+                self._gaps.append(o)
+        return self
+
+    def _count_gaps(self, until: float) -> None:
+        """The gaps reported since the latest lease, within the time off GPU it ended."""
+        for o in self._gaps:
+            assert self._off_from is not None and o.granted_at is not None
+            start, end = max(o.granted_at, self._off_from), min(o.released_at or 0.0, until)
+            if end > start:
+                self.builder.observe(o.phase, start, end)
+                self._off_from = end
+        self._gaps = []
+
+    def profile(self) -> Profile:
+        if self.builder.observations == 0 and self.job.request.profile is None:
+            return profile_from_prior(self._by_size, rollout_gpu_share=ROLLOUT_HELD_SHARE)
+        return self.builder.build()
+
+
+class JobHistories:
+    """The active jobs' `JobHistory`, kept between placement rounds: each round reads
+    only the observations recorded since (a long job's history is not re-read)."""
+
+    def __init__(self) -> None:
+        self._of: dict[int, JobHistory] = {}
+
+    def of(self, job: JobRecord, store: Store) -> JobHistory:
+        h = self._of.get(job.job_id)
+        if h is None:
+            h = self._of[job.job_id] = JobHistory(job)
+        h.job = job
+        return h.feed(store.observations(job.job_id, after=h.last_id))
+
+    def keep(self, job_ids: Iterable[int]) -> None:
+        """Forget all but these jobs' (the ended ones')."""
+        keep = set(job_ids)
+        for jid in [j for j in self._of if j not in keep]:
+            del self._of[jid]
+
+
 def profile_of(job: JobRecord, observations: Iterable[ObservationRecord]) -> Profile:
-    """The job's profile from its observations, its --rl-profile prior, or (neither) the
-    prior by model size."""
-    by_size = prior_for_model(job.request.model, job.request.gpus)
-    prior = job.request.profile or by_size  # blended phase by phase as observations come
-    if not prior.step_s:  # `--rl-profile` shares without `step=`: the model size's period
-        prior = PhasePrior(prior.shares, by_size.step_s)
-    b = ProfileBuilder(prior=prior, rollout_gpu_share=ROLLOUT_HELD_SHARE)
-    for o in observations:
-        if o.granted_at is None or o.released_at is None or o.released_at < o.granted_at:
-            continue  # never granted (ended while waiting): no phase ran
-        if o.phase.needs_gpu:
-            b.observe_lease(o.phase, o.requested_at if o.requested_at is not None
-                            else o.granted_at, o.granted_at, o.released_at,
-                            _held_share(job, o))
-        else:
-            b.observe(o.phase, o.granted_at, o.released_at)
-    if b.observations == 0 and job.request.profile is None:
-        return profile_from_prior(by_size, rollout_gpu_share=ROLLOUT_HELD_SHARE)
-    return b.build()
+    """The job's profile from its observations (`JobHistory`), its --rl-profile prior,
+    or (neither) the prior by model size."""
+    return JobHistory(job).feed(observations).profile()
 
 
 def _held_share(job: JobRecord, o: ObservationRecord) -> float:
@@ -221,17 +287,15 @@ def _held_share(job: JobRecord, o: ObservationRecord) -> float:
 
 def job_snapshot(job: JobRecord, partition: str,
                  observations: Iterable[ObservationRecord] = (),
-                 now: float | None = None) -> JobSnapshot:
+                 now: float | None = None, history: JobHistory | None = None) -> JobSnapshot:
     """`now`: the controller's clock, for how long a running job has run (since its
-    first phase began: its services' start-up before it is not counted)."""
-    obs = list(observations)
+    first phase began: its services' start-up before it is not counted). `history`:
+    its observations folded already (`JobHistories`), instead of `observations`."""
+    h = history if history is not None else JobHistory(job).feed(observations)
     # its leases' stamps only: they are the controller's clock, a driver's reported gaps
     # are the driver's (a `time.monotonic()` stamp there made a job decades old)
-    begun = min((o.requested_at if o.requested_at is not None else o.granted_at
-                 for o in obs if o.granted_at is not None and o.phase.needs_gpu),
-                default=None)
-    running = 0.0 if now is None or begun is None else max(0.0, now - begun)
-    return JobSnapshot(job.job_id, job.user, job.request, profile_of(job, obs),
+    running = 0.0 if now is None or h.begun is None else max(0.0, now - h.begun)
+    return JobSnapshot(job.job_id, job.user, job.request, h.profile(),
                        job.registered_at, partition, running_s=running,
                        submit_partition=job.partition or None)
 
@@ -309,8 +373,11 @@ async def controller_snapshot(
         limits = replace(limits, parked_host_mem_bytes=budget_of(None))
     now = c.clock()
 
+    seen: list[int] = []
+
     def snap(job: JobRecord) -> JobSnapshot:
-        return job_snapshot(job, part, c.store.observations(job.job_id), now)
+        seen.append(job.job_id)
+        return job_snapshot(job, part, now=now, history=c.histories.of(job, c.store))
 
     open_pools = c.store.pools(open_only=True)
     pools = []
@@ -332,7 +399,9 @@ async def controller_snapshot(
         log.warning("cannot read free GPUs from Slurm (%s); assuming enough", exc)
         free = {part: sum(j.request.gpus for j in waiting)}
         per_node = {}
-    return cluster_snapshot(now, pools, [snap(j) for j in waiting], free, limits, per_node,
+    waiting_snaps = [snap(j) for j in waiting]
+    c.histories.keep(seen)  # an ended job's history goes
+    return cluster_snapshot(now, pools, waiting_snaps, free, limits, per_node,
                             None if gpu_mem_bytes is None else {part: gpu_mem_bytes},
                             {part: True} if c.config.slurm.floating_pools else None,
                             {part: True} if packs_tails(c.config) else None,

@@ -33,7 +33,7 @@ from slurmrl import __version__
 from slurmrl.auth import AuthCode, AuthError, sessions
 from slurmrl.auth.requests import verify_request
 from slurmrl.controller import stream
-from slurmrl.controller.core import Controller
+from slurmrl.controller.core import CLOCK_SKEW_S, Controller
 from slurmrl.controller.residency import replica_sets
 from slurmrl.controller.scheduler import CutsAService, RequestEnded
 from slurmrl.controller.validate import (
@@ -519,6 +519,13 @@ class Api:
         job = self.c.active_job(_who(request), parse_id(request.match_info["job_id"], "job id"))
         if b["ended_at"] < b["started_at"]:
             raise bad("ended_at must not be before started_at")
+        # wall-clock times within the job's life (a `time.monotonic()` stamp is not)
+        now, since = self.c.clock(), job.registered_at - CLOCK_SKEW_S
+        if b["started_at"] < since or b["ended_at"] > now + CLOCK_SKEW_S:
+            raise bad(f"a gap is wall-clock time (time.time()) within the job's life: from "
+                      f"its registration ({job.registered_at:.0f}) to now ({now:.0f}), "
+                      f"give or take {CLOCK_SKEW_S:.0f} s of clock skew; got started_at "
+                      f"{b['started_at']:.0f}, ended_at {b['ended_at']:.0f}", "bad-value")
         # a resend of one recorded already (its answer lost) is answered, not stored twice
         seen = self.c.store.gap_observation(
             job_id=job.job_id, phase=Phase(b["phase"]), started_at=b["started_at"],

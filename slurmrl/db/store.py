@@ -639,10 +639,13 @@ class Store:
              json.dumps(detail or {}, sort_keys=True)))
         return int(rows[0]["observation_id"]) if rows else None
 
-    def observations(self, job_id: int | None = None) -> list[ObservationRecord]:
-        sql, params = "SELECT * FROM observations", list[Any]()
+    def observations(self, job_id: int | None = None,
+                     after: int = 0) -> list[ObservationRecord]:
+        """Observations in the order recorded (of `job_id`; `after`: those recorded after
+        that observation id only)."""
+        sql, params = "SELECT * FROM observations WHERE observation_id > ?", [after]
         if job_id is not None:
-            sql, params = sql + " WHERE job_id = ?", [job_id]
+            sql, params = sql + " AND job_id = ?", [after, job_id]
         out = []
         for r in self._q(sql + " ORDER BY observation_id", params):
             r["phase"] = Phase(r["phase"])

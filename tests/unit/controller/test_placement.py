@@ -19,6 +19,7 @@ from slurmrl.config import Config
 from slurmrl.config.schema import LimitsConfig, PoliciesConfig
 from slurmrl.controller.cli import controller
 from slurmrl.controller.placement import (
+    JobHistories,
     cluster_snapshot,
     free_gpus,
     job_snapshot,
@@ -280,6 +281,69 @@ def test_how_long_a_job_has_run_counts_from_its_leases_not_its_drivers_clock(
         t += 4.0
     snap = job_snapshot(job, "pools", store.observations(52), now=1.7e9 + 100.0)
     assert snap.running_s == pytest.approx(70.0)
+
+
+def test_reported_gaps_count_only_where_the_job_was_off_its_gpus(tmp_path: Path) -> None:
+    """A driver's reported gaps cannot make its job look less busy than its leases show:
+    gaps that span its leases, repeat one another, or come before its first phase (a
+    waiting job's) used to stretch its steps, and a partner was placed beside it past
+    that partner's slowdown limit."""
+    store = Store(tmp_path / "c.db")
+    honest, liar, waiting = _job(store, 61, 0.0), _job(store, 62, 0.0), _job(store, 63, 0.0)
+
+    def lie(job_id: int) -> None:  # "reward" from the epoch to 2**40
+        store.add_observation(job_id=job_id, phase=Phase.REWARD, requested_at=0.0,
+                              granted_at=0.0, released_at=2.0**40)
+
+    for _ in range(3):
+        lie(63)
+    t = 30.0
+    for _ in range(6):  # the same steps, the liar's each with a reward gap of years
+        for phase in (Phase.ROLLOUT, Phase.TRAIN, Phase.REWARD):
+            for jid in (61, 62):
+                store.add_observation(job_id=jid, phase=phase, requested_at=t, granted_at=t,
+                                      released_at=t + (3.0 if phase.needs_gpu else 4.0),
+                                      gpus=4 if phase.needs_gpu else 0)
+            t += 3.0 if phase.needs_gpu else 4.0
+        lie(62)
+    prof = {j.job_id: job_snapshot(j, "pools", store.observations(j.job_id)).profile
+            for j in (honest, liar, waiting)}
+    assert all(p is not None for p in prof.values())
+    assert prof[61].duty() == pytest.approx(0.6, abs=0.05)  # type: ignore[union-attr]
+    # its lies count only as time off its GPUs since its last gap: its steps are as
+    # long as they ran (they read 0.0000 busy)
+    assert prof[62].duty() == pytest.approx(prof[61].duty(), abs=0.05)  # type: ignore[union-attr]
+    # a job that ran no phase yet keeps its prior, whatever it reports
+    prior = job_snapshot(_job(store, 64, 0.0), "pools", []).profile
+    assert prior is not None
+    assert prof[63].duty() == pytest.approx(prior.duty())  # type: ignore[union-attr]
+
+
+def test_a_jobs_history_is_read_once_and_folds_as_a_fresh_read_does(tmp_path: Path) -> None:
+    """Each placement round used to re-read and re-fold every job's whole history (tens
+    of thousands of rows for a long agentic job, on the controller's event loop); the
+    kept history reads only what is new, and gives the profile a fresh read gives."""
+    store = Store(tmp_path / "c.db")
+    job = _job(store, 71, 0.0)
+    kept, read = JobHistories(), []
+    real = store.observations
+
+    def counted(job_id: int | None = None, after: int = 0) -> list:  # type: ignore[type-arg]
+        rows = real(job_id, after)
+        read.append(len(rows))
+        return rows
+
+    store.observations = counted  # type: ignore[method-assign]
+    for n in (3, 5, 2):
+        t = 30.0 + 10.0 * len(real(71))
+        _steps(store, 71, offset=t, busy=6.0, gap=4.0, n=n)
+        mine = job_snapshot(job, "pools", now=500.0, history=kept.of(job, store))
+        fresh = job_snapshot(job, "pools", real(71), now=500.0)
+        assert mine == fresh
+    assert read == [9, 15, 6]  # each row once (3 observations a step)
+    kept.keep([])
+    kept.of(job, store)
+    assert read[-1] == 30  # a forgotten job is read anew
 
 
 @pytest.mark.parametrize("state", [SlurmJobState.RUNNING, SlurmJobState.CONFIGURING,

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -261,3 +262,28 @@ def test_a_stop_does_not_wait_out_a_drivers_long_poll(tmp_path: Path) -> None:
         return took
 
     assert asyncio.run(main()) < 10.0
+
+
+def test_a_gap_outside_the_jobs_life_is_a_400_naming_the_clock_and_changes_nothing(
+        tmp_path: Path) -> None:
+    # time.monotonic() stamps (seconds since boot), or a gap ending in 2^40 s: stored,
+    # they made the job's steps years long and a partner was placed beside it
+    async def main() -> list[tuple[int, dict[str, Any]]]:
+        async with rig(tmp_path) as r:
+            now = time.time()
+            out = [await r.call("POST", "/v1/jobs/100/observations",
+                                json.dumps({"phase": "reward", "started_at": a,
+                                            "ended_at": b}).encode())
+                   for a, b in ((5000.0, 5004.0), (now - 5.0, 2.0**40))]
+            assert r.c.store.observations() == []
+            out.append(await r.call("POST", "/v1/jobs/100/observations",
+                                    json.dumps({"phase": "reward", "started_at": now - 5.0,
+                                                "ended_at": now - 1.0}).encode()))
+            return out
+
+    *bad, good = asyncio.run(main())
+    for status, answer in bad:
+        assert status == 400 and answer["error"]["code"] == "bad-value"
+        assert "wall-clock time (time.time()) within the job's life" in (
+            answer["error"]["message"])
+    assert good[0] == 200

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -328,7 +329,8 @@ def test_an_observation_resent_after_a_lost_answer_is_recorded_once(tmp_path: Pa
     async def main() -> None:
         async with rig(tmp_path) as r:
             path = f"/v1/jobs/{A}/observations"
-            body = {"phase": "reward", "started_at": 100.0, "ended_at": 101.5,
+            t = time.time() - 10.0
+            body = {"phase": "reward", "started_at": t, "ended_at": t + 1.5,
                     "detail": {"step": 3, "reward": 0.5}}
             ids = []
             for _ in range(2):
