@@ -137,6 +137,22 @@ class SessionTable:
                             f"session was tied to RL job {s.job_id}, which has ended")
         return s.who
 
+    def ended(self, header: str, *, job_alive: Callable[[int], bool] | None = None
+              ) -> str | None:
+        """Why the session of a request `verify` took is no longer usable (closed,
+        expired, its job ended), or None while it is: what a stream opened with it
+        checks before each frame."""
+        sid = _parse_header(header)
+        with self._lock:
+            s = self._sessions.get(sid)
+        if s is None:
+            return "session closed"
+        if self._clock() >= s.expires_at:
+            return "session expired"
+        if s.job_id is not None and job_alive is not None and not job_alive(s.job_id):
+            return f"session tied to RL job {s.job_id}, which has ended"
+        return None
+
     def _purge(self) -> None:
         now = self._clock()
         for sid in [s for s, x in self._sessions.items() if x.expires_at <= now]:

@@ -22,6 +22,7 @@ is 0, else on a listener of its own on that port (same host), which serves nothi
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
@@ -209,8 +210,12 @@ class Api:
         return got
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        return await stream.serve_stream(self, request, request[WHO],
-                                         request.app[SESSIONS].ttl_s)
+        _query(request, set())
+        table, header = request.app[SESSIONS], request.headers.get("Authorization", "")
+        ended = (functools.partial(table.ended, header,
+                                   job_alive=lambda job_id: _job_alive(self.c, job_id))
+                 if request[IS_SESSION] else None)
+        return await stream.serve_stream(self, request, request[WHO], table.ttl_s, ended)
 
     async def ping(self, request: web.Request) -> web.Response:
         return _json({"api": API_VERSION, "version": __version__})

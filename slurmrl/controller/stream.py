@@ -14,8 +14,10 @@ job and is checked against that identity by the very code the HTTP handlers run
 (`Api.acquire_op`, `release_op`, `switch_op`, `heartbeat_op`: a user acts only on their
 own jobs and leases); its fields are checked with the same `validate` specs. A malformed
 frame gets an error frame naming what is wrong and changes nothing. A stream is used at
-most the session TTL (`SessionTable.ttl_s`): the first frame after it closes the stream
-(4401); the client opens a new one, authenticating afresh.
+most the session TTL (`SessionTable.ttl_s`), and one opened with a session no longer
+than that session is usable (expired, closed, or tied to a job that has ended, as HTTP
+refuses it): the first frame after closes the stream (4401, naming why); the client
+opens a new one, authenticating afresh.
 
 Frames (client -> server), one JSON object each:
 
@@ -43,6 +45,7 @@ import asyncio
 import logging
 import time
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
@@ -125,6 +128,8 @@ class Stream:
                 log.warning("stream of uid %d: no frame read for %g s; cut", self.who.uid,
                             SEND_TIMEOUT_S)
                 self.cut()
+            except ConnectionError:  # the peer went (a driver killed): nothing to answer
+                log.debug("stream of uid %d: peer gone before its answer", self.who.uid)
 
     def cut(self) -> None:
         """End the connection at once, without a closing handshake."""
@@ -147,11 +152,11 @@ class Stream:
                                             "controller's log"))
             return
         fid = b["id"]
-        if op not in CONCURRENT:
-            await self._answer(fid, op, b)
-        elif fid in self.pending:
+        if fid in self.pending:  # its answer would be taken for the waiting one's
             await self.error(fid, bad(f"frame id {fid} is still in use by a waiting "
                                       "acquire or switch", "bad-value"))
+        elif op not in CONCURRENT:
+            await self._answer(fid, op, b)
         elif len(self.pending) >= MAX_PENDING:
             await self.error(fid, RpcError(429, "too-many-pending",
                                            f"at most {MAX_PENDING} acquires and switches "
@@ -206,9 +211,12 @@ class Stream:
 STREAMS: web.AppKey[weakref.WeakSet[Any]] = web.AppKey("streams", weakref.WeakSet)
 
 
-async def serve_stream(api: Api, request: web.Request, who: Identity,
-                       ttl_s: float) -> web.StreamResponse:
-    """The `/v1/stream` handler; the middleware has authenticated the upgrade as `who`."""
+async def serve_stream(api: Api, request: web.Request, who: Identity, ttl_s: float,
+                       session_ended: Callable[[], str | None] | None = None,
+                       ) -> web.StreamResponse:
+    """The `/v1/stream` handler; the middleware has authenticated the upgrade as `who`.
+    `session_ended`: why the session that opened it is no longer usable (None while it
+    is), for a stream opened with one: checked before each frame, as HTTP checks it."""
     if request.method != "GET":
         raise RpcError(405, "http", "open the stream with GET")
     limit = api.c.config.controller.max_body_bytes
@@ -225,9 +233,11 @@ async def serve_stream(api: Api, request: web.Request, who: Identity,
     ends = time.monotonic() + ttl_s
     try:
         async for msg in ws:
-            if time.monotonic() >= ends:
+            why = "session TTL passed" if time.monotonic() >= ends else (
+                session_ended() if session_ended is not None else None)
+            if why is not None:
                 stream.reopen = True
-                await ws.close(code=CLOSE_EXPIRED, message=b"session TTL passed: reopen")
+                await ws.close(code=CLOSE_EXPIRED, message=f"{why}: reopen".encode()[:123])
                 break
             if msg.type is WSMsgType.TEXT and len(msg.data.encode()) > limit:
                 await stream.error(frame_id(msg.data), RpcError(

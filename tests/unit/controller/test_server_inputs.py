@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import WSMsgType
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -24,7 +25,7 @@ from slurmrl.config import Config, ControllerConfig
 from slurmrl.controller.core import Controller
 from slurmrl.controller.server import SESSIONS, make_app, serve
 from slurmrl.db import Store
-from slurmrl.model import Identity
+from slurmrl.model import Identity, JobState
 from slurmrl.slurm import JobInfo, SlurmJobState
 
 ALICE = Identity(1001, 1001, "alice")
@@ -287,3 +288,92 @@ def test_a_gap_outside_the_jobs_life_is_a_400_naming_the_clock_and_changes_nothi
         assert "wall-clock time (time.time()) within the job's life" in (
             answer["error"]["message"])
     assert good[0] == 200
+
+
+async def _open_stream(r: Rig, s: sessions.SessionGrant,
+                       path: str = "/v1/stream") -> aiohttp.ClientWebSocketResponse:
+    return await r.client.ws_connect(path, headers=sessions.sign(s.session_id, s.key, "GET",
+                                                                 path))
+
+
+def test_a_stream_ends_with_the_session_that_opened_it(tmp_path: Path) -> None:
+    # a stream opened with a session tied to job 100 went on acting on the user's other
+    # jobs after job 100 ended (HTTP refused the session), and one opened just before
+    # its session expired went on for another whole TTL
+    async def main() -> tuple[list[Any], list[Any]]:
+        async with rig(tmp_path) as r:
+            table = r.client.app[SESSIONS]
+            closes = []
+            for end in ("close", "job"):
+                s = table.open(ALICE, job_id=100 if end == "job" else None)
+                ws = await _open_stream(r, s)
+                await ws.send_str(json.dumps({"id": 1, "op": "heartbeat", "job_id": 100}))
+                first = json.loads((await ws.receive(timeout=10)).data)
+                assert first["status"] == 200, first
+                if end == "job":
+                    await r.c.end_job(100, JobState.CANCELLED, "scancelled")
+                else:  # as when it expires: gone from the table
+                    table._sessions.pop(s.session_id)
+                await ws.send_str(json.dumps({"id": 2, "op": "heartbeat", "job_id": 100}))
+                msg = await ws.receive(timeout=10)
+                closes.append((msg.type, ws.close_code, msg.extra))
+            status = await r.call("GET", "/v1/jobs")  # the rig's own session lives on
+            return closes, [status[0]]
+
+    closes, status = asyncio.run(main())
+    assert closes[0] == (WSMsgType.CLOSE, 4401, "session closed: reopen")
+    assert closes[1] == (WSMsgType.CLOSE, 4401, "session tied to RL job 100, which has "
+                         "ended: reopen")
+    assert status == [200]
+
+
+def test_a_frame_id_of_a_waiting_acquire_is_refused_for_any_op(tmp_path: Path) -> None:
+    # a heartbeat reusing it was answered under the acquire's id: a client matching
+    # answers by id took it for the acquire's
+    async def main() -> list[dict[str, Any]]:
+        async with rig(tmp_path) as r:
+            ws = await _open_stream(r, r.session)
+            await ws.send_str(json.dumps({"id": 1, "op": "acquire", "job_id": 100,
+                                          "phase": "rollout", "wait_s": 1}))
+            await asyncio.sleep(0.2)
+            await ws.send_str(json.dumps({"id": 1, "op": "heartbeat", "job_id": 100}))
+            frames = [json.loads((await ws.receive(timeout=10)).data) for _ in range(2)]
+            await ws.close()
+            return frames
+
+    reused, acquire = asyncio.run(main())
+    assert (reused["id"], reused["status"], reused["error"]["code"]) == (1, 400, "bad-value")
+    assert "frame id 1 is still in use" in reused["error"]["message"]
+    assert (acquire["id"], acquire["status"]) == (1, 202)
+
+
+def test_a_stream_upgrade_with_a_query_parameter_is_a_400(tmp_path: Path) -> None:
+    async def main() -> int:
+        async with rig(tmp_path) as r:
+            with contextlib.suppress(aiohttp.WSServerHandshakeError):
+                await _open_stream(r, r.session, "/v1/stream?foo=1")
+                return 101
+            s = r.session
+            resp = await r.client.get("/v1/stream?foo=1", headers=sessions.sign(
+                s.session_id, s.key, "GET", "/v1/stream?foo=1"))
+            return resp.status
+
+    assert asyncio.run(main()) == 400
+
+
+def test_a_peer_gone_before_its_answer_is_no_internal_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # a driver killed mid-stream: its answer's write raised, logged as an internal
+    # error with a traceback, and counted as an RPC 500
+    from slurmrl.controller.stream import Stream
+
+    class Gone:  # stands in for the WebSocket whose transport closed (no socket here)
+        closed = False
+
+        async def send_json(self, data: Any) -> None:
+            raise ConnectionResetError("Cannot write to closing transport")
+
+    stream = Stream(None, ALICE, Gone())  # type: ignore[arg-type]
+    with caplog.at_level("WARNING"):
+        asyncio.run(stream.send(1, 200, {"ok": True}))
+    assert caplog.records == []
