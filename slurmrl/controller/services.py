@@ -28,7 +28,8 @@ started through `SlurmBackend.launch_step`:
 - **It is sized from the job's model.** The worker's request-size limit takes the
   model's whole state_dict (`PUT /v1/weights`; `estimate.weights_body_bytes`), and a
   `vllm` rollout is told the GPU memory the residency planner counts for it
-  (`--gpu-memory-bytes`, `--kv-cache-bytes`; `estimate.rollout_budget`, by the rules
+  (`--gpu-memory-bytes`, `--kv-cache-bytes`, passed in the step's environment as the
+  model is; `estimate.rollout_budget`, by the rules
   `residency.footprints_for_job` plans with), so the engine takes what was planned.
 
 Known limits: one node per service (`-n1`); the worker's address is
@@ -66,6 +67,11 @@ HANDOFF_ENV = "SLURMRL_HANDOFF_DIR"  #: the worker's --handoff-dir, not in its a
 #: the worker's --model, not in its argv (a job's model is private to it); not
 #: `SLURMRL_MODEL`, the RL job's own, which the SPANK plugin unsets in a pool's steps
 MODEL_ENV = "SLURMRL_SERVICE_MODEL"
+#: the worker's sizing options, not in its argv either (they tell the model's size):
+#: --max-body-mb, and a vLLM rollout's --gpu-memory-bytes and --kv-cache-bytes
+MAX_BODY_ENV = "SLURMRL_SERVICE_MAX_BODY_MB"
+GPU_MEMORY_ENV = "SLURMRL_SERVICE_GPU_MEMORY_BYTES"
+KV_CACHE_ENV = "SLURMRL_SERVICE_KV_CACHE_BYTES"
 #: the controller's variables a service gets too, where set: thread counts and locale.
 #: Nothing else of the controller's environment reaches a service (`launch_step`)
 PASS_THROUGH = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LANG", "LC_ALL", "TZ")
@@ -213,7 +219,8 @@ def check_run_dir(run_dir: Path, create: bool = True) -> None:
 def worker_argv(spec: ServiceSpec, ids: UserIds, *, python: str, workdir: Path,
                 bind_host: str, advertise_host: str) -> list[str]:
     """The step's command: drop to the user, then run the worker. No secret in here,
-    nor the job's model (`step_env`): every user on the node can read argv in /proc."""
+    nor the job's model or its size (`step_env`): every user on the node can read argv
+    in /proc."""
     drop = [] if os.geteuid() == ids.uid else [
         "/usr/bin/setpriv", f"--reuid={ids.uid}", f"--regid={ids.gid}", "--init-groups",
         "--inh-caps=-all", "--no-new-privs", "--"]
@@ -226,28 +233,29 @@ def worker_argv(spec: ServiceSpec, ids: UserIds, *, python: str, workdir: Path,
             "--seed", str(spec.seed)]
     if spec.lr is not None:
         argv += ["--lr", repr(spec.lr)]
-    return [*drop, *env, *argv, *sizing_args(spec)]
+    return [*drop, *env, *argv]
 
 
 #: the worker's own request-size limit (`--max-body-mb`), below which none is passed
 WORKER_BODY_MB = 1024
 
 
-def sizing_args(spec: ServiceSpec) -> list[str]:
-    """The worker's arguments that size it from the job's model: a request-size limit
-    that takes the model's whole state_dict (a weight sync's `PUT /v1/weights`), and for
-    a `vllm` rollout the GPU memory the residency planner counts for it. `tiny` serves
-    its own small model whatever the job names: nothing to size."""
+def sizing_env(spec: ServiceSpec) -> dict[str, str]:
+    """The worker's options that size it from the job's model, as its environment: a
+    request-size limit that takes the model's whole state_dict (a weight sync's
+    `PUT /v1/weights`), and for a `vllm` rollout the GPU memory the residency planner
+    counts for it. `tiny` serves its own small model whatever the job names: nothing to
+    size."""
     if spec.backend == "tiny":
-        return []
+        return {}
     gpus = max(1, len(spec.cuda_devices))
-    out: list[str] = []
+    out: dict[str, str] = {}
     body = weights_body_bytes(spec.model, gpus=gpus, mem_bytes=spec.mem_bytes)
     if body is None:
         log.warning("%s: model %r has no size in its name and no --rl-mem: weight uploads "
                     "over %d MiB will be refused", spec.name, spec.model, WORKER_BODY_MB)
     elif -(-body >> 20) > WORKER_BODY_MB:
-        out += ["--max-body-mb", str(-(-body >> 20))]
+        out[MAX_BODY_ENV] = str(-(-body >> 20))
     if spec.backend == "vllm" and spec.role == "rollout":
         try:
             budget = rollout_budget(spec.model, gpus=gpus, mem_bytes=spec.mem_bytes)
@@ -255,17 +263,17 @@ def sizing_args(spec: ServiceSpec) -> list[str]:
             log.warning("%s: no GPU memory budget for the vLLM engine (%s): it will take "
                         "vLLM's default share of the GPU", spec.name, exc)
             return out
-        out += ["--gpu-memory-bytes", str(budget.device_bytes)]
+        out[GPU_MEMORY_ENV] = str(budget.device_bytes)
         if budget.kv_cache_bytes is not None:
-            out += ["--kv-cache-bytes", str(budget.kv_cache_bytes)]
+            out[KV_CACHE_ENV] = str(budget.kv_cache_bytes)
     return out
 
 
 def step_env(spec: ServiceSpec, secret: str, control: str) -> dict[str, str]:
     """The step's environment (readable by root and the user only): the controller's
     `PASS_THROUGH` variables, `PATH`, `CUDA_DEVICE_ORDER=PCI_BUS_ID`, the job's and the
-    control secret, the job's model (`tiny` serves its own) and, for a floating member's
-    copy, its hand-off directory."""
+    control secret, the job's model (`tiny` serves its own) and its sizing
+    (`sizing_env`) and, for a floating member's copy, its hand-off directory."""
     env = {k: os.environ[k] for k in PASS_THROUGH if k in os.environ}
     # CUDA numbers GPUs in PCI bus order, as NVML and Slurm do (slurmrl/gpu/nvml.py)
     env.update({SECRET_ENV: secret, CONTROL_ENV: control, "PATH": _STEP_PATH,
@@ -274,6 +282,7 @@ def step_env(spec: ServiceSpec, secret: str, control: str) -> dict[str, str]:
         env[MODEL_ENV] = spec.model
     if spec.handoff_dir is not None:
         env[HANDOFF_ENV] = spec.handoff_dir
+    env.update(sizing_env(spec))
     return env
 
 

@@ -34,6 +34,10 @@ CONTROL_ENV = "SLURMRL_CONTROL_SECRET"
 #: the job's model (`--model`): private to the job, so never in the step's argv (not
 #: `SLURMRL_MODEL`, the RL job's own, which the SPANK plugin unsets in a pool's steps)
 MODEL_ENV = "SLURMRL_SERVICE_MODEL"
+#: the sizing options the controller passes (not in argv: they tell the model's size)
+MAX_BODY_ENV = "SLURMRL_SERVICE_MAX_BODY_MB"
+GPU_MEMORY_ENV = "SLURMRL_SERVICE_GPU_MEMORY_BYTES"
+KV_CACHE_ENV = "SLURMRL_SERVICE_KV_CACHE_BYTES"
 
 
 def read_secret(secret_file: Path | None) -> str:
@@ -82,10 +86,12 @@ def read_secret(secret_file: Path | None) -> str:
               help="vllm: the share of the GPU the engine takes, where no "
                    "--gpu-memory-bytes is given.")
 @click.option("--gpu-memory-bytes", type=click.IntRange(min=1), default=None,
+              envvar=GPU_MEMORY_ENV, show_envvar=True,
               help="vllm: the GPU memory per GPU the residency planner counts for this "
-                   "engine (the controller passes it); its share of the GPU becomes "
-                   "vLLM's gpu_memory_utilization.")
+                   "engine (the controller passes it in the environment); its share of "
+                   "the GPU becomes vLLM's gpu_memory_utilization.")
 @click.option("--kv-cache-bytes", type=click.IntRange(min=1), default=None,
+              envvar=KV_CACHE_ENV, show_envvar=True,
               help="vllm: the KV cache per GPU (vLLM's kv_cache_memory_bytes).")
 @click.option("--handoff-dir", type=click.Path(path_type=Path), default=None,
               envvar="SLURMRL_HANDOFF_DIR", show_envvar=True,
@@ -93,8 +99,9 @@ def read_secret(secret_file: Path | None) -> str:
                    "service and its copies hand their state to each other; created 0700 "
                    "(the controller passes it in the environment: not in argv).")
 @click.option("--max-body-mb", type=click.IntRange(min=1), default=1024, show_default=True,
+              envvar=MAX_BODY_ENV, show_envvar=True,
               help="Largest request body, e.g. a weights upload (the controller sizes it "
-                   "from the model).")
+                   "from the model and passes it in the environment).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
 def worker(

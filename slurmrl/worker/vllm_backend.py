@@ -33,10 +33,11 @@ Residency:
   loads the staged weights, then wakes the KV cache and resets the prefix cache — the
   same order as the level-2 refill. An active engine loads imported weights at once.
 Memory: the engine is started with the GPU memory the residency planner counts for it
-(`services.worker_argv` passes `--gpu-memory-bytes` and `--kv-cache-bytes`, from
-`estimate.rollout_budget`): `kv_cache_memory_bytes` sizes its KV cache (vLLM >= 0.11;
-slurmrl asks for >= 0.16), and `gpu_memory_utilization` is that footprint's share of the
-GPU's total memory (NVML), which vLLM checks is free at start. Without a budget it takes
+(`services.sizing_env` passes `--gpu-memory-bytes` and `--kv-cache-bytes` in the
+step's environment, from `estimate.rollout_budget`): `kv_cache_memory_bytes` sizes its
+KV cache (vLLM >= 0.11; slurmrl asks for >= 0.16), and `gpu_memory_utilization` is
+that footprint's share of the GPU's total memory (NVML), which vLLM checks is free at
+start. Without a budget it takes
 `gpu_memory_utilization` as given (0.85: most of the GPU, which the planner does not
 know).
 

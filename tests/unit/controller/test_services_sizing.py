@@ -17,7 +17,16 @@ from click.testing import CliRunner
 
 from slurmrl.auth.tokens import mint_secret
 from slurmrl.controller.residency import footprints_for_job
-from slurmrl.controller.services import ServiceSpec, UserIds, step_env, worker_argv
+from slurmrl.controller.services import (
+    GPU_MEMORY_ENV,
+    KV_CACHE_ENV,
+    MAX_BODY_ENV,
+    ServiceSpec,
+    UserIds,
+    sizing_env,
+    step_env,
+    worker_argv,
+)
 from slurmrl.gpu.estimate import GiB
 from slurmrl.model import Layout, RlRequest
 from slurmrl.worker import server as worker_server
@@ -61,28 +70,39 @@ def test_a_rollout_takes_a_weights_upload_of_its_whole_model(
     assert limit >= params * 4 + (64 << 20)
 
 
-def test_a_torch_trainer_is_sized_the_same(tmp_path: Path) -> None:
+def test_a_torch_trainer_is_sized_the_same() -> None:
     spec = ServiceSpec(7, "trainer", "someone", (0, 1), backend="torch", model="Qwen2.5-7B")
-    args = _worker_args(spec, tmp_path)
-    assert int(args[args.index("--max-body-mb") + 1]) << 20 >= 7e9 * 4
-    assert "--gpu-memory-bytes" not in args  # a trainer is no vLLM engine
+    env = sizing_env(spec)
+    assert int(env[MAX_BODY_ENV]) << 20 >= 7e9 * 4
+    assert GPU_MEMORY_ENV not in env  # a trainer is no vLLM engine
 
 
-def test_a_model_sized_only_by_its_rl_mem_is_bounded_by_it(tmp_path: Path) -> None:
+def test_a_model_sized_only_by_its_rl_mem_is_bounded_by_it() -> None:
     spec = ServiceSpec(7, "rollout", "someone", (0, 1), backend="vllm",
                        model="/models/house-model", mem_bytes=20 * GiB)
-    args = _worker_args(spec, tmp_path)
+    env = sizing_env(spec)
     # weights at 2 bytes per parameter fit 2 x 20 GiB: <= 20 Gi parameters, 80 GiB in fp32
-    assert int(args[args.index("--max-body-mb") + 1]) << 20 >= 80 * GiB
+    assert int(env[MAX_BODY_ENV]) << 20 >= 80 * GiB
     # the engine gets the declared footprint; its KV cache vLLM sizes (weights unknown)
-    assert args[args.index("--gpu-memory-bytes") + 1] == str(20 * GiB)
-    assert "--kv-cache-bytes" not in args
+    assert env[GPU_MEMORY_ENV] == str(20 * GiB)
+    assert KV_CACHE_ENV not in env
 
 
-def test_tiny_serves_its_own_model_whatever_the_job_names(tmp_path: Path) -> None:
+def test_tiny_serves_its_own_model_whatever_the_job_names() -> None:
     spec = ServiceSpec(7, "rollout", "someone", (0,), model="Qwen2.5-72B")
+    assert sizing_env(spec) == {}
+
+
+def test_a_services_size_is_not_in_its_command_line(tmp_path: Path) -> None:
+    # argv is readable by every user on the node (/proc): --max-body-mb and the vLLM
+    # memory flags there told other users how large a job's model is
+    spec = ServiceSpec(7, "rollout", "someone", (0, 1), backend="vllm", model="Qwen2.5-32B")
     args = _worker_args(spec, tmp_path)
-    assert "--max-body-mb" not in args and "--gpu-memory-bytes" not in args
+    assert not any(a.startswith(("--max-body-mb", "--gpu-memory-bytes", "--kv-cache-bytes"))
+                   for a in args)
+    assert not any(str(v) in args for v in sizing_env(spec).values())
+    env = step_env(spec, mint_secret(), mint_secret())
+    assert {MAX_BODY_ENV, GPU_MEMORY_ENV, KV_CACHE_ENV} <= set(env)
 
 
 @pytest.mark.parametrize(("request_", "replica_gpus"), [
@@ -100,8 +120,8 @@ def test_a_vllm_rollout_is_launched_with_the_footprint_the_planner_counts(
         spec = ServiceSpec(3, "rollout", "someone", tuple(sorted(fp.gpus)), backend="vllm",
                            model=request_.model, replica=fp.replica,
                            mem_bytes=request_.mem_bytes)
-        args = _worker_args(spec, tmp_path)
-        assert int(args[args.index("--gpu-memory-bytes") + 1]) == fp.active_bytes
-        kv = int(args[args.index("--kv-cache-bytes") + 1])
+        env = sizing_env(spec)
+        assert int(env[GPU_MEMORY_ENV]) == fp.active_bytes
+        kv = int(env[KV_CACHE_ENV])
         # the KV cache is the footprint less the weights and the CUDA context/graphs
         assert 0 < kv < fp.active_bytes
