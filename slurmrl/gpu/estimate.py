@@ -30,8 +30,10 @@ OVERHEAD_BYTES = GiB
 #: parameters of the `tiny` backend's TinyLM (dim 48, vocab 18), for plans in tests
 TINY_PARAMS = 29_970
 
-_SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)([kmbt])(?![a-z0-9])", re.IGNORECASE)
-_UNIT = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+#: a size in millions, billions or trillions: no language model has thousands of
+#: parameters, and a "4k" or "128k" in a name is its context length (Phi-3-mini-4k)
+_SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)([mbt])(?![a-z0-9])", re.IGNORECASE)
+_UNIT = {"m": 1e6, "b": 1e9, "t": 1e12}
 
 
 def parse_param_count(model: str | int) -> int:

@@ -12,10 +12,12 @@ Devices this process may not open are left out. Where Slurm confines a job to it
 such a GPU is skipped (`devices()`), never taken for a failed reading.
 
 Which GPUs a service uses: `visible()` maps `CUDA_VISIBLE_DEVICES` to NVML indices. An
-entry that is a UUID (`GPU-...`, `MIG-...`, or a unique prefix, as CUDA takes it) is
-matched by UUID. A number N is CUDA's N-th device among those this process may open,
-taken in NVML's order: with confinement the job's devices (CUDA numbers them 0..n-1, as
-slurmrl's `local` numbering does), without it the node's (N is Slurm's node-wide index).
+entry that is a whole GPU's UUID (`GPU-...`, or a unique prefix, as CUDA takes it) is
+matched by UUID; a MIG instance's (`MIG-...`) is not (MIG devices are not read: the list
+ends there, as at any entry that names no GPU). A number N is CUDA's N-th device among
+those this process may open, taken in NVML's order: with confinement the job's devices
+(CUDA numbers them 0..n-1, as slurmrl's `local` numbering does), without it the node's
+(N is Slurm's node-wide index).
 That holds where CUDA orders devices by PCI bus id as NVML does: service steps get
 `CUDA_DEVICE_ORDER=PCI_BUS_ID` (`controller/services.step_env`); under CUDA's default
 (fastest first) the order of unlike GPUs on one node may differ. slurmrl pins services
@@ -105,9 +107,20 @@ class NvmlMonitor:
         self.close()
 
     def _maybe(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """`fn(*args)`, or None where the device does not report it: not supported, not
+        permitted, or the driver too old for the library's function (pynvml raises
+        `NVMLError_FunctionNotFound`, or `NVMLLibraryMismatchError`, which is no
+        `NVMLError`, for e.g. `nvmlDeviceGetComputeRunningProcesses_v3` on a driver
+        without it)."""
+        n = self._nvml
+        unreported: tuple[type[BaseException], ...] = tuple(e for e in (
+            getattr(n, "NVMLError_NotSupported", None),
+            getattr(n, "NVMLError_NoPermission", None),
+            getattr(n, "NVMLError_FunctionNotFound", None),
+            getattr(n, "NVMLLibraryMismatchError", None)) if isinstance(e, type))
         try:
             return fn(*args)
-        except (self._nvml.NVMLError_NotSupported, self._nvml.NVMLError_NoPermission):
+        except unreported:
             return None
 
     def device_count(self) -> int:

@@ -157,6 +157,7 @@ def test_descendant_pids_finds_a_real_child() -> None:
         ("Qwen3-30B-A3B", 30_000_000_000),
         ("deepseek-r1-distill-1.5b", 1_500_000_000),
         ("facebook/opt-125m", 125_000_000),
+        ("Qwen2.5-Math-1.5B-128k", 1_500_000_000),  # its size, not its context
         ("tiny", 29_970),
         (12345, 12345),
     ],
@@ -165,7 +166,11 @@ def test_parameter_counts_from_names(name: str | int, params: int) -> None:
     assert parse_param_count(name) == params
 
 
-@pytest.mark.parametrize("name", ["gpt2", "Mixtral-8x7B", "", 0])
+# a context length in the name ("4k", "128k") was read as the size: Phi-3-mini a 4,000
+# parameter model, its trainer planned at 1 GiB and its weight syncs refused (413)
+@pytest.mark.parametrize("name", ["gpt2", "Mixtral-8x7B", "", 0,
+                                  "microsoft/Phi-3-mini-4k-instruct",
+                                  "microsoft/Phi-3-medium-128k-instruct"])
 def test_unparseable_sizes_say_how_to_fix(name: str | int) -> None:
     with pytest.raises(ValueError, match=r"parameter count|must be > 0"):
         parse_param_count(name)
@@ -265,3 +270,26 @@ def test_service_steps_number_gpus_in_pci_order_as_nvml_does() -> None:
 
     env = step_env(ServiceSpec(1, "rollout", "someone", (0,)), "s" * 64, "c" * 64)
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_a_driver_too_old_for_a_reading_leaves_it_unknown_not_an_error() -> None:
+    # pynvml raises NVMLLibraryMismatchError (no NVMLError) where the driver lacks
+    # nvmlDeviceGetComputeRunningProcesses_v3: every reading of the service failed
+    nvml = FakeNvml()
+
+    class NVMLLibraryMismatchError(Exception):
+        pass
+
+    def old_driver(h: int) -> list[Any]:
+        raise NVMLLibraryMismatchError("Unversioned function called and the pyNVML version "
+                                       "does not match the NVML lib version")
+
+    nvml.NVMLLibraryMismatchError = NVMLLibraryMismatchError  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetComputeRunningProcesses = old_driver  # type: ignore[method-assign]
+    from slurmrl.gpu.nvml import reading_json
+
+    mon = NvmlMonitor(nvml)
+    assert mon.process_memory([100]) is None
+    record = reading_json(mon, [0])
+    assert record["nvml"] == "ok" and record["gpus"][0]["processes"] is None
+    assert record["gpus"][0]["memory_used_bytes"] == GiB
