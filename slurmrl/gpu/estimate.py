@@ -17,7 +17,11 @@ state_dict) a service of the model must accept.
 
 Known limits: activations are not estimated (they depend on batch and sequence length;
 pass them as `extra_bytes`); names are parsed for a size like "7B", "1.5b", "125M",
-"30B-A3B" (total, not active, parameters); mixtures written "8x7B" are refused.
+"30B-A3B" (total, not active, parameters), never "4k" (a context length); mixtures
+written "8x7B" are refused. The 1 GiB overhead is a small model's on one GPU: with
+tensor parallelism the CUDA graphs and NCCL buffers can take up to ~7 GiB per GPU
+(shared/research/resident-models.md), which this does not count; such jobs should
+declare `--rl-mem`.
 """
 
 from __future__ import annotations
