@@ -68,13 +68,16 @@ HANDOFF_ENV = "SLURMRL_HANDOFF_DIR"  #: the worker's --handoff-dir, not in its a
 #: `SLURMRL_MODEL`, the RL job's own, which the SPANK plugin unsets in a pool's steps
 MODEL_ENV = "SLURMRL_SERVICE_MODEL"
 #: the worker's sizing options, not in its argv either (they tell the model's size):
-#: --max-body-mb, and a vLLM rollout's --gpu-memory-bytes and --kv-cache-bytes
+#: --max-body-mb, and a vLLM rollout's --gpu-memory-bytes, --kv-cache-bytes and
+#: --tensor-parallel-size
 MAX_BODY_ENV = "SLURMRL_SERVICE_MAX_BODY_MB"
 GPU_MEMORY_ENV = "SLURMRL_SERVICE_GPU_MEMORY_BYTES"
 KV_CACHE_ENV = "SLURMRL_SERVICE_KV_CACHE_BYTES"
+TP_ENV = "SLURMRL_SERVICE_TENSOR_PARALLEL_SIZE"
 #: the controller's variables a service gets too, where set: thread counts and locale.
 #: Nothing else of the controller's environment reaches a service (`launch_step`)
-PASS_THROUGH = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LANG", "LC_ALL", "TZ")
+PASS_THROUGH = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LANG", "LC_ALL", "TZ",
+                "VLLM_BATCH_INVARIANT")
 ROLES = ("rollout", "trainer")
 # slurmstepd resolves the step's program on the step's PATH, whatever the caller's is.
 _STEP_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -244,8 +247,9 @@ def sizing_env(spec: ServiceSpec) -> dict[str, str]:
     """The worker's options that size it from the job's model, as its environment: a
     request-size limit that takes the model's whole state_dict (a weight sync's
     `PUT /v1/weights`), and for a `vllm` rollout the GPU memory the residency planner
-    counts for it. `tiny` serves its own small model whatever the job names: nothing to
-    size."""
+    counts for it and, over several GPUs, their number as its tensor-parallel size (the
+    planner shards its weights over them). `tiny` serves its own small model whatever
+    the job names: nothing to size."""
     if spec.backend == "tiny":
         return {}
     gpus = max(1, len(spec.cuda_devices))
@@ -257,6 +261,8 @@ def sizing_env(spec: ServiceSpec) -> dict[str, str]:
     elif -(-body >> 20) > WORKER_BODY_MB:
         out[MAX_BODY_ENV] = str(-(-body >> 20))
     if spec.backend == "vllm" and spec.role == "rollout":
+        if len(spec.cuda_devices) > 1:
+            out[TP_ENV] = str(len(spec.cuda_devices))
         try:
             budget = rollout_budget(spec.model, gpus=gpus, mem_bytes=spec.mem_bytes)
         except ValueError as exc:

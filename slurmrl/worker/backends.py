@@ -27,6 +27,8 @@ class BackendOptions:
     #: (`--kv-cache-bytes`, `--gpu-memory-bytes`; None: vLLM sizes them itself)
     kv_cache_bytes: int | None = None
     gpu_memory_bytes: int | None = None
+    #: vllm: the GPUs one engine is split over (`--tensor-parallel-size`)
+    tensor_parallel_size: int = 1
 
 
 def load_factory(spec: str) -> Any:
@@ -68,6 +70,7 @@ def make_backend(name: str, role: Role, opts: BackendOptions) -> ServiceBackend:
             raise BackendError("the vllm backend needs --model (a model name or path)")
         return VllmBackend(
             opts.model, seed=opts.seed, gpu_memory_utilization=opts.gpu_memory_utilization,
+            tensor_parallel_size=opts.tensor_parallel_size,
             kv_cache_bytes=opts.kv_cache_bytes, gpu_memory_bytes=opts.gpu_memory_bytes,
         )
     raise BackendError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")

@@ -38,6 +38,7 @@ MODEL_ENV = "SLURMRL_SERVICE_MODEL"
 MAX_BODY_ENV = "SLURMRL_SERVICE_MAX_BODY_MB"
 GPU_MEMORY_ENV = "SLURMRL_SERVICE_GPU_MEMORY_BYTES"
 KV_CACHE_ENV = "SLURMRL_SERVICE_KV_CACHE_BYTES"
+TP_ENV = "SLURMRL_SERVICE_TENSOR_PARALLEL_SIZE"
 
 
 def read_secret(secret_file: Path | None) -> str:
@@ -93,6 +94,10 @@ def read_secret(secret_file: Path | None) -> str:
 @click.option("--kv-cache-bytes", type=click.IntRange(min=1), default=None,
               envvar=KV_CACHE_ENV, show_envvar=True,
               help="vllm: the KV cache per GPU (vLLM's kv_cache_memory_bytes).")
+@click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1,
+              show_default=True, envvar=TP_ENV, show_envvar=True,
+              help="vllm: the GPUs the engine is split over, the first of "
+                   "CUDA_VISIBLE_DEVICES (the controller passes its GPU count).")
 @click.option("--handoff-dir", type=click.Path(path_type=Path), default=None,
               envvar="SLURMRL_HANDOFF_DIR", show_envvar=True,
               help="Private node-local directory (e.g. under /dev/shm) where this "
@@ -120,6 +125,7 @@ def worker(
     gpu_memory_utilization: float,
     gpu_memory_bytes: int | None,
     kv_cache_bytes: int | None,
+    tensor_parallel_size: int,
     handoff_dir: Path | None,
     max_body_mb: int,
     log_level: str,
@@ -141,7 +147,8 @@ def worker(
             raise click.UsageError(f"--handoff-dir: {exc}") from exc
     opts = BackendOptions(model=model, device=device, seed=seed, lr=lr,
                           gpu_memory_utilization=gpu_memory_utilization,
-                          kv_cache_bytes=kv_cache_bytes, gpu_memory_bytes=gpu_memory_bytes)
+                          kv_cache_bytes=kv_cache_bytes, gpu_memory_bytes=gpu_memory_bytes,
+                          tensor_parallel_size=tensor_parallel_size)
     try:
         backend = make_backend(backend_name, Role(role), opts)
     except BackendError as exc:

@@ -88,8 +88,11 @@ class GenerateParams:
     together; prompts are processed micro-batch after micro-batch, which is what makes
     the active-sequence count shrink through the long tail. `first_index` is the position
     of the call's first prompt in a larger batch split over rollout replicas: sampling
-    depends on a prompt's position in the whole batch, so the outputs do not depend on
-    how the batch was split.
+    depends on a prompt's position in the whole batch, so with `tiny` and `torch` the
+    outputs do not depend on how the batch was split. A `vllm` engine's logits depend on
+    what it batches together unless vLLM's batch-invariant kernels are on
+    (`VLLM_BATCH_INVARIANT=1`, which a site may set: vLLM's beta, for recent NVIDIA
+    GPUs; see vllm_backend.py), and that has not run here.
     """
 
     max_tokens: int = 16

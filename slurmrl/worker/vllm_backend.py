@@ -32,18 +32,35 @@ Residency:
   at level 1 that copies the old weights back first: vLLM offers no wake without it),
   loads the staged weights, then wakes the KV cache and resets the prefix cache — the
   same order as the level-2 refill. An active engine loads imported weights at once.
+- A weight load goes to the engine's workers as a file, not as bytes (vLLM's engine core
+  runs in a child process, and msgpack, which carries `collective_rpc`'s arguments there,
+  takes no bytes object of 4 GiB or more): the blob is written to a file only this
+  user can read (0600 in a fresh 0700 directory, in /dev/shm where it exists), each
+  worker maps it (`torch.load(path, mmap=True, weights_only=True)`), and it is removed
+  after the load, failed or not. vLLM's `load_weights` copies tensor by tensor, so a
+  blob that does not fit (an unknown name, a wrong shape) may leave the model partly
+  replaced: the load is a BackendError, and `generate` refuses until a complete set
+  was imported. Staged weights that fail so make that activation a BackendError (the
+  engine is then active without valid weights, and the staged blob is gone).
 Memory: the engine is started with the GPU memory the residency planner counts for it
 (`services.sizing_env` passes `--gpu-memory-bytes` and `--kv-cache-bytes` in the
-step's environment, from `estimate.rollout_budget`): `kv_cache_memory_bytes` sizes its
-KV cache (vLLM >= 0.11; slurmrl asks for >= 0.16), and `gpu_memory_utilization` is
-that footprint's share of the GPU's total memory (NVML), which vLLM checks is free at
-start. Without a budget it takes
+step's environment, from `estimate.rollout_budget`, and for a rollout over several GPUs
+`--tensor-parallel-size`, their number: the planner shards the weights over them):
+`kv_cache_memory_bytes` sizes its KV cache (vLLM >= 0.11; slurmrl asks for >= 0.16),
+and `gpu_memory_utilization` is that footprint's share of the GPU's total memory
+(NVML), which vLLM checks is free at start. Without a budget it takes
 `gpu_memory_utilization` as given (0.85: most of the GPU, which the planner does not
 know).
 
 Sampling: `temperature` in 0..2 and seeds in 0..2**63-1 (`GenerateParams`); each
 sequence's vLLM seed is `protocol.sequence_seed` (within signed 64 bits). A sampling
-parameter vLLM refuses is a BackendError, not a crash of the call.
+parameter vLLM refuses is a BackendError, not a crash of the call, and so is a request
+its engine refuses (a prompt over `max_model_len`, an id outside the vocabulary).
+Reproducible across batch splits only with vLLM's batch-invariant kernels: without
+them a sequence's logits depend on what it is batched with. They are off unless the
+site sets `VLLM_BATCH_INVARIANT=1` in the controller's environment, which services
+inherit (`services.PASS_THROUGH`): vLLM's docs call them beta and slower, for NVIDIA
+GPUs of compute capability 9.0 or more (8.0 in later releases); not run here.
 
 Pausing: the server runs one backend call at a time, so no request is in flight when
 `sleep` runs (sleeping mid-request is a known corruption). After each sleep the freed
@@ -59,8 +76,9 @@ vLLM allocated for a level-1 sleep is not given back after the wake (vllm#16663:
 pinned-memory cache keeps it), so `memory()` reads 0 host bytes while the process still
 holds them, until the next sleep reuses them; the CUDA context,
 CUDA-graph pool and NCCL buffers are never freed (~1 GiB per GPU); `import_weights`
-passes the whole state_dict blob through `collective_rpc` (fine for one GPU; large
-tensor-parallel models want NCCL weight transfer instead); exporting weights from a
+needs host memory for the blob twice while it loads (the upload and its file; in
+/dev/shm, memory too), and a worker killed mid-load leaves the file behind; large
+tensor-parallel models want NCCL weight transfer instead; exporting weights from a
 rollout is not offered. Weight names must be the Hugging Face names vLLM's
 `load_weights` expects. A staged blob is held in host memory (reported in `memory()`)
 until activation, also for a dropped rollout, whose footprint the controller counts as
@@ -69,10 +87,12 @@ pinning none.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,10 +124,11 @@ class WeightSyncExtension:
 
     model_runner: Any  # provided by the vLLM worker this class extends
 
-    def slurmrl_load_weights(self, blob: bytes) -> int:
+    def slurmrl_load_weights(self, path: str) -> int:
+        """Load the state_dict `torch.save`d at `path` (mapped, not read whole)."""
         import torch
 
-        state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
         self.model_runner.model.load_weights(weights=list(state.items()))
         return len(state)
 
@@ -131,6 +152,19 @@ def _check_state_dict(blob: bytes) -> None:
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
     ):
         raise BackendError("weights blob is not a state_dict (a dict of named tensors)")
+
+
+@contextlib.contextmanager
+def _private_file(blob: bytes) -> Iterator[str]:
+    """`blob` in a new file only this user can read (0600, in a fresh 0700 directory
+    under /dev/shm where it exists, else the system's temp dir), removed on exit."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(prefix="slurmrl-weights-", dir=base) as folder:
+        path = os.path.join(folder, "weights.pt")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        yield path
 
 
 class VllmBackend:
@@ -163,6 +197,7 @@ class VllmBackend:
         self._residency = Residency.STOPPED
         self._kv_asleep = False
         self._weights_valid = False
+        self._no_weights = "not loaded"  #: why, while not `_weights_valid`
         self._active = 0
         self._nvml = NvmlMonitor()
         self._host_bytes = 0
@@ -275,19 +310,26 @@ class VllmBackend:
     def activate(self) -> None:
         if self._residency is Residency.ACTIVE:
             return
-        staged, self._staged = self._staged, None
+        staged = self._staged  # kept until the engine woke for it
         if self._residency is Residency.PARKED and staged is None:
             self._llm.wake_up()
         elif self._residency in (Residency.PARKED, Residency.DROPPED):
             self._llm.wake_up(tags=["weights"])  # KV waits until the refit is done
             self._kv_asleep = True
             self._weights_valid = False
+            self._no_weights = ("dropped by a level-2 park" if staged is None
+                                else "the weights imported while parked failed to load")
         else:
             raise NotReady(f"service is {self._residency}")
         self._host_bytes = 0
         self._residency = Residency.ACTIVE
+        self._staged = None
         if staged is not None:
-            self._load(staged)  # wakes the KV cache once the new weights are in
+            try:
+                self._load(staged)  # wakes the KV cache once the new weights are in
+            except BackendError as exc:
+                raise BackendError(f"the weights imported while parked were not loaded: "
+                                   f"{exc}") from exc
 
     def generate(self, prompts: Sequence[str], params: GenerateParams,
                  cont: Continuation | None = None) -> GenerateResult:
@@ -296,7 +338,8 @@ class VllmBackend:
         if self._residency is not Residency.ACTIVE:
             raise NotReady(f"service is {self._residency}: activate it before generate")
         if not self._weights_valid:
-            raise NotReady("weights were dropped (park level 2): import weights first")
+            raise NotReady(f"weights are not loaded ({self._no_weights}): import weights "
+                           "first")
         indices = (list(cont.indices) if cont is not None
                    else [params.first_index + k for k in range(len(prompts))])
         tok = self._llm.get_tokenizer() if cont is not None else None
@@ -324,7 +367,10 @@ class VllmBackend:
                     # the prompt's ids and the completion so far, as a TokensPrompt
                     inputs = [{"prompt_token_ids": [*tok.encode(p), *h]}
                               for p, h in zip(chunk, heads, strict=True)]
-                outs = self._llm.generate(inputs, sps, use_tqdm=False)
+                try:
+                    outs = self._llm.generate(inputs, sps, use_tqdm=False)
+                except ValueError as exc:  # e.g. a prompt over max_model_len
+                    raise BackendError(f"vLLM refused the request: {exc}") from exc
                 for i, out in enumerate(outs):
                     comp = out.outputs[0]
                     head = heads[i]
@@ -332,7 +378,9 @@ class VllmBackend:
                     prompt_ids = tuple(out.prompt_token_ids or ())
                     if head:
                         prompt_ids = prompt_ids[: len(prompt_ids) - len(head)]
-                    text = comp.text if not head or tok is None else tok.decode(list(ids))
+                    # as comp.text: without special tokens (token_ids hold the EOS)
+                    text = comp.text if not head or tok is None else tok.decode(
+                        list(ids), skip_special_tokens=True)
                     ends.append((start * params.max_tokens + len(comp.token_ids), start + i))
                     samples.append(Sample(chunk[i], text, prompt_ids, ids,
                                           str(comp.finish_reason), max(len(ids) - 1, 0), 0))
@@ -365,7 +413,17 @@ class VllmBackend:
         return self._staged is not None
 
     def _load(self, blob: bytes) -> None:
-        self._llm.collective_rpc("slurmrl_load_weights", args=(blob,))
+        try:
+            with _private_file(blob) as path:
+                self._weights_valid = False  # load_weights copies tensor by tensor
+                try:
+                    self._llm.collective_rpc("slurmrl_load_weights", args=(path,))
+                except Exception as exc:  # vLLM's and the model's, from its workers
+                    self._no_weights = f"the last import failed: {exc}"
+                    raise BackendError(f"weights do not fit the model ({exc}); partly "
+                                       "replaced: import a complete set") from exc
+        except OSError as exc:  # no file to hand the engine: nothing was sent
+            raise BackendError(f"cannot write the weights for the engine: {exc}") from exc
         if self._kv_asleep:
             self._llm.wake_up(tags=["kv_cache"])
             self._kv_asleep = False

@@ -21,6 +21,7 @@ from slurmrl.controller.services import (
     GPU_MEMORY_ENV,
     KV_CACHE_ENV,
     MAX_BODY_ENV,
+    TP_ENV,
     ServiceSpec,
     UserIds,
     sizing_env,
@@ -86,6 +87,27 @@ def test_a_model_sized_only_by_its_rl_mem_is_bounded_by_it() -> None:
     # the engine gets the declared footprint; its KV cache vLLM sizes (weights unknown)
     assert env[GPU_MEMORY_ENV] == str(20 * GiB)
     assert KV_CACHE_ENV not in env
+
+
+def test_a_vllm_rollout_over_several_gpus_is_split_over_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    one, two = (ServiceSpec(7, "rollout", "someone", gpus, backend="vllm", model="Qwen2.5-7B")
+                for gpus in ((0,), (0, 1)))
+    trainer = ServiceSpec(7, "trainer", "someone", (0, 1), backend="torch", model="Qwen2.5-7B")
+    assert TP_ENV not in sizing_env(one) and TP_ENV not in sizing_env(trainer)
+    assert sizing_env(two)[TP_ENV] == "2"
+    # the worker the launcher starts builds its engine so (no engine starts: no vLLM)
+    seen: dict[str, Any] = {}
+
+    async def serve(server: Any, *a: Any, **k: Any) -> None:
+        seen["backend"] = server.backend
+
+    monkeypatch.setattr(worker_server, "serve", serve)
+    args = [a for a in _worker_args(two, tmp_path) if a != "--address-file"
+            and not a.endswith("/address")]
+    result = CliRunner().invoke(worker, args, env=step_env(two, mint_secret(), mint_secret()))
+    assert result.exit_code == 0, result.output
+    assert seen["backend"]._tp == 2
 
 
 def test_tiny_serves_its_own_model_whatever_the_job_names() -> None:

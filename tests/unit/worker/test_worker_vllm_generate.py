@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from slurmrl.model import Residency
-from slurmrl.worker.protocol import Continuation, GenerateParams
+from slurmrl.worker.protocol import BackendError, Continuation, GenerateParams
 from slurmrl.worker.vllm_backend import VllmBackend
 
 
@@ -20,21 +20,28 @@ class SamplingParams:
         self.kw = kw
 
 
+EOS = 2
+
+
 class Tokenizer:
-    """One id per character: 100 + its code point."""
+    """One id per character: 100 + its code point; `EOS` is a special token, decoded
+    unless skipped (Hugging Face's default: `skip_special_tokens=False`)."""
 
     def encode(self, text: str) -> list[int]:
         return [100 + ord(c) for c in text]
 
-    def decode(self, ids: list[int]) -> str:
-        return "".join(chr(i - 100) for i in ids)
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join("</s>" if i == EOS else chr(i - 100) for i in ids
+                       if not (skip_special_tokens and i == EOS))
 
 
 class FakeEngine:
-    """Answers each prompt with 'xy' (finish 'stop'), recording what it was sent."""
+    """Answers each prompt with 'xy' (finish 'stop'), recording what it was sent;
+    `eos`: its token ids end with the EOS, as vLLM's do (its text has none)."""
 
     def __init__(self) -> None:
         self.sent: list[tuple[Any, dict[str, Any]]] = []
+        self.eos = False
 
     def get_tokenizer(self) -> Tokenizer:
         return Tokenizer()
@@ -46,8 +53,9 @@ class FakeEngine:
             self.sent.append((prompt, sp.kw))
             ids = (prompt["prompt_token_ids"] if isinstance(prompt, dict)
                    else Tokenizer().encode(prompt))
-            comp = types.SimpleNamespace(token_ids=Tokenizer().encode("xy"), text="xy",
-                                         finish_reason="stop")
+            tail = [EOS] if self.eos else []
+            comp = types.SimpleNamespace(token_ids=Tokenizer().encode("xy") + tail,
+                                         text="xy", finish_reason="stop")
             outs.append(types.SimpleNamespace(prompt=None, prompt_token_ids=ids,
                                               outputs=[comp]))
         return outs
@@ -88,3 +96,29 @@ def test_without_a_continuation_prompts_go_as_text_seeded_by_first_index(
     b.generate(["1+1=", "2+2="], GenerateParams(seed=3, micro_batch=1, first_index=6))
     assert [p for p, _ in engine.sent] == ["1+1=", "2+2="]
     assert [kw["seed"] for _, kw in engine.sent] == [3 * 1_000_003 + 6, 3 * 1_000_003 + 7]
+
+
+def test_a_continued_sequence_reads_as_a_fresh_one_without_special_tokens(
+        backend: tuple[VllmBackend, FakeEngine]) -> None:
+    b, engine = backend
+    engine.eos = True
+    head = tuple(Tokenizer().encode("ab"))
+    fresh, cont = b.generate(["1+1=", "2+2="], GenerateParams(),
+                             Continuation((0, 1), ((), head))).samples
+    assert fresh.completion == "xy"  # vLLM's text
+    assert cont.completion == "abxy" and cont.completion_ids[-1] == EOS
+
+
+def test_a_request_vllm_refuses_is_a_backend_error(
+        backend: tuple[VllmBackend, FakeEngine], monkeypatch: pytest.MonkeyPatch) -> None:
+    b, engine = backend
+
+    def refuses(*args: Any, **kw: Any) -> list[Any]:
+        # VLLMValidationError is a ValueError (vllm/exceptions.py)
+        raise ValueError("The decoder prompt (length 5000) is longer than the maximum "
+                         "model length of 4096.")
+
+    monkeypatch.setattr(engine, "generate", refuses)
+    with pytest.raises(BackendError, match=r"vLLM refused the request: The decoder prompt"):
+        b.generate(["1+1="], GenerateParams())
+    assert b.active_sequences() == 0

@@ -10,6 +10,7 @@ vLLM, CUDA or NVML behave so on a GPU: that has not run in this project.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import types
@@ -81,7 +82,8 @@ class _LLM:
     made: ClassVar[list[dict[str, Any]]] = []
 
     def __init__(self, **kw: Any) -> None:
-        _LLM.made.append(kw)
+        # what the engine's processes inherit: vLLM reads its VLLM_* settings there
+        _LLM.made.append({**kw, "env": dict(os.environ)})
         self.weights = 3 * GiB
 
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
@@ -141,6 +143,16 @@ def test_the_worker_command_line_reaches_the_engine(fake_vllm: type[_LLM],
     b._nvml = NvmlMonitor(_Nvml())
     b.load()
     assert fake_vllm.made[0]["kv_cache_memory_bytes"] == 3 * GiB
+
+
+def test_a_rollout_over_several_gpus_is_one_engine_split_over_them(
+        fake_vllm: type[_LLM]) -> None:
+    b = make_backend("vllm", Role.ROLLOUT, BackendOptions(model="m-7B",
+                                                          tensor_parallel_size=2))
+    assert isinstance(b, VllmBackend)
+    b._nvml = NvmlMonitor(_Nvml(count=2))
+    b.load()
+    assert fake_vllm.made[0]["tensor_parallel_size"] == 2
 
 
 def test_a_level_1_sleep_pins_the_weights_bytes_not_what_nvml_saw_freed(

@@ -45,7 +45,9 @@ class FakeEngine:
         self.asleep -= set(tags or self.TAGS)
 
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        self.calls.append(("collective_rpc", method, args))
+        # the weights come as a file's path (vllm_backend._load): what it holds is the
+        # call's record
+        self.calls.append(("collective_rpc", method, Path(*args).read_bytes()))
         return [None]
 
     def reset_prefix_cache(self) -> None:
@@ -66,7 +68,7 @@ def _backend() -> tuple[VllmBackend, FakeEngine]:
     return b, engine
 
 
-LOAD = [("wake_up", ("weights",)), ("collective_rpc", "slurmrl_load_weights", (_blob(),)),
+LOAD = [("wake_up", ("weights",)), ("collective_rpc", "slurmrl_load_weights", _blob()),
         ("wake_up", ("kv_cache",)), ("reset_prefix_cache",)]
 
 
@@ -87,7 +89,7 @@ def test_weights_imported_asleep_reach_the_engine_only_at_activation(level: int)
 def test_awake_engine_loads_at_once_and_plain_wake_without_staged_weights() -> None:
     b, engine = _backend()
     b.import_weights(_blob())
-    assert engine.calls == [("collective_rpc", "slurmrl_load_weights", (_blob(),)),
+    assert engine.calls == [("collective_rpc", "slurmrl_load_weights", _blob()),
                             ("reset_prefix_cache",)]
     engine.calls.clear()
     b.park(1)
