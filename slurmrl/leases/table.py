@@ -517,11 +517,13 @@ class LeaseTable:
     def _schedule_pass(self, now: float) -> list[Event]:
         if not self._waiting:
             return []
-        order = list(self.policy.order(self.view(now)))
-        if sorted(r.request_id for r in order) != sorted(self._waiting):
+        ids = [r.request_id for r in self.policy.order(self.view(now))]
+        if sorted(ids) != sorted(self._waiting):
             raise LeaseError(
                 f"slice policy {self.policy.name!r} must order every waiting request once"
             )
+        # the table's own requests, in that order: a policy orders them, never edits them
+        order = [self._waiting[i] for i in ids]
         free = self._free()
         reserved: set[int] = set()
         events: list[Event] = []

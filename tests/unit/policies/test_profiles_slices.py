@@ -195,3 +195,73 @@ def test_a_phase_that_stops_leaves_the_profile_within_its_window() -> None:
     p = b.build()
     assert Phase.REWARD not in p.phases  # it used to stay (1000 steps on: 1.7 s a step)
     assert p.period() == pytest.approx(10.0)
+
+
+def _three_members(policy: object, limits: dict[int, float],
+                   horizon: float = 3000.0) -> tuple[dict[int, int], dict[int, float]]:
+    """Three members of one pool, every phase on all of it: each holds its lease 10 s,
+    works 5 s on the CPU, then asks again. Grants per job, and how long each request
+    still waiting at the end has waited."""
+    import heapq
+
+    from slurmrl.leases import Grant, LeaseTable
+
+    table = LeaseTable(1, range(4), policy, lease_timeout_s=1e9)  # type: ignore[arg-type]
+    for job, limit in limits.items():
+        table.set_member(job, limit)
+    queue = [(0.0, "ask", j) for j in limits]
+    heapq.heapify(queue)
+    grants = dict.fromkeys(limits, 0)
+    now = 0.0
+
+    def granted(events: list[object], now: float) -> None:
+        for e in events:
+            if isinstance(e, Grant):
+                grants[e.lease.job_id] += 1
+                heapq.heappush(queue, (now + 10.0, "release", e.lease.lease_id))
+
+    while queue:
+        now, kind, x = heapq.heappop(queue)
+        if now > horizon:
+            break
+        if kind == "ask":
+            granted(table.request(x, Phase.TRAIN, range(4), now)[1], now)
+        else:
+            lease = table.lease(x)
+            assert lease is not None
+            granted(table.release(x, now), now)
+            heapq.heappush(queue, (now + 5.0, "ask", lease.job_id))
+    return grants, {r.job_id: now - r.requested_at for r in table.waiting}
+
+
+def test_bounded_slowdown_serves_a_looser_member_beside_two_tight_ones() -> None:
+    # its pressure was the share of its time spent waiting, which cannot pass 1: two
+    # members at 1.1 took turns ahead of one at 1.5, which was never granted again
+    from policies.slice_bounded import BoundedSlowdownSlice
+
+    grants, waited = _three_members(BoundedSlowdownSlice(), {1: 1.1, 2: 1.5, 3: 1.1})
+    assert grants[2] >= 20  # served, if less often than the tight ones
+    assert grants[1] > grants[2] and grants[3] > grants[2]
+    assert max(waited.values(), default=0.0) < 300.0
+    # one limit for all: the same turns as round-robin
+    even, _ = _three_members(BoundedSlowdownSlice(), {1: 1.3, 2: 1.3, 3: 1.3})
+    assert max(even.values()) - min(even.values()) <= 1
+
+
+def test_a_slice_policy_orders_requests_and_cannot_change_what_they_ask() -> None:
+    # a policy returning edited copies (same ids) was granted what the copies asked: a
+    # job asking for GPU 0 got the whole pool
+    from dataclasses import replace
+
+    from slurmrl.leases import Grant, LeaseTable
+    from slurmrl.leases.types import PhaseRequest, PoolView
+
+    class Editing:
+        name = "editing"
+
+        def order(self, view: PoolView) -> list[PhaseRequest]:
+            return [replace(r, gpus=view.gpus, min_gpus=1) for r in view.waiting]
+
+    table = LeaseTable(1, range(4), Editing(), lease_timeout_s=10)  # type: ignore[arg-type]
+    _, events = table.request(7, Phase.TRAIN, {0}, 0.0)
+    assert [sorted(e.lease.gpus) for e in events if isinstance(e, Grant)] == [[0]]
