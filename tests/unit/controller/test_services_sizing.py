@@ -147,3 +147,24 @@ def test_a_vllm_rollout_is_launched_with_the_footprint_the_planner_counts(
         kv = int(env[KV_CACHE_ENV])
         # the KV cache is the footprint less the weights and the CUDA context/graphs
         assert 0 < kv < fp.active_bytes
+
+
+def test_a_service_that_parks_into_pinned_memory_pins_what_it_counts() -> None:
+    # torch's pinned-memory cache rounded each buffer up to a power of two: a 7B
+    # trainer's parked state took 1.9x the host memory the planner counted for it
+    import subprocess
+    import sys
+
+    from slurmrl.controller.services import PINNED_EXACT
+
+    for backend, pinned in (("torch", True), ("vllm", True), ("tiny", False)):
+        spec = ServiceSpec(7, "trainer", "someone", (0,), backend=backend, model="m-7B")
+        env = step_env(spec, mint_secret(), mint_secret())
+        assert (env.get("PYTORCH_ALLOC_CONF") == PINNED_EXACT) is pinned, backend
+    # the installed torch takes the setting (a key it did not know would fail import)
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; "
+         "print(torch._C._accelerator_getAllocatorSettings())"],
+        env={**os.environ, "PYTORCH_ALLOC_CONF": PINNED_EXACT}, capture_output=True,
+        text=True, check=True)
+    assert PINNED_EXACT in out.stdout
