@@ -415,19 +415,28 @@ class Controller:
                  window.slurm_job_id)
         return window
 
-    async def close_pool(self, pool_id: int, reason: str,
-                         ended_at: float | None = None) -> None:
+    async def close_pool(self, pool_id: int, reason: str, ended_at: float | None = None,
+                         windows_ended: Mapping[int, float] | None = None) -> None:
         """Revoke the pool's leases, end its jobs (a job never migrates), close it.
         `ended_at`: when its allocation ended, if before now (Slurm's end time of a
-        lost pool): no lease is charged past it."""
+        lost pool): no lease is charged past it. `windows_ended`: window number -> when
+        that window's allocation ended, if before `ended_at` (a floating pool's lost
+        window, the others running on): it closes then, and a lease on its GPUs ends
+        then."""
         at = self.clock() if ended_at is None else min(self.clock(), ended_at)
+        lost = windows_ended or {}
         with self.store.transaction():
-            self.scheduler.close_pool(pool_id, reason, at)
+            wins = self.store.windows(pool_id)
+            ends = {w.window: min(at, lost[w.window]) for w in wins if w.window in lost}
+            self.scheduler.close_pool(pool_id, reason, at, lost={
+                g: ends[w.window] for w in wins if w.window in ends
+                for g in range(w.window * len(w.gpu_indices),
+                               (w.window + 1) * len(w.gpu_indices))})
             pool = self.store.pool(pool_id)
             self.store.update_pool(pool_id, state="closed", reason=reason, closed_at=max(
                 at, pool.opened_at if pool is not None else at))
-            for w in self.store.windows(pool_id):
-                self.store.close_window(w.window_id, max(at, w.opened_at))
+            for w in wins:
+                self.store.close_window(w.window_id, max(ends.get(w.window, at), w.opened_at))
             for g in self.store.groups(pool_id=pool_id):
                 if g.dissolved_at is None:
                     self.store.dissolve_group(g.group_id, max(at, g.created_at))

@@ -5,7 +5,8 @@ on one node for as long as its group has members; the services of its RL jobs ru
 steps inside it (see `services.py`). `PoolAllocator` is the Slurm half, blocking (call
 it from a thread): `open()` submits and waits until Slurm runs the job and names its GPU
 indices; `losses()` says which pools Slurm ended behind our back (scancel, preemption,
-time limit, node failure) and why; `close()` scancels.
+time limit, node failure) and why, and `ended_at()` when, from Slurm's accounting, for
+one slurmctld forgot already; `close()` scancels.
 
 Who owns a pool: the controller's own account (root on a real site). Slurm 22.05 lets
 only a job's owner (not even root) create steps in it, steps run as the owner, and srun
@@ -31,7 +32,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -84,6 +85,9 @@ SWEEP_INTERVAL_S = 60.0
 UNKNOWN_HOST_BUDGET = 64 << 30
 #: how long a restart waits for a re-attached service to say its residency
 REATTACH_STATUS_TIMEOUT_S = 10.0
+#: how far Slurm's clock may trail the controller's when an allocation's end (in
+#: Slurm's accounting) is matched against when the controller recorded it open
+ACCOUNTING_SKEW_S = 60.0
 
 
 class PoolError(RuntimeError):
@@ -285,6 +289,28 @@ class PoolAllocator:
                 out.append(PoolLoss(jid, str(ended), info.reason, info.end_time))
         return out
 
+    def ended_at(self, opened: Mapping[int, float]) -> dict[int, float]:
+        """When Slurm ended each allocation of `opened` (Slurm job id -> when it was
+        recorded open), as its accounting says (`SlurmBackend.ended_at`): the first end
+        since it opened (an earlier one is another job's, of a reset cluster that
+        reused the id). Those it cannot say are left out, all of them where accounting
+        cannot be asked (none kept, slurmdbd down): a loss then dates from when it
+        was seen."""
+        if not opened:
+            return {}
+        try:
+            ends = self.slurm.ended_at(sorted(opened))
+        except SlurmError as exc:
+            log.info("Slurm's accounting does not say when allocation(s) %s ended (%s): "
+                     "taken as ended when seen", ", ".join(map(str, sorted(opened))), exc)
+            return {}
+        out: dict[int, float] = {}
+        for jid, since in opened.items():
+            after = [t for t in ends.get(jid, ()) if t >= since - ACCOUNTING_SKEW_S]
+            if after:
+                out[jid] = min(after)
+        return out
+
 
 # --------------------------------------------------------------------------------------
 # The controller's pool manager (the `PoolManager` plug-in of controller/manager.py)
@@ -436,15 +462,28 @@ class SlurmPools:
 
         Those of a job that has ended, or that was being placed when the controller died
         (not placed in the service's pool), are stopped: such a job waits again and is
-        placed anew. Each re-attached service is asked its residency (`_ask_residency`):
-        the DB holds what its last park or activation answered, not one that timed out."""
+        placed anew. One still starting (no address yet) is recorded failed: its launch
+        died with the old process. One whose address is not of this release's form
+        (`host:port/launch`: an older release launched it) cannot be talked to: recorded
+        failed, and its job ends FAILED (its other services stopped), as a job whose
+        services were lost. Each re-attached service is asked its residency
+        (`_ask_residency`): the DB holds what its last park or activation answered, not
+        one that timed out."""
         attached: list[_Live] = []
+        unusable: dict[int, str] = {}  #: job id -> why it cannot go on
         for svc in self.c.store.services(live_only=True):
             job = self.c.store.job(svc.job_id)
             if job is None or job.state.terminal or job.pool_id != svc.pool_id:
                 await self._stop_stray(svc, job.secret if job is not None else "")
                 continue
-            if not svc.address or svc.pool_id is None:
+            if not svc.address:
+                log.warning("service %d (%s of job %d) was still starting when the "
+                            "controller stopped: recorded failed", svc.service_id, svc.role,
+                            svc.job_id)
+                self.c.store.update_service(svc.service_id, state="failed",
+                                            ended_at=self.c.clock())
+                continue
+            if svc.pool_id is None:
                 continue
             # the service with this role on these GPUs (a replica is known by its GPUs)
             pool = self.c.store.pool(svc.pool_id)
@@ -463,13 +502,26 @@ class SlurmPools:
                           svc.role, list(svc.gpus))
                 continue
             fp = replace(fp, residency=Residency(svc.residency))
-            handle = ServiceHandle(svc.address, svc.control_secret or job.secret,
-                                   str(job.job_id), svc.role,
-                                   max_answer_bytes=CONTROL_ANSWER_BYTES)
+            try:
+                handle = ServiceHandle(svc.address, svc.control_secret or job.secret,
+                                       str(job.job_id), svc.role,
+                                       max_answer_bytes=CONTROL_ANSWER_BYTES)
+            except ValueError as exc:
+                why = (f"its {svc.role} service (service {svc.service_id}) cannot be "
+                       f"re-attached after the controller's restart: {exc} (an older "
+                       "slurmrl release launched it); submit the job again")
+                log.error("job %d: %s", job.job_id, why)
+                self.c.store.update_service(svc.service_id, state="failed",
+                                            residency="stopped", ended_at=self.c.clock())
+                unusable.setdefault(job.job_id, why)
+                continue
             live = _Live(svc.service_id, job.job_id, fp.name, svc.pool_id, handle, fp)
             self._live[fp.key] = live
             attached.append(live)
-        await asyncio.gather(*(self._ask_residency(live) for live in attached))
+        await asyncio.gather(*(self._ask_residency(live) for live in attached
+                               if live.job_id not in unusable))
+        for job_id, why in sorted(unusable.items()):
+            await self.c.end_job(job_id, JobState.FAILED, why)
 
     async def _ask_residency(self, live: _Live) -> None:
         """Take a re-attached service's residency from its status (recorded in the DB where
@@ -1568,25 +1620,50 @@ class SlurmPools:
 
     async def _close_lost_pools(self) -> None:
         """Close the pools whose allocation Slurm no longer runs; their leases end when
-        Slurm ended the allocation, where it says, not when this notices."""
+        Slurm ended the allocation, where it says, not when this notices: squeue's end
+        time, or for one slurmctld forgot already (`MinJobAge`) its accounting's
+        (`PoolAllocator.ended_at`). A floating pool is all its windows' allocations:
+        losing one loses the pool, the leases on that window's GPUs ending with it and
+        the others' when this notices (their windows ran on)."""
         assert self.allocator is not None
         pools = [p for p in self.c.store.pools(open_only=True) if p.slurm_job_id is not None]
-        # a floating pool is all its windows' allocations: losing one loses the pool
+        windows = {p.pool_id: self.c.store.windows(p.pool_id) for p in pools}
         allocs = {p.pool_id: sorted({p.slurm_job_id or -1, *(
-            w.slurm_job_id for w in self.c.store.windows(p.pool_id))}) for p in pools}
+            w.slurm_job_id for w in windows[p.pool_id])}) for p in pools}
         ids = sorted({i for a in allocs.values() for i in a})
         losses = {x.slurm_job_id: x for x in await asyncio.to_thread(self.allocator.losses, ids)}
+        losses = await self._dated(losses, pools, windows)
         for pool in pools:
-            loss = next((losses[i] for i in allocs[pool.pool_id] if i in losses), None)
-            if loss is None:
+            lost = [losses[i] for i in allocs[pool.pool_id] if i in losses]
+            if not lost:
                 if pool.floating:
                     await self._retire_spare(pool.pool_id)
                 continue
-            log.warning("pool %d: %s", pool.pool_id, loss.message)
+            log.warning("pool %d: %s", pool.pool_id, lost[0].message)
             # its steps died with it; the drivers learn the reason from their revoked
             # leases and from the job's state
-            # a floating pool's other windows ran on: its leases end when this is seen
-            alone = len(allocs[pool.pool_id]) == 1
-            await self.c.close_pool(pool.pool_id, loss.message,
-                                    ended_at=loss.ended_at if alone else None)
+            ends = [x.ended_at for x in lost if x.ended_at is not None]
+            whole = len(lost) == len(allocs[pool.pool_id]) and len(ends) == len(lost)
+            await self.c.close_pool(
+                pool.pool_id, lost[0].message, ended_at=max(ends) if whole else None,
+                windows_ended={w.window: x.ended_at for w in windows[pool.pool_id]
+                               if (x := losses.get(w.slurm_job_id)) is not None
+                               and x.ended_at is not None})
             self._next_sweep = 0.0  # a floating pool's other windows go now
+
+    async def _dated(self, losses: dict[int, PoolLoss], pools: Sequence[PoolRecord],
+                     windows: Mapping[int, Sequence[WindowRecord]]) -> dict[int, PoolLoss]:
+        """`losses` with Slurm's end time, from its accounting, where squeue gave none
+        (an allocation it forgot) and accounting says."""
+        opened: dict[int, float] = {}
+        for pool in pools:
+            for jid, at in [(pool.slurm_job_id, pool.opened_at),
+                            *((w.slurm_job_id, w.opened_at) for w in windows[pool.pool_id])]:
+                loss = losses.get(jid or -1)
+                if loss is not None and loss.ended_at is None:
+                    opened[loss.slurm_job_id] = max(at, opened.get(loss.slurm_job_id, at))
+        if not opened:
+            return losses
+        assert self.allocator is not None
+        ends = await asyncio.to_thread(self.allocator.ended_at, opened)
+        return {j: replace(x, ended_at=ends[j]) if j in ends else x for j, x in losses.items()}

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -177,16 +178,25 @@ class LeaseScheduler:
         return table is not None and table.can_retire(gpus)
 
     def close_pool(self, pool_id: int, reason: str = "pool-lost",
-                   at: float | None = None) -> None:
+                   at: float | None = None, lost: Mapping[int, float] | None = None) -> None:
         """Revoke everything in the pool and stop scheduling it; its leases end `at`
-        (a lost allocation's end; default now), none before it was granted."""
+        (a lost allocation's end; default now), none before it was granted. `lost`:
+        pool GPU -> when its allocation ended, if before (a floating pool's lost
+        window): a lease holding any of them ends at the first of those."""
         table = self.tables.get(pool_id)
         if table is None:
             return
         now = self.clock() if at is None else min(at, self.clock())
+        ends = lost or {}
+
+        def end(ev: Event) -> float:
+            gpus = ev.lease.gpus if isinstance(ev, Revoke) and ev.lease is not None else ()
+            return min([now, *(ends[g] for g in gpus if g in ends)])
+
         with self._change(pool_id):
             # waiters first: none is granted GPUs of the pool being closed
-            self._apply(pool_id, table.close(now, reason), now)
+            for when, events in itertools.groupby(table.close(now, reason), key=end):
+                self._apply(pool_id, events, when)
         del self.tables[pool_id]
         self._window_size.pop(pool_id, None)
 
@@ -230,6 +240,7 @@ class LeaseScheduler:
             for lease in held:
                 self._pool_of_request[lease.lease_id] = pool.pool_id
             n += len(held) + len(waiting)
+        self._count_waiting()
         self._wake.set()
         return n
 
@@ -737,7 +748,6 @@ class LeaseScheduler:
     ) -> None:
         """Persist events (inside `_change`); waiting drivers, grant hooks and metrics
         hear of them once the transaction commits."""
-        m = self.metrics
         after: list[Callable[[], None]] = []
         for ev in events:
             if isinstance(ev, Grant):
@@ -777,9 +787,13 @@ class LeaseScheduler:
                                                    why))
         if self.check_invariants and pool_id in self.tables:
             check_table(self.tables[pool_id])
-        after.append(lambda: m.waiting.set(sum(len(t.waiting) for t in self.tables.values())))
+        after.append(self._count_waiting)
         for fn in after:
             self.store.after_commit(fn)
+
+    def _count_waiting(self) -> None:
+        """The queued-requests gauge: every pool's waiters now."""
+        self.metrics.waiting.set(sum(len(t.waiting) for t in self.tables.values()))
 
     def _granted(self, pool_id: int, lease: Lease) -> None:
         """A committed grant: metrics, its waiting driver, the grant hooks."""

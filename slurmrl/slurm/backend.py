@@ -138,6 +138,14 @@ class SlurmBackend(Protocol):
         """One job with its GPU indices, or None when Slurm no longer knows it."""
         ...
 
+    def ended_at(self, job_ids: Sequence[int]) -> dict[int, tuple[float, ...]]:
+        """When each of `job_ids` ended, as Slurm's accounting says (`sacct`): long after
+        slurmctld forgot it (`MinJobAge`). Each job's ends, oldest first: one per
+        record, and a job id a reset cluster reused has several. A job not ended or not
+        recorded is left out. SlurmError where accounting cannot be asked (none kept,
+        slurmdbd down)."""
+        ...
+
     def nodes(self) -> list[NodeInfo]:
         """Every node, once each."""
         ...

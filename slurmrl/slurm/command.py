@@ -53,6 +53,8 @@ _TRANSIENT = re.compile(
     r"|Job step creation temporarily disabled",
     re.IGNORECASE,
 )
+# sacct's answer where the cluster keeps no accounting (AccountingStorageType=none).
+_NO_ACCOUNTING = re.compile(r"accounting storage is disabled", re.IGNORECASE)
 # scancel messages that mean "nothing left to cancel".
 _ALREADY_DONE = re.compile(r"already completing or completed|Job has already finished",
                            re.IGNORECASE)
@@ -250,6 +252,26 @@ class CommandBackend:
                              returncode=cp.returncode, stderr=cp.stderr)
         recs = [parse.job_from_scontrol(r) for r in parse.records(cp.stdout)]
         return next((j for j in recs if j.job_id == job_id), None)
+
+    def ended_at(self, job_ids: Sequence[int]) -> dict[int, tuple[float, ...]]:
+        """`sacct -X -n -P -j IDS -o JobIDRaw,End,State`; where accounting storage is off
+        (no slurmdbd), the same from the job completion log (`sacct -c`: jobcomp/filetxt,
+        as the dev cluster keeps). SlurmError where neither answers."""
+        if not job_ids:
+            return {}
+        ids = ",".join(str(int(i)) for i in sorted(set(job_ids)))
+        query = ["-X", "-n", "-P", "-j", ids, "-o", "JobIDRaw,End,State"]
+        env = {**self.env, "SLURM_TIME_FORMAT": "standard"}  # what `ends_from_sacct` reads
+        argv = ["sacct", *query]
+        cp = self.run(argv, env=env, check=False)
+        if cp.returncode != 0 and _NO_ACCOUNTING.search(cp.stderr + cp.stdout):
+            argv = ["sacct", "-c", *query]
+            cp = self.run(argv, env=env, check=False)
+        if cp.returncode != 0:
+            raise SlurmError("command failed", argv=argv, returncode=cp.returncode,
+                             stderr=cp.stderr or cp.stdout)
+        wanted = set(job_ids)
+        return {j: e for j, e in parse.ends_from_sacct(cp.stdout).items() if j in wanted}
 
     def nodes(self) -> list[NodeInfo]:
         doc = self._json_query(["sinfo"])

@@ -7,6 +7,8 @@ Shapes handled:
   names, `exit_code` an object with `return_code`/`signal` from 24.05, sinfo gives a
   `sinfo` array of node groups from 23.11).
 - `scontrol -o [-d] show job|node|step` one-line `Key=Value` records (every version).
+- `sacct -X -n -P -o JobIDRaw,End,State` lines (`ends_from_sacct`), from Slurm's
+  accounting or (`sacct -c`) its job completion log.
 
 Known limits: a `Key=Value` record whose free-text value (a comment, a job name)
 itself contains " Word=" is split wrongly there — the JSON path has no such limit, and
@@ -472,3 +474,23 @@ def records(text: str) -> Iterable[str]:
         if s and not s.startswith("No ") and "=" in s:
             yield s
 
+
+
+def ends_from_sacct(text: str) -> dict[int, tuple[float, ...]]:
+    """`sacct -X -n -P -o JobIDRaw,End,State` -> job id -> the end of each of its
+    records that ended, oldest first (a job id a reset cluster reused, or a job the
+    completion log lists twice, has several). Records not ended (End `Unknown`, a state
+    not terminal), and lines that are no such record, are left out. A state may carry
+    words after it (`CANCELLED by 1001`); End is `SLURM_TIME_FORMAT=standard` local time."""
+    out: dict[int, list[float]] = {}
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 3 or not fields[0].isascii() or not fields[0].isdigit():
+            continue
+        job_id, end, state = fields
+        when = _scontrol_time(end)
+        words = state.split()
+        if when is None or not words or not SlurmJobState.parse(words[0]).terminal:
+            continue
+        out.setdefault(int(job_id), []).append(when)
+    return {j: tuple(sorted(ends)) for j, ends in out.items()}

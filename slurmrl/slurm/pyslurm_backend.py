@@ -5,7 +5,8 @@ installed Slurm's (PyPI's pyslurm builds against one Slurm release only; see
 `slurmrl.slurm.factory`). Queries, submit, cancel and signal go through pyslurm's RPCs
 (`Jobs.load`, `Job.load`, `JobSubmitDescription.submit`, `Nodes.load`,
 `Job.cancel`, `Job.send_signal`); steps are launched with srun by the command backend,
-since pyslurm has no step-launch call and a service step must be a live srun.
+since pyslurm has no step-launch call and a service step must be a live srun; `ended_at`
+asks sacct through it too.
 
 Known limits: written against pyslurm 25.11's documented API and exercised by the same
 contract tests as CommandBackend wherever pyslurm imports; on this project's dev
@@ -146,6 +147,11 @@ class PyslurmBackend:
             if "Invalid job id" in str(e):
                 return None
             raise SlurmError(f"pyslurm Job.load({job_id}) failed: {e}") from e
+
+    def ended_at(self, job_ids: Sequence[int]) -> dict[int, tuple[float, ...]]:
+        # sacct, as the command backend asks it: pyslurm's slurmdbd API (`pyslurm.db`)
+        # has no job completion log, which a cluster without slurmdbd may keep
+        return self._cmd.ended_at(job_ids)
 
     def nodes(self) -> list[NodeInfo]:
         loaded = self._rpc("Nodes.load", self.ps.Nodes.load)

@@ -123,3 +123,42 @@ async def test_a_pool_lost_while_the_controller_was_down_ends_its_job_at_the_los
     row = _row(store)
     assert (row.dedicated_gpu_s, row.saved) == (200.0, 0.0)  # was 7400.0 and 97.3%
     await c.stop()
+
+
+class _ForgottenAllocator(_LostAllocator):
+    """Slurm forgot job 9 (MinJobAge passed while the controller was down): squeue no
+    longer lists it; its accounting says it ended at LOST_AT, where it is kept."""
+
+    def __init__(self, accounting: bool) -> None:
+        super().__init__()
+        self.accounting = accounting
+        self.asked: list[dict[int, float]] = []
+
+    def losses(self, slurm_job_ids: list[int]) -> list[PoolLoss]:
+        return [PoolLoss(9, "GONE")] * (9 in slurm_job_ids)
+
+    def ended_at(self, opened: dict[int, float]) -> dict[int, float]:
+        self.asked.append(dict(opened))
+        return {9: LOST_AT} if self.accounting else {}
+
+
+@run
+async def test_a_pool_slurm_forgot_while_the_controller_was_down_ends_at_its_accounted_end(
+        ) -> None:
+    for accounting, ended in ((True, LOST_AT), (False, SEEN_AT)):
+        store, clock = Store(":memory:"), Clock()
+        _job_held_both_gpus(store)
+        clock.now = SEEN_AT
+        allocator = _ForgottenAllocator(accounting)
+        pools = SlurmPools(allocator=allocator, launcher=object())  # type: ignore[arg-type]
+        c = Controller(Config(), store, _Slurm(), pools=pools,  # type: ignore[arg-type]
+                       clock=clock)
+        await c.start()
+        assert allocator.asked == [{9: 1000.0}]  # job 9, recorded open at 1000
+        job = store.job(1)
+        assert job is not None and job.state is JobState.CANCELLED
+        # charged until Slurm's accounted end (2 GPUs x 100 s, was 7400); without
+        # accounting, until it was seen gone (the limit docs/pools.md states)
+        assert job.ended_at == pytest.approx(ended)
+        assert store.gpu_seconds([1]) == {1: pytest.approx(2 * (ended - 1000.0))}
+        await c.stop()

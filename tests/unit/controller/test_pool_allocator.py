@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from slurmrl.controller.pools import POOL_NAME, PoolAllocator, PoolError
-from slurmrl.slurm import BatchSpec, JobInfo, SlurmJobState, SlurmTimeout
+from slurmrl.slurm import BatchSpec, JobInfo, SlurmError, SlurmJobState, SlurmTimeout
 from slurmrl.slurm.parse import jobs_from_json
 
 TAG = "0f1e2d3c4b5a6978"
@@ -229,3 +229,41 @@ def test_a_pool_seen_completing_is_lost_for_the_cause_slurm_gives(
     (loss,) = _allocator(Listed()).losses([101])
     assert loss.message.startswith(f"pool allocation (Slurm job 101) {said}")
     assert loss.ended_at == 1700003600.0  # its leases are charged up to Slurm's end
+
+
+class AccountingBackend(FakeBackend):
+    """Slurm forgot its ended jobs (MinJobAge); its accounting (sacct) lists them:
+    job 501 twice, as a reset cluster that reused the id would."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        super().__init__()
+        self.error = error
+        self.asked: list[list[int]] = []
+
+    def ended_at(self, job_ids: list[int]) -> dict[int, tuple[float, ...]]:
+        self.asked.append(list(job_ids))
+        if self.error is not None:
+            raise self.error
+        return {501: (500.0, 1100.0, 1300.0), 502: (700.0,)}
+
+
+def test_a_forgotten_allocations_end_is_the_first_accounting_lists_since_it_opened() -> None:
+    slurm = AccountingBackend()
+    alloc = _allocator(slurm)
+    # 501 opened at 1000: its end is 1100 (500 is the earlier job of that id, 1300 a
+    # second record of it); 502's one end (700) came before it opened: another job's;
+    # 503 accounting does not know
+    assert alloc.ended_at({501: 1000.0, 502: 900.0, 503: 1000.0}) == {501: 1100.0}
+    assert slurm.asked == [[501, 502, 503]]
+    # Slurm's clock a little behind the controller's: an end just before it was
+    # recorded open is still its own
+    assert alloc.ended_at({501: 1110.0}) == {501: 1100.0}
+
+
+def test_without_accounting_no_end_is_known_and_nothing_fails() -> None:
+    for error in (SlurmError("command failed", argv=["sacct"], returncode=1,
+                             stderr="Slurm accounting storage is disabled"),
+                  SlurmTimeout("no answer within 20 s", argv=["sacct"])):
+        alloc = _allocator(AccountingBackend(error))
+        assert alloc.ended_at({501: 1000.0}) == {}
+    assert _allocator(AccountingBackend()).ended_at({}) == {}

@@ -92,6 +92,10 @@ class FakeAllocator:
     def losses(self, slurm_job_ids: list[int]) -> list[Any]:
         return []
 
+    def ended_at(self, opened: Mapping[int, float]) -> dict[int, float]:
+        """Slurm's accounting says nothing (none kept)."""
+        return {}
+
 
 class FakeHandle:
     def __init__(self) -> None:
@@ -232,6 +236,42 @@ async def test_a_restart_after_a_crash_mid_placement_places_the_job_anew(
     # each with the controller's own key to it kept, for a restart to re-attach with
     assert {s.control_secret for s in store.services(job_id=7) if s.state == "running"} \
         == {"c" * 64}
+    await site.c.stop()
+
+
+@run
+async def test_a_restart_ends_the_job_whose_service_an_older_release_launched(
+        tmp_path: Path) -> None:
+    # the database of a release before `host:port/launch`: job 7's rollout is recorded
+    # at a plain `host:port`, which no handle of this release takes. The restart raised
+    # (ValueError) and the controller exited, at every restart
+    store = Store(tmp_path / "c.db")
+    pool = store.add_pool(gpus=2, opened_at=1.0, slurm_job_id=101, nodes=("n1",),
+                          gpu_indices=(0, 1))
+    for job_id, who, rollout in ((7, ALICE, "n1:5000"), (8, BOB, DEAD_ADDRESS)):
+        store.add_job(JobRecord(job_id, who.user, who.uid, RlRequest(2, "tiny"),
+                                JobState.RUNNING, 1.0, pool_id=pool, pool_gpus=(0, 1),
+                                secret=mint_secret()))
+        for role, address in (("rollout", rollout), ("trainer", DEAD_ADDRESS)):
+            sid = store.add_service(job_id=job_id, role=role, started_at=1.0,
+                                    pool_id=pool, backend="tiny", gpus=(0, 1))
+            store.update_service(sid, step_id="0", address=address, residency="active",
+                                 state="running", control_secret="c" * 64)
+
+    site = await _site(store, jobs={7: ALICE, 8: BOB})  # start() does not raise
+    await site.settle()
+    job = site.job(7)
+    assert job.state is JobState.FAILED
+    assert "rollout service" in job.reason and "older slurmrl release" in job.reason
+    states = {s.role: (s.state, s.ended_at is not None)
+              for s in store.services(job_id=7)}
+    assert states == {"rollout": ("failed", True), "trainer": ("stopped", True)}
+    # the other member goes on, its services re-attached
+    assert site.job(8).state is JobState.RUNNING
+    assert sorted(_live_roles(store, 8)) == ["rollout", "trainer"]
+    assert sorted(k for k in site.pools._live if k[0] == 8) == [(8, "rollout"),
+                                                               (8, "trainer")]
+    assert store.pool(pool).state == "open"  # type: ignore[union-attr]
     await site.c.stop()
 
 

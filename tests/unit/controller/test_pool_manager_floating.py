@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -81,6 +82,10 @@ class FakeAllocator:
         """Slurm runs every allocation not closed nor lost."""
         return [PoolLoss(i, "CANCELLED") for i in slurm_job_ids if i in self.closed] + [
             PoolLoss(i, "NODE_FAIL") for i in slurm_job_ids if i in self.lost]
+
+    def ended_at(self, opened: Mapping[int, float]) -> dict[int, float]:
+        """Slurm's accounting says nothing (none kept)."""
+        return {}
 
 
 @dataclass
@@ -1038,6 +1043,36 @@ async def test_a_restart_cancels_a_window_allocated_but_never_recorded(
 
 
 @run
+async def test_a_restart_ends_a_copy_still_launching_at_the_crash(tmp_path: Path) -> None:
+    # the controller stopped while a new window's copies launched: job 7's rollout
+    # copy there recorded, with no address yet. It was never re-attached nor ended
+    # (not even at its job's end), and `job.service("rollout")`, which waits for every
+    # copy's address, timed out
+    store = Store(tmp_path / "c.db")
+    site = await _site(store)
+    await site.register(ALICE, 7)
+    pool_id = site.job(7).pool_id
+    assert pool_id is not None
+    site.allocator.open(2, f"window of pool {pool_id}", "n1")
+    starting = store.add_service(job_id=7, role="rollout", started_at=1.0, pool_id=pool_id,
+                                 backend="tiny", gpus=(2, 3), handoff_dir="/dev/shm/x")
+    await site.c.stop()
+
+    site2 = await _site(store, allocator=site.allocator)
+    site2.slurm.running.update(site.slurm.running)
+    await site2.settle()
+    (svc,) = [s for s in store.services(job_id=7) if s.service_id == starting]
+    assert svc.state == "failed" and svc.ended_at is not None
+    live = store.services(job_id=7, live_only=True)
+    assert sorted(s.role for s in live) == ["rollout", "trainer"]
+    assert all(s.address for s in live)
+    await site2.c.end_job(7, JobState.COMPLETED, "done")
+    await site2.settle()
+    assert store.services(job_id=7, live_only=True) == []
+    await site2.c.stop()
+
+
+@run
 async def test_a_pools_gpu_seconds_count_each_window_from_its_allocation_to_its_cancel(
         tmp_path: Path) -> None:
     # a window is allocated (Slurm runs it) before every member's services launch on
@@ -1302,6 +1337,16 @@ async def test_one_lost_window_charges_the_others_leases_to_their_end_not_its(
     leases = {x.job_id: x for x in store.leases(pool_id=pool_id)}
     # job 7's window ran until the pool was closed, not until window 1's failure
     assert leases[7].released_at is not None and leases[7].released_at > lost_at + 0.25
+    # job 8's lease, on window 1's GPUs, and window 1 itself ended with its allocation
+    assert second == {w1.window * 2, w1.window * 2 + 1}
+    assert leases[8].released_at == pytest.approx(lost_at)
+    closed = {w.window: w.closed_at for w in store.windows(pool_id, open_only=False)}
+    assert closed[w1.window] == pytest.approx(lost_at)
+    assert pool.closed_at is not None and pool.closed_at > lost_at + 0.25
+    assert closed[0] == pytest.approx(pool.closed_at)
+    granted = leases[8].granted_at
+    assert granted is not None
+    assert store.gpu_seconds([8])[8] == pytest.approx(2 * (lost_at - granted))
     await site.c.stop()
 
 

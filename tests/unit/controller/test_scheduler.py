@@ -188,6 +188,16 @@ async def test_restart_restores_holders_and_waiters_in_order() -> None:
 
 
 @run
+async def test_a_restart_counts_the_waiters_it_restored_in_the_waiting_gauge() -> None:
+    store, _, clock = _setup()
+    s = _sched(store, clock)
+    s.request(_job(store, 1), Phase.ROLLOUT)
+    s.request(_job(store, 2), Phase.TRAIN)  # waits behind it
+    s2 = _sched(store, clock)  # a new process: its gauge read 0 until the next change
+    assert s2.metrics.registry.get_sample_value("slurmrl_lease_requests_waiting") == 1.0
+
+
+@run
 async def test_after_a_long_restart_a_lease_lapses_only_if_not_renewed_within_a_timeout(
         ) -> None:
     # the controller was down longer than the lease timeout: its drivers could not
