@@ -63,6 +63,9 @@ def main() -> int:
                     help="also run the jobs multiplexed where pools may float "
                          "(slurm.floating_pools, up to 4 jobs a pool)")
     args = ap.parse_args()
+    if args.steps is not None and args.steps < 2:  # before any result is wiped
+        ap.error(f"--steps must be at least 2 (each job's first and last rewards are "
+                 f"compared), got {args.steps}")
     state = Path(os.environ.get("SLURMRL_DEV_STATE", "/var/lib/slurmrl-dev"))
     out = args.out or state / "bench-e2e"
     out.mkdir(parents=True, exist_ok=True)
@@ -94,8 +97,15 @@ def main() -> int:
         print(f"\nslurmrl simulate --replay failed: {sim.stderr.strip()}")
     summary = {"dedicated": _res(ded), "multiplexed": _res(mux), "replay": replay,
                "preview": preview, **({"floating": _res(flo)} if flo is not None else {})}
+    failed = [f"{r.label} {j.name}: Slurm state {j.state}"
+              for r in (ded, mux, *([flo] if flo is not None else [])) for j in r.jobs
+              if j.state != "COMPLETED"]
+    summary["failed"] = failed
     (out / "e2e.json").write_text(json.dumps(summary, indent=2))
     print(f"\nwrote {out / 'e2e.json'}")
+    if failed:  # a job that ended early ends its pool early: the saving would be false
+        print("\nnot a measurement: " + "; ".join(failed), file=sys.stderr)
+        return 1
     return 0
 
 

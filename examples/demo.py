@@ -75,8 +75,10 @@ def parse_args(argv: Sequence[str] | None = None) -> int | None:
     steps = os.environ.get("DEMO_STEPS")
     if not steps:
         return None
-    if not (steps.isascii() and steps.isdigit() and int(steps) > 0):
-        parser.error(f"DEMO_STEPS must be a positive number of steps, got {steps[:40]!r}")
+    if not (steps.isascii() and steps.isdigit() and int(steps) >= 2):
+        # the verdict compares a job's first and last windows of steps: one has neither
+        parser.error(f"DEMO_STEPS must be a number of steps of at least 2 (the verdict "
+                     f"compares each job's first and last rewards), got {steps[:40]!r}")
     return int(steps)
 
 

@@ -88,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     from slurmrl.client.replicas import ReplicatedRollout
 
     t0 = time.time()
-    with slurmrl.connect(url=args.controller) as job:
+    try:
+        job = slurmrl.connect(url=args.controller)
+    except (ValueError, RuntimeError) as exc:  # a bad --controller; not in a Slurm job
+        print(f"grpo_arith: {exc}", file=sys.stderr)
+        return 2
+    with job:
         print(json.dumps({"event": "registered", "job_id": job.job_id,
                           "config": cfg.__dict__}), flush=True)
         rollout = job.service("rollout", timeout_s=300)

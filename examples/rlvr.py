@@ -20,7 +20,9 @@ for the member that has waited the larger share of its time); elsewhere the clie
 releases and queues instead.
 
 The task: prompts "a+b=" with operands 0..max_operand; the reward is 1.0 when the
-first integer in the completion equals a+b (exact match), else 0.0. Rewards are
+completion starts (after whitespace) with the integer a+b, else 0.0 (an answer after
+other words, "The answer is 7", scores 0: a chat model needs a prompt that asks for the
+number alone). Rewards are
 verified in the driver on CPU: that is the GPU gap an RLVR job leaves between rollout
 and training. `tool_latency_s` adds a sleep per step to that gap, to model an agentic
 job whose verification waits on tools (code execution, search); it is a stand-in for
@@ -109,7 +111,8 @@ def problems(cfg: GrpoConfig, step: int) -> list[tuple[str, int]]:
 
 
 def reward(completion: str, answer: int) -> float:
-    """1.0 when the completion's first integer is exactly `answer`, else 0.0."""
+    """1.0 when the completion starts (after whitespace) with exactly the integer
+    `answer`, else 0.0."""
     m = _FIRST_INT.match(completion)
     return 1.0 if m is not None and int(m.group(1)) == answer else 0.0
 

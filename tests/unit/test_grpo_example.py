@@ -238,3 +238,20 @@ def test_a_clock_sized_seed_gives_every_step_a_seed_the_services_take() -> None:
     rec = Recording()
     run_step(cfg, 3, rec, rec, no_lease)
     assert rec.calls == [{}]
+
+
+@pytest.mark.parametrize(("env", "url", "says"), [
+    ({"SLURM_JOB_ID": "5", "SLURMRL_GPUS": "1"}, "https://x:1", "must look like http://"),
+    ({}, None, "SLURM_JOB_ID is not set"),
+])
+def test_a_driver_that_cannot_connect_says_why_in_one_line(
+        env: dict[str, str], url: str | None, says: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a bad --controller, or a driver run outside a Slurm job: a traceback in the job's
+    # output
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert grpo_arith.main([] if url is None else ["--controller", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("grpo_arith: ") and says in err and "Traceback" not in err

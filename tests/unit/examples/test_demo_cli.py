@@ -43,7 +43,10 @@ def test_help_describes_the_demo_and_runs_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "env", "says"), [
     (("--bogus",), {}, "unrecognized arguments: --bogus"),
     (("now",), {}, "unrecognized arguments: now"),
-    ((), {"DEMO_STEPS": "ten"}, "DEMO_STEPS must be a positive number of steps, got 'ten'"),
+    ((), {"DEMO_STEPS": "ten"}, "DEMO_STEPS must be a number of steps of at least 2"),
+    # one step has no first and last rewards to compare: it failed after both runs
+    ((), {"DEMO_STEPS": "1"}, "(the verdict compares each job's first and last rewards), "
+                              "got '1'"),
 ])
 def test_a_usage_error_exits_2_and_runs_nothing(
         tmp_path: Path, args: tuple[str, ...], env: dict[str, str], says: str) -> None:
