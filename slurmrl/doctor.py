@@ -227,10 +227,13 @@ def evaluate_pool(name: str, part: PartitionInfo | None,
                            f"over partition {name}'s MaxTime={part.max_time}: Slurm would "
                            "refuse every pool or leave it pending (PartitionTimeLimit)",
                            f"lower [slurm] pool_time_limit, or raise MaxTime of {name}")
-    if part.allow_groups.upper() == "ALL" and not part.root_only:
-        return CheckResult(check, Level.WARN, summary + "; any user may submit to it",
-                           "restrict it: AllowGroups=root (the controller submits pools "
-                           "as root; users never do)")
+    # AllowAccounts restricts it as well; its AllowQos `site.partition` does not read
+    if part.allow_groups.upper() == "ALL" and not part.root_only and (
+            part.allow_accounts.upper() in ("ALL", "")):
+        return CheckResult(check, Level.WARN, summary + "; AllowGroups=ALL and "
+                           "AllowAccounts=ALL: any user may submit to it, unless its "
+                           "AllowQos restricts them", "restrict it: AllowGroups=root (the "
+                           "controller submits pools as root; users never do)")
     # a pool gets --time=pool_time_limit, else the partition's DefaultTime, else MaxTime
     ends = asked if time_limit else parse_time_limit(part.default_time) or most
     if ends is not None:
@@ -240,6 +243,8 @@ def evaluate_pool(name: str, part: PartitionInfo | None,
                            f"set [slurm] pool_time_limit = 0 (no limit; the controller "
                            f"cancels a pool once empty) and MaxTime=UNLIMITED on {name}")
     return CheckResult(check, Level.OK, summary + f"; AllowGroups={part.allow_groups}"
+                       + (f" AllowAccounts={part.allow_accounts}"
+                          if part.allow_accounts.upper() not in ("ALL", "") else "")
                        + (" RootOnly" if part.root_only else ""))
 
 
@@ -458,22 +463,44 @@ def check_python(s: Settings, run_as: str = "nobody") -> CheckResult:
     return CheckResult("python", Level.OK, f"{py} imports slurmrl; readable by other users")
 
 
+def _run_dir_problem(run_dir: Path) -> str:
+    """Why the controller could not trust its services directory ("" if it could), as
+    `services.check_run_dir` judges it, making nothing. That function takes the
+    directory's owner to be whoever runs it: doctor run as another user than root
+    accepts a directory of root's (the controller's usual user) or of its own."""
+    from slurmrl.controller.services import ServiceLaunchError, check_run_dir
+
+    me, probe = os.geteuid(), run_dir
+    here = me != 0 and bool(run_dir.name) and os.path.lexists(run_dir)
+    if here:  # judged below; its parents are a sibling's, which check_run_dir judges alone
+        probe = next(q for n in range(1000) if not os.path.lexists(
+            q := run_dir.with_name(f"{run_dir.name}.doctor{n}")))
+    try:
+        check_run_dir(probe, create=False)
+        st = run_dir.lstat() if here else None
+    except (ServiceLaunchError, OSError) as exc:
+        return str(exc)
+    if st is not None and (not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, me)
+                           or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+        return (f"services directory {run_dir} must be a directory of root's (or of the "
+                "controller's user) that no one else may write to; it is uid "
+                f"{st.st_uid}'s, mode {stat.filemode(st.st_mode)} (doctor runs as uid {me}: "
+                "run it as the controller's user to judge the directory as it will)")
+    return ""
+
+
 def check_services(s: Settings) -> CheckResult:
     """What the pool manager needs of this host (the controller's): a services
-    directory it can trust (`services.check_run_dir`; one not made yet is judged by its
-    parents), and how steps will name their GPUs (`slurm.devices`)."""
-    from pathlib import Path
-
+    directory it can trust (`_run_dir_problem`; one not made yet is judged by its
+    parents, and warned of), and how steps will name their GPUs (`slurm.devices`)."""
     from slurmrl.controller.pools import services_dir
-    from slurmrl.controller.services import ServiceLaunchError, check_run_dir
     from slurmrl.slurm.devices import explain
 
     cfg = s.config
     run_dir = Path(services_dir(cfg))
-    try:
-        check_run_dir(run_dir, create=False)
-    except (ServiceLaunchError, OSError) as exc:
-        return CheckResult("services", Level.FAIL, str(exc),
+    untrusted = _run_dir_problem(run_dir)
+    if untrusted:
+        return CheckResult("services", Level.FAIL, untrusted,
                            "set [services] run_dir to a directory only root controls, "
                            "shared with the pool nodes where they are other hosts")
     want = cfg.slurm.device_numbering
@@ -481,19 +508,30 @@ def check_services(s: Settings) -> CheckResult:
         s.env, cfg.slurm.slurm_conf)
     detail = (f"services directory {run_dir} (the same path on every pool node); steps "
               f"name their GPUs by {numbering} indices")
+    warns: list[tuple[str, str]] = []  # (what, its fix): all of them, one line
+    try:
+        run_dir.lstat()
+    except FileNotFoundError:
+        warns.append((f"{run_dir} does not exist yet: the controller creates it; on a "
+                      "multi-node site it must be on the shared filesystem",
+                      "make sure [services] run_dir is on the filesystem the pool nodes "
+                      "share"))
+    except OSError as exc:  # a parent closed to this user: not judged
+        warns.append((f"{run_dir} cannot be looked at ({exc.strerror or exc})",
+                      "run slurmrl doctor as the controller's user"))
     if _confines_memory(s.env, cfg.slurm.slurm_conf) and 0 < cfg.slurm.pool_mem_per_gpu < (
             8 << 30):
-        return CheckResult("services", Level.WARN, f"{detail}; but Slurm confines job "
-                           f"memory (ConstrainRAMSpace=yes) and a pool asks only "
-                           f"{cfg.slurm.pool_mem_per_gpu >> 20} MiB per GPU, in which its "
-                           "services and their parked state must live",
-                           "set [slurm] pool_mem_per_gpu for the models (e.g. 200G on a "
-                           "node of 8 GPUs and 2 TiB), or 0 for the node's whole memory")
+        warns.append(("Slurm confines job memory (ConstrainRAMSpace=yes) and a pool asks "
+                      f"only {cfg.slurm.pool_mem_per_gpu >> 20} MiB per GPU, in which its "
+                      "services and their parked state must live",
+                      "set [slurm] pool_mem_per_gpu for the models (e.g. 200G on a node of "
+                      "8 GPUs and 2 TiB), or 0 for the node's whole memory"))
     if problem:
-        return CheckResult("services", Level.WARN, f"{detail}: {problem}",
-                           "set [slurm] device_numbering = \"local\" where jobs are "
-                           "confined to their devices (ConstrainDevices=yes), else "
-                           "\"global\"")
+        warns.append((problem, "set [slurm] device_numbering = \"local\" where jobs are "
+                      "confined to their devices (ConstrainDevices=yes), else \"global\""))
+    if warns:
+        return CheckResult("services", Level.WARN, "; but ".join([detail, *(w for w, _ in warns)]),
+                           "; ".join(f for _, f in warns))
     return CheckResult("services", Level.OK, detail)
 
 

@@ -6,10 +6,12 @@
 Columns are right-aligned for numbers, states are short codes (PD R CD F CA), the reason
 comes last. `-u` takes user names and uids, `-j` job ids, each a comma-separated list
 as squeue's; a job asked for by id is listed even once ended (`-a` lists every ended
-job). `-o` takes a comma-separated list of field names (`-o help` lists them),
+job); an id no job has, or a name that is no user here and owns no job, is warned of
+(exit 0). `-o` takes a comma-separated list of field names (`-o help` lists them),
 each optionally with a width (`name:20`). `--json` prints one envelope: `meta`, `errors`,
 `warnings` and the payload (`jobs`, `pools`, `leases`). `-h` means `--noheader`, as in
-squeue; help is `--help`. Errors go to stderr and exit 1 (2 for usage errors).
+squeue; help is `--help`. Errors and warnings go to stderr; an error exits 1 (2 for
+usage errors), except under `-i`, which goes on to the next try as squeue's does.
 
 Other users' jobs are shown without their private details (name, GPU-hours...): the
 controller does not send them.
@@ -51,9 +53,15 @@ def _saved(j: dict[str, Any]) -> str:
         return "-"  # never placed: nothing to save yet (not 100%, not 0%)
     if (j.get("request") or {}).get("mux") == "off" or j.get("dedicated_pool"):
         return "0.0%"  # its pool was its own: idle time there went to no one else
-    if not d or g is None:
-        return "-"
+    if not d or not g:
+        return "-"  # no GPU time yet (waiting for its first grant): nothing measurable
     return f"{100 * (1 - g / d):.1f}%"
+
+
+def _slowdown(j: dict[str, Any]) -> str:
+    if j.get("slowdown") is None and (j.get("lease_wait_seconds") or 0) > 0:
+        return "inf"  # it asked and has only waited so far (JSON has no infinity: null)
+    return _num(j.get("slowdown"), "{:.2f}")
 
 
 JOB_FIELDS: dict[str, Field] = {
@@ -68,7 +76,7 @@ JOB_FIELDS: dict[str, Field] = {
     "gpuh": ("GPU-H", 7, True, _gpu_h),
     "dedic": ("DEDIC", 7, True, _dedic),
     "saved": ("SAVED", 6, True, _saved),
-    "slowdn": ("SLOWDN", 6, True, lambda j: _num(j.get("slowdown"), "{:.2f}")),
+    "slowdn": ("SLOWDN", 6, True, _slowdown),
     "reason": ("REASON", 0, False, lambda j: j.get("reason") or ""),
 }
 POOL_FIELDS: dict[str, Field] = {
@@ -224,13 +232,12 @@ def status(url: str | None, pools: bool, leases: bool, as_json: bool, fmt: str |
         click.echo("\n".join(f"{k:10} {v[0]}" for k, v in table.items()))
         return
     cols = parse_format(fmt or DEFAULTS[what], table)
-    if me and user:
+    if me and user is not None:
         raise click.UsageError("--me and -u are exclusive")
-    if me:
-        user = _my_name()
+    users = user_names(user)
     wanted = job_ids(ids)
     # a job asked for by id is shown even once ended: its reason says why it ended
-    query = {k: v for k, v in {"user": user,
+    query = {k: v for k, v in {"user": _my_name() if me else ",".join(users or ()),
                                "ids": ",".join(map(str, wanted)) if wanted else None,
                                "all": "1" if show_all or wanted else None}.items() if v}
     while True:
@@ -240,17 +247,62 @@ def status(url: str | None, pools: bool, leases: bool, as_json: bool, fmt: str |
             if as_json:
                 click.echo(json.dumps(_envelope(what, [], [str(exc)], query)))
             click.echo(f"slurmrl status: {exc}", err=True)
-            sys.exit(1)
-        rows = ans.get(what, [])
-        if as_json:
-            click.echo(json.dumps(_envelope(what, rows, [], query), indent=2))
-        else:
-            click.echo(render(rows, cols, not noheader))
+            if iterate is None:
+                sys.exit(1)
+        else:  # as squeue -i: a failed fetch is reported, the next one tried
+            rows = ans.get(what, [])
+            warnings = unmatched(ans.get("jobs", []), wanted, users)
+            if as_json:
+                click.echo(json.dumps(_envelope(what, rows, [], query, warnings), indent=2))
+            else:
+                click.echo(render(rows, cols, not noheader))
+            for w in warnings:
+                click.echo(f"slurmrl status: warning: {w}", err=True)
         if iterate is None:
             return
         time.sleep(iterate)
         if not as_json:
             click.echo()
+
+
+def user_names(raw: str | None) -> list[str] | None:
+    """The names and uids of a `-u` option, each kept once, in order; None when not
+    given. An empty or blank entry is a usage error: it would select nobody, and
+    dropped from the query it would list everyone's jobs."""
+    if raw is None:
+        return None
+    names = [p.strip() for p in raw.split(",")]
+    if "" in names:
+        raise click.UsageError("-u takes comma-separated user names or uids, got "
+                               f"{raw[:40]!r}")
+    return list(dict.fromkeys(names))
+
+
+def _known_user(name: str) -> bool:
+    import pwd
+
+    try:
+        if name.isascii() and name.isdigit():
+            pwd.getpwuid(int(name))
+        else:
+            pwd.getpwnam(name)
+    except (KeyError, OverflowError, ValueError):
+        return False
+    return True
+
+
+def unmatched(jobs: Sequence[dict[str, Any]], ids: Sequence[int] | None,
+              users: Sequence[str] | None) -> list[str]:
+    """Warnings for what `-j` and `-u` asked for by name and no job matched: an id the
+    controller has no RL job of, a name that is no user here and owns no listed job
+    (a user from a directory service this host cannot read may still have jobs)."""
+    seen = {j["job_id"] for j in jobs}
+    out = [f"-j {i}: the controller knows no RL job of that id" for i in ids or ()
+           if i not in seen]
+    owners = {j.get("user") for j in jobs} | {str(j["uid"]) for j in jobs if "uid" in j}
+    out += [f"-u {u}: no such user on this host, and no RL job of theirs" for u in users or ()
+            if u not in owners and not _known_user(u)]
+    return out
 
 
 def _my_name() -> str:
@@ -269,8 +321,8 @@ def _my_name() -> str:
     return name
 
 
-def _envelope(what: str, rows: list[Any], errors: list[str],
-              query: dict[str, str]) -> dict[str, Any]:
+def _envelope(what: str, rows: list[Any], errors: list[str], query: dict[str, str],
+              warnings: Sequence[str] = ()) -> dict[str, Any]:
     return {"meta": {"command": "slurmrl status", "slurmrl_version": __version__,
                      "api": "v1", "time": time.time(), "query": query},
-            "errors": errors, "warnings": [], what: rows}
+            "errors": errors, "warnings": list(warnings), what: rows}

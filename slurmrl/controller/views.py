@@ -21,7 +21,9 @@ def wait_slowdown(waits: tuple[float, float] | None, end: float) -> float | None
     phase request over that time less the time its requests waited (`Store.lease_waits`).
     A lower bound on its slowdown against a dedicated run: handoffs (parking a partner,
     activating its own services) and a rollout started on part of its set are not
-    waits. None before any request, or while all its time so far was waiting."""
+    waits. None before any request, and while all its time so far was waiting: then it
+    is unbounded, which JSON cannot say (`lease_wait_seconds` > 0 tells the two apart;
+    `slurmrl status` shows `inf`)."""
     if waits is None:
         return None
     first, waited = waits

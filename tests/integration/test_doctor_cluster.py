@@ -4,8 +4,10 @@ naming the controller when the controller is down."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,10 @@ def test_doctor_passes_with_all_up_and_fails_on_a_stopped_controller(
     env = env_for_controller(slurm_env)
     ctl = ControllerProc(shared_tmp, env)
     ctl.start()
+    # a services directory made, as the controller of a site makes it (one not made yet
+    # is a WARN); under /var/tmp: root's, sticky, as the check wants its parents
+    services = Path(tempfile.mkdtemp(prefix="slurmrl-doctor-services-", dir="/var/tmp"))
+    env = {**env, "SLURMRL_SERVICES__RUN_DIR": str(services)}
     try:
         rc, out = _doctor(env, ctl.url)
         levels = {c["name"]: c["level"] for c in out["checks"]}
@@ -37,7 +43,10 @@ def test_doctor_passes_with_all_up_and_fails_on_a_stopped_controller(
         assert "4 GPU(s)" in pool["detail"] and "AllowGroups=root" in pool["remedy"]
     finally:
         ctl.stop()
-    rc, out = _doctor(env, ctl.url)
+    try:
+        rc, out = _doctor(env, ctl.url)
+    finally:
+        shutil.rmtree(services, ignore_errors=True)
     assert rc == 1
     (c,) = [c for c in out["checks"] if c["name"] == "controller"]
     assert c["level"] == "FAIL" and ctl.url in c["detail"]

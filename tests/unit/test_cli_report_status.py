@@ -419,3 +419,79 @@ def test_without_any_controller_url_status_names_the_config_and_plugstack_conf(
     assert "cannot read the site config: " in res.stderr and "bogus" in res.stderr
     assert (f"the plugstack.conf of {login_node / 'slurm.conf'} names no slurmrl.so "
             "controller= URL") in res.stderr
+
+
+# -- 9: -i goes on after a failed fetch; what -j and -u asked for and did not find --------------
+
+class _Stop(Exception):
+    """Ends an iterating `slurmrl status` in a test."""
+
+
+JOB = {"job_id": 5, "user": "nosuchuser9", "pool_id": None, "gpus": 1, "state": "R",
+       "layout": "colocated"}
+#: its row under -h
+JOB_ROW = ("      5 nosuchuser9 -                  -    1 R  -              -       -      -"
+           "      -")
+
+
+def test_an_iterating_status_reports_a_failed_fetch_and_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurmrl.cli.status import StatusError
+
+    calls: list[int] = []
+
+    def fetch(url: str, query: dict[str, str]) -> dict[str, Any]:
+        calls.append(1)
+        if len(calls) == 2:
+            raise StatusError("controller http://ctl:1 unreachable: connection refused")
+        if len(calls) == 4:
+            raise _Stop
+        return {"jobs": [JOB]}
+
+    monkeypatch.setattr("slurmrl.cli.status.fetch", fetch)
+    monkeypatch.setattr("slurmrl.cli.status.time.sleep", lambda s: None)
+    res = CliRunner().invoke(status, ["--controller", "http://ctl:1", "-i", "1", "-h"])
+    # it exited 1 at the second fetch, as squeue -i does not
+    assert isinstance(res.exception, _Stop), res.output
+    assert res.stdout.split("\n").count(JOB_ROW) == 2
+    assert res.stderr == ("slurmrl status: controller http://ctl:1 unreachable: "
+                          "connection refused\n")
+    # not iterating, a failed fetch is still exit 1
+    calls[:] = [1]
+    res = CliRunner().invoke(status, ["--controller", "http://ctl:1", "-h"])
+    assert res.exit_code == 1 and "unreachable" in res.stderr
+
+
+def test_an_id_or_a_user_no_job_matched_is_warned_of(asked: list[dict[str, str]]) -> None:
+    # header only, exit 0, not a word: a typo looked like "no jobs"
+    res = CliRunner().invoke(status, ["--controller", "http://ctl:1", "-j", "99999,7"])
+    assert res.exit_code == 0, res.output
+    assert res.stderr == ("slurmrl status: warning: -j 99999: the controller knows no RL "
+                          "job of that id\nslurmrl status: warning: -j 7: the controller "
+                          "knows no RL job of that id\n")
+    res = CliRunner().invoke(status, ["--controller", "http://ctl:1", "--json",
+                                      "-u", "nosuchuser9,root,0"])
+    assert res.exit_code == 0, res.output
+    warning = "-u nosuchuser9: no such user on this host, and no RL job of theirs"
+    assert _json(res)["warnings"] == [warning]  # root and uid 0 are users here
+    assert res.stderr == f"slurmrl status: warning: {warning}\n"
+
+
+def test_a_user_unknown_here_who_owns_a_job_is_not_warned_of(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a user of a directory service this host cannot read
+    monkeypatch.setattr("slurmrl.cli.status.fetch", lambda url, q: {"jobs": [JOB]})
+    res = CliRunner().invoke(status, ["--controller", "http://ctl:1", "-u", "nosuchuser9",
+                                      "-j", "5"])
+    assert res.exit_code == 0 and res.stderr == ""
+    assert res.stdout.splitlines()[1] == JOB_ROW
+
+
+@pytest.mark.parametrize("given", ["", " ", "alice,", "alice,,bob"])
+def test_an_empty_user_is_a_usage_error_naming_u(asked: list[dict[str, str]],
+                                                 given: str) -> None:
+    # "" was dropped from the query: every user's jobs were listed
+    res = CliRunner().invoke(status, ["--controller", "http://ctl:1", "-u", given])
+    assert res.exit_code == 2, res.output
+    assert f"-u takes comma-separated user names or uids, got {given!r}" in res.stderr
+    assert asked == []  # nothing was sent to the controller

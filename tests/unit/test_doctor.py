@@ -273,6 +273,7 @@ def test_services_check_judges_the_directory_and_the_gpu_numbering(tmp_path: Pat
     assert f"{shared} is another user's, or others may write to it" in bad.detail
     assert not (shared / "services").exists()  # doctor makes nothing
     shared.chmod(0o755)
+    (shared / "services").mkdir(mode=0o711)
     (good,) = run_checks(load_settings(str(cfg), None), ["services"])
     assert good.level is Level.OK and "name their GPUs by local indices" in good.detail
     cfg.write_text(f'[services]\nrun_dir = "{shared}/services"\n'
@@ -292,8 +293,69 @@ def test_services_check_warns_of_a_small_pool_where_slurm_confines_memory(
     (small,) = run_checks(load_settings(str(cfg), None), ["services"])
     assert small.level is Level.WARN and "only 256 MiB per GPU" in small.detail
     cfg.write_text(base + 'pool_mem_per_gpu = "200G"\n')
+    (tmp_path / "services").mkdir(mode=0o711)
     (sized,) = run_checks(load_settings(str(cfg), None), ["services"])
     assert sized.level is Level.OK
+
+
+def _services_check(tmp_path: Path, run_dir: Path) -> CheckResult:
+    """The services check of a site whose steps name GPUs by local indices (no WARN of
+    its numbering) and whose pools ask memory enough."""
+    (tmp_path / "slurm.conf").write_text("TaskPlugin=task/cgroup\n")
+    (tmp_path / "cgroup.conf").write_text("ConstrainDevices=yes\n")
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(f'[services]\nrun_dir = "{run_dir}"\n'
+                   f'[slurm]\nslurm_conf = "{tmp_path}/slurm.conf"\n')
+    (got,) = run_checks(load_settings(str(cfg), None), ["services"])
+    return got
+
+
+def test_a_services_directory_not_made_yet_is_warned_of_not_failed(tmp_path: Path) -> None:
+    # the guide said FAIL, doctor said OK: the controller makes it, where it must be shared
+    got = _services_check(tmp_path, tmp_path / "services")
+    assert got.level is Level.WARN, got
+    assert (f"{tmp_path}/services does not exist yet: the controller creates it; on a "
+            "multi-node site it must be on the shared filesystem") in got.detail
+    assert "[services] run_dir" in got.remedy
+    assert not (tmp_path / "services").exists()  # doctor makes nothing
+
+
+def test_a_root_services_directory_passes_doctor_run_as_another_user(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # /usr: root's, 0755, under root's /: it failed "must be a directory of the
+    # controller's (uid 4242)", 4242 being whoever ran doctor
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    got = _services_check(tmp_path, Path("/usr"))
+    assert got.level is Level.OK, got
+    assert got.detail.startswith("services directory /usr (the same path on every pool")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives a directory to another uid")
+def test_another_users_services_directory_fails_without_calling_doctors_uid_the_controllers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir = tmp_path / "services"
+    run_dir.mkdir(mode=0o711)
+    os.chown(run_dir, 4343, 4343)
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    got = _services_check(tmp_path, run_dir)
+    assert got.level is Level.FAIL
+    assert "controller's (uid 4242)" not in got.detail
+    assert got.detail == (f"services directory {run_dir} must be a directory of root's (or "
+                          "of the controller's user) that no one else may write to; it is "
+                          "uid 4343's, mode drwx--x--x (doctor runs as uid 4242: run it as "
+                          "the controller's user to judge the directory as it will)")
+
+
+def test_a_pool_partition_allow_accounts_restricts_is_not_open_to_all() -> None:
+    # AllowGroups=ALL with AllowAccounts=rladmin: users outside that account may not
+    # submit to it; doctor said "any user may submit to it"
+    closed = evaluate_pool("pools", _part(allow_groups="ALL", allow_accounts="rladmin"), [4])
+    assert closed.level is Level.OK, closed
+    assert closed.detail.endswith("AllowGroups=ALL AllowAccounts=rladmin")
+    open_ = evaluate_pool("pools", _part(allow_groups="ALL"), [4])
+    assert open_.level is Level.WARN
+    assert open_.detail.endswith("AllowGroups=ALL and AllowAccounts=ALL: any user may "
+                                 "submit to it, unless its AllowQos restricts them")
 
 
 # -- reviewed faults ---------------------------------------------------------------------

@@ -5,11 +5,15 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from slurmrl.cli.status import JOB_FIELDS, POOL_FIELDS, status
+from slurmrl.cli.status import JOB_FIELDS, POOL_FIELDS, render, status
 
 
 def _saved(view: dict[str, object]) -> str:
     return str(JOB_FIELDS["saved"][3](view))
+
+
+def _slowdown(view: dict[str, object]) -> str:
+    return str(JOB_FIELDS["slowdn"][3](view))
 
 
 def test_saved_is_the_share_of_dedicated_gpu_time_not_leased() -> None:
@@ -42,6 +46,23 @@ def test_a_job_waiting_for_a_pool_has_saved_nothing_yet() -> None:
     view = {"gpu_seconds": 0.0, "dedicated_gpu_seconds": 40.0, "request": {"mux": "auto"},
             "pool_id": None}
     assert _saved(view) == "-"
+
+
+def test_a_placed_job_that_has_only_waited_shows_no_saving_and_an_unbounded_slowdown(
+        ) -> None:
+    # placed, asked for GPUs 10 minutes ago, granted none yet (a partner holds them): it
+    # showed SAVED 100.0% and SLOWDN "-" (the controller's slowdown is null then)
+    view = {"job_id": 101, "user": "bob", "name": "j101", "pool_id": 1, "gpus": 2,
+            "layout": "colocated", "state": "R", "phase": None, "gpu_seconds": 0.0,
+            "dedicated_gpu_seconds": 1200.0, "lease_wait_seconds": 600.0,
+            "slowdown": None, "request": {"mux": "auto"}, "reason": ""}
+    cols = [JOB_FIELDS[f] for f in ("jobid", "gpuh", "dedic", "saved", "slowdn")]
+    assert render([view], cols, header=False) == "    101    0.00    0.33      -    inf"
+    # before any request: nothing to say yet; once granted: the figures
+    assert _slowdown({**view, "lease_wait_seconds": None}) == "-"
+    assert _slowdown({**view, "lease_wait_seconds": 0.0}) == "-"  # asked this instant
+    granted = {**view, "gpu_seconds": 300.0, "slowdown": 2.0}
+    assert (_saved(granted), _slowdown(granted)) == ("75.0%", "2.00")
 
 
 @pytest.mark.parametrize("width", ["\u00b2", "99999999999", "-1"])

@@ -106,7 +106,13 @@ def test_status_user_takes_names_and_uids_as_squeue_does(
     assert code == 200, answer
     assert [j["job_id"] for j in answer["jobs"]] == listed
     assert res.exit_code == 0, res.output
-    assert res.output.split()[1:] == [str(j) for j in listed]
+    assert res.stdout.split()[1:] == [str(j) for j in listed]
+    # alice and bob are no users of this host, but own jobs: not warned of; carol, no
+    # user and no job, is (uid 1003 may be a user here)
+    carol = "slurmrl status: warning: -u carol: no such user on this host, and no RL job"
+    assert (carol in res.stderr) == ("carol" in users)
+    if listed:
+        assert res.stderr == ""
 
 
 @pytest.mark.parametrize("users", ["", "alice,", ",bob", "alice,,bob", " "])
