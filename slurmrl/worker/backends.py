@@ -51,16 +51,15 @@ def make_backend(name: str, role: Role, opts: BackendOptions) -> ServiceBackend:
     if name == "tiny":
         from slurmrl.worker.tiny import TinyBackend
 
-        return TinyBackend(role, lr=opts.lr or 3e-3, seed=opts.seed)
+        return TinyBackend(role, lr=3e-3 if opts.lr is None else opts.lr, seed=opts.seed)
     if name == "torch":
         from slurmrl.worker.torch_backend import TorchModelBackend
 
         if role is not Role.TRAINER:
             raise BackendError("the torch backend is a trainer; use vllm or tiny for rollout")
         factory = load_factory(opts.model or "slurmrl.worker.lm:TinyLM")
-        return TorchModelBackend(
-            role, factory, device=opts.device, lr=opts.lr or 1e-5, seed=opts.seed
-        )
+        return TorchModelBackend(role, factory, device=opts.device,
+                                 lr=1e-5 if opts.lr is None else opts.lr, seed=opts.seed)
     if name == "vllm":
         from slurmrl.worker.vllm_backend import VllmBackend
 

@@ -19,6 +19,9 @@ from torch import nn
 from slurmrl.worker.protocol import BackendError, GenerateParams, TrainSample
 
 PAD, BOS, EOS = 0, 1, 2
+#: temperatures below this sample greedily, as vLLM's do: dividing by a subnormal one
+#: overflowed the logits, and every sequence ended at once
+GREEDY_BELOW = 1e-5
 ALPHABET = "0123456789+-*= "
 
 
@@ -133,7 +136,7 @@ def sample_micro_batch(
     finish = [len(pre[i]) + params.max_tokens - 1 for i in range(n)]
     seed = params.seed * 1_000_003
     for step in range(params.max_tokens):
-        if params.temperature == 0.0:
+        if params.temperature < GREEDY_BELOW:
             tok = logits.argmax(dim=-1)
         else:
             # inverse-CDF sampling of softmax(logits / T) at a counter-based uniform
@@ -167,6 +170,16 @@ def policy_gradient_loss(
     The sequence fed is BOS + prompt + completion; only completion positions count.
     Returns (loss, number of completion tokens).
     """
+    vocab = _vocab_size(model)
+    for i, s in enumerate(samples):  # named before the batch is padded together
+        for field in ("prompt_ids", "completion_ids"):
+            ids_of = getattr(s, field)
+            bad = next((t for t in ids_of if t < 0 or (vocab is not None and t >= vocab)),
+                       None)
+            if bad is not None:
+                top = "" if vocab is None else f"0..{vocab - 1}"
+                raise BackendError(f"samples[{i}].{field} has token id {bad} outside the "
+                                   f"model's vocabulary ({top or 'ids >= 0'})")
     seqs = [[BOS, *s.prompt_ids, *s.completion_ids] for s in samples]
     width = max(len(q) for q in seqs)
     ids = torch.full((len(seqs), width), PAD, dtype=torch.long)
@@ -176,10 +189,6 @@ def policy_gradient_loss(
         ids[i, : len(q)] = torch.tensor(q)
         start = 1 + len(s.prompt_ids) - 1  # target index of the first completion token
         mask[i, start : start + len(s.completion_ids)] = 1.0
-    vocab = _vocab_size(model)
-    if int(ids.min()) < 0 or (vocab is not None and int(ids.max()) >= vocab):
-        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-        raise BackendError(f"token id {bad} is outside the model's vocabulary (0..{vocab})")
     ids, mask, adv = ids.to(device), mask.to(device), adv.to(device)
     logits = model(ids[:, :-1])
     logp = torch.log_softmax(logits.float(), dim=-1)

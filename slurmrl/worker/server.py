@@ -301,6 +301,9 @@ class ServiceServer:
             obj = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise HttpError(400, f"request body is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise HttpError(400, "request body is not valid JSON: nested too "
+                            "deeply") from None
         if not isinstance(obj, dict):
             raise HttpError(400, "request body must be a JSON object")
         return obj

@@ -29,21 +29,22 @@ and `steps` stay as they were.
 
 Hand-off (floating pools, see `handoff.py`): `hand_off(path)` writes the whole state —
 model state_dict and non-persistent buffers, the optimizer's state_dict (a trainer's
-Adam moments and step counts), `steps`, `weights_version`, whether the weights are valid
-and a generation number — to a node-local file (unless it holds a newer generation,
-which is kept; the file is a JSON header and the tensors' raw bytes, no pickle), then
-frees the device copies and the host buffers (`Offloader.offload(keep_host_copy=False)`,
-`release_host()`): the copy is PARKED, `handed_off`, and holds nothing.
-`take_over(path)` on another copy of the same service (same class, model and role) maps
-the file and checks it against its model (names, shapes and dtypes, where
-`load_state_dict(strict=True)` checks names and shapes; the optimizer's groups, moment
-shapes and dtypes), reallocates device storage (`onload(restore=False)`) and copies
-each tensor from the mapping into its own (the optimizer's into its existing state
-tensors where it has them): training and sampling continue as if one process had done it
-all (bit for bit on CPU, where the unit tests check it; the CUDA path has not run here
-either). A refused file (older generation, missing, corrupt or truncated, not fitting)
-changes nothing. A handed-off copy refuses a plain `activate` and weight imports: its
-state is in the file.
+Adam moments and step counts), `steps`, `weights_version`, whether the weights are
+valid, torch's random-number state (CPU, and the device's on CUDA: a model with dropout
+draws on after a hand-off as it would have) and a generation number — to a node-local
+file (unless it holds a newer generation, which is kept; the file is a JSON header and
+the tensors' raw bytes, no pickle), then frees the device copies and the host buffers
+(`Offloader.offload(keep_host_copy=False)`, `release_host()`): the copy is PARKED,
+`handed_off`, and holds nothing. `take_over(path)` on another copy of the same service
+(same class, model and role) maps the file and checks it against its model (names,
+shapes and dtypes, where `load_state_dict(strict=True)` checks names and shapes; the
+optimizer's groups, moment shapes and dtypes), reallocates device storage
+(`onload(restore=False)`) and copies each tensor from the mapping into its own (the
+optimizer's into its existing state tensors where it has them): training and sampling
+continue as if one process had done it all (bit for bit on CPU, where the unit tests
+check it; the CUDA path has not run here either). A refused file (older generation,
+missing, corrupt or truncated, not fitting) changes nothing. A handed-off copy refuses a
+plain `activate` and weight imports: its state is in the file.
 
 Limits: one device per service (no FSDP/TP sharding here); generation is not offered by
 this backend (a rollout engine is `vllm`, or `tiny` for tests). The CUDA path has NOT
@@ -108,8 +109,8 @@ class TorchModelBackend:
         lr: float = 1e-3,
         seed: int = 0,
     ) -> None:
-        if lr <= 0:
-            raise BackendError(f"learning rate must be > 0, got {lr}")
+        if not (math.isfinite(lr) and lr > 0):  # an infinite one made the weights NaN
+            raise BackendError(f"learning rate must be a finite number > 0, got {lr}")
         self.role = role
         self.device = resolve_device(device)
         self._factory = model_factory
@@ -239,6 +240,7 @@ class TorchModelBackend:
             "steps": self.steps,
             "weights_version": self.weights_version,
             "weights_valid": self._weights_valid,
+            "rng": self._rng_state(),  # dropout and the like go on as in one process
         }, gen)
         # `sd` shares the parameters' storage: kept, the storage stays occupied through
         # the offload's empty_cache, and the GPU memory stays torch's, not the driver's
@@ -280,6 +282,7 @@ class TorchModelBackend:
             self._handed_off, self._residency = True, Residency.PARKED
             raise BackendError(f"handoff state {path} does not fit this model: {exc}; "
                                "this copy now holds no state") from exc
+        self._set_rng_state(state.get("rng"))
         self.steps = state["steps"]
         self.weights_version = state["weights_version"]
         self._weights_valid = state["weights_valid"]
@@ -288,6 +291,24 @@ class TorchModelBackend:
         self._staged = False
         self._handed_off = False
         self._residency = Residency.ACTIVE
+
+    def _rng_state(self) -> dict[str, torch.Tensor]:
+        """The process's random-number state a training step draws from (CPU, and the
+        device's on CUDA): handed off with the model, so a copy that takes over draws
+        what this one would have."""
+        out = {"cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            out["cuda"] = torch.cuda.get_rng_state(self.device)
+        return out
+
+    def _set_rng_state(self, got: dict[str, torch.Tensor] | None) -> None:
+        """Take the hand-off's random-number state (checked by `_check_state`; none in a
+        file of a release before it was kept)."""
+        if got is None:
+            return
+        torch.set_rng_state(got["cpu"].clone())
+        if self.device.type == "cuda" and "cuda" in got:
+            torch.cuda.set_rng_state(got["cuda"].clone(), self.device)
 
     def _own_optimizer_state(self, got: dict[str, Any]) -> dict[str, Any]:
         """The file's optimizer state_dict with its tensors copied out of the mapping:
@@ -335,6 +356,14 @@ class TorchModelBackend:
                 raise BackendError(f"{bad}: {key} must be an integer")
         if not isinstance(state.get("weights_valid"), bool):
             raise BackendError(f"{bad}: weights_valid must be true or false")
+        rng = state.get("rng")
+        if rng is not None and not (
+                isinstance(rng, dict) and set(rng) <= {"cpu", "cuda"}
+                and all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8
+                        and t.dim() == 1 for t in rng.values())
+                and "cpu" in rng and rng["cpu"].numel() == torch.get_rng_state().numel()):
+            raise BackendError(f"{bad}: rng must be the random-number state of torch "
+                               "(uint8 tensors, 'cpu' and on CUDA 'cuda')")
         sd = self._model.state_dict(keep_vars=True)
         extra = {k: b for k, b in self._model.named_buffers() if k not in sd}
         self._check_tensors(state.get("model"), sd, f"{bad} does not fit this model")

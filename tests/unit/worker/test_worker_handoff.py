@@ -322,3 +322,38 @@ def test_a_fresh_copy_on_another_node_never_ties_with_the_first_trained_hand_off
     again.take_over(node_x / "trainer.state")
     again.hand_off(tmp_path / "trainer.state")
     assert again.generation == 1 and peek_generation(tmp_path / "trainer.state") == 1
+
+
+class _DropoutLM(torch.nn.Module):
+    """A tiny model whose training draws random numbers (dropout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from slurmrl.worker.lm import TinyLM
+
+        self.lm = TinyLM()
+        self.drop = torch.nn.Dropout(0.3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lm.gru(self.drop(self.lm.embed(ids)))
+        return self.lm.head(out)  # type: ignore[no-any-return]
+
+
+def test_a_trainer_with_dropout_draws_on_after_a_hand_off_as_in_one_process(
+        tmp_path: Path) -> None:
+    # the hand-off carried no random-number state: the copy that took over replayed
+    # its own dropout masks from its load, and trained differently
+    def make() -> TorchModelBackend:
+        return TorchModelBackend(Role.TRAINER, _DropoutLM, device="cpu", lr=1e-2, seed=3)
+
+    batches = _batches(5)
+    reference = _loaded(make)
+    losses = [reference.train_step(b)["loss"] for b in batches]
+    first = _loaded(make)
+    for b in batches[:2]:
+        first.train_step(b)
+    first.hand_off(tmp_path / "trainer.state")
+    second = _loaded(make)
+    second.take_over(tmp_path / "trainer.state")
+    assert [second.train_step(b)["loss"] for b in batches[2:]] == losses[2:]
+    assert _same(_params(second), _params(reference))

@@ -73,6 +73,9 @@ def test_wrong_secret_and_replay_and_tampering_are_refused(rollout_service: Runn
     ("body", "message"),
     [
         (b"{not json", "not valid JSON"),
+        # a RecursionError out of json.loads: a 500 with a traceback in the log
+        (b'{"prompts": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+         "not valid JSON: nested too deeply"),
         (b"[1, 2]", "must be a JSON object"),
         (json.dumps({"prompts": "1+1="}).encode(), "prompts must be a list of strings"),
         (json.dumps({"prompts": ["1="], "n": 2}).encode(), r"unknown field\(s\) \['n'\]"),

@@ -182,8 +182,33 @@ def test_bad_inputs_name_what_is_wrong() -> None:
         torch.save({"embed.weight": torch.zeros(2, 2)}, buf)
         b.import_weights(buf.getvalue())
     t = _trainer()
-    with pytest.raises(BackendError, match="outside the model's vocabulary"):
-        t.train_step([TrainSample((4,), (500,), 1.0)])
+    # the sample and its field named, and the last valid id (it said 0..18 of 18)
+    with pytest.raises(BackendError, match=r"samples\[1\]\.completion_ids has token id "
+                                           r"500 outside the model's vocabulary \(0\.\.17\)"):
+        t.train_step([TrainSample((4,), (5,), 1.0), TrainSample((4,), (5, 500), 1.0)])
+    with pytest.raises(BackendError, match=r"samples\[0\]\.prompt_ids has token id 18 "):
+        t.train_step([TrainSample((18,), (5,), 1.0)])
+
+
+def test_a_temperature_too_small_to_divide_by_samples_greedily() -> None:
+    # logits / 1e-310 overflowed: every sequence ended at once on PAD ("stop")
+    b = TinyBackend(Role.ROLLOUT)
+    b.load()
+    greedy = b.generate(["1+2=", "3+4="], GenerateParams(max_tokens=6, temperature=0.0,
+                                                          seed=1)).samples
+    tiny = b.generate(["1+2=", "3+4="], GenerateParams(max_tokens=6, temperature=1e-310,
+                                                        seed=1)).samples
+    assert [s.completion_ids for s in tiny] == [s.completion_ids for s in greedy]
+
+
+@pytest.mark.parametrize("lr", [float("inf"), float("nan"), 0.0, -1.0])
+def test_a_learning_rate_that_is_not_a_finite_positive_number_is_refused(lr: float) -> None:
+    # inf made the weights NaN at the first step; 0 silently became the default
+    from slurmrl.worker.backends import BackendOptions, make_backend
+
+    for backend in ("tiny", "torch"):
+        with pytest.raises(BackendError, match="learning rate must be a finite number > 0"):
+            make_backend(backend, Role.TRAINER, BackendOptions(device="cpu", lr=lr))
 
 
 def _trained_blob() -> bytes:
