@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -233,6 +234,38 @@ def _facts(job: JobSnapshot) -> _Facts:
     return f
 
 
+def unusable(job: JobSnapshot) -> str | None:
+    """Why the predictor cannot score the job, else None: a GPU count or GPU set under
+    one, or a number it reads (a profile's durations, counts and GPU shares; a prior's
+    step time and shares; running time, memory) that is not finite or is negative. A
+    policy keeps such a job waiting, not the round failing for every job."""
+    r = job.request
+    if r.gpus < 1:
+        return f"requests {r.gpus} GPUs"
+    if min(_sets(job)) < 1:
+        return f"has a rollout set of {_sets(job)[0]} of its {r.gpus} GPUs"
+    if not math.isfinite(job.submitted_at):
+        return "has a non-finite submit time"
+    if r.max_slowdown is not None and math.isnan(r.max_slowdown):
+        return "has a max slowdown that is not a number"
+    #: (whose, what, value): "<whose> has a non-finite <what>"
+    fields: list[tuple[str, str, float | None]] = [
+        ("job", "running time", job.running_s), ("job", "host memory", job.host_mem_bytes),
+        ("job", "GPU memory", r.mem_bytes)]
+    if job.profile is not None:
+        for ph, st in job.profile.phases.items():
+            fields += [("profile", f"{ph.value} duration", x) for x in (st.p10, st.p50, st.p90)]
+            fields += [("profile", f"{ph.value} count per step", st.per_step),
+                       ("profile", f"{ph.value} GPU share", st.gpu_share)]
+    elif r.profile is not None:
+        fields += [("--rl-profile", "step time", r.profile.step_s)]
+        fields += [("--rl-profile", f"{ph.value} share", x) for ph, x in r.profile.shares]
+    for whose, what, x in fields:
+        if x is not None and not (math.isfinite(x) and x >= 0):
+            return f"{whose} has a {'non-finite' if not math.isfinite(x) else 'negative'} {what}"
+    return None
+
+
 def has_tail(job: JobSnapshot) -> bool:
     """Whether the job's rollout gives GPUs back through a tail (its profile says its
     lease held less than its whole set): what a staggered pool needs to pay."""
@@ -278,6 +311,31 @@ def newcomer_length(job: JobSnapshot) -> float | None:
     if n is None or job.running_s > 0 or (p is not None and p.steps > 0):
         return None
     return n * max(profile_of(job).period(Q_NEWCOMER), 1e-9)
+
+
+def alone_from_now(job: JobSnapshot) -> float | None:
+    """The job's slowdown over its whole run if it runs alone from now, where its
+    `progress` is known: (running_s + left) / (done + left); else None."""
+    p = progress(job)
+    if p is None:
+        return None
+    done, left = p
+    return (job.running_s + left) / (done + left)
+
+
+def whole_run_limits(members: Sequence[JobSnapshot], limits: Sequence[float],
+                     floating: bool = False) -> tuple[float, ...]:
+    """The limits each member's `lifetime` (`floating_lifetime` with `floating`) is
+    judged against: its own, but for a member that ran so slowly that its whole run
+    exceeds its limit even if it runs alone from now (`alone_from_now`), that slowdown:
+    a partner is refused only where it makes the member's run worse than it is already
+    bound to be, not always (as a job without --rl-steps, judged on its shared slowdown,
+    takes a partner that costs it nothing). Groups of three, judged while sharing,
+    keep their own limits."""
+    if not floating and len(members) != 2:
+        return tuple(limits)
+    return tuple(max(lim, alone_from_now(m) or lim)
+                 for m, lim in zip(members, limits, strict=True))
 
 
 def lifetime(members: Sequence[JobSnapshot], shared: Sequence[float]) -> tuple[float, ...]:

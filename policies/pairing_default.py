@@ -13,8 +13,16 @@ policy on the profiles where a formula does not hold) and places jobs:
   and more where `max_group` and the site allow and they pay);
 - a job with no partner opens a pool alone at once (it never waits for a partner); it
   waits only when Slurm has no GPUs for it, and later arrivals may join its pool; a
-  pair the matching chose that finds no free GPUs is not formed, and each of its jobs
-  joins the best open pool it may join that no other job joins this round;
+  pair the matching chose that finds no free GPUs is not formed (a staggered one that
+  finds its members' G GPUs free shares one window of G, where that is accepted too),
+  and each of its jobs joins the best open pool it may join that no other job joins
+  this round;
+- jobs take free GPUs oldest first (submitted_at, job_id), a pair at its older
+  member's turn: a younger pair or floating job never takes the GPUs an older job fits
+  in, which would leave it waiting (the controller submits no pool for it to Slurm);
+- a job the predictor cannot score (`complementarity.unusable`: a GPU count under one,
+  a profile's duration that is not finite, ...) waits, its placement's reason saying
+  why, and nobody joins a pool holding one: the others are placed as usual;
 - a group is accepted only where every two of its members may share (`compatible` is
   not transitive: a colocated job shares with disaggregated jobs of two splits that do
   not share with each other);
@@ -30,7 +38,7 @@ policy on the profiles where a formula does not hold) and places jobs:
 
 - where the cluster offers floating pools (`ClusterSnapshot.floating`: the controller
   where the site sets `slurm.floating_pools`, the simulator's `SimConfig.floating`), a
-  colocated job that may share goes to one instead (`_place_floating`): it joins the
+  colocated job that may share goes to one instead (`_floating_round`): it joins the
   pool where every member is predicted within its limit (`predict_floating`, tails held
   on their window unless `ClusterSnapshot.packs_tails`; whole-run credit from
   `floating_lifetime`) without adding a window, the fullest first; else one where it
@@ -57,8 +65,10 @@ as without it. The slowdown judged is the member's whole run's
 it has left: a job that ran alone for most of its run may take a partner that slows it
 more than its limit for the rest, as long as its run as a whole stays within it, and a
 newcomer that declared its steps may join it beyond its own limit for the time they
-share. Elsewhere (no `--rl-steps`, a job started with no complete step seen, groups of
-three) it is the predicted slowdown while sharing.
+share. A job that ran so slowly that its run exceeds its limit even alone from now is
+held to that instead (`complementarity.whole_run_limits`): it takes a partner that
+does not make its run worse. Elsewhere (no `--rl-steps`, a job started with no complete
+step seen, groups of three) it is the predicted slowdown while sharing.
 
 Known limits: large batches are pruned to the `neighbours` nearest jobs by period
 before matching (matching is O(n^3)), the nearest half for staggered pools (always
@@ -75,7 +85,7 @@ import bisect
 import copy
 import itertools
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 import networkx as nx
@@ -105,6 +115,8 @@ from policies.complementarity import (
     share_key,
     shareable,
     split_of,
+    unusable,
+    whole_run_limits,
 )
 from slurmrl.model import Layout
 
@@ -112,6 +124,11 @@ from slurmrl.model import Layout
 #: hash changes with the process's hash seed, and networkx iterates sets of nodes, so
 #: string-labelled nodes made tied placements differ from one run to the next
 JOB, POOL = 0, 1
+
+
+def _age(job: JobSnapshot) -> tuple[float, int]:
+    """What orders jobs oldest first: (submitted_at, job_id)."""
+    return job.submitted_at, job.job_id
 
 
 def _as_peer(job: JobSnapshot, members: Sequence[JobSnapshot]) -> JobSnapshot:
@@ -185,8 +202,8 @@ class ComplementaryPairing:
             return None
         if self.max_load is not None and group_load(members) > self.max_load:
             return None
-        lims = [(limit if limit is not None else limit_of(m, limits)) / self.margin
-                for m in members]
+        lims = whole_run_limits(members, [(limit if limit is not None else limit_of(m, limits))
+                                          / self.margin for m in members])
         pred = predict(members, bound=allowance(members, lims), offsets=offsets,
                        pool_gpus=pool_gpus)
         for lim, s in zip(lims, lifetime(members, pred.slowdowns), strict=True):
@@ -233,7 +250,7 @@ class ComplementaryPairing:
         only when both are predicted within their own limits, then, with the job's
         observed profile; on its prior alone the job would seldom qualify, and opening
         costs only the extra GPU while it waits (docs/benchmarks.md measures both). Where
-        only G GPUs are free the job opens a pool of G (`_place`), not wait for G + s."""
+        only G GPUs are free the job opens a pool of G (`_place_one`), not wait for G + s."""
         g = job.request.gpus
         if self.open_staggered and shareable(job) and self.staggerable(job, job):
             got = self.pair(job, job, limits, limit=limits.max_slowdown, node=node)
@@ -278,6 +295,18 @@ class ComplementaryPairing:
         return any(shareable(j) and group_load([j]) <= self.max_load / 2 for j in jobs)
 
     def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:
+        # a job the predictor cannot score waits, and nobody joins a pool holding one:
+        # the others are placed as usual, not the round failed for all
+        bad = {j.job_id: why for j in snapshot.waiting if (why := unusable(j)) is not None}
+        if bad or any(unusable(m) for p in snapshot.pools for m in p.members):
+            ok = replace(snapshot, waiting=tuple(j for j in snapshot.waiting
+                                                 if j.job_id not in bad),
+                         pools=tuple(p for p in snapshot.pools
+                                     if not any(unusable(m) for m in p.members)))
+            placed = {p.job_id: p for p in self.place(ok)}
+            placed.update((i, Placement(i, Action.WAIT, reason=f"job {i} cannot be scored: {why}"))
+                          for i, why in bad.items())
+            return [placed[j.job_id] for j in snapshot.waiting]
         if (self.max_load is not None and self.max_load_when == "light-present"
                 and not self.light_present(snapshot)):
             uncapped = copy.copy(self)  # this round only: the policy object is unchanged
@@ -327,22 +356,26 @@ class ComplementaryPairing:
         pred = predict_floating([job, job, job], 2, pack_tails=False, in_step=False)
         return max(pred.slowdowns) <= limit_of(job, limits) / self.margin
 
-    def _place_floating(self, jobs: Sequence[JobSnapshot], snapshot: ClusterSnapshot,
-                        free: defaultdict[str, int], out: dict[int, Placement]) -> None:
-        """Each job joins the floating pool where it is predicted to keep every member
-        within its limit (`predict_floating`) without adding a window, the fullest
-        first; else where it adds one window, the emptiest first (a pool never holds
-        more windows than members, so that costs nothing against running alone and lets
-        later joins share, and fuller pools keep their room for joins that add none);
-        else it opens a pool of one window."""
+    def _floating_round(self, snapshot: ClusterSnapshot, free: defaultdict[str, int],
+                        ids: Iterator[int], memo: dict[tuple[object, ...], GroupPrediction],
+                        ) -> Callable[[JobSnapshot], Placement | None]:
+        """Places one job at a time in floating pools, those of `snapshot` and those it
+        opens (ids from `ids`, GPUs from `free`): the job joins the floating pool where
+        it is predicted to keep every member within its limit (`predict_floating`)
+        without adding a window, the fullest first; else where it adds one window, the
+        emptiest first (a pool never holds more windows than members, so that costs
+        nothing against running alone and lets later joins share, and fuller pools keep
+        their room for joins that add none); else it opens a pool of one window. None:
+        place it as with fixed windows. `memo` keeps predictions for another round of
+        the same snapshot."""
         limits = snapshot.limits
         cap = min(self.floating_members, limits.max_jobs_per_pool)
         #: pool id -> [GPUs, members, an open pool's snapshot (None: opened this round)]
         pools: dict[int, tuple[list[int], list[JobSnapshot], PoolSnapshot | None]] = {
             p.pool_id: ([p.gpus], list(p.members), p) for p in snapshot.pools
             if p.floating and not p.dedicated and not p.closed and p.members}
-        next_pool = min([-1, *(pid - 1 for pid in pools)])
-        for job in jobs:
+
+        def place(job: JobSnapshot) -> Placement | None:
             g, part = job.request.gpus, job.partition
             bound = snapshot.floating_max_gpus.get(part)
             best: tuple[tuple[int, int], int, int, GroupPrediction] | None = None
@@ -353,22 +386,26 @@ class ComplementaryPairing:
                         or fits_memory([*members, job], snap, limits) is not None):
                     continue
                 group = [*members, job]
-                seen = [*members, _as_peer(job, members)]
-                lims = [limit_of(m, limits) / self.margin for m in group]
+                lims = whole_run_limits(group, [limit_of(m, limits) / self.margin
+                                                for m in group], floating=True)
                 windows = size[0] // g
                 for w in (windows, windows + 1):
                     if (w > len(group) or (w - windows) * g > free[part]
                             or (bound is not None and w * g > bound)):
                         break
-                    pred = predict_floating(seen, w,
-                                            pack_tails=snapshot.packs_tails.get(part, False))
+                    key = (*(m.job_id for m in group), w)
+                    if key not in memo:
+                        memo[key] = predict_floating(
+                            [*members, _as_peer(job, members)], w,
+                            pack_tails=snapshot.packs_tails.get(part, False))
+                    pred = memo[key]
                     whole = floating_lifetime(group, pred.slowdowns)
                     if all(x <= lim for x, lim in zip(whole, lims, strict=True)):
                         # no window added: the fullest pool; one added: the emptiest,
                         # keeping fuller pools' room for joins that add none
-                        key = (w - windows, len(members) if w > windows else -len(members))
-                        if best is None or key < best[0]:
-                            best = (key, pid, w, pred)
+                        order = (w - windows, len(members) if w > windows else -len(members))
+                        if best is None or order < best[0]:
+                            best = (order, pid, w, pred)
                         break
             if best is not None:
                 (added, _), pid, w, pred = best
@@ -376,31 +413,37 @@ class ComplementaryPairing:
                 free[part] -= added * g
                 size[0] = w * g
                 members.append(job)
-                out[job.job_id] = Placement(
+                return Placement(
                     job.job_id, Action.JOIN if snap is not None else Action.OPEN, pid, w * g,
                     pred.slowdowns[-1], f"joins a floating pool: {len(members)} jobs on "
                     f"{w} window{'s' if w > 1 else ''} of {g} GPUs", floating=True)
-                continue
             if not snapshot.packs_tails.get(part, False) and not self._floating_pays(job,
                                                                                    limits):
-                continue  # placed as with fixed windows (`_place`)
+                return None  # placed as with fixed windows
             if free[part] < g:
-                out[job.job_id] = Placement(job.job_id, Action.WAIT, reason="no free GPUs")
-                continue
+                return Placement(job.job_id, Action.WAIT, reason="no free GPUs")
             free[part] -= g
-            pools[next_pool] = ([g], [job], None)
-            out[job.job_id] = Placement(job.job_id, Action.OPEN, next_pool, g, 1.0,
-                                        "opens a floating pool of one window", floating=True)
-            next_pool -= 1
+            pid = next(ids)
+            pools[pid] = ([g], [job], None)
+            return Placement(job.job_id, Action.OPEN, pid, g, 1.0,
+                             "opens a floating pool of one window", floating=True)
+
+        return place
 
     def _place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:
         limits = snapshot.limits
         free = defaultdict(int, snapshot.free_gpus)
-        out: dict[int, Placement] = {}
-        floating = [j for j in snapshot.waiting if self.floats(j, snapshot)]
-        if floating:
-            self._place_floating(floating, snapshot, free, out)
-        shared = [j for j in snapshot.waiting if shareable(j) and j.job_id not in out]
+        first_id = min([-1, *(p.pool_id - 1 for p in snapshot.pools)])
+        ids = itertools.count(first_id, -1)  #: provisional ids of the pools opened
+        memo: dict[tuple[object, ...], GroupPrediction] = {}
+        # which jobs float: those a round of floating jobs alone would place (the rest
+        # are placed as with fixed windows, and matched with the jobs that do not float)
+        trial = self._floating_round(snapshot, defaultdict(int, snapshot.free_gpus),
+                                     itertools.count(first_id, -1), memo)
+        floats = {j.job_id for j in snapshot.waiting
+                  if self.floats(j, snapshot) and trial(j) is not None}
+        place_floating = self._floating_round(snapshot, free, ids, memo)
+        shared = [j for j in snapshot.waiting if shareable(j) and j.job_id not in floats]
         joins: dict[int, tuple[int, GroupPrediction, int]] = {}
         pairs: list[tuple[JobSnapshot, JobSnapshot, GroupPrediction, int]] = []
         #: job -> the pools it may join, best first: a job whose pair finds no free GPUs
@@ -417,53 +460,74 @@ class ComplementaryPairing:
             joins, pairs, others = self._match(shared, snapshot.pools, limits,
                                                snapshot.node_gpus)
         joined = {pool_id for pool_id, _, _ in joins.values()}  #: one joiner a pool a round
-        next_pool = min([-1, *(p.pool_id - 1 for p in out.values()
-                               if p.pool_id is not None and p.pool_id < 0)])
-        placed: set[int] = set(out)
-        for a, b, pred, size in pairs:
-            if free[a.partition] >= size:
-                free[a.partition] -= size
-                how = "paired" if size == a.request.gpus else \
-                    f"paired in a staggered pool of {size} GPUs"
-                for j, s, off in zip((a, b), pred.slowdowns, (0, size - a.request.gpus),
-                                     strict=True):
-                    out[j.job_id] = Placement(
-                        j.job_id, Action.OPEN, next_pool, size, s,
-                        f"{how} (pool utilisation {pred.utilisation:.0%})", gpu_offset=off)
-                    placed.add(j.job_id)
-                next_pool -= 1
-            else:  # no GPUs for the pair: each may still join an open pool
-                for j in (a, b):
-                    got = next((x for x in others.get(j.job_id, ()) if x[0] not in joined),
-                               None)
-                    if got is not None:
-                        joins[j.job_id] = got
-                        joined.add(got[0])
-        for job in snapshot.waiting:
-            if job.job_id in placed:
-                continue
-            if job.job_id in joins:
-                pool_id, pred, off = joins[job.job_id]
-                out[job.job_id] = Placement(job.job_id, Action.JOIN, pool_id, None,
-                                            pred.slowdowns[-1], "joins a complementary pool",
-                                            gpu_offset=off)
-                continue
-            g = job.request.gpus
-            size = self._alone_size(job, limits, snapshot.node_gpus.get(job.partition))
-            if g <= free[job.partition] < size:
-                size = g  # no room for a staggered pool: one of its own size, not a wait
-            if free[job.partition] < size:
-                out[job.job_id] = Placement(job.job_id, Action.WAIT, reason="no free GPUs")
-                continue
-            free[job.partition] -= size
-            if shareable(job):
-                out[job.job_id] = Placement(job.job_id, Action.OPEN, next_pool, size, 1.0,
-                                            "no complementary partner yet: opens a pool alone")
-                next_pool -= 1
-            else:
-                out[job.job_id] = Placement(job.job_id, Action.DEDICATED, None, g, 1.0,
-                                            "--rl-mux=off")
+        pair_of = {j.job_id: pair for pair in pairs for j in pair[:2]}
+        out: dict[int, Placement] = {}
+        # one pass, oldest first (a pair at its older member's turn): a job that fits
+        # the free GPUs never waits while a younger one takes them
+        for job in sorted(snapshot.waiting, key=_age):
+            if job.job_id in out:
+                continue  # opened with its older partner
+            if job.job_id in floats:
+                got = place_floating(job)
+                if got is not None:
+                    out[job.job_id] = got
+                    continue
+            pair = pair_of.get(job.job_id)
+            if pair is not None:
+                opened = self._open_pair(*pair, limits, free, ids)
+                if opened:
+                    out.update((p.job_id, p) for p in opened)
+                    continue
+                for j in pair[:2]:  # no GPUs for the pair: each may still join an open pool
+                    del pair_of[j.job_id]
+                    x = next((x for x in others.get(j.job_id, ()) if x[0] not in joined), None)
+                    if x is not None:
+                        joins[j.job_id] = x
+                        joined.add(x[0])
+            out[job.job_id] = self._place_one(job, joins.get(job.job_id), snapshot, free, ids)
         return [out[j.job_id] for j in snapshot.waiting]
+
+    def _open_pair(self, a: JobSnapshot, b: JobSnapshot, pred: GroupPrediction, size: int,
+                   limits: SiteLimits, free: defaultdict[str, int], ids: Iterator[int],
+                   ) -> tuple[Placement, ...]:
+        """The placements of a matched pair in a new pool of `size` GPUs, if they are free
+        (none else); where a staggered pool's are not but its members' G are, and the
+        pair is accepted on one window of G, that pool."""
+        g, part = a.request.gpus, a.partition
+        if g <= free[part] < size:
+            same = self.accepts((a, b), limits)
+            if same is not None:
+                pred, size = same, g
+        if free[part] < size:
+            return ()
+        free[part] -= size
+        pool_id = next(ids)
+        how = "paired" if size == g else f"paired in a staggered pool of {size} GPUs"
+        return tuple(Placement(j.job_id, Action.OPEN, pool_id, size, s,
+                               f"{how} (pool utilisation {pred.utilisation:.0%})",
+                               gpu_offset=off)
+                     for j, s, off in zip((a, b), pred.slowdowns, (0, size - g), strict=True))
+
+    def _place_one(self, job: JobSnapshot, join: tuple[int, GroupPrediction, int] | None,
+                   snapshot: ClusterSnapshot, free: defaultdict[str, int],
+                   ids: Iterator[int]) -> Placement:
+        """A job not paired this round: it joins the pool it was matched to (`join`),
+        else opens one alone (runs dedicated with `--rl-mux=off`), else waits."""
+        if join is not None:
+            pool_id, pred, off = join
+            return Placement(job.job_id, Action.JOIN, pool_id, None, pred.slowdowns[-1],
+                             "joins a complementary pool", gpu_offset=off)
+        g = job.request.gpus
+        size = self._alone_size(job, snapshot.limits, snapshot.node_gpus.get(job.partition))
+        if g <= free[job.partition] < size:
+            size = g  # no room for a staggered pool: one of its own size, not a wait
+        if free[job.partition] < size:
+            return Placement(job.job_id, Action.WAIT, reason="no free GPUs")
+        free[job.partition] -= size
+        if shareable(job):
+            return Placement(job.job_id, Action.OPEN, next(ids), size, 1.0,
+                             "no complementary partner yet: opens a pool alone")
+        return Placement(job.job_id, Action.DEDICATED, None, g, 1.0, "--rl-mux=off")
 
     def _match(self, jobs: list[JobSnapshot], pools: Sequence[PoolSnapshot], limits: SiteLimits,
                node_gpus: Mapping[str, int]) -> tuple[
@@ -529,8 +593,7 @@ class ComplementaryPairing:
                 x, y = (u, v) if key in preds else (v, u)
                 pp, size = preds[(JOB, x[1], JOB, y[1])]
                 pairs.append((by_id[x[1]], by_id[y[1]], pp, size))
-        pairs.sort(key=lambda t: (min(t[0].submitted_at, t[1].submitted_at),
-                                  min(t[0].job_id, t[1].job_id)))
+        pairs.sort(key=lambda t: min(_age(t[0]), _age(t[1])))
         others = {j: [(pid, p, off) for _, pid, p, off in sorted(ws, key=lambda x: x[:2])]
                   for j, ws in weighed.items()}
         return joins, pairs, others
