@@ -6,13 +6,15 @@ Poisson bursts of several jobs at once) and job classes; `validate` checks every
 (the tables below, `slurmrl.sim.schema`) before anything is drawn. `generate` draws jobs from it,
 seeded: arrival time, GPU count, layout, model, and every step's phase durations.
 
-The RL job model, per step: rollout (one or several turns separated by tool stalls),
-reward gap, train (log-prob + update), sync, idle gap. Rollout lengths drift over the
+The RL job model, per step: rollout (one or several turns separated by tool stalls, the
+stalls on top of the class's step and shares), reward gap, train (log-prob + update),
+sync, idle gap. Rollout lengths drift over the
 job's steps (`drift`: relative growth from first to last step) with per-step lognormal
 noise (`noise_cv`). The rollout's long tail: response lengths follow the class's length
 distribution (PolyTrace's math mixture, or a lognormal with p99 ~ 10x median); a rollout
 of G GPUs may shrink to G/2, G/4, ... 1 GPUs once the still-active sequences fit, at
-the instants the length quantiles give. Everything cites shared/research/rl-workloads.md.
+the instants the length quantiles give. Every figure a suite file uses cites
+shared/research/rl-workloads.md or is labelled an assumption in its `sources`.
 
 Known limits: no correlation between jobs' phases; rollout speed on fewer GPUs than
 asked scales the bulk by G/g (memory-bound decode), the tail keeps its length.
@@ -215,6 +217,7 @@ CLASS: sc.Table = {
     "shares": (True, sc.shares),
     "sync_s": (False, sc.number(0.0, strict=False, hi=STEP_MAX_S)),
     "turns": (False, sc.drawn(sc.whole(1, hi=TURNS_MAX))),
+    "tool_calls": (False, sc.drawn(sc.whole(0, hi=TURNS_MAX - 1))),
     "tool_gap_s": (False, sc.drawn(sc.number(0.0, strict=False, hi=STEP_MAX_S))),
     "tail": (False, sc.one_of("math", "heavy", "none")),
     "drift": (False, sc.number(-1.0, hi=DRIFT_MAX)),
@@ -309,6 +312,10 @@ def validate(data: Any, where: str = "workload", path: Path | None = None) -> Wo
     cluster = data["cluster"]["gpus"]
     most = lim.max_gpus_per_job
     for i, c in enumerate(data["classes"]):
+        if "turns" in c and "tool_calls" in c:
+            raise WorkloadError(
+                f"{where}: classes[{i}] sets both turns and tool_calls: give one (tool_calls "
+                "c: c tool stalls and c + 1 generation turns a step; turns t: t - 1 stalls)")
         spec = c["gpus"]
         spans = [tuple(spec)] if isinstance(spec, list) else [(g, g) for g in sc.values(spec)]
         if Layout(c["layout"]) is Layout.DISAGGREGATED and min(lo for lo, _ in spans) < 2:
@@ -458,6 +465,9 @@ def _draw_job(rng: random.Random, c: Mapping[str, Any], job_id: int, submit: flo
     step_s = float(_pick(rng, c["step_s"]))
     shares = {Phase(k): float(v) for k, v in c["shares"].items()}
     drift, cv = float(c.get("drift", 0.0)), float(c.get("noise_cv", 0.1))
+    # `tool_calls`: c calls a step, each a stall between generation turns (c + 1 turns);
+    # `turns`: generation turns, a stall between each two (turns - 1 stalls)
+    calls = c.get("tool_calls")
     turns = c.get("turns", 1)
     tool = c.get("tool_gap_s", [0.0, 0.0])
     sigma = math.sqrt(math.log(1 + cv * cv))
@@ -469,7 +479,7 @@ def _draw_job(rng: random.Random, c: Mapping[str, Any], job_id: int, submit: flo
     for k in range(n_steps):
         grow = 1.0 + drift * k / max(1, n_steps - 1)
         segs: list[Segment] = []
-        m = int(_pick(rng, turns))
+        m = int(_pick(rng, calls)) + 1 if calls is not None else int(_pick(rng, turns))
         roll = noisy(step_s * shares.get(Phase.ROLLOUT, 0.0) * grow)
         for t in range(m):
             segs.append(Segment(Phase.ROLLOUT, roll / m))
@@ -484,9 +494,12 @@ def _draw_job(rng: random.Random, c: Mapping[str, Any], job_id: int, submit: flo
         steps.append(tuple(segs))
     prior = None
     if rng.random() < float(c.get("profile_hint", 0.0)):
-        # the user's --rl-profile: the class's shares and step, as a user would guess them
+        # the user's --rl-profile, as one who profiled a run of it would write it: the
+        # job's own phase shares (drift and tool stalls included) and mean step, the step
+        # off by up to 15% either way
         err = 1.0 + rng.uniform(-0.15, 0.15)
-        prior = PhasePrior(tuple(sorted(shares.items())), step_s * err)
+        own = own_profile(steps)
+        prior = PhasePrior(own.shares, (own.step_s or 0.0) * err)
     ms = c.get("max_slowdown")
     return SimJob(
         job_id, str(c["name"]), f"user{rng.randint(1, 20)}", submit, model, _params(model),
@@ -494,6 +507,20 @@ def _draw_job(rng: random.Random, c: Mapping[str, Any], job_id: int, submit: flo
         tail_points(str(c.get("tail", "heavy")), rollout_gpus), prior,
         None if ms is None else float(_pick(rng, ms)), rng.random() < float(c.get("mux_off", 0.0)),
     )
+
+
+def own_profile(steps: Sequence[Sequence[Segment]]) -> PhasePrior:
+    """The `--rl-profile` that describes a job's drawn `steps` exactly: each phase's share
+    of their time (tool stalls are `idle`) and their mean step, in seconds."""
+    total: dict[Phase, float] = {}
+    for step in steps:
+        for seg in step:
+            total[seg.phase] = total.get(seg.phase, 0.0) + seg.seconds
+    wall = sum(total.values())
+    if not steps or wall <= 0:
+        raise WorkloadError("a job with no drawn time has no profile")
+    return PhasePrior(tuple((ph, t / wall) for ph, t in sorted(total.items()) if t > 0),
+                      wall / len(steps))
 
 
 def _geometric(rng: random.Random, mean: float) -> int:

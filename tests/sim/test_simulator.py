@@ -308,10 +308,12 @@ def test_cli_max_slowdown_lets_users_trade_slowdown_for_savings() -> None:
 
 def test_cli_jobs_that_declare_their_steps_share_more_within_their_limit() -> None:
     """Pool members near their declared end take partners their limit would refuse
-    while sharing; without `--rl-steps` (`--no-rl-steps`) they do not."""
+    while sharing; without `--rl-steps` (`--no-rl-steps`) they do not. On long-cot at
+    its users' 1.15 (agentic-tools at 1.3, used before, shared one pool more of 16 jobs
+    with them, and none more once hinted jobs' profiles matched their own runs)."""
     def run(*extra: str) -> dict[str, Any]:
-        res = CliRunner().invoke(simulate, ["-w", "agentic-tools", "--jobs", "16", "--json",
-                                            "--no-check", "--max-slowdown", "1.3", *extra])
+        res = CliRunner().invoke(simulate, ["-w", "long-cot", "--jobs", "24", "--json",
+                                            "--no-check", *extra])
         assert res.exit_code == 0, res.output
         out = json.loads(res.output)
         return dict(out["metrics"], rl_steps=out["meta"]["rl_steps"])
@@ -320,7 +322,7 @@ def test_cli_jobs_that_declare_their_steps_share_more_within_their_limit() -> No
     assert declared["rl_steps"] is True and undeclared["rl_steps"] is False
     assert declared["shared_pools"] > undeclared["shared_pools"]
     assert declared["savings"] > undeclared["savings"]
-    assert declared["slowdown_p95"] <= 1.3
+    assert declared["slowdown_p95"] <= 1.15
 
 
 def recorded_trace(path: Path, profile: str | None, steps: int = 20,
