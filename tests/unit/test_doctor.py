@@ -263,19 +263,15 @@ def test_services_check_judges_the_directory_and_the_gpu_numbering(tmp_path: Pat
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)  # others may swap what is in it
-    (tmp_path / "slurm.conf").write_text("TaskPlugin=task/cgroup\n")
-    (tmp_path / "cgroup.conf").write_text("ConstrainDevices=yes\n")
-    cfg = tmp_path / "s.toml"
-    cfg.write_text(f'[services]\nrun_dir = "{shared}/services"\n'
-                   f'[slurm]\nslurm_conf = "{tmp_path}/slurm.conf"\n')
-    (bad,) = run_checks(load_settings(str(cfg), None), ["services"])
+    bad = _services_check(tmp_path, shared / "services")
     assert bad.level is Level.FAIL
     assert f"{shared} is another user's, or others may write to it" in bad.detail
     assert not (shared / "services").exists()  # doctor makes nothing
     shared.chmod(0o755)
     (shared / "services").mkdir(mode=0o711)
-    (good,) = run_checks(load_settings(str(cfg), None), ["services"])
+    good = _services_check(tmp_path, shared / "services")
     assert good.level is Level.OK and "name their GPUs by local indices" in good.detail
+    cfg = tmp_path / "s.toml"
     cfg.write_text(f'[services]\nrun_dir = "{shared}/services"\n'
                    f'[slurm]\nslurm_conf = "{tmp_path}/missing.conf"\n')
     (unread,) = run_checks(load_settings(str(cfg), None), ["services"])
