@@ -76,12 +76,6 @@ KV_CACHE_ENV = "SLURMRL_SERVICE_KV_CACHE_BYTES"
 TP_ENV = "SLURMRL_SERVICE_TENSOR_PARALLEL_SIZE"
 #: the controller's variables a service gets too, where set: thread counts and locale.
 #: Nothing else of the controller's environment reaches a service (`launch_step`)
-#: backends that park into pinned host memory (torch's offload buffers, vLLM's sleep
-#: backup), and the allocator setting they run with: torch's pinned-memory cache rounds
-#: each allocation up to a power of two (a 271 MB weight took 512 MiB: a 7B trainer's
-#: parked state pinned 1.9x the 85 GiB counted); above 1 MiB it now allocates exactly
-PINNING_BACKENDS = ("torch", "vllm")
-PINNED_EXACT = "pinned_max_round_threshold_mb:1"
 PASS_THROUGH = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LANG", "LC_ALL", "TZ",
                 "VLLM_BATCH_INVARIANT")
 ROLES = ("rollout", "trainer")
@@ -285,8 +279,9 @@ def step_env(spec: ServiceSpec, secret: str, control: str) -> dict[str, str]:
     """The step's environment (readable by root and the user only): the controller's
     `PASS_THROUGH` variables, `PATH`, `CUDA_DEVICE_ORDER=PCI_BUS_ID`, the job's and the
     control secret, the job's model (`tiny` serves its own) and its sizing
-    (`sizing_env`), for a backend that parks into pinned host memory `PINNED_EXACT`,
-    and, for a floating member's copy, its hand-off directory."""
+    (`sizing_env`) and, for a floating member's copy, its hand-off directory. No
+    allocator setting: a torch that does not know one fails to start CUDA, so the
+    worker applies its own where its torch takes it (`worker.offload.pin_exactly`)."""
     env = {k: os.environ[k] for k in PASS_THROUGH if k in os.environ}
     # CUDA numbers GPUs in PCI bus order, as NVML and Slurm do (slurmrl/gpu/nvml.py)
     env.update({SECRET_ENV: secret, CONTROL_ENV: control, "PATH": _STEP_PATH,
@@ -295,8 +290,6 @@ def step_env(spec: ServiceSpec, secret: str, control: str) -> dict[str, str]:
         env[MODEL_ENV] = spec.model
     if spec.handoff_dir is not None:
         env[HANDOFF_ENV] = spec.handoff_dir
-    if spec.backend in PINNING_BACKENDS:
-        env["PYTORCH_ALLOC_CONF"] = PINNED_EXACT
     env.update(sizing_env(spec))
     return env
 

@@ -9,6 +9,10 @@ activates the second, copies in both directions over PCIe at 25 GB/s pinned
 (rl-workloads.md: 25-52 GB/s per GPU), plus 1 s of fixed cost (vLLM level-1 wake is
 2.9-5.7 s for 30B-235B; the fixed part covers allocator and graph re-capture). When
 every member fits the GPU memory at once nothing is copied: 0.1 s of context switch.
+Measured on an H200 (docs/benchmarks.md, "On a GPU"): the `torch` backend parks and
+activates a trainer at 51-52 GB/s with no fixed cost to speak of, so for a trainer on
+such a card these constants overcharge (1.1-2.0 s for switches that took 0.12-0.95 s);
+they are kept, as a PCIe 4 node's price and vLLM's wake.
 
 Known limits: no level-2 (drop) parking, no NCCL communicator re-init cost.
 """

@@ -149,6 +149,10 @@ def worker(
                           gpu_memory_utilization=gpu_memory_utilization,
                           kv_cache_bytes=kv_cache_bytes, gpu_memory_bytes=gpu_memory_bytes,
                           tensor_parallel_size=tensor_parallel_size)
+    if backend_name in ("torch", "vllm"):  # they park into pinned host memory
+        from slurmrl.worker.offload import pin_exactly
+
+        pin_exactly()
     try:
         backend = make_backend(backend_name, Role(role), opts)
     except BackendError as exc:

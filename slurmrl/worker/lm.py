@@ -66,6 +66,30 @@ class TinyLM(nn.Module):
         return logits, hidden
 
 
+class WideLM(nn.Module):
+    """Embedding -> `layers` square linear layers of width `dim` -> linear head.
+
+    A model whose state is large enough to measure moving it (TinyLM's is 120 kB):
+    `layers * dim**2` parameters and about as many again in Adam's two moments, so that
+    parking it shows in NVML's and torch's memory readings and copies long enough to
+    time (`benchmarks/park_cuda.py`, the `gpu` tests). Same interface as any trainer's
+    model: token ids [B, T] to logits [B, T, V].
+    """
+
+    def __init__(self, dim: int = 1024, layers: int = 4,
+                 vocab_size: int = CharTokenizer.vocab_size, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.body = nn.Sequential(*(nn.Sequential(nn.Linear(dim, dim), nn.GELU(),
+                                                  nn.Dropout(dropout))
+                                    for _ in range(layers)))
+        self.head = nn.Linear(dim, vocab_size)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.head(self.body(self.embed(ids)))
+        return logits
+
+
 _MASK64 = (1 << 64) - 1
 
 

@@ -41,15 +41,15 @@ shapes and dtypes, where `load_state_dict(strict=True)` checks names and shapes;
 optimizer's groups, moment shapes and dtypes), reallocates device storage
 (`onload(restore=False)`) and copies each tensor from the mapping into its own (the
 optimizer's into its existing state tensors where it has them): training and sampling
-continue as if one process had done it all (bit for bit on CPU, where the unit tests
-check it; the CUDA path has not run here either). A refused file (older generation,
-missing, corrupt or truncated, not fitting) changes nothing. A handed-off copy refuses a
-plain `activate` and weight imports: its state is in the file.
+continue as if one process had done it all (bit for bit, on CPU and, with deterministic
+kernels, on an H200: `tests/unit/worker/test_worker_cuda.py`). A refused file (older
+generation, missing, corrupt or truncated, not fitting) changes nothing. A handed-off
+copy refuses a plain `activate` and weight imports: its state is in the file.
 
 Limits: one device per service (no FSDP/TP sharding here); generation is not offered by
-this backend (a rollout engine is `vllm`, or `tiny` for tests). The CUDA path has NOT
-run on a GPU in this project — the development machine has none; its test is marked
-`gpu`. The same class runs on CPU (`device="cpu"`), which is how the unit tests and the
+this backend (a rollout engine is `vllm`, or `tiny` for tests). The CUDA path ran on an
+H200 (torch 2.11) once; its tests are marked `gpu` (CI has no GPU). The same class runs
+on CPU (`device="cpu"`), which is how the unit tests and the
 `tiny` backend exercise every line except the CUDA calls.
 """
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import os
+
 import pytest
 import torch
 
-from slurmrl.worker.offload import Offloader
+from slurmrl.worker import offload
+from slurmrl.worker.offload import ALLOC_CONF_ENV, PINNED_EXACT, Offloader, pin_exactly
 
 
 def test_offload_frees_and_onload_restores_exact_values() -> None:
@@ -130,3 +134,39 @@ def test_a_bare_cuda_device_is_taken_as_the_current_index(
     assert resolve_device("cuda") == torch.device("cuda", 1)
     assert resolve_device("cuda:0") == torch.device("cuda", 0)
     assert resolve_device("cpu") == torch.device("cpu")
+
+
+def test_pin_exactly_applies_the_setting_here_and_for_the_processes_started_from_here(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a fake setter (the CPU torch here accepts any key): what a torch that knows the
+    # key does. vLLM's engine runs in a child process: it gets the setting by env.
+    took: list[str] = []
+    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", took.append,
+                        raising=False)
+    monkeypatch.setenv(ALLOC_CONF_ENV, "expandable_segments:True")
+    assert pin_exactly() is True
+    assert took == [PINNED_EXACT]
+    assert os.environ[ALLOC_CONF_ENV] == f"expandable_segments:True,{PINNED_EXACT}"
+    assert pin_exactly() and os.environ[ALLOC_CONF_ENV].count(PINNED_EXACT) == 1
+
+
+@pytest.mark.parametrize("refusal", ["raises", "missing"])
+def test_pin_exactly_where_torch_refuses_the_key_warns_and_changes_nothing(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        refusal: str) -> None:
+    # torch 2.11 on an H200: "Unrecognized key 'pinned_max_round_threshold_mb' in CUDA
+    # allocator config." Put in the environment, it failed every CUDA start.
+    def refuse(_: str) -> None:
+        raise ValueError("Unrecognized key 'pinned_max_round_threshold_mb' in CUDA "
+                         "allocator config.")
+
+    if refusal == "raises":
+        monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", refuse,
+                            raising=False)
+    else:
+        monkeypatch.delattr(torch._C, "_accelerator_setAllocatorSettings", raising=False)
+    monkeypatch.delenv(ALLOC_CONF_ENV, raising=False)
+    with caplog.at_level(logging.WARNING, logger=offload.__name__):
+        assert pin_exactly() is False
+    assert ALLOC_CONF_ENV not in os.environ
+    assert "rounded up to a power of two" in caplog.text and PINNED_EXACT in caplog.text
