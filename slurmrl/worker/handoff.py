@@ -507,6 +507,11 @@ def _check_entry(entry: Any, index: int, data_bytes: int,
     return key, dtype, shape, offset, nbytes
 
 
+#: the deepest a state file's state may nest (a trainer's is 5 levels: optimizer, state,
+#: parameter, moment, tensor)
+MAX_DEPTH = 64
+
+
 class _Decoder:
     """The state tree from its JSON, each `$tensor` replaced by its view."""
 
@@ -516,6 +521,10 @@ class _Decoder:
         self.used: set[int] = set()
 
     def decode(self, obj: Any, path: _Path) -> Any:
+        if len(path) > MAX_DEPTH:  # not left to Python's recursion limit, which
+            # Python 3.12 reaches at twice the depth 3.11 did (inlined comprehensions)
+            raise BackendError(f"{self.bad}: its state is nested too deeply (over "
+                               f"{MAX_DEPTH} levels)")
         if isinstance(obj, list):
             return [self.decode(v, [*path, i]) for i, v in enumerate(obj)]
         if not isinstance(obj, dict):
