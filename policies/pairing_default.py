@@ -252,7 +252,10 @@ class ComplementaryPairing:
         costs only the extra GPU while it waits (docs/benchmarks.md measures both). Where
         only G GPUs are free the job opens a pool of G (`_place_one`), not wait for G + s."""
         g = job.request.gpus
-        if self.open_staggered and shareable(job) and self.staggerable(job, job):
+        # no staggered pool fits the node: nothing to predict (a pair with itself on one
+        # window was simulated for each such job, a third of a batch's simulations)
+        if (self.open_staggered and self.shift(g, node) and shareable(job)
+                and self.staggerable(job, job)):
             got = self.pair(job, job, limits, limit=limits.max_slowdown, node=node)
             if got is not None and got[1] > g:
                 return got[1]
