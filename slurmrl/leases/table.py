@@ -80,6 +80,9 @@ class LeaseTable:
         self._stats: dict[int, JobSliceStats] = {}  #: with each member's max_slowdown
         self._window: dict[int, frozenset[int]] = {}  #: member -> the GPUs it may ask for
         self._cover: dict[int, int] | None = None  #: GPU -> windows covering it (cache)
+        #: member -> the pool's GPUs in the order its shrunk lease keeps them (cache,
+        #: cleared with `_cover`)
+        self._keep: dict[int, tuple[int, ...]] = {}
 
     # -- reading -------------------------------------------------------------------
     @property
@@ -115,6 +118,7 @@ class LeaseTable:
         if gpus is not None:
             self._window[job_id] = frozenset(gpus)
             self._cover = None
+        self._keep.clear()
         s = self._stats.get(job_id, JobSliceStats(job_id))
         self._stats[job_id] = replace(s, max_slowdown=max_slowdown)
 
@@ -270,10 +274,14 @@ class LeaseTable:
         if keep == len(lease.gpus):
             return []
         if gpus is None:
-            cover = self._coverage()
-            mine = self._window.get(lease.job_id, frozenset())
-            kept = frozenset(sorted(lease.gpus, key=lambda g: (
-                cover.get(g, 0) - (g in mine), g))[:keep])
+            held = lease.gpus
+            kept = frozenset(itertools.islice(
+                (g for g in self._keep_order(lease.job_id) if g in held), keep))
+            if len(kept) < keep:  # a GPU outside the pool's (none should be): as before
+                cover = self._coverage()
+                mine = self._window.get(lease.job_id, frozenset())
+                kept = frozenset(sorted(held, key=lambda g: (
+                    cover.get(g, 0) - (g in mine), g))[:keep])
         smaller = lease.with_gpus(kept)
         self._leases[lease_id] = smaller
         return [Shrunk(smaller, lease.gpus - kept), *self._schedule(now)]
@@ -352,6 +360,7 @@ class LeaseTable:
             raise LeaseError(f"GPUs to add must be new to pool {self.pool_id}, got "
                              f"{sorted(new)}")
         self.gpus |= new
+        self._keep.clear()
         if window:
             for rid, req in list(self._waiting.items()):
                 if req.options and all(len(o) == len(new) for o in req.options):
@@ -368,6 +377,7 @@ class LeaseTable:
         for job_id, window in list(self._window.items()):
             self._window[job_id] = window - gone
         self._cover = None
+        self._keep.clear()
         return self._schedule(now)
 
     def can_retire(self, gpus: Iterable[int]) -> bool:
@@ -438,6 +448,7 @@ class LeaseTable:
         self._stats.pop(job_id, None)
         self._window.pop(job_id, None)
         self._cover = None
+        self._keep.clear()
         return events + self._schedule(now)
 
     def close(self, now: float, reason: str) -> list[Event]:
@@ -463,6 +474,7 @@ class LeaseTable:
         self._leases, self._waiting = dict(state.leases), dict(state.waiting)
         self._stats, self._window = dict(state.stats), dict(state.window)
         self._cover = None
+        self._keep.clear()
 
     def restore(self, leases: Sequence[Lease], waiting: Sequence[PhaseRequest],
                 stats: Sequence[JobSliceStats] = ()) -> None:
@@ -498,6 +510,18 @@ class LeaseTable:
             self._cover = cover
         return self._cover
 
+    def _keep_order(self, job_id: int) -> tuple[int, ...]:
+        """The pool's GPUs in the order a shrink keeps the member's: those the fewest
+        other members' windows cover first (its own window's count as one fewer), lowest
+        first among equals."""
+        order = self._keep.get(job_id)
+        if order is None:
+            cover = self._coverage()
+            mine = self._window.get(job_id, frozenset())
+            order = self._keep[job_id] = tuple(sorted(
+                self.gpus, key=lambda g: (cover.get(g, 0) - (g in mine), g)))
+        return order
+
     def _schedule(self, now: float) -> list[Event]:
         # a grant updates the member's slice stats, and a policy may order by them
         # (round-robin does): a waiter that was behind the granted job's other request
@@ -518,7 +542,7 @@ class LeaseTable:
         if not self._waiting:
             return []
         ids = [r.request_id for r in self.policy.order(self.view(now))]
-        if sorted(ids) != sorted(self._waiting):
+        if len(ids) != len(self._waiting) or not self._waiting.keys() == set(ids):
             raise LeaseError(
                 f"slice policy {self.policy.name!r} must order every waiting request once"
             )

@@ -43,26 +43,29 @@ def start(sim: Simulation, pool: Pool, run: JobRun, t: float, granted: int) -> N
 
 
 def roll_speed(sim: Simulation, run: JobRun) -> float:
-    return min(1.0, run.roll_gpus / max(1, run.roll_need))
+    need = run.roll_need
+    speed = run.roll_gpus / (need if need > 1 else 1)
+    return 1.0 if speed > 1.0 else speed
 
 
 def roll_advance(sim: Simulation, run: JobRun) -> None:
     """Bring the rollout's progress up to now at the speed it had since roll_t."""
     if sim.now > run.roll_t:
-        _, seconds = sim._segment(run)
+        seconds = run.job.steps[run.step][run.seg].seconds
         run.roll_f += (sim.now - run.roll_t) * roll_speed(sim, run) / max(seconds, 1e-12)
         run.roll_t = sim.now
 
 
 def roll_schedule(sim: Simulation, run: JobRun) -> None:
     """Push the rollout's next checkpoint: its next tail point, or its end."""
-    _, seconds = sim._segment(run)
+    seconds = run.job.steps[run.step][run.seg].seconds
     tail = run.job.tail
     target = tail[run.roll_i][0] if run.roll_i < len(tail) else 1.0
     run.roll_token += 1
-    if roll_speed(sim, run) <= 0:
+    speed = roll_speed(sim, run)
+    if speed <= 0:
         return  # its sequences are moving (`pack`): rescheduled once they work again
-    left = max(0.0, target - run.roll_f) * seconds / roll_speed(sim, run)
+    left = max(0.0, target - run.roll_f) * seconds / speed
     sim._push(max(sim.now, run.roll_t) + left, "roll",
               (run.job.job_id, run.token, run.roll_token))
 

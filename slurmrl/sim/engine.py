@@ -115,6 +115,9 @@ from slurmrl.sim.workload import DEFAULT_GPUS_PER_NODE, SimJob
 PARTITION = "pools"
 
 
+#: events that end or cut a lease (a tuple: a `|` union is built anew at each check)
+_RETIRING = (Shrunk, Moved, Released, Revoke)
+
 class SimError(RuntimeError):
     """The simulation reached an impossible state: a bug in a policy or the simulator."""
 
@@ -710,7 +713,7 @@ class Simulation:
             if isinstance(ev, Grant):
                 self._granted(pool, self.runs[ev.lease.job_id], ev)
                 continue
-            if isinstance(ev, Shrunk | Moved | Released | Revoke):
+            if isinstance(ev, _RETIRING):
                 freed = freed or not isinstance(ev, Moved)
                 retired = retired or not isinstance(ev, Revoke)
                 if ev.lease is not None:
