@@ -9,6 +9,7 @@ pools itself; the test does by hand what it will do).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -106,6 +107,20 @@ class ControllerProc:
     def admin(self) -> RpcClient:
         """An RPC client as root (an admin)."""
         return RpcClient(self.url, retry_for_s=10.0)
+
+
+def raw_call(url: str, method: str, path: str, body: bytes, headers: dict[str, str],
+             ) -> tuple[int, dict[str, Any]]:
+    """One request to the controller at `url` exactly as given (headers and all, no
+    client): its status and JSON answer."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
 
 
 def wait_running(jobs: Any, job_id: int, timeout_s: float = 60.0) -> None:

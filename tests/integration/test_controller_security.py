@@ -9,7 +9,6 @@ admin) sees all.
 
 from __future__ import annotations
 
-import http.client
 import json
 from pathlib import Path
 from typing import Any
@@ -21,22 +20,11 @@ from tests.integration.controller_harness import (
     ControllerProc,
     driver_script,
     holder_pool,
+    raw_call,
     read_out,
     wait_output,
     wait_running,
 )
-
-
-def _raw(url: str, method: str, path: str, body: bytes, headers: dict[str, str],
-         ) -> tuple[int, dict[str, Any]]:
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    try:
-        conn.request(method, path, body=body, headers=headers)
-        resp = conn.getresponse()
-        return resp.status, json.loads(resp.read())
-    finally:
-        conn.close()
 
 
 def test_users_act_only_on_their_own_jobs(controller: ControllerProc, jobs,  # type: ignore[no-untyped-def]
@@ -93,20 +81,20 @@ def test_users_act_only_on_their_own_jobs(controller: ControllerProc, jobs,  # t
 
 def test_bad_credentials_are_refused(controller: ControllerProc) -> None:
     url, path = controller.url, "/v1/jobs"
-    status, ans = _raw(url, "GET", path, b"", {})
+    status, ans = raw_call(url, "GET", path, b"", {})
     assert status == 401 and ans["error"]["code"] == "auth-missing"
-    status, ans = _raw(url, "GET", path, b"", {"Authorization": "MUNGE MUNGE:AAAAforged:"})
+    status, ans = raw_call(url, "GET", path, b"", {"Authorization": "MUNGE MUNGE:AAAAforged:"})
     assert status == 401 and ans["error"]["code"] in ("auth-invalid", "auth-malformed")
-    status, ans = _raw(url, "GET", path, b"", {"Authorization": "Bearer x"})
+    status, ans = raw_call(url, "GET", path, b"", {"Authorization": "Bearer x"})
     assert status == 401 and ans["error"]["code"] == "auth-malformed"
     other = sign_request("GET", "/v1/pools")
-    status, ans = _raw(url, "GET", path, b"", {"Authorization": other})
+    status, ans = raw_call(url, "GET", path, b"", {"Authorization": other})
     assert status == 401 and ans["error"]["code"] == "auth-mismatch"
 
     good = sign_request("GET", path)
-    status, _ = _raw(url, "GET", path, b"", {"Authorization": good})
+    status, _ = raw_call(url, "GET", path, b"", {"Authorization": good})
     assert status == 200
-    status, ans = _raw(url, "GET", path, b"", {"Authorization": good})
+    status, ans = raw_call(url, "GET", path, b"", {"Authorization": good})
     assert status == 401 and ans["error"]["code"] == "auth-replayed"
 
 

@@ -8,14 +8,12 @@ not an admin's); after a controller restart the client opens a new session by it
 
 from __future__ import annotations
 
-import http.client
 import json
-from typing import Any
 
 from slurmrl.auth.requests import sign_request
 from slurmrl.auth.sessions import sign
 from slurmrl.client.rpc import RpcClient
-from tests.integration.controller_harness import VENV_PY, ControllerProc
+from tests.integration.controller_harness import VENV_PY, ControllerProc, raw_call
 
 AS_USER = """
 import json, sys
@@ -31,21 +29,9 @@ print(json.dumps(out))
 """
 
 
-def _raw(url: str, method: str, path: str, body: bytes, headers: dict[str, str],
-         ) -> tuple[int, dict[str, Any]]:
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    try:
-        conn.request(method, path, body=body, headers=headers)
-        resp = conn.getresponse()
-        return resp.status, json.loads(resp.read())
-    finally:
-        conn.close()
-
-
 def _open(url: str) -> tuple[str, str]:
     body = b'{"job_id": null}'
-    status, ans = _raw(url, "POST", "/v1/sessions", body,
+    status, ans = raw_call(url, "POST", "/v1/sessions", body,
                        {"Authorization": sign_request("POST", "/v1/sessions", body)})
     assert status == 200, ans
     assert ans["session"]["uid"] == 0
@@ -56,30 +42,30 @@ def test_session_requests_are_checked_like_munge_ones(controller: ControllerProc
     url = controller.url
     sid, key = _open(url)
     h = sign(sid, key, "GET", "/v1/jobs?all=1")
-    status, ans = _raw(url, "GET", "/v1/jobs?all=1", b"", h)
+    status, ans = raw_call(url, "GET", "/v1/jobs?all=1", b"", h)
     assert status == 200 and "jobs" in ans
-    status, ans = _raw(url, "GET", "/v1/jobs?all=1", b"", h)  # the same request again
+    status, ans = raw_call(url, "GET", "/v1/jobs?all=1", b"", h)  # the same request again
     assert status == 401 and ans["error"]["code"] == "auth-replayed"
 
     forged = sign(sid, "k" * 43, "GET", "/v1/jobs")
-    status, ans = _raw(url, "GET", "/v1/jobs", b"", forged)
+    status, ans = raw_call(url, "GET", "/v1/jobs", b"", forged)
     assert status == 401 and ans["error"]["code"] == "auth-invalid"
     altered = sign(sid, key, "GET", "/v1/pools")
-    status, ans = _raw(url, "GET", "/v1/jobs", b"", altered)
+    status, ans = raw_call(url, "GET", "/v1/jobs", b"", altered)
     assert status == 401 and ans["error"]["code"] == "auth-invalid"
     old = sign(sid, key, "GET", "/v1/jobs", now=0)
-    status, ans = _raw(url, "GET", "/v1/jobs", b"", old)
+    status, ans = raw_call(url, "GET", "/v1/jobs", b"", old)
     assert status == 401 and ans["error"]["code"] == "auth-expired"
     unknown = sign("f" * 32, key, "GET", "/v1/jobs")
-    status, ans = _raw(url, "GET", "/v1/jobs", b"", unknown)
+    status, ans = raw_call(url, "GET", "/v1/jobs", b"", unknown)
     assert status == 401 and ans["error"]["code"] == "auth-no-session"
 
     body = b'{"job_id": null}'
-    status, ans = _raw(url, "POST", "/v1/sessions", body, sign(sid, key, "POST",
+    status, ans = raw_call(url, "POST", "/v1/sessions", body, sign(sid, key, "POST",
                                                                "/v1/sessions", body))
     assert status == 401 and ans["error"]["code"] == "auth-mismatch"
     # MUNGE-signed requests keep working beside sessions
-    status, _ = _raw(url, "GET", "/v1/jobs", b"",
+    status, _ = raw_call(url, "GET", "/v1/jobs", b"",
                      {"Authorization": sign_request("GET", "/v1/jobs")})
     assert status == 200
 
