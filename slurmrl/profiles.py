@@ -248,7 +248,9 @@ class ProfileBuilder:
         if phase is Phase.TRAIN or phase is Phase.SYNC:
             self._current_trained = True
         self._step_sum[phase] = self._step_sum.get(phase, 0.0) + d
-        buf = self._durations.setdefault(phase, deque(maxlen=self.window))
+        buf = self._durations.get(phase)
+        if buf is None:  # (not setdefault: that built a deque at every observation)
+            buf = self._durations[phase] = deque(maxlen=self.window)
         buf.append(d)
         prev = self._ewma.get(phase)
         self._ewma[phase] = d if prev is None else prev + self.alpha * (d - prev)
