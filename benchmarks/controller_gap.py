@@ -181,47 +181,44 @@ Means over {seeds} seeds x (steady, bursty), max over runs.
 
 {table}
 
-Reading (at 1.15 mostly disaggregated pairs, the other workloads saving 0.8-11.1% as
-designed; every job declares its steps, `--rl-steps`). The controller rows learn no
-prior from other jobs, as the controller (since commit 35eaeec; before, they learned
-each new job's rollout share from its peers as the designed row does, which the
-controller never did, and read 3-8 points higher: e.g. replicas + migration at 1.5 on
-agentic-tools 28.8%, polytrace-mix 16.9%, disaggregated 35.9%, and at 1.15 on
-disaggregated 21.2%):
+Reading (re-measured on the suite as corrected on 2026-11-27, commit 1134820: at 1.15
+every workload saves 0.6-14.7% as designed; every job declares its steps, `--rl-steps`).
+The controller rows learn no prior from other jobs, as the controller (since commit
+35eaeec; before, they learned each new job's rollout share from its peers as the
+designed row does, which the controller never did, and read 3-8 points higher on the
+suite of then):
 - **Replicas consolidating their tail recover part of the designed system's
-  savings**: agentic-tools 22.3% (designed 29.2%) and polytrace-mix 13.7% (18.6%) at
-  1.5, disaggregated 13.3% (21.6%) at 1.15 and 32.5% (38.4%) at 1.5, long-cot 14.2%
-  (18.2%) at 1.5, where one engine saves 17.2%, 6.6%, 11.2%, 29.1% and 1.1%; at about
-  the designed p95 (disaggregated at 1.15: 1.146 against 1.147; at 1.5: 1.348 against
-  1.357). What is left is the rounding of the tail to whole replicas and, mostly, the
-  priors: a new job is placed on the controller's prior (its rollout holds its whole
-  set) until its own leases show its tail, where the designed row's new jobs start from
-  their peers' observed share. The rounds' prefills are not priced here. The controller
-  does this with `round_tokens` and `job.phase("rollout", min_gpus=G/2)`
+  savings**: at 1.5, agentic-tools 22.1% (designed 29.7%), polytrace-mix 12.2% (18.8%),
+  long-cot 13.8% (18.5%) and math-sync 4.1% (6.0%), where one engine saves 18.6%,
+  6.4%, 1.0% and 1.6%. What is left is the rounding of the tail to whole replicas and,
+  mostly, the priors: a new job is placed on the controller's prior (its rollout holds
+  its whole set) until its own leases show its tail, where the designed row's new jobs
+  start from their peers' observed share. The rounds' prefills are not priced here. The
+  controller does this with `round_tokens` and `job.phase("rollout", min_gpus=G/2)`
   (docs/pools.md); the simulator measures it, no real rollout has shown it (the `tiny`
   model's rounds take milliseconds).
-- **Growing back as the controller does adds up to 1.2 points**: polytrace-mix 14.9% at
-  1.5 (p95 1.412 -> 1.400), math-sync 5.7% at 1.5 (4.4% without), long-cot 14.7% at
-  1.5 (p95 1.461 -> 1.421), disaggregated 13.8% at 1.15 (p95 1.146 -> 1.116) and
-  32.5% at 1.5 (p95 1.348 -> 1.296), agentic-tools 22.6% (22.3% without).
+- **Growing back as the controller does adds up to 1.7 points**: math-sync 5.8% at 1.5
+  (4.1% without, p95 1.538 -> 1.468), polytrace-mix 13.6% (12.2%), long-cot 14.7%
+  (13.8%, p95 1.493 -> 1.450); agentic-tools gains nothing (22.0% against 22.1%) and
+  disaggregated loses (18.2% against 20.2%).
 - **Without moving sequences, replicas free GPUs late**: with 1-GPU replicas of a
   `heavy` tail the first GPU frees after ~41% of the rollout and the last-but-one after
   ~82% (`replica_tail_points("heavy", 8, 1)`), where a consolidated tail is down to half
   the set after 11% and to one GPU after 26% (`tail_points("heavy", 8)`); on math tails
   the replicas end within ~20% of each other. Growing without rounds (`replicas +
-  grow`) saves 21.8% on agentic-tools at 1.5 (one engine 17.2%), 8.2% on polytrace-mix
-  (6.6%), 4.0% on long-cot (1.1%); on disaggregated at 1.15 it saves less than one
-  engine (10.1% against 11.2%).
-- **Growing adds up to 3.0 points** over replicas alone (agentic-tools at 1.5; 1.8 on
-  polytrace-mix, 2.5 on long-cot). Started on half the set without growing or moving
+  grow`) saves 20.0% on agentic-tools at 1.5 (one engine 18.6%), 9.2% on polytrace-mix
+  (6.4%), 4.2% on long-cot (1.0%).
+- **Growing adds up to 2.7 points** over replicas alone (polytrace-mix at 1.5; 2.7 on
+  long-cot, 0.8 on agentic-tools). Started on half the set without growing or moving
   sequences, a rollout runs at half speed to its end (measured in an earlier revision
   with the `replicas` row so: disaggregated at 1.15, 3.8% at p95 1.41, max 1.83), hence
   the whole set for replicas without rounds (the controller grows those only while
   micro-batches wait unstarted, which the row's even split does not model).
-- On disaggregated the rows without rounds save less than "controller today" (1.15:
-  10.1-10.2% against 11.2%; 1.5: 28.0-28.9% against 29.1%): with replicas the profiles
-  learn a held share below the whole set and the policy forms other pairs; measured,
-  not tuned.
+- **Disaggregated is the exception**: there every controller row saves about what the
+  designed one does, or more at a higher p95 (1.15: 5.1-8.0% at p95 1.21-1.28 against
+  4.5% at 1.137; 1.5: 18.2-20.5% against 21.5%). Its jobs' rollout and training sets
+  are apart, the tail matters less than the pairing, and on the controller's priors the
+  policy forms more pairs than the designed row's learned ones allow; measured, not tuned.
 Staggered pools would widen the gap where a pool of G + 1 fits one node (none on the
 suite's 8-GPU nodes). Until an earlier round the controller used the designed prior (a
 tail-shrunk rollout holds 55% of its set), which placed jobs more optimistically than

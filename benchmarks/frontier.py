@@ -408,8 +408,9 @@ limit, its p95 is above 1.00, so such rows read "not beaten":
 
 How much of this is noise, over seeds 0-2 (steady and bursty, 6 runs a point, standard
 errors in brackets; `python benchmarks/noise.py -w agentic-tools -w polytrace-mix -w
-long-cot -w disaggregated --seeds 3`, the same simulations as this run's and one more
-seed; at this revision): on agentic-tools the default saves 28.2% (1.1) at p95 1.216
+long-cot -w disaggregated --seeds 3`, the same simulations as this run's then and one
+more seed; on the workload suite before its 2026-11-27 correction, commit 1134820, and
+not re-run since: the verdicts above are the corrected suite's): on agentic-tools the default saves 28.2% (1.1) at p95 1.216
 (0.008) at L = 1.4 and 30.1% (1.4) at 1.219 (0.007) at 1.5, against `greedy`'s 30.4%
 (1.2) at 1.228 (0.005), and its curve gives 30.4% at that p95: a tie (over the two seeds
 above, run by run, 3.0 points short, standard error 2.9). On polytrace-mix its curve
@@ -433,7 +434,7 @@ p95 read 23.1% at `greedy`'s p95 where the frontier reads 29.4%.
 Two of the policy's own settings do not turn these verdicts (`python
 benchmarks/what_if.py --what-if-param max_group=2 -w polytrace-mix -w agentic-tools -L
 1.35 -L 1.5 -L 1.75`, and the same with `single=best-fit`; seeds 0-1, at commit
-a505d24). Pools of two only (no groups of three) give the same figures on polytrace-mix
+a505d24, on the suite before 1134820). Pools of two only (no groups of three) give the same figures on polytrace-mix
 and at L = 1.35-1.5 on agentic-tools, and at 1.75 28.5% at p95 1.331 (28.9% at 1.394),
 a p95 0.009 above `greedy`'s. Single arrivals placed in the pool of most gain instead
 of the oldest that accepts them give polytrace-mix 11.0% at p95 1.327 and 15.0% at
@@ -457,7 +458,7 @@ GPU-hours at any L). Its verdicts, read as above:
 
 {capped_verdicts}
 
-Over seeds 0-2 (`benchmarks/noise.py` as above) the cap beats `greedy` on polytrace-mix
+Over seeds 0-2 (`benchmarks/noise.py` as above, on the suite before 1134820) the cap beats `greedy` on polytrace-mix
 at L = 1.75 (16.5% (1.1) at p95 1.334 (0.028), against 16.0% (1.0) at 1.353 (0.037))
 and on long-cot at 1.75 (22.2% (1.0) at 1.538, against 22.2% (1.0) at 1.718), and on
 agentic-tools its curve gives 31.1% at `greedy`'s p95 (29.4% (1.4) at 1.216 at L = 1.5,
