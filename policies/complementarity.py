@@ -26,15 +26,22 @@ simulation uses the profiles' quantiles, not their full distributions.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies import floatsim
 from policies.base import JobSnapshot, PoolSnapshot, SiteLimits
-from policies.groupsim import ELASTIC_MIN, NEEDS_GPU, TAIL, SimKey, simulate_group
+from policies.groupsim import (
+    CUT_MARGIN,
+    ELASTIC_MIN,
+    NEEDS_GPU,
+    TAIL,
+    SimKey,
+    simulate_group_within,
+)
 from slurmrl.model import Layout, Mux, Phase
 from slurmrl.profiles import Profile, prior_for_model, profile_from_prior
 
@@ -468,8 +475,8 @@ def predict(members: Sequence[JobSnapshot], steps: int = 6,
         return GroupPrediction(tuple(max(s, load) for s in f.slowdowns), f.utilisation,
                                f.round_s, f.extra)
     offs = tuple(offsets) if offsets is not None else (0,) * len(members)
-    return GroupPrediction(_simulate_scaled(fs, steps, offs, pool_gpus), f.utilisation,
-                           f.round_s, f.extra)
+    return GroupPrediction(_simulate_scaled(fs, steps, offs, pool_gpus, bound),
+                           f.utilisation, f.round_s, f.extra)
 
 
 #: bytes per second a park or an activate copies per GPU (PCIe, pinned), and its fixed
@@ -533,7 +540,8 @@ def _rotated(step: list[tuple[float, int]], at: float) -> list[tuple[float, int]
 
 
 def _simulate_scaled(fs: Sequence[_Facts], steps: int, offsets: Sequence[int],
-                     pool_gpus: int | None) -> tuple[float, ...]:
+                     pool_gpus: int | None, bound: float | None = None,
+                     ) -> tuple[float, ...]:
     # slowdowns do not change when every duration is scaled alike: durations relative to
     # the group's longest step, at 2 significant digits, in a canonical member order, let
     # similar groups share one cached simulation
@@ -541,20 +549,49 @@ def _simulate_scaled(fs: Sequence[_Facts], steps: int, offsets: Sequence[int],
     keys = [((*x.sets, tuple((ph, float(f"{d / scale:.2g}")) for ph, d in x.segs)), o)
             for x, o in zip(fs, offsets, strict=True)]
     order = sorted(range(len(keys)), key=keys.__getitem__)
-    out = _simulate_cached(tuple(keys[i] for i in order), steps, pool_gpus)
+    out = _simulate_cached(tuple(keys[i] for i in order), steps, pool_gpus, bound)
     res = [1.0] * len(keys)
     for k, i in enumerate(order):
         res[i] = out[k]
     return tuple(res)
 
 
-@functools.lru_cache(maxsize=65536)
+_SimCacheKey = tuple[tuple[tuple[SimKey, int], ...], int, int | None]
+#: whole simulations, and runs stopped over a bound (`simulate_group_within`), by key
+_SIMULATED: OrderedDict[_SimCacheKey, tuple[float, ...]] = OrderedDict()
+_OVER: OrderedDict[_SimCacheKey, tuple[float, ...]] = OrderedDict()
+_SIM_CACHE_SIZE = 65536
+
+
+def _remember(cache: OrderedDict[_SimCacheKey, tuple[float, ...]], key: _SimCacheKey,
+              value: tuple[float, ...]) -> None:
+    cache[key] = value
+    if len(cache) > _SIM_CACHE_SIZE:
+        cache.popitem(last=False)
+
+
 def _simulate_cached(key: tuple[tuple[SimKey, int], ...], steps: int,
-                     pool_gpus: int | None) -> tuple[float, ...]:
-    return simulate_group([k for k, _ in key], steps, [o for _, o in key], pool_gpus)
+                     pool_gpus: int | None, bound: float | None = None,
+                     ) -> tuple[float, ...]:
+    """The group's simulated slowdowns, remembered; with `bound`, possibly a run stopped
+    once a member is sure to exceed it (enough to refuse the group: the only use of a
+    bound), remembered apart and reused for a bound it also exceeds."""
+    ck = (key, steps, pool_gpus)
+    got = _SIMULATED.get(ck)
+    if got is not None:
+        _SIMULATED.move_to_end(ck)
+        return got
+    over = _OVER.get(ck)
+    if over is not None and bound is not None and max(over) > bound * (1 + CUT_MARGIN):
+        return over
+    out, whole = simulate_group_within([k for k, _ in key], bound, steps,
+                                       [o for _, o in key], pool_gpus)
+    _remember(_SIMULATED if whole else _OVER, ck, out)
+    return out
 
 
 def clear_caches() -> None:
     """Forget memoised per-job facts and group simulations (cold-start benchmarks)."""
     _FACTS.clear()
-    _simulate_cached.cache_clear()
+    _SIMULATED.clear()
+    _OVER.clear()

@@ -44,6 +44,7 @@ the other's tail), so a pair that starts otherwise may run better than predicted
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 
 from slurmrl.model import Phase
@@ -65,6 +66,8 @@ NEEDS_GPU = {p.value: p.needs_gpu for p in Phase}
 NEEDS_GPU[TAIL] = True
 
 GAP, REQUEST, SHRINK = 0, 1, 2
+#: how far over `bound` a member's sure lower bound must be before a run stops early
+CUT_MARGIN = 1e-9
 
 
 def _plan(members: Sequence[SimKey], steps: int, offsets: Sequence[int],
@@ -142,11 +145,36 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
 
     By default every member's window is the pool's GPUs 0..G-1; a staggered pool gives
     each member's first GPU in `offsets` and the pool's size in `pool_gpus`."""
+    return simulate_group_within(members, None, steps, offsets, pool_gpus)[0]
+
+
+def simulate_group_within(members: Sequence[SimKey], bound: float | None, steps: int = 6,
+                          offsets: Sequence[int] | None = None,
+                          pool_gpus: int | None = None,
+                          ) -> tuple[tuple[float, ...], bool]:
+    """`simulate_group`, stopping as soon as some member's slowdown is sure to exceed
+    `bound` (None: never); and whether it ran to the end. Stopped, it gives for that
+    member a value above `bound` that its slowdown is at least, and 1.0 for the others:
+    enough to refuse the group, not a prediction. Why it is sure: a member's work grows
+    at most as fast as the clock, so its lag (time minus solo work done) never shrinks,
+    and its work at the end is at most its whole plan's; so its slowdown at the end is
+    at least 1 + lag now / whole plan. A group within `bound` runs to the end, with the
+    same result as without one (a pairing batch refuses most candidate groups: their
+    runs stop about half way)."""
     n = len(members)
     offs, size, keep_order = _windows(members, offsets, pool_gpus)
     full = (1 << size) - 1
     segs, total = _plan(members, steps, offs)
     lens = [len(s) for s in segs]
+    # with a bound, per member: its whole plan's solo work, the lag beyond which it is
+    # sure to end above the bound (a hair over it: rounding must never refuse a group
+    # the full run would accept), and the solo work of its finished segments
+    whole = cut_lag = None
+    if bound is not None:
+        whole = [sum(segs[j][i % lens[j]][3] for i in range(total[j])) for j in range(n)]
+        cut_lag = [(bound * (1 + CUT_MARGIN) - 1.0) * w if w > 0 else math.inf
+                   for w in whole]  # (a plan of no work: its slowdown is not bounded)
+    done_w = [0.0] * n
     # a tail keeps the lowest GPU it holds where its keep order is ascending (always,
     # unless the pool is staggered): the mask's lowest bit, without the search
     lowest = [list(k) == sorted(k) for k in keep_order]
@@ -227,7 +255,12 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
         p = pos[j] = pos[j] + 1
         running[j] = None
         if p >= total[j]:
-            return _horizon(segs, pos, running, now)
+            return _horizon(segs, pos, running, now), True
+        if cut_lag is not None and whole is not None:
+            done_w[j] += segs[j][(p - 1) % lens[j]][3]
+            if now - done_w[j] > cut_lag[j]:
+                return tuple(1.0 + (now - done_w[j]) / whole[j] if i == j else 1.0
+                             for i in range(n)), False
         nxt, nmask, _, nd = segs[j][p % lens[j]]
         if nxt == REQUEST and held[j] == nmask and may_switch(j, nmask, now):
             # its next phase runs on the GPUs it holds: LeaseTable.switch
@@ -244,7 +277,7 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
             if waiting:
                 schedule(now)
         start(j, now)
-    return (1.0,) * n
+    return (1.0,) * n, True
 
 
 def simulate_group_table(members: Sequence[SimKey], steps: int = 6,

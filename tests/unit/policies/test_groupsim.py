@@ -5,7 +5,13 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.groupsim import TAIL, SimKey, simulate_group, simulate_group_table
+from policies.groupsim import (
+    TAIL,
+    SimKey,
+    simulate_group,
+    simulate_group_table,
+    simulate_group_within,
+)
 from slurmrl.model import Phase
 
 PHASES = [*(p.value for p in (Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC, Phase.REWARD, Phase.IDLE)),
@@ -30,6 +36,32 @@ def groups(draw: st.DrawFn) -> list[SimKey]:
 @given(groups())
 def test_fast_group_simulation_matches_the_lease_table(members: list[SimKey]) -> None:
     assert simulate_group(members) == simulate_group_table(members)
+
+
+@settings(max_examples=300, deadline=None)
+@given(groups(), st.sampled_from([1.0, 1.05, 1.15, 1.5, 2.0, 5.0]))
+def test_a_run_stopped_at_a_bound_refuses_only_what_the_whole_run_refuses(
+        members: list[SimKey], bound: float) -> None:
+    # the pairing stops a candidate group's simulation once a member is sure to end
+    # above the bound: it must never stop one the whole run keeps within it, and what
+    # it gives that member must be a true lower bound of its slowdown
+    full = simulate_group(members)
+    got, whole = simulate_group_within(members, bound)
+    if whole:
+        assert got == full
+        return
+    assert max(full) > bound
+    (cut,) = [i for i, s in enumerate(got) if s != 1.0]
+    assert bound < got[cut] <= full[cut]
+
+
+def test_a_clearly_over_bound_pair_stops_early_with_a_member_above_it() -> None:
+    busy: SimKey = (0, 2, ((Phase.TRAIN.value, 10.0),))
+    full = simulate_group([busy, busy])
+    assert min(full) > 1.5
+    got, whole = simulate_group_within([busy, busy], 1.15)
+    assert not whole and max(got) > 1.15 and min(got) == 1.0
+    assert simulate_group_within([busy, busy], max(full) + 0.1) == (full, True)
 
 
 def test_two_jobs_that_both_need_the_set_all_the_time_slow_each_other_down() -> None:
