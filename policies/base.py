@@ -25,7 +25,8 @@ class SlicePolicy(Protocol):
 
     `order` returns every waiting request of `view` exactly once, most urgent first.
     The lease table grants in that order; a request that does not fit reserves its GPUs
-    so that nothing later in the order overtakes it on them (no starvation).
+    so that nothing later in the order overtakes it on them (no starvation). It is asked
+    only where two or more requests wait (one is its own order).
     """
 
     name: str

@@ -541,13 +541,16 @@ class LeaseTable:
     def _schedule_pass(self, now: float) -> list[Event]:
         if not self._waiting:
             return []
-        ids = [r.request_id for r in self.policy.order(self.view(now))]
-        if len(ids) != len(self._waiting) or not self._waiting.keys() == set(ids):
-            raise LeaseError(
-                f"slice policy {self.policy.name!r} must order every waiting request once"
-            )
-        # the table's own requests, in that order: a policy orders them, never edits them
-        order = [self._waiting[i] for i in ids]
+        if len(self._waiting) == 1:  # one waiter is its own order: no policy to ask
+            order = list(self._waiting.values())
+        else:
+            ids = [r.request_id for r in self.policy.order(self.view(now))]
+            if len(ids) != len(self._waiting) or not self._waiting.keys() == set(ids):
+                raise LeaseError(
+                    f"slice policy {self.policy.name!r} must order every waiting request "
+                    "once")
+            # the table's own requests, in that order: a policy orders them, never edits
+            order = [self._waiting[i] for i in ids]
         free = self._free()
         reserved: set[int] = set()
         events: list[Event] = []

@@ -369,8 +369,8 @@ async def test_a_job_cannot_release_another_jobs_lease() -> None:
 
 @run
 async def test_a_change_the_db_does_not_keep_is_undone_in_memory_too() -> None:
-    # the slice policy fails in the middle of a release (after the table let the lease
-    # go): the DB rolls back, so the table must too. Before, the table had let it go
+    # the table fails in the middle of a release (after it let the lease go, in its
+    # scheduling pass: a slice policy that raises, say): the DB rolls back, so the table must too. Before, the table had let it go
     # and the DB had not: the next acquire was granted GPUs the DB showed held by the
     # first lease (a double grant that a restart refused to load)
     store, pool, clock = _setup()
@@ -381,22 +381,19 @@ async def test_a_change_the_db_does_not_keep_is_undone_in_memory_too() -> None:
     waiter = asyncio.create_task(s.wait(b.request_id, 5.0))
     await asyncio.sleep(0)
     table = s.tables[pool]
-    sound = table.policy
 
-    class Broken:
-        name = "broken"
+    def broken(now: float) -> list[object]:
+        # (a slice policy that raised did this; with one waiter none is asked now)
+        raise ZeroDivisionError("float division by zero")
 
-        def order(self, view: object) -> list[object]:
-            raise ZeroDivisionError("float division by zero")
-
-    table.policy = Broken()  # type: ignore[assignment]
+    table._schedule = broken  # type: ignore[method-assign]
     clock.now += 1
     with pytest.raises(ZeroDivisionError):
         s.release(_job(store, 1), a.request_id, {})
     assert [x.lease_id for x in table.leases] == [a.request_id]  # as the DB has it
     assert [x.request_id for x in table.waiting] == [b.request_id]
     assert not waiter.done()  # told nothing: nothing happened
-    table.policy = sound
+    del table._schedule  # the table's own again
     s.release(_job(store, 1), a.request_id, {})
     lease = await waiter
     assert lease is not None and lease.job_id == 2
