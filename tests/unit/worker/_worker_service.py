@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from slurmrl.worker.protocol import Role, ServiceBackend
+from slurmrl.worker.protocol import GenerateParams, Role, ServiceBackend, TrainSample
 from slurmrl.worker.server import ServiceInfo, ServiceServer, serve
 from slurmrl.worker.tiny import TinyBackend
 
@@ -93,3 +93,17 @@ def host_port(address: str) -> tuple[str, int]:
     """Where the service named `address` (`host:port/launch`) listens."""
     host, port = address.partition("/")[0].rsplit(":", 1)
     return host, int(port)
+
+
+def train_batches(n: int, prompts: tuple[str, ...] = ("1+2=", "30*4=", "9-7="),
+                  ) -> list[list[TrainSample]]:
+    """n different policy-gradient batches (advantages 1, -0.5, 0.25) sampled by a
+    fresh tiny rollout: the same batches in every test that trains two copies alike."""
+    roll = TinyBackend(Role.ROLLOUT)
+    roll.load()
+    out = []
+    for i in range(n):
+        samples = roll.generate(list(prompts), GenerateParams(max_tokens=8, seed=i)).samples
+        out.append([s.with_advantage(a) for s, a in zip(samples, (1.0, -0.5, 0.25),
+                                                        strict=True)])
+    return out

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _worker_service import train_batches
 
 from slurmrl.auth.tokens import mint_secret
 from slurmrl.gpu.nvml import NvmlMonitor, reading_json, this_process_tree
@@ -31,8 +32,7 @@ from slurmrl.model import Residency
 from slurmrl.worker.cli import SECRET_ENV
 from slurmrl.worker.handle import ServiceHandle
 from slurmrl.worker.lm import WideLM
-from slurmrl.worker.protocol import GenerateParams, MemoryUse, Role, TrainSample
-from slurmrl.worker.tiny import TinyBackend
+from slurmrl.worker.protocol import MemoryUse, Role
 from slurmrl.worker.torch_backend import TorchModelBackend
 
 pytestmark = [
@@ -44,7 +44,6 @@ pytestmark = [
 # bit for bit (read when cuBLAS starts, so set before any product runs)
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-PROMPTS = ["1+2=", "30*4=", "9-7="]
 
 
 @pytest.fixture
@@ -57,17 +56,6 @@ def deterministic() -> Iterator[None]:
     yield
     torch.use_deterministic_algorithms(was[0])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = was[1], was[2]
-
-
-def _batches(n: int) -> list[list[TrainSample]]:
-    roll = TinyBackend(Role.ROLLOUT)
-    roll.load()
-    out = []
-    for i in range(n):
-        samples = roll.generate(PROMPTS, GenerateParams(max_tokens=8, seed=i)).samples
-        out.append([s.with_advantage(a) for s, a in zip(samples, (1.0, -0.5, 0.25),
-                                                        strict=True)])
-    return out
 
 
 def _make(role: Role = Role.TRAINER, dim: int = 512, layers: int = 4,
@@ -98,7 +86,7 @@ def _adam(b: TorchModelBackend) -> list[torch.Tensor]:
 
 def test_a_trainer_parked_between_steps_trains_on_as_one_never_parked(
         deterministic: None) -> None:
-    batches = _batches(4)
+    batches = train_batches(4)
     make = _make()
     reference = make()
     ref_losses = [reference.train_step(b)["loss"] for b in batches]
@@ -121,7 +109,7 @@ def test_a_park_gives_the_memory_back_to_the_driver_as_nvml_sees_it() -> None:
     assert mon.available, mon.reason
     me = this_process_tree()
     b = _make(dim=4096, layers=8)()  # 134M parameters: 2.1 GB with Adam's moments
-    batch = _batches(1)[0]
+    batch = train_batches(1)[0]
     b.train_step(batch)
     state = b.memory().device_bytes
     assert state >= 3 * 4 * 8 * 4096 * 4096
@@ -155,7 +143,7 @@ def test_nvml_reads_this_gpu_and_maps_cuda_visible_devices() -> None:
 
 def test_an_activation_that_finds_the_gpu_full_stays_parked_and_can_retry() -> None:
     b = _make(dim=2048, layers=4)()
-    batch = _batches(1)[0]
+    batch = train_batches(1)[0]
     b.train_step(batch)
     want = _params(b)
     b.park(1)
@@ -182,7 +170,7 @@ def test_an_activation_that_finds_the_gpu_full_stays_parked_and_can_retry() -> N
 
 def test_a_dropped_rollout_takes_a_weight_sync_without_touching_the_gpu() -> None:
     trainer = _make()()
-    trainer.train_step(_batches(1)[0])
+    trainer.train_step(train_batches(1)[0])
     rollout = _make(Role.ROLLOUT)()
     rollout.park(2)
     assert rollout.memory() == MemoryUse(0, 0)
@@ -197,7 +185,7 @@ def test_a_dropped_rollout_takes_a_weight_sync_without_touching_the_gpu() -> Non
 def test_a_trainer_with_dropout_handed_to_another_copy_trains_on_as_in_one_process(
         tmp_path: Path, deterministic: None) -> None:
     # dropout draws from CUDA's generator: the hand-off carries its state
-    batches = _batches(5)
+    batches = train_batches(5)
     make = _make(dropout=0.3)
     reference = make()
     losses = [reference.train_step(b)["loss"] for b in batches]
@@ -278,7 +266,7 @@ def test_a_worker_serves_a_trainer_on_the_gpu_parks_it_and_hands_it_over(
             assert re.fullmatch(r"127\.0\.0\.1:[0-9]+/[0-9a-f]{16}", announced)
             handles.append(ServiceHandle(announced, secret, "9", "trainer", timeout_s=120))
         a, b = handles
-        batch = _batches(1)[0]
+        batch = train_batches(1)[0]
         for _ in range(2):
             a.train_step(batch)
         status = a.status()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _worker_service import train_batches
 
 from slurmrl.model import Residency
 from slurmrl.worker.backends import BackendOptions, make_backend
@@ -29,18 +30,6 @@ from slurmrl.worker.torch_backend import TorchModelBackend
 
 PROMPTS = ["1+2=", "30*4=", "9-7="]
 SAMPLING = GenerateParams(max_tokens=10, temperature=1.0, seed=11)
-
-
-def _batches(n: int) -> list[list[TrainSample]]:
-    """n different policy-gradient batches from a fresh tiny rollout."""
-    roll = TinyBackend(Role.ROLLOUT)
-    roll.load()
-    out = []
-    for i in range(n):
-        samples = roll.generate(PROMPTS, GenerateParams(max_tokens=8, seed=i)).samples
-        out.append([s.with_advantage(a) for s, a in zip(samples, (1.0, -0.5, 0.25),
-                                                        strict=True)])
-    return out
 
 
 def _tiny_trainer() -> TorchModelBackend:
@@ -81,7 +70,7 @@ def test_a_trainer_handed_to_another_copy_trains_on_bit_identically(
     tmp_path: Path, make: Callable[[], TorchModelBackend]
 ) -> None:
     k = 3
-    batches = _batches(k + 1)
+    batches = train_batches(k + 1)
     reference = _loaded(make)
     for b in batches:
         reference.train_step(b)
@@ -111,7 +100,7 @@ def test_a_trainer_handed_to_another_copy_trains_on_bit_identically(
 def test_a_trainer_moved_back_and_forth_trains_on_bit_identically(
     tmp_path: Path, make: Callable[[], TorchModelBackend]
 ) -> None:
-    batches = _batches(5)
+    batches = train_batches(5)
     reference = _loaded_after(make, batches)
     path = tmp_path / "trainer.state"
     a, b = _loaded(make), _loaded(make)
@@ -135,7 +124,7 @@ def test_a_trainer_moved_back_and_forth_trains_on_bit_identically(
 def test_a_rollout_handed_to_another_copy_samples_what_it_would_have(
     tmp_path: Path,
 ) -> None:
-    trained = _loaded_after(_tiny_trainer, _batches(2)).export_weights()
+    trained = _loaded_after(_tiny_trainer, train_batches(2)).export_weights()
     reference = _loaded(lambda: TinyBackend(Role.ROLLOUT))
     reference.import_weights(trained)
     first = _loaded(lambda: TinyBackend(Role.ROLLOUT))
@@ -151,7 +140,7 @@ def test_a_rollout_handed_to_another_copy_samples_what_it_would_have(
 
 def test_hand_off_frees_the_device_and_host_copies(tmp_path: Path) -> None:
     b = _loaded(_tiny_trainer)
-    b.train_step(_batches(1)[0])  # Adam's moments exist now
+    b.train_step(train_batches(1)[0])  # Adam's moments exist now
     before = b.memory()
     assert before.device_bytes > 0
     b.hand_off(tmp_path / "trainer.state")
@@ -163,7 +152,7 @@ def test_hand_off_frees_the_device_and_host_copies(tmp_path: Path) -> None:
     with pytest.raises(NotReady, match="handed its state"):
         b.import_weights(_loaded(_tiny_trainer).export_weights())
     with pytest.raises(NotReady):
-        b.train_step(_batches(1)[0])
+        b.train_step(train_batches(1)[0])
     # and it takes its state back, bigger than nothing again
     b.take_over(tmp_path / "trainer.state")
     assert b.memory().device_bytes == before.device_bytes
@@ -193,7 +182,7 @@ def test_hand_off_twice_writes_once_and_only_an_active_copy_hands_off(
 
 def test_a_fresh_copy_does_not_overwrite_newer_handed_off_state(tmp_path: Path) -> None:
     path = tmp_path / "trainer.state"
-    trained = _loaded_after(_tiny_trainer, _batches(2))
+    trained = _loaded_after(_tiny_trainer, train_batches(2))
     expected = _params(trained)
     trained.hand_off(path)  # generation 1
     fresh = _loaded(_tiny_trainer)  # a copy coming up on another window, generation 0
@@ -205,7 +194,7 @@ def test_a_fresh_copy_does_not_overwrite_newer_handed_off_state(tmp_path: Path) 
 
 def test_generations_count_hand_offs_back_and_forth(tmp_path: Path) -> None:
     path = tmp_path / "trainer.state"
-    batch = _batches(1)[0]
+    batch = train_batches(1)[0]
     a, b = _loaded(_tiny_trainer), _loaded(_tiny_trainer)
     a.train_step(batch)
     a.hand_off(path)
@@ -221,12 +210,12 @@ def _stale_file(tmp_path: Path) -> tuple[Path, TorchModelBackend]:
     """A copy at generation 2 and a copy of the generation-1 file."""
     path = tmp_path / "trainer.state"
     a, b = _loaded(_tiny_trainer), _loaded(_tiny_trainer)
-    a.train_step(_batches(1)[0])
+    a.train_step(train_batches(1)[0])
     a.hand_off(path)
     stale = tmp_path / "stale.state"
     stale.write_bytes(path.read_bytes())
     b.take_over(path)
-    b.train_step(_batches(1)[0])
+    b.train_step(train_batches(1)[0])
     b.hand_off(path)
     a.take_over(path)
     assert a.generation == 2
@@ -239,7 +228,7 @@ def _refused_changes_nothing(b: TorchModelBackend, path: Path, message: str) -> 
         b.take_over(path)
     assert _same(_params(b), before[0])
     assert (b.steps, b.weights_version, b.generation, b.residency) == before[1:]
-    b.train_step(_batches(1)[0])  # still a working trainer
+    b.train_step(train_batches(1)[0])  # still a working trainer
 
 
 def test_take_over_refuses_an_older_generation(tmp_path: Path) -> None:
@@ -248,7 +237,7 @@ def test_take_over_refuses_an_older_generation(tmp_path: Path) -> None:
 
 
 def test_take_over_refuses_a_missing_file(tmp_path: Path) -> None:
-    b = _loaded_after(_tiny_trainer, _batches(1))
+    b = _loaded_after(_tiny_trainer, train_batches(1))
     _refused_changes_nothing(b, tmp_path / "trainer.state", "no handoff state at")
     # a handed-off copy stays handed off
     b.hand_off(tmp_path / "trainer.state")
@@ -268,7 +257,7 @@ def test_take_over_refuses_a_corrupt_file(tmp_path: Path, damage: str) -> None:
         path.write_bytes(path.read_bytes()[:-200])
     else:
         torch.save({"weights": torch.ones(2)}, path)
-    b = _loaded_after(_tiny_trainer, _batches(1))
+    b = _loaded_after(_tiny_trainer, train_batches(1))
     _refused_changes_nothing(b, path, "corrupt|not a slurmrl-handoff")
 
 
@@ -277,7 +266,7 @@ def test_take_over_refuses_state_that_does_not_fit(tmp_path: Path) -> None:
     narrow = TinyBackend(Role.TRAINER, seed=3, dim=32)
     narrow.load()
     narrow.hand_off(path)
-    b = _loaded_after(_tiny_trainer, _batches(1))
+    b = _loaded_after(_tiny_trainer, train_batches(1))
     _refused_changes_nothing(b, path, "does not fit this model.*shape")
 
     rollout = _loaded(lambda: TinyBackend(Role.ROLLOUT))
@@ -286,12 +275,12 @@ def test_take_over_refuses_state_that_does_not_fit(tmp_path: Path) -> None:
 
 
 def test_a_failed_write_leaves_the_copy_active(tmp_path: Path) -> None:
-    b = _loaded_after(_tiny_trainer, _batches(1))
+    b = _loaded_after(_tiny_trainer, train_batches(1))
     with pytest.raises(BackendError, match="cannot write the handoff state"):
         b.hand_off(tmp_path / "no-such-dir" / "trainer.state")
     assert b.residency is Residency.ACTIVE and not b.handed_off and b.generation == 0
     assert b.memory().device_bytes > 0
-    b.train_step(_batches(1)[0])
+    b.train_step(train_batches(1)[0])
 
 
 def test_the_state_file_is_private(tmp_path: Path) -> None:
@@ -311,7 +300,7 @@ def test_a_fresh_copy_on_another_node_never_ties_with_the_first_trained_hand_off
     node_x, node_y = tmp_path / "x", tmp_path / "y"
     node_x.mkdir()
     node_y.mkdir()
-    trained = _loaded_after(_tiny_trainer, _batches(2))
+    trained = _loaded_after(_tiny_trainer, train_batches(2))
     fresh = _loaded(_tiny_trainer)
     fresh.hand_off(node_y / "trainer.state")
     trained.hand_off(node_x / "trainer.state")
@@ -346,7 +335,7 @@ def test_a_trainer_with_dropout_draws_on_after_a_hand_off_as_in_one_process(
     def make() -> TorchModelBackend:
         return TorchModelBackend(Role.TRAINER, _DropoutLM, device="cpu", lr=1e-2, seed=3)
 
-    batches = _batches(5)
+    batches = train_batches(5)
     reference = _loaded(make)
     losses = [reference.train_step(b)["loss"] for b in batches]
     first = _loaded(make)
