@@ -410,36 +410,38 @@ How much of this is noise, over seeds 0-2 (steady and bursty, 6 runs a point, st
 errors in brackets; `python benchmarks/noise.py -w agentic-tools -w polytrace-mix -w
 long-cot -w disaggregated --seeds 3`, the same simulations as this run's then and one
 more seed; on the workload suite before its 2026-11-27 correction, commit 1134820, and
-not re-run since: the verdicts above are the corrected suite's): on agentic-tools the default saves 28.2% (1.1) at p95 1.216
-(0.008) at L = 1.4 and 30.1% (1.4) at 1.219 (0.007) at 1.5, against `greedy`'s 30.4%
-(1.2) at 1.228 (0.005), and its curve gives 30.4% at that p95: a tie (over the two seeds
-above, run by run, 3.0 points short, standard error 2.9). On polytrace-mix its curve
-gives 16.3% at `greedy`'s p95 1.353 (14.9% (1.3) at 1.322 at L = 1.4, 18.0% (1.1) at
-1.395 at 1.5), against 16.0% (1.0): a tie. The two seeds above read a win at L = 1.4
-(16.5% at p95 1.322 against 15.7% at 1.356) that the third seed does not keep; before
-the switch the default fell 2.7 points short there (standard error 0.7, at commit
-aa935d7), a loss beyond the noise. On long-cot it saves 21.9% (0.9) at p95 1.700 at L =
-1.75, against `greedy`'s 22.2% (1.0) at 1.718: 0.1 points short on its curve, run by run
-0.0 (standard error 1.3). On disaggregated it beats `random` at L = 1.2, 25.2% (1.3) at
-p95 1.173 (0.008) against 21.3% (0.6) at 1.202 (0.013), by more than twice the two
-points' standard errors combined; this page measured limits 1.15 and 1.25 only before
-(21.6% at p95 1.147, 28.0% at 1.211), between which `random` fell, so it read "not
-beaten" there. So `greedy` ties the default on agentic-tools, polytrace-mix and
-long-cot; `random`, `fifo-lock` and `gang` are beaten on every workload, and `dedicated`
-at p95 1.00 could be only by not sharing. The curves' interpolation runs along their
-frontier (above): with limits 1.2-1.4 added, agentic-tools's points at 1.3 and 1.5 land
-at nearly one p95 with 22.7% and 29.2% saved, and a line through every point in order of
-p95 read 23.1% at `greedy`'s p95 where the frontier reads 29.4%.
+not re-run since: the verdicts above are the corrected suite's): on agentic-tools the
+default saves 28.2% (1.1) at p95 1.216 (0.008) at L = 1.4 and 30.1% (1.4) at 1.219
+(0.007) at 1.5, against `greedy`'s 30.4% (1.2) at 1.228 (0.005), and its curve gives
+30.4% at that p95: a tie (over the two seeds above, run by run, 3.0 points short,
+standard error 2.9). On polytrace-mix its curve gives 16.3% at `greedy`'s p95 1.353
+(14.9% (1.3) at 1.322 at L = 1.4, 18.0% (1.1) at 1.395 at 1.5), against 16.0% (1.0): a
+tie. The two seeds above read a win at L = 1.4 (16.5% at p95 1.322 against 15.7% at
+1.356) that the third seed does not keep; before the switch the default fell 2.7 points
+short there (standard error 0.7, at commit aa935d7), a loss beyond the noise. On
+long-cot it saves 21.9% (0.9) at p95 1.700 at L = 1.75, against `greedy`'s 22.2% (1.0)
+at 1.718: 0.1 points short on its curve, run by run 0.0 (standard error 1.3). On
+disaggregated it beats `random` at L = 1.2, 25.2% (1.3) at p95 1.173 (0.008) against
+21.3% (0.6) at 1.202 (0.013), by more than twice the two points' standard errors
+combined; this page measured limits 1.15 and 1.25 only before (21.6% at p95 1.147, 28.0%
+at 1.211), between which `random` fell, so it read "not beaten" there. So `greedy` ties
+the default on agentic-tools, polytrace-mix and long-cot; `random`, `fifo-lock` and
+`gang` are beaten on every workload, and `dedicated` at p95 1.00 could be only by not
+sharing. The curves' interpolation runs along their frontier (above): with limits
+1.2-1.4 added, agentic-tools's points at 1.3 and 1.5 land at nearly one p95 with 22.7%
+and 29.2% saved, and a line through every point in order of p95 read 23.1% at `greedy`'s
+p95 where the frontier reads 29.4%.
 
 Two of the policy's own settings do not turn these verdicts (`python
 benchmarks/what_if.py --what-if-param max_group=2 -w polytrace-mix -w agentic-tools -L
-1.35 -L 1.5 -L 1.75`, and the same with `single=best-fit`; seeds 0-1, at commit
-a505d24, on the suite before 1134820). Pools of two only (no groups of three) give the same figures on polytrace-mix
-and at L = 1.35-1.5 on agentic-tools, and at 1.75 28.5% at p95 1.331 (28.9% at 1.394),
-a p95 0.009 above `greedy`'s. Single arrivals placed in the pool of most gain instead
-of the oldest that accepts them give polytrace-mix 11.0% at p95 1.327 and 15.0% at
-1.477 at L = 1.35 and 1.5 (10.7% at 1.317 and 15.9% at 1.474 first-fit), agentic-tools
-19.6% at 1.292 and 25.3% at 1.320 (18.4% at 1.303 and 25.9% at 1.319).
+1.35 -L 1.5 -L 1.75`, and the same with `single=best-fit`; seeds 0-1, at commit a505d24,
+on the suite before 1134820). Pools of two only (no groups of three) give the same
+figures on polytrace-mix and at L = 1.35-1.5 on agentic-tools, and at 1.75 28.5% at p95
+1.331 (28.9% at 1.394), a p95 0.009 above `greedy`'s. Single arrivals placed in the pool
+of most gain instead of the oldest that accepts them give polytrace-mix 11.0% at p95
+1.327 and 15.0% at 1.477 at L = 1.35 and 1.5 (10.7% at 1.317 and 15.9% at 1.474
+first-fit), agentic-tools 19.6% at 1.292 and 25.3% at 1.320 (18.4% at 1.303 and 25.9% at
+1.319).
 
 `complementary, max_load = 1.0` (dash-dot in the plot) is the same policy with a site's
 cap on a group's summed GPU duty cycle (`max_load = 1.0` in
@@ -458,19 +460,19 @@ GPU-hours at any L). Its verdicts, read as above:
 
 {capped_verdicts}
 
-Over seeds 0-2 (`benchmarks/noise.py` as above, on the suite before 1134820) the cap beats `greedy` on polytrace-mix
-at L = 1.75 (16.5% (1.1) at p95 1.334 (0.028), against 16.0% (1.0) at 1.353 (0.037))
-and on long-cot at 1.75 (22.2% (1.0) at 1.538, against 22.2% (1.0) at 1.718), and on
-agentic-tools its curve gives 31.1% at `greedy`'s p95 (29.4% (1.4) at 1.216 at L = 1.5,
-31.7% (1.0) at 1.232 at 1.75, against 30.4% (1.2) at 1.228): no measured limit lands
-at or below that p95, by 0.004. Each margin is less than the two points' standard
-errors combined: wins and a tie within the noise. It beats `random` on agentic-tools at
-L = 1.5 (29.4% (1.4) at 1.216, against 25.0% (1.4) at 1.221).
+Over seeds 0-2 (`benchmarks/noise.py` as above, on the suite before 1134820) the cap
+beats `greedy` on polytrace-mix at L = 1.75 (16.5% (1.1) at p95 1.334 (0.028), against
+16.0% (1.0) at 1.353 (0.037)) and on long-cot at 1.75 (22.2% (1.0) at 1.538, against
+22.2% (1.0) at 1.718), and on agentic-tools its curve gives 31.1% at `greedy`'s p95
+(29.4% (1.4) at 1.216 at L = 1.5, 31.7% (1.0) at 1.232 at 1.75, against 30.4% (1.2) at
+1.228): no measured limit lands at or below that p95, by 0.004. Each margin is less than
+the two points' standard errors combined: wins and a tie within the noise. It beats
+`random` on agentic-tools at L = 1.5 (29.4% (1.4) at 1.216, against 25.0% (1.4) at
+1.221).
 {capped_losses}
 So it is not the default; a site whose users accept 1.5 or more, with light jobs beside
-heavy ones (as in polytrace-mix), sets it.
-The variants below were measured before the fixes of commit 00011fe, each against the
-default and the capped curve as they then ran.
+heavy ones (as in polytrace-mix), sets it. The variants below were measured before the
+fixes of commit 00011fe, each against the default and the capped curve as they then ran.
 A cap on mixed groups only (a group above 1 refused where its members' duty cycles
 differ by more than 0.2; throwaway patch, seeds 0-1, steady and bursty) kept math-sync's
 pairs (10.9% at p95 1.998 at L = 2.0, as the default) but gave polytrace-mix 13.2% at

@@ -370,9 +370,10 @@ async def test_a_job_cannot_release_another_jobs_lease() -> None:
 @run
 async def test_a_change_the_db_does_not_keep_is_undone_in_memory_too() -> None:
     # the table fails in the middle of a release (after it let the lease go, in its
-    # scheduling pass: a slice policy that raises, say): the DB rolls back, so the table must too. Before, the table had let it go
-    # and the DB had not: the next acquire was granted GPUs the DB showed held by the
-    # first lease (a double grant that a restart refused to load)
+    # scheduling pass: a slice policy that raises, say): the DB rolls back, so the table
+    # must too. Before, the table had let it go and the DB had not: the next acquire was
+    # granted GPUs the DB showed held by the first lease (a double grant that a restart
+    # refused to load)
     store, pool, clock = _setup()
     s = _sched(store, clock)
     a = s.request(_job(store, 1), Phase.ROLLOUT)
