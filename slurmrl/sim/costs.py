@@ -10,7 +10,7 @@ activates the second, copies in both directions over PCIe at 25 GB/s pinned
 2.9-5.7 s for 30B-235B; the fixed part covers allocator and graph re-capture). When
 every member fits the GPU memory at once nothing is copied: 0.1 s of context switch.
 Measured on an H200 (docs/benchmarks.md, "On a GPU"): the `torch` backend parks and
-activates a trainer at 51-52 GB/s with no fixed cost to speak of, so for a trainer on
+activates a trainer at 50-52 GB/s with no fixed cost to speak of, so for a trainer on
 such a card these constants overcharge (1.1-2.0 s for switches that took 0.12-0.95 s);
 they are kept, as a PCIe 4 node's price and vLLM's wake.
 

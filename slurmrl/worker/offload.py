@@ -32,7 +32,7 @@ On CPU the "device" is just another set of tensors in the same RAM: the CPU path
 stand-in that exercises the same protocol (buffers, copy, free, restore) for tests and
 the demo; it frees nothing the machine would notice. The CUDA path ran on an H200 with
 torch 2.11 (`tests/unit/worker/test_worker_cuda.py`, marked `gpu`; docs/benchmarks.md,
-"On a GPU": 51-52 GB/s each way, 92-95% of the host link's rate).
+"On a GPU": 50-52 GB/s each way, 91-95% of the host link's rate).
 """
 
 from __future__ import annotations
