@@ -18,6 +18,7 @@ host's GPUs (a controller host usually has none, which is fine).
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -463,6 +464,53 @@ def check_python(s: Settings, run_as: str = "nobody") -> CheckResult:
     return CheckResult("python", Level.OK, f"{py} imports slurmrl; readable by other users")
 
 
+#: what `check_pinned` runs in the services' Python: its torch, whether a CUDA build, and
+#: whether it takes the setting that pins parked state at its own size
+_PINNED_PROBE = """
+import json, logging
+logging.disable(logging.WARNING)
+import torch
+from slurmrl.worker.offload import pin_exactly
+print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda,
+                  "exact": pin_exactly()}))
+"""
+
+
+def check_pinned(s: Settings) -> CheckResult:
+    """Whether the services' torch pins parked state at its own size: the residency
+    planner counts parked state's bytes, and a torch that rounds each pinned block up to
+    a power of two (2.11 does, and refuses the setting that stops it) takes up to 2x
+    (1.28x measured on an H200: docs/benchmarks.md, "On a GPU")."""
+    py = s.config.services.python
+    got: Any = None
+    try:
+        cp = subprocess.run([py, "-c", _PINNED_PROBE], capture_output=True, text=True,
+                            timeout=120, check=False, cwd="/")
+        why = (cp.stderr.strip().splitlines() or ["it printed nothing it was asked"])[-1]
+        if cp.returncode == 0:
+            got = json.loads((cp.stdout.strip().splitlines() or ["null"])[-1])
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+    except ValueError:  # not the JSON line asked for
+        why = "it printed something other than the answer asked for"
+    if not isinstance(got, dict):
+        return CheckResult("pinned-memory", Level.WARN, f"could not ask the torch of "
+                           f"[services] python {py}: {why}", "see the python check; "
+                           "torch and GPU services need torch in that venv")
+    version = got.get("torch")
+    if not got.get("cuda"):
+        return CheckResult("pinned-memory", Level.OK, f"torch {version} is a CPU build: "
+                           "services here pin no host memory")
+    if got.get("exact"):
+        return CheckResult("pinned-memory", Level.OK, f"torch {version} pins parked state "
+                           "at its own size (pinned_max_round_threshold_mb)")
+    return CheckResult("pinned-memory", Level.WARN, f"torch {version} rounds each pinned "
+                       "block up to a power of two and refuses the setting that stops it: "
+                       "parked state takes up to 2x the host memory the planner counts",
+                       "a newer torch in the services' venv (2.13 takes it), or host "
+                       "memory to spare on GPU nodes")
+
+
 def _run_dir_problem(run_dir: Path) -> str:
     """Why the controller could not trust its services directory ("" if it could), as
     `services.check_run_dir` judges it, making nothing. That function takes the
@@ -556,6 +604,7 @@ CHECKS: tuple[tuple[str, Callable[[Settings], CheckResult]], ...] = (
     ("pool-submit", check_pool_submit),
     ("nvml", check_nvml),
     ("python", check_python),
+    ("pinned-memory", check_pinned),
     ("services", check_services),
 )
 

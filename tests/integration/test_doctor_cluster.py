@@ -35,7 +35,8 @@ def test_doctor_passes_with_all_up_and_fails_on_a_stopped_controller(
         levels = {c["name"]: c["level"] for c in out["checks"]}
         assert rc == 0, out
         assert out["errors"] == []
-        for name in ("slurm", "spank", "munge", "controller", "nvml", "python", "services"):
+        for name in ("slurm", "spank", "munge", "controller", "nvml", "python",
+                     "pinned-memory", "services"):
             assert levels[name] == "OK", (name, out)
         # the dev cluster's pools partition has 4 (fake) GPUs but is open to every user
         assert levels["pool-partition"] == "WARN"

@@ -543,3 +543,35 @@ def test_multi_line_slurm_errors_print_one_line_per_check(
                                       *(x for c in checks for x in ("--check", c))])
     for c in json.loads(res.stdout)["checks"]:
         assert "\n" not in c["detail"] + c["remedy"], c
+
+
+def test_pinned_memory_check_asks_the_services_real_torch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the venv here has the CPU build of torch: no pinned memory to size
+    monkeypatch.setenv("SLURMRL_CONFIG", "")
+    (r,) = run_checks(load_settings(None, None), ["pinned-memory"])
+    assert r.level is Level.OK and "CPU build" in r.detail, r.detail
+
+
+@pytest.mark.parametrize(("answer", "level", "says"), [
+    # torch 2.11 on an H200 refused pinned_max_round_threshold_mb: parked state was
+    # pinned in power-of-two blocks, 1.28x what the residency planner counts
+    ('{"torch": "2.11.0+cu130", "cuda": "13.0", "exact": false}', Level.WARN,
+     "torch 2.11.0+cu130 rounds each pinned block up to a power of two"),
+    ('{"torch": "2.13.0+cu130", "cuda": "13.0", "exact": true}', Level.OK,
+     "pins parked state at its own size"),
+    ("", Level.WARN, "could not ask the torch"),
+])
+def test_pinned_memory_check_judges_what_the_services_torch_says(
+        tmp_path: Path, answer: str, level: Level, says: str) -> None:
+    # a stand-in for the services' python (no GPU torch here): it answers as one would
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho '{answer}'\n" if answer else
+                    "#!/bin/sh\necho 'ModuleNotFoundError: torch' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(f'[services]\npython = "{fake}"\n')
+    (r,) = run_checks(load_settings(str(cfg), None), ["pinned-memory"])
+    assert r.level is level and says in r.detail, r.detail
+    if not answer:
+        assert "ModuleNotFoundError: torch" in r.detail
