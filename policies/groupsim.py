@@ -169,11 +169,11 @@ def simulate_group_within(members: Sequence[SimKey], bound: float | None, steps:
     # with a bound, per member: its whole plan's solo work, the lag beyond which it is
     # sure to end above the bound (a hair over it: rounding must never refuse a group
     # the full run would accept), and the solo work of its finished segments
-    whole = cut_lag = None
-    if bound is not None:
-        whole = [sum(segs[j][i % lens[j]][3] for i in range(total[j])) for j in range(n)]
-        cut_lag = [(bound * (1 + CUT_MARGIN) - 1.0) * w if w > 0 else math.inf
-                   for w in whole]  # (a plan of no work: its slowdown is not bounded)
+    whole = ([sum(segs[j][i % lens[j]][3] for i in range(total[j])) for j in range(n)]
+             if bound is not None else [])
+    cut_lag = ([(bound * (1 + CUT_MARGIN) - 1.0) * w if w > 0 else math.inf
+                for w in whole]  # (a plan of no work: its slowdown is not bounded)
+               if bound is not None else None)
     done_w = [0.0] * n
     # a tail keeps the lowest GPU it holds where its keep order is ascending (always,
     # unless the pool is staggered): the mask's lowest bit, without the search
@@ -256,7 +256,7 @@ def simulate_group_within(members: Sequence[SimKey], bound: float | None, steps:
         running[j] = None
         if p >= total[j]:
             return _horizon(segs, pos, running, now), True
-        if cut_lag is not None and whole is not None:
+        if cut_lag is not None:
             done_w[j] += segs[j][(p - 1) % lens[j]][3]
             if now - done_w[j] > cut_lag[j]:
                 return tuple(1.0 + (now - done_w[j]) / whole[j] if i == j else 1.0

@@ -274,14 +274,9 @@ class LeaseTable:
         if keep == len(lease.gpus):
             return []
         if gpus is None:
-            held = lease.gpus
+            held = lease.gpus  # within the pool's GPUs (`check_table`), so all are ordered
             kept = frozenset(itertools.islice(
                 (g for g in self._keep_order(lease.job_id) if g in held), keep))
-            if len(kept) < keep:  # a GPU outside the pool's (none should be): as before
-                cover = self._coverage()
-                mine = self._window.get(lease.job_id, frozenset())
-                kept = frozenset(sorted(held, key=lambda g: (
-                    cover.get(g, 0) - (g in mine), g))[:keep])
         smaller = lease.with_gpus(kept)
         self._leases[lease_id] = smaller
         return [Shrunk(smaller, lease.gpus - kept), *self._schedule(now)]
@@ -545,7 +540,7 @@ class LeaseTable:
             order = list(self._waiting.values())
         else:
             ids = [r.request_id for r in self.policy.order(self.view(now))]
-            if len(ids) != len(self._waiting) or not self._waiting.keys() == set(ids):
+            if len(ids) != len(self._waiting) or self._waiting.keys() != set(ids):
                 raise LeaseError(
                     f"slice policy {self.policy.name!r} must order every waiting request "
                     "once")

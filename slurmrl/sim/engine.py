@@ -118,6 +118,7 @@ PARTITION = "pools"
 #: events that end or cut a lease (a tuple: a `|` union is built anew at each check)
 _RETIRING = (Shrunk, Moved, Released, Revoke)
 
+
 class SimError(RuntimeError):
     """The simulation reached an impossible state: a bug in a policy or the simulator."""
 
