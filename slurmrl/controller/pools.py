@@ -573,6 +573,24 @@ class SlurmPools:
             log.warning("Slurm job %d runs on (%s); cancelling it", jid, gone[jid])
             with contextlib.suppress(SlurmError):
                 await asyncio.to_thread(self.allocator.close, jid)
+        await self._kill_stray_steps()
+
+    async def _kill_stray_steps(self) -> None:
+        """Kill the service steps in the open pools' allocations whose service is no
+        longer live in the database: one whose launch was under way when an earlier
+        controller stopped (its srun ran on, and may list its step only after the
+        restart: hence at every sweep, not at start only), or one its stop did not end.
+        A service recorded after this looks is taken as live (ids only grow)."""
+        assert self.launcher is not None
+        held, _ = self._held()
+        if not held:
+            return
+        records = [s for p in self.c.store.pools(open_only=True)
+                   for s in self.c.store.services(pool_id=p.pool_id)]
+        live = {s.service_id for s in records if s.ended_at is None}
+        newest = max((s.service_id for s in records), default=0)
+        await asyncio.to_thread(self.launcher.kill_strays, sorted(held),
+                                lambda sid: sid in live or sid > newest)
 
     def _held(self) -> tuple[set[int], dict[int, int]]:
         """The allocations open pools hold (their windows being given back included),
@@ -1367,6 +1385,7 @@ class SlurmPools:
                                            started_at=self.c.clock(), pool_id=pool.pool_id,
                                            backend=spec.backend, gpus=sorted(fp.gpus),
                                            handoff_dir=spec.handoff_dir)
+            spec = replace(spec, service_id=rid)  # names its step after the record
             try:
                 svc = await asyncio.to_thread(self.launcher.launch, alloc, node, spec,
                                               job.secret)

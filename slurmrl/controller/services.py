@@ -48,7 +48,7 @@ import shutil
 import stat
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,6 +113,9 @@ class ServiceSpec:
     #: the job's declared `--rl-mem` (GPU memory per GPU), where it declared one: sizes
     #: the service as the residency planner does (a model without a size in its name)
     mem_bytes: int | None = None
+    #: the controller's record of it: names its step (`step_name`), by which a step the
+    #: controller no longer runs is found and killed (`ServiceLauncher.kill_strays`)
+    service_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -129,6 +132,21 @@ class ServiceSpec:
     def name(self) -> str:
         tail = "" if self.replica is None else str(self.replica)
         return f"job{self.job_id}-{self.role}{tail}"
+
+    @property
+    def step_name(self) -> str | None:
+        """The step's name in Slurm (`squeue -s`), e.g. `slurmrl-12-job7-rollout`."""
+        return None if self.service_id is None else f"slurmrl-{self.service_id}-{self.name}"
+
+
+_STEP_NAME = re.compile(r"slurmrl-([0-9]{1,18})-job[0-9]+-[a-z]+[0-9]*")
+
+
+def service_of_step(name: str) -> int | None:
+    """The service record a step's name says it runs (`ServiceSpec.step_name`), or None
+    for a step slurmrl did not name (a driver's, an older release's service)."""
+    m = _STEP_NAME.fullmatch(name)
+    return int(m.group(1)) if m else None
 
 
 @dataclass(frozen=True)
@@ -386,7 +404,7 @@ class ServiceLauncher:
             pool_job_id, argv, env=step_env(spec, secret, control),
             cuda_visible_devices=spec.cuda_devices, cpus=1, overlap=True,
             timeout_s=self.step_timeout_s, retries=self.step_retries,
-            stdout_path=str(log_path), stderr_path=str(log_path))
+            stdout_path=str(log_path), stderr_path=str(log_path), name=spec.step_name)
         try:
             address = self._await_address(step, workdir / "address", log_path, ids.uid)
             handle = ServiceHandle(address, control, str(spec.job_id), spec.role,
@@ -448,6 +466,34 @@ class ServiceLauncher:
                 self._kill(svc.step)
         svc.handle.close()
         shutil.rmtree(svc.workdir, ignore_errors=True)
+
+    def kill_strays(self, allocations: Sequence[int],
+                    live: Callable[[int], bool]) -> list[tuple[int, str, int]]:
+        """Kill each service step in `allocations` whose record `live` says is not live:
+        one this process does not run (its launch was under way when an earlier
+        controller stopped, or its stop did not end it). Only steps slurmrl named are
+        touched. Returns them, as (allocation, step, service id); best effort: an
+        allocation Slurm does not answer for is left to the next call."""
+        killed = []
+        for alloc in allocations:
+            try:
+                steps = self.slurm.steps(alloc)
+            except SlurmError as exc:
+                log.warning("steps of allocation %d not listed: %s", alloc, exc)
+                continue
+            for st in steps:
+                sid = service_of_step(st.name)
+                if sid is None or st.state.terminal or live(sid):
+                    continue
+                log.warning("step %d.%s (%s) runs a service the controller no longer "
+                            "runs: killing it", alloc, st.step, st.name)
+                try:
+                    self.slurm.signal(alloc, "KILL", st.step)
+                except SlurmError as exc:
+                    log.warning("step %d.%s not killed: %s", alloc, st.step, exc)
+                    continue
+                killed.append((alloc, st.step, sid))
+        return killed
 
     @staticmethod
     def _kill(step: StepHandle) -> None:

@@ -155,10 +155,12 @@ class SlurmBackend(Protocol):
         gpus: int | None = None, cuda_visible_devices: Sequence[int] | None = None,
         cpus: int = 1, overlap: bool = True, timeout_s: float = 30.0, retries: int = 3,
         stdout_path: str | None = None, stderr_path: str | None = None,
+        name: str | None = None,
     ) -> StepHandle:
         """Start `argv` as a step of job `job_id`; returns once the step runs (or ended).
         The step's environment is `PATH` and `env` (besides Slurm's own), never the
-        caller's whole environment: the step may run as another user."""
+        caller's whole environment: the step may run as another user. `name`: the
+        step's name as `steps` lists it (default: the program's)."""
         ...
 
     def steps(self, job_id: int) -> list[StepInfo]:

@@ -336,15 +336,21 @@ class CommandBackend:
     def srun_argv(
         self, job_id: int, argv: Sequence[str], *, gpus: int | None,
         cuda_visible_devices: Sequence[int] | None, cpus: int, overlap: bool,
-        export: Sequence[str] = ("PATH",),
+        export: Sequence[str] = ("PATH",), name: str | None = None,
     ) -> list[str]:
         """The srun argument list for a step (the command is passed literally); the step's
-        environment is `export`'s variables only (and Slurm's own `SLURM_*`)."""
+        environment is `export`'s variables only (and Slurm's own `SLURM_*`); `name`
+        names the step (srun's `--job-name` inside an allocation)."""
         bad = [n for n in export if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)]
         if bad or not export:
             raise ValueError(f"step environment names must be variable names, got {bad!r}")
+        if name is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", name):
+            raise ValueError(f"a step name is 1-64 letters, digits, '.', '_' or '-', "
+                             f"got {name!r}")
         a = ["srun", f"--jobid={job_id}", "-n1", "-N1", f"--cpus-per-task={cpus}",
              "--mem=0", f"--export={','.join(export)}", "--kill-on-bad-exit=1"]
+        if name is not None:
+            a.append(f"--job-name={name}")
         if overlap:
             a.append("--overlap")
         if gpus:
@@ -368,13 +374,15 @@ class CommandBackend:
         gpus: int | None = None, cuda_visible_devices: Sequence[int] | None = None,
         cpus: int = 1, overlap: bool = True, timeout_s: float = 30.0, retries: int = 3,
         stdout_path: str | None = None, stderr_path: str | None = None,
+        name: str | None = None,
     ) -> StepHandle:
         if not argv:
             raise ValueError("launch_step needs a non-empty argv")
         if cpus < 1:
             raise ValueError(f"launch_step cpus must be >= 1, got {cpus}")
         full = self.srun_argv(job_id, argv, gpus=gpus, cuda_visible_devices=cuda_visible_devices,
-                              cpus=cpus, overlap=overlap, export=sorted({"PATH", *(env or {})}))
+                              cpus=cpus, overlap=overlap, export=sorted({"PATH", *(env or {})}),
+                              name=name)
         # srun as the queries find theirs: on the controller's PATH, not on the step's
         # (the env given sets the step's own PATH, which Popen would search instead)
         full[0] = (self._cmd("srun") if self._bin

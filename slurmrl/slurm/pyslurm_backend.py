@@ -172,11 +172,12 @@ class PyslurmBackend:
         gpus: int | None = None, cuda_visible_devices: Sequence[int] | None = None,
         cpus: int = 1, overlap: bool = True, timeout_s: float = 30.0, retries: int = 3,
         stdout_path: str | None = None, stderr_path: str | None = None,
+        name: str | None = None,
     ) -> StepHandle:
         return self._cmd.launch_step(
             job_id, argv, env=env, gpus=gpus, cuda_visible_devices=cuda_visible_devices,
             cpus=cpus, overlap=overlap, timeout_s=timeout_s, retries=retries,
-            stdout_path=stdout_path, stderr_path=stderr_path,
+            stdout_path=stdout_path, stderr_path=stderr_path, name=name,
         )
 
     def steps(self, job_id: int) -> list[StepInfo]:

@@ -218,6 +218,39 @@ def test_cancelling_the_pool_ends_its_services_and_is_reported(
         allocator.close(opened.slurm_job_id)
 
 
+def test_a_service_step_no_live_record_owns_is_killed_and_the_others_run_on(
+    pool: SlurmPool, launcher: ServiceLauncher, slurm: CommandBackend,
+) -> None:
+    # what a restarted controller finds: steps of services its database no longer
+    # holds live (a launch under way at the crash, a stop that did not end one). Slurm
+    # lists each service's step under its record's name; only those are killed
+    stray = launcher.launch(pool.slurm_job_id, pool.node,
+                            ServiceSpec(9006, "rollout", "rlalice", (0,), service_id=41),
+                            mint_secret())
+    kept = launcher.launch(pool.slurm_job_id, pool.node,
+                           ServiceSpec(9007, "trainer", "rlbob", (1,), service_id=42),
+                           mint_secret())
+    other = slurm.launch_step(pool.slurm_job_id, ["/bin/sleep", "300"])  # not a service
+    try:
+        names = {s.step: s.name for s in slurm.steps(pool.slurm_job_id)}
+        assert names[str(stray.step_id)] == "slurmrl-41-job9006-rollout"
+        assert names[str(kept.step_id)] == "slurmrl-42-job9007-trainer"
+        killed = launcher.kill_strays([pool.slurm_job_id], lambda sid: sid == 42)
+        assert killed == [(pool.slurm_job_id, str(stray.step_id), 41)]
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{stray.pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not Path(f"/proc/{stray.pid}").exists(), "the stray's worker runs on"
+        # the live service answers as before; the step slurmrl did not name runs on
+        assert kept.handle.status()["residency"] == "active"
+        assert other.poll() is None
+        assert launcher.kill_strays([pool.slurm_job_id], lambda sid: sid == 42) == []
+    finally:
+        other.kill()
+        launcher.stop(kept)
+        launcher.stop(stray)
+
+
 def test_a_service_that_cannot_start_fails_with_its_output(
     pool: SlurmPool, slurm: CommandBackend, run_dir: Path,
 ) -> None:

@@ -138,6 +138,9 @@ class FakeLauncher:
         self.entered: list[tuple[int, str]] = []  #: launches begun: (job id, role)
         self.stopped: list[tuple[int, str]] = []
         self.fail_roles: set[str] = set()
+        #: allocation -> the service ids whose steps Slurm lists there
+        self.steps: dict[int, set[int]] = {}
+        self.killed: list[tuple[int, int]] = []  #: (allocation, service id) of each kill
 
     def launch(self, pool_job_id: int, node: str, spec: ServiceSpec,
                secret: str) -> FakeRunning:
@@ -145,10 +148,25 @@ class FakeLauncher:
         assert self.gate.wait(10.0), "a test left a launch gated"
         if spec.role in self.fail_roles:
             raise ServiceLaunchError(f"{spec.name} did not start: CUDA OOM at model load")
+        assert spec.service_id is not None, "a service's step is named after its record"
+        self.steps.setdefault(pool_job_id, set()).add(spec.service_id)
         return FakeRunning(spec)
 
     def stop(self, svc: FakeRunning) -> None:
         self.stopped.append((svc.spec.job_id, svc.spec.role))
+        for ids in self.steps.values():
+            ids.discard(svc.spec.service_id or 0)
+
+    def kill_strays(self, allocations: list[int],
+                    live: Callable[[int], bool]) -> list[tuple[int, str, int]]:
+        out = []
+        for alloc in allocations:
+            for sid in sorted(self.steps.get(alloc, ())):
+                if not live(sid):
+                    self.steps[alloc].discard(sid)
+                    self.killed.append((alloc, sid))
+                    out.append((alloc, "0", sid))
+        return out
 
 
 class JoinFirst:
@@ -237,6 +255,59 @@ async def test_a_restart_after_a_crash_mid_placement_places_the_job_anew(
     assert {s.control_secret for s in store.services(job_id=7) if s.state == "running"} \
         == {"c" * 64}
     await site.c.stop()
+
+
+@run
+async def test_a_restart_kills_the_steps_of_a_joiner_caught_mid_placement(
+        tmp_path: Path) -> None:
+    # the controller died while job 7 joined job 8's pool: 7's rollout up, its trainer's
+    # step starting (no address recorded). Job 8 keeps the pool open, so its allocation
+    # is not cancelled: 7's steps ran on, holding their GPU memory, until the pool's end
+    store = Store(tmp_path / "c.db")
+    pool = store.add_pool(gpus=2, opened_at=1.0, slurm_job_id=101, nodes=("n1",),
+                          gpu_indices=(0, 1))
+    store.add_job(JobRecord(8, BOB.user, BOB.uid, RlRequest(2, "tiny"), JobState.RUNNING,
+                            1.0, pool_id=pool, pool_gpus=(0, 1), secret=mint_secret()))
+    store.add_job(JobRecord(7, ALICE.user, ALICE.uid, RlRequest(2, "tiny"),
+                            JobState.PENDING, 2.0, reason="PoolPending",
+                            secret=mint_secret()))
+    ids = {}
+    for job_id, role, up in ((8, "rollout", True), (8, "trainer", True),
+                             (7, "rollout", True), (7, "trainer", False)):
+        ids[job_id, role] = store.add_service(job_id=job_id, role=role, started_at=1.0,
+                                              pool_id=pool, backend="tiny", gpus=(0, 1))
+        if up:
+            store.update_service(ids[job_id, role], step_id="0", address=DEAD_ADDRESS,
+                                 residency="active", state="running",
+                                 control_secret="c" * 64)
+    slurm, allocator, launcher = FakeSlurm(), FakeAllocator(201), FakeLauncher()
+    slurm.add(7, ALICE)
+    slurm.add(8, BOB)
+    allocator.running.add(101)
+    # what Slurm lists in the pool: all but 7's trainer, whose srun is still starting it
+    launcher.steps[101] = {ids[8, "rollout"], ids[8, "trainer"], ids[7, "rollout"]}
+    pools = SlurmPools(allocator=allocator, launcher=launcher,  # type: ignore[arg-type]
+                       sweep_interval_s=0.0)
+    c = Controller(Config(), store, slurm, pools=pools)  # type: ignore[arg-type]
+    c.policies = replace(c.policies, pairing=JoinFirst())
+    await c.start()
+    site = Site(c, pools, slurm, allocator, launcher)
+    await site.settle()
+    # 7's rollout, which no controller runs any more, is killed; 8's are untouched
+    assert launcher.killed == [(101, ids[7, "rollout"])]
+    assert {ids[8, "rollout"], ids[8, "trainer"]} <= launcher.steps[101]
+    # the trainer's step shows up once its srun gets it going: killed at the next sweep
+    launcher.steps[101].add(ids[7, "trainer"])
+    await pools.reconcile()
+    await site.settle()
+    assert launcher.killed == [(101, ids[7, "rollout"]), (101, ids[7, "trainer"])]
+    # 7 is placed anew (here in the same pool), its new services' steps left running
+    assert site.job(7).state is JobState.RUNNING
+    new = {s.service_id for s in store.services(job_id=7, live_only=True)}
+    assert len(new) == 2 and new <= launcher.steps[101]
+    assert {ids[8, "rollout"], ids[8, "trainer"]} <= launcher.steps[101]
+    assert allocator.closed == []
+    await c.stop()
 
 
 @run

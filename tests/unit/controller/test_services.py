@@ -217,3 +217,17 @@ def test_a_root_owned_link_above_the_services_directory_is_trusted(tmp_path: Pat
     (tmp_path / "to-open").symlink_to(tmp_path / "open")
     with pytest.raises(ServiceLaunchError, match="others may write to it"):
         check_run_dir(tmp_path / "to-open" / "services")
+
+
+def test_a_service_step_is_named_after_its_record_and_only_such_names_are_read_back(
+        ) -> None:
+    from slurmrl.controller.services import service_of_step
+
+    spec = ServiceSpec(7, "rollout", "alice", (0,), replica=2, service_id=41)
+    assert spec.step_name == "slurmrl-41-job7-rollout2"
+    assert service_of_step(spec.step_name) == 41
+    assert ServiceSpec(7, "trainer", "alice", (0,)).step_name is None  # not recorded
+    # a driver's steps, an older release's (named after the program), look-alikes
+    for other in ("python3", "slurmrl-41", "slurmrl-x-job7-rollout", "batch",
+                  "slurmrl-41-job7-rollout;rm", "my-slurmrl-41-job7-rollout"):
+        assert service_of_step(other) is None, other

@@ -147,6 +147,20 @@ def test_a_step_is_given_only_path_and_the_named_variables_not_the_callers_envir
                                        cpus=1, overlap=True, export=names)
 
 
+def test_a_named_step_takes_its_name_as_an_option_and_a_bad_name_is_refused() -> None:
+    # the name is how a restarted controller finds a service step it no longer runs
+    argv = CommandBackend().srun_argv(7, ["prog"], gpus=None, cuda_visible_devices=None,
+                                      cpus=1, overlap=True, name="slurmrl-4-job7-rollout")
+    assert "--job-name=slurmrl-4-job7-rollout" in argv[:argv.index("--")]
+    unnamed = CommandBackend().srun_argv(7, ["prog"], gpus=None, cuda_visible_devices=None,
+                                         cpus=1, overlap=True)
+    assert not any(a.startswith("--job-name") for a in unnamed)
+    for bad in ("", "two words", "a,b", "x" * 65, "new\nline"):
+        with pytest.raises(ValueError, match="step name"):
+            CommandBackend().srun_argv(7, ["prog"], gpus=None, cuda_visible_devices=None,
+                                       cpus=1, overlap=True, name=bad)
+
+
 def test_launch_step_rejects_empty_argv() -> None:
     with pytest.raises(ValueError, match="non-empty argv"):
         CommandBackend().launch_step(1, [])
