@@ -251,6 +251,10 @@ class ServicesConfig:
         "directories only root controls; \"\": services/ next to the DB (pools on the "
         "controller's host only); `slurmrl controller --services-dir` overrides it",
         absolute_path=True, empty_ok=True)
+    log_retention_days: float = opt(
+        14.0, "how long a service's log and work directory stay in the services "
+        "directory after its pool's allocation ended (last written that long ago); "
+        "0: kept for ever", lo=0, hi=3650)
     handoff_dir: str = opt(
         "/dev/shm", "node-local directory (memory-backed) under which a floating pool's "
         "services hand a job's state from one window to another; it must exist on every "

@@ -550,6 +550,9 @@ class SlurmPools:
         - one carrying this controller's tag (`PoolAllocator.tagged`) that the database
           does not hold: a crash between a submit and its record, the other windows of a
           floating pool closed because Slurm lost one, a pool an admin closed.
+        Then kills the service steps no live record owns (`_kill_stray_steps`) and
+        removes the logs and work dirs of allocations no open pool holds, after
+        `services.log_retention_days` (`ServiceLauncher.prune`).
         At start, and from `reconcile` (every `sweep_interval_s`, and at once after a
         pool was lost)."""
         assert self.allocator is not None
@@ -574,6 +577,11 @@ class SlurmPools:
             with contextlib.suppress(SlurmError):
                 await asyncio.to_thread(self.allocator.close, jid)
         await self._kill_stray_steps()
+        days = self.c.config.services.log_retention_days
+        if days > 0:
+            assert self.launcher is not None
+            held, _ = self._held()
+            await asyncio.to_thread(self.launcher.prune, held, days * 86400.0)
 
     async def _kill_stray_steps(self) -> None:
         """Kill the service steps in the open pools' allocations whose service is no

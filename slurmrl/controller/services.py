@@ -48,7 +48,7 @@ import shutil
 import stat
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,6 +140,8 @@ class ServiceSpec:
 
 
 _STEP_NAME = re.compile(r"slurmrl-([0-9]{1,18})-job[0-9]+-[a-z]+[0-9]*")
+#: a service's log or work dir in the services directory (`ServiceLauncher._launch_once`)
+_RUN_ENTRY = re.compile(r"pool([0-9]{1,18})-job[0-9]+-[a-z]+[0-9]*(\.log)?")
 
 
 def service_of_step(name: str) -> int | None:
@@ -494,6 +496,44 @@ class ServiceLauncher:
                     continue
                 killed.append((alloc, st.step, sid))
         return killed
+
+    def prune(self, held: Collection[int], older_than_s: float,
+              now: float | None = None) -> list[Path]:
+        """Remove the services' logs and work dirs (`pool<ALLOC>-job<J>-<role>[.log]`)
+        whose allocation is not in `held` (no open pool of this controller holds it:
+        its services ended with it) and that nothing wrote to for `older_than_s`.
+        Returns what it removed. Entries of any other name are never touched."""
+        now = time.time() if now is None else now
+        removed: list[Path] = []
+        try:
+            entries = list(os.scandir(self.run_dir))
+        except FileNotFoundError:
+            return removed
+        for entry in entries:
+            m = _RUN_ENTRY.fullmatch(entry.name)
+            if m is None or int(m.group(1)) in held:
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if now - st.st_mtime < older_than_s:
+                continue
+            path = Path(entry.path)
+            if m.group(2) and stat.S_ISREG(st.st_mode):
+                path.unlink(missing_ok=True)
+            elif not m.group(2) and stat.S_ISDIR(st.st_mode):
+                # the job's user owns its contents: rmtree follows no link it finds
+                shutil.rmtree(path, ignore_errors=True)
+                if path.exists():
+                    continue
+            else:
+                continue
+            removed.append(path)
+        if removed:
+            log.info("removed %d service log(s) and work dir(s) of ended pools, untouched "
+                     "for %g days", len(removed), older_than_s / 86400)
+        return removed
 
     @staticmethod
     def _kill(step: StepHandle) -> None:

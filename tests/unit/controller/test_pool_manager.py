@@ -23,7 +23,7 @@ from _loop import run
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode
 from slurmrl.auth.tokens import mint_secret
 from slurmrl.config import Config
-from slurmrl.config.schema import LimitsConfig
+from slurmrl.config.schema import LimitsConfig, ServicesConfig
 from slurmrl.controller.core import Controller
 from slurmrl.controller.pools import PoolLoss, SlurmPool, SlurmPools
 from slurmrl.controller.residency import footprints_for_job
@@ -141,6 +141,7 @@ class FakeLauncher:
         #: allocation -> the service ids whose steps Slurm lists there
         self.steps: dict[int, set[int]] = {}
         self.killed: list[tuple[int, int]] = []  #: (allocation, service id) of each kill
+        self.pruned: list[tuple[list[int], float]] = []  #: (allocations held, age) asked
 
     def launch(self, pool_job_id: int, node: str, spec: ServiceSpec,
                secret: str) -> FakeRunning:
@@ -156,6 +157,10 @@ class FakeLauncher:
         self.stopped.append((svc.spec.job_id, svc.spec.role))
         for ids in self.steps.values():
             ids.discard(svc.spec.service_id or 0)
+
+    def prune(self, held: set[int], older_than_s: float) -> list[Path]:
+        self.pruned.append((sorted(held), older_than_s))  # test_services.py prunes files
+        return []
 
     def kill_strays(self, allocations: list[int],
                     live: Callable[[int], bool]) -> list[tuple[int, str, int]]:
@@ -308,6 +313,25 @@ async def test_a_restart_kills_the_steps_of_a_joiner_caught_mid_placement(
     assert {ids[8, "rollout"], ids[8, "trainer"]} <= launcher.steps[101]
     assert allocator.closed == []
     await c.stop()
+
+
+@run
+async def test_each_sweep_prunes_the_logs_of_allocations_no_open_pool_holds(
+        tmp_path: Path) -> None:
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE}, sweep_interval_s=0.0)
+    await site.c.register(ALICE, 7, ENV)
+    await site.settle()
+    await site.pools.reconcile()
+    # at start (nothing held yet), then with job 7's pool held
+    assert site.launcher.pruned[0] == ([], 14 * 86400.0)
+    assert site.launcher.pruned[-1] == ([101], 14 * 86400.0)
+    await site.c.stop()
+    # 0 keeps them for ever: never asked
+    off = Config(services=ServicesConfig(log_retention_days=0))
+    site = await _site(Store(tmp_path / "d.db"), off, jobs={7: ALICE}, sweep_interval_s=0.0)
+    await site.pools.reconcile()
+    assert site.launcher.pruned == []
+    await site.c.stop()
 
 
 @run

@@ -183,6 +183,9 @@ class FakeLauncher:
     def stop(self, svc: FakeRunning) -> None:
         self.stopped.append(svc)
 
+    def prune(self, held: set[int], older_than_s: float) -> list[Path]:
+        return []  # no services directory here: pruning runs in test_services.py
+
     def kill_strays(self, allocations: list[int],
                     live: Callable[[int], bool]) -> list[tuple[int, str, int]]:
         out = []

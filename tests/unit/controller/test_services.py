@@ -231,3 +231,38 @@ def test_a_service_step_is_named_after_its_record_and_only_such_names_are_read_b
     for other in ("python3", "slurmrl-41", "slurmrl-x-job7-rollout", "batch",
                   "slurmrl-41-job7-rollout;rm", "my-slurmrl-41-job7-rollout"):
         assert service_of_step(other) is None, other
+
+
+def test_the_logs_and_work_dirs_of_pools_ended_long_ago_are_removed_and_nothing_else(
+        tmp_path: Path) -> None:
+    run_dir = tmp_path / "services"
+    run_dir.mkdir()
+    outside = tmp_path / "users-data"
+    outside.write_text("keep")
+    now, day = 1_000_000_000.0, 86400.0
+
+    def made(name: str, age_days: float, *, folder: bool = False) -> Path:
+        path = run_dir / name
+        if folder:
+            path.mkdir()
+            (path / "address").write_text("n1:1/0")
+            (path / "link").symlink_to(outside)  # the user's: followed by nothing
+        else:
+            path.write_text("service output\n")
+        os.utime(path, (now - age_days * day, now - age_days * day))
+        return path
+
+    gone = [made("pool101-job7-rollout.log", 20), made("pool101-job7-rollout", 20, folder=True),
+            made("pool105-job3-trainer.log", 15)]
+    kept = [made("pool102-job8-trainer.log", 30),   # its allocation is held: may be live
+            made("pool103-job9-rollout0.log", 2),   # ended, but written to 2 days ago
+            made("notes.txt", 30), made("pool106-job1-rollout.log.bak", 30)]
+    launcher = ServiceLauncher(None, run_dir)  # type: ignore[arg-type]
+    removed = launcher.prune({102}, 14 * day, now=now)
+    assert sorted(removed) == sorted(gone)
+    assert not any(p.exists() for p in gone)
+    assert all(p.exists() for p in kept)
+    assert outside.read_text() == "keep"
+    assert launcher.prune({102}, 14 * day, now=now) == []
+    # a services directory not made yet (no service launched) is nothing to prune
+    assert ServiceLauncher(None, tmp_path / "none").prune(set(), 0.0) == []  # type: ignore[arg-type]
