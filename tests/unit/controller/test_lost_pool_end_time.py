@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from _loop import Clock, run
+from _steps import FakeSteps
 
 from slurmrl.config import Config
 from slurmrl.controller.core import Controller
@@ -109,19 +110,12 @@ class _LostAllocator:
         raise AssertionError("nothing to place")
 
 
-class _NoServices:
-    """The pool's services died with it: no step to kill, no services directory."""
-
-    def prune(self, held: set[int], older_than_s: float) -> list[Any]:
-        return []
-
-
 @run
 async def test_a_pool_lost_while_the_controller_was_down_ends_its_job_at_the_loss() -> None:
     store, clock = Store(":memory:"), Clock()
     _job_held_both_gpus(store)
     clock.now = SEEN_AT  # the controller comes back an hour after the node failed
-    pools = SlurmPools(allocator=_LostAllocator(), launcher=_NoServices())  # type: ignore[arg-type]
+    pools = SlurmPools(allocator=_LostAllocator(), launcher=FakeSteps())  # type: ignore[arg-type]
     c = Controller(Config(), store, _Slurm(), pools=pools, clock=clock)  # type: ignore[arg-type]
     await c.start()
     job = store.job(1)
@@ -157,7 +151,7 @@ async def test_a_pool_slurm_forgot_while_the_controller_was_down_ends_at_its_acc
         _job_held_both_gpus(store)
         clock.now = SEEN_AT
         allocator = _ForgottenAllocator(accounting)
-        pools = SlurmPools(allocator=allocator, launcher=_NoServices())  # type: ignore[arg-type]
+        pools = SlurmPools(allocator=allocator, launcher=FakeSteps())  # type: ignore[arg-type]
         c = Controller(Config(), store, _Slurm(), pools=pools,  # type: ignore[arg-type]
                        clock=clock)
         await c.start()

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from _loop import run
+from _steps import FakeSteps
 
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode
 from slurmrl.auth.tokens import mint_secret
@@ -128,20 +129,17 @@ class FakeRunning:
     control_secret: str = "c" * 64
 
 
-class FakeLauncher:
+class FakeLauncher(FakeSteps):
     """Services come up at once, unless `gate` is cleared (a launch then waits for it)
     or their role is in `fail_roles`."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.gate = threading.Event()
         self.gate.set()
         self.entered: list[tuple[int, str]] = []  #: launches begun: (job id, role)
         self.stopped: list[tuple[int, str]] = []
         self.fail_roles: set[str] = set()
-        #: allocation -> the service ids whose steps Slurm lists there
-        self.steps: dict[int, set[int]] = {}
-        self.killed: list[tuple[int, int]] = []  #: (allocation, service id) of each kill
-        self.pruned: list[tuple[list[int], float]] = []  #: (allocations held, age) asked
 
     def launch(self, pool_job_id: int, node: str, spec: ServiceSpec,
                secret: str) -> FakeRunning:
@@ -158,20 +156,6 @@ class FakeLauncher:
         for ids in self.steps.values():
             ids.discard(svc.spec.service_id or 0)
 
-    def prune(self, held: set[int], older_than_s: float) -> list[Path]:
-        self.pruned.append((sorted(held), older_than_s))  # test_services.py prunes files
-        return []
-
-    def kill_strays(self, allocations: list[int],
-                    live: Callable[[int], bool]) -> list[tuple[int, str, int]]:
-        out = []
-        for alloc in allocations:
-            for sid in sorted(self.steps.get(alloc, ())):
-                if not live(sid):
-                    self.steps[alloc].discard(sid)
-                    self.killed.append((alloc, sid))
-                    out.append((alloc, "0", sid))
-        return out
 
 
 class JoinFirst:

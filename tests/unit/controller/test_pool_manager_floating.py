@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 from _loop import run
+from _steps import FakeSteps
 from test_pool_manager import FakeSlurm
 from test_pool_manager import Site as BaseSite
 
@@ -158,15 +159,13 @@ class FakeRunning:
     control_secret: str = "c" * 64
 
 
-class FakeLauncher:
+class FakeLauncher(FakeSteps):
     def __init__(self) -> None:
+        super().__init__()
         self.launched: list[FakeRunning] = []
         self.stopped: list[FakeRunning] = []
         self.nodes: list[str] = []  #: the node each launch was on
         self.by_address: dict[str, FakeHandle] = {}
-        #: allocation -> the service ids whose steps Slurm lists there, but those launched
-        self.steps: dict[int, set[int]] = {}
-        self.killed: list[tuple[int, int]] = []  #: (allocation, service id) of each kill
 
     def launch(self, pool_job_id: int, node: str, spec: ServiceSpec,
                secret: str) -> FakeRunning:
@@ -183,19 +182,6 @@ class FakeLauncher:
     def stop(self, svc: FakeRunning) -> None:
         self.stopped.append(svc)
 
-    def prune(self, held: set[int], older_than_s: float) -> list[Path]:
-        return []  # no services directory here: pruning runs in test_services.py
-
-    def kill_strays(self, allocations: list[int],
-                    live: Callable[[int], bool]) -> list[tuple[int, str, int]]:
-        out = []
-        for alloc in allocations:
-            for sid in sorted(self.steps.get(alloc, ())):
-                if not live(sid):
-                    self.steps[alloc].discard(sid)
-                    self.killed.append((alloc, sid))
-                    out.append((alloc, "0", sid))
-        return out
 
     def of(self, job_id: int, role: str, alloc: int) -> FakeRunning:
         """The live service of `job_id`'s `role` in allocation `alloc`."""
