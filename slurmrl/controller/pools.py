@@ -576,21 +576,20 @@ class SlurmPools:
             log.warning("Slurm job %d runs on (%s); cancelling it", jid, gone[jid])
             with contextlib.suppress(SlurmError):
                 await asyncio.to_thread(self.allocator.close, jid)
-        await self._kill_stray_steps()
+        await self._kill_stray_steps(held)
         days = self.c.config.services.log_retention_days
         if days > 0:
             assert self.launcher is not None
-            held, _ = self._held()
             await asyncio.to_thread(self.launcher.prune, held, days * 86400.0)
 
-    async def _kill_stray_steps(self) -> None:
+    async def _kill_stray_steps(self, held: set[int]) -> None:
         """Kill the service steps in the open pools' allocations whose service is no
         longer live in the database: one whose launch was under way when an earlier
         controller stopped (its srun ran on, and may list its step only after the
         restart: hence at every sweep, not at start only), or one its stop did not end.
-        A service recorded after this looks is taken as live (ids only grow)."""
+        `held`: the open pools' allocations. A service recorded after this looks is
+        taken as live (ids only grow)."""
         assert self.launcher is not None
-        held, _ = self._held()
         if not held:
             return
         records = [s for p in self.c.store.pools(open_only=True)
