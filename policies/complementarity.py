@@ -310,14 +310,37 @@ def progress(job: JobSnapshot) -> tuple[float, float] | None:
 Q_NEWCOMER = 0.1
 
 
-def newcomer_length(job: JobSnapshot) -> float | None:
+#: ... and the quantile a newcomer's length is taken at where it is the member that
+#: leaves first: the high end, since the longer it stays, the longer its partner shares
+Q_NEWCOMER_LEAVES = 0.9
+
+
+def newcomer_length(job: JobSnapshot, q: float = Q_NEWCOMER) -> float | None:
     """Solo seconds of a job not yet started that declared `--rl-steps`: its steps at
-    the low end of its prior's period (`Q_NEWCOMER`), a lower bound on its run as far as
-    the prior goes. None for a job that has started or declared no steps."""
+    quantile `q` of its prior's period (by default the low end, `Q_NEWCOMER`: a lower
+    bound on its run as far as the prior goes). None for a job that has started or
+    declared no steps."""
     n, p = job.request.steps, job.profile
     if n is None or job.running_s > 0 or (p is not None and p.steps > 0):
         return None
-    return n * max(profile_of(job).period(Q_NEWCOMER), 1e-9)
+    return n * max(profile_of(job).period(q), 1e-9)
+
+
+def _newcomers_first(members: Sequence[JobSnapshot], shared: Sequence[float],
+                     ) -> tuple[int, float] | None:
+    """Two newcomers that both declared their steps: (the one sure to be done first,
+    its wall seconds to its end), where the prior says so even with the leaver at the
+    high end of its period (`Q_NEWCOMER_LEAVES`) and the other at the low end; else
+    None."""
+    lo = [newcomer_length(m) for m in members]
+    hi = [newcomer_length(m, Q_NEWCOMER_LEAVES) for m in members]
+    if any(x is None for x in (*lo, *hi)):
+        return None
+    for i in (0, 1):
+        end_i = (hi[i] or 0.0) * shared[i]
+        if end_i < (lo[1 - i] or 0.0) * shared[1 - i]:
+            return i, end_i
+    return None
 
 
 def alone_from_now(job: JobSnapshot) -> float | None:
@@ -353,15 +376,27 @@ def lifetime(members: Sequence[JobSnapshot], shared: Sequence[float]) -> tuple[f
     shares at its predicted slowdown `shared[i]` until the first member whose end is
     known is done, then runs alone. A newcomer that declared its steps
     (`newcomer_length`) likewise shares until then and runs the rest of its run alone;
-    it is not counted as a member that leaves, since its length is only its prior's. Any
+    it is not counted as a member that leaves, since its length is only its prior's,
+    except between two newcomers that both declared their steps: where one is sure to
+    be done first even at the high end of its prior's period and the other at the low
+    end (`_newcomers_first`), the other shares until then and runs the rest alone. Any
     other member (no `--rl-steps`, started with no complete step, past N) is judged on
     its shared slowdown: its run may last any time at that rate. Pairs only: a group of
     three is not alone once one member leaves, so larger groups are judged on their
     shared slowdowns.
     """
     prog = [progress(m) for m in members]
-    if len(members) != 2 or all(p is None for p in prog):
+    if len(members) != 2:
         return tuple(shared)
+    if all(p is None for p in prog):
+        both = _newcomers_first(members, shared)
+        if both is None:
+            return tuple(shared)
+        i, end = both
+        stays = list(shared)
+        length, s_other = newcomer_length(members[1 - i]) or 1.0, shared[1 - i]
+        stays[1 - i] = 1.0 + end * (1.0 - 1.0 / s_other) / length
+        return tuple(stays)
     first = min(p[1] * s for p, s in zip(prog, shared, strict=True) if p is not None)
     out = []
     for m, p, s in zip(members, prog, shared, strict=True):
@@ -405,19 +440,23 @@ def allowance(members: Sequence[JobSnapshot], limits: Sequence[float]) -> float 
     if all(p is not None for p in prog):
         return None
     known = [p[1] for p in prog if p is not None]  # solo seconds each has left
+    # two newcomers (`_newcomers_first`): the one that leaves is done no sooner than its
+    # length at the high end of its prior's period
+    leaves = ([newcomer_length(m, Q_NEWCOMER_LEAVES) for m in members[::-1]]
+              if len(members) == 2 and not known else [None] * len(members))
     out = []
-    for m, p, lim in zip(members, prog, limits, strict=True):
+    for m, p, lim, other in zip(members, prog, limits, leaves, strict=True):
         if p is not None:  # it ends first: (running + left x s) / (done + left) <= lim
             done, left = p
             out.append((lim * (done + left) - m.running_s) / left)
             continue
-        solo = newcomer_length(m) if known else None
+        solo = newcomer_length(m) if known or other is not None else None
         if solo is None:
             out.append(lim)
             continue
         # ends while sharing: s <= lim; else 1 + first (1 - 1/s) / solo <= lim, where the
         # partner is done no sooner than its work left at slowdown 1 (first >= min(known))
-        room = (lim - 1.0) * solo / min(known)
+        room = (lim - 1.0) * solo / (min(known) if known else (other or 1.0))
         if room >= 1.0:
             return None
         out.append(max(lim, 1.0 / (1.0 - room)))

@@ -65,7 +65,8 @@ as without it. The slowdown judged is the member's whole run's
 it has left: a job that ran alone for most of its run may take a partner that slows it
 more than its limit for the rest, as long as its run as a whole stays within it, and a
 newcomer that declared its steps may join it beyond its own limit for the time they
-share. A job that ran so slowly that its run exceeds its limit even alone from now is
+share (two newcomers that declared theirs likewise, where one is sure to be done
+first: `complementarity.lifetime`). A job that ran so slowly that its run exceeds its limit even alone from now is
 held to that instead (`complementarity.whole_run_limits`): it takes a partner that
 does not make its run worse. Elsewhere (no `--rl-steps`, a job started with no complete
 step seen, groups of three) it is the predicted slowdown while sharing.
