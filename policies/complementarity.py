@@ -30,7 +30,7 @@ import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from policies import floatsim
 from policies.base import JobSnapshot, PoolSnapshot, SiteLimits
@@ -40,6 +40,7 @@ from policies.groupsim import (
     NEEDS_GPU,
     TAIL,
     SimKey,
+    per_member,
     simulate_group_within,
 )
 from slurmrl.model import Layout, Mux, Phase
@@ -200,6 +201,9 @@ class _Facts:
     head: float  #: wall seconds per step a rollout holds more than one GPU (before its tail)
     tail: bool  #: its rollout lease shrinks through a tail (held share of its set < 1)
     duty: tuple[float, float]  #: median busy seconds on (rollout set, trainer set) / period
+    #: step wall time at the short and long ends of the profile (`Q_NEWCOMER`,
+    #: `Q_NEWCOMER_LEAVES`): a newcomer's length and a borrowed profile's scale
+    ends: tuple[float, float] = (0.0, 0.0)
 
 
 #: job snapshot id -> (the snapshot, its facts). Snapshots are immutable, so the facts of
@@ -234,7 +238,8 @@ def _facts(job: JobSnapshot) -> _Facts:
                                  job.request.gpus), tuple(segs),
                p.per_step(Phase.TRAIN, Q_BUSY) + p.per_step(Phase.SYNC, Q_BUSY),
                p.busy_wall(Q_BUSY), sum(d for ph, d in segs if ph == Phase.ROLLOUT.value),
-               tail, (mr / period, mt / period))
+               tail, (mr / period, mt / period),
+               (p.period(Q_NEWCOMER), p.period(Q_NEWCOMER_LEAVES)))
     if len(_FACTS) > 50_000:
         _FACTS.clear()
     _FACTS[id(job)] = (job, f)
@@ -315,15 +320,15 @@ Q_NEWCOMER = 0.1
 Q_NEWCOMER_LEAVES = 0.9
 
 
-def newcomer_length(job: JobSnapshot, q: float = Q_NEWCOMER) -> float | None:
+def newcomer_length(job: JobSnapshot, leaves: bool = False) -> float | None:
     """Solo seconds of a job not yet started that declared `--rl-steps`: its steps at
-    quantile `q` of its prior's period (by default the low end, `Q_NEWCOMER`: a lower
-    bound on its run as far as the prior goes). None for a job that has started or
-    declared no steps."""
+    the low end of its prior's period (`Q_NEWCOMER`: a lower bound on its run as far as
+    the prior goes), or with `leaves` at the high end (`Q_NEWCOMER_LEAVES`). None for a
+    job that has started or declared no steps."""
     n, p = job.request.steps, job.profile
     if n is None or job.running_s > 0 or (p is not None and p.steps > 0):
         return None
-    return n * max(profile_of(job).period(q), 1e-9)
+    return n * max(_facts(job).ends[leaves], 1e-9)
 
 
 def _newcomers_first(members: Sequence[JobSnapshot], shared: Sequence[float],
@@ -333,7 +338,7 @@ def _newcomers_first(members: Sequence[JobSnapshot], shared: Sequence[float],
     high end of its period (`Q_NEWCOMER_LEAVES`) and the other at the low end; else
     None."""
     lo = [newcomer_length(m) for m in members]
-    hi = [newcomer_length(m, Q_NEWCOMER_LEAVES) for m in members]
+    hi = [newcomer_length(m, leaves=True) for m in members]
     if any(x is None for x in (*lo, *hi)):
         return None
     for i in (0, 1):
@@ -431,18 +436,19 @@ def floating_lifetime(members: Sequence[JobSnapshot],
     return tuple(out)
 
 
-def allowance(members: Sequence[JobSnapshot], limits: Sequence[float]) -> float | None:
-    """The highest shared slowdown `lifetime` could accept of any member, given each
-    member's whole-run `limits`: a bound for `predict` (None: none, when every member's
-    end is known, any one of them may end first, or a newcomer ends after its partner
-    whatever the slowdown)."""
+def allowance(members: Sequence[JobSnapshot], limits: Sequence[float],
+              ) -> tuple[float, ...] | None:
+    """Per member, the highest shared slowdown `lifetime` could accept of it, given each
+    member's whole-run `limits` (`math.inf`: any): bounds for `predict`, which may stop
+    simulating a group once a member is sure to exceed its own. None: none at all, when
+    every member's end is known (any one of them may end first)."""
     prog = [progress(m) for m in members] if len(members) == 2 else [None] * len(members)
     if all(p is not None for p in prog):
         return None
     known = [p[1] for p in prog if p is not None]  # solo seconds each has left
     # two newcomers (`_newcomers_first`): the one that leaves is done no sooner than its
     # length at the high end of its prior's period
-    leaves = ([newcomer_length(m, Q_NEWCOMER_LEAVES) for m in members[::-1]]
+    leaves = ([newcomer_length(m, leaves=True) for m in members[::-1]]
               if len(members) == 2 and not known else [None] * len(members))
     out = []
     for m, p, lim, other in zip(members, prog, limits, leaves, strict=True):
@@ -458,9 +464,67 @@ def allowance(members: Sequence[JobSnapshot], limits: Sequence[float]) -> float 
         # partner is done no sooner than its work left at slowdown 1 (first >= min(known))
         room = (lim - 1.0) * solo / (min(known) if known else (other or 1.0))
         if room >= 1.0:
-            return None
-        out.append(max(lim, 1.0 / (1.0 - room)))
-    return max(out)
+            out.append(math.inf)
+            continue
+        most = max(lim, 1.0 / (1.0 - room))
+        # beside a newcomer, it runs alone after it only where that one ends first
+        # (`_newcomers_first`: other x s_other < solo x s with s_other >= 1): never
+        # while its own slowdown stays within `most` if other >= solo x most
+        out.append(lim if other is not None and other >= solo * most else most)
+    return tuple(out)
+
+
+def peer_of(job: JobSnapshot, members: Sequence[JobSnapshot],
+            declared: bool = True) -> Profile | None:
+    """The profile a job that gave no --rl-profile and has completed no step borrows
+    from `members` (a job of its model beside it says more of its phases than the
+    model-size prior does): the observed profile of the member of its model and GPU
+    count that has completed the most steps, else (`declared`) the --rl-profile of the
+    first such member that gave one. None for any other job, or where none is a peer."""
+    p = job.profile
+    if job.request.profile is not None or (p is not None and p.steps > 0):
+        return None
+    peers = [m for m in members if m is not job and m.request.model == job.request.model
+             and m.request.gpus == job.request.gpus]
+    seen = [m for m in peers if m.profile is not None and m.profile.steps > 0]
+    if seen:
+        return max(seen, key=lambda m: m.profile.steps if m.profile is not None else 0).profile
+    told = [m for m in peers if m.request.profile is not None] if declared else []
+    return profile_of(told[0]) if told else None
+
+
+def peer_views(members: Sequence[JobSnapshot]) -> list[tuple[JobSnapshot, ...]]:
+    """The group as `predict` is to see it: each member that borrows a peer's profile
+    (`peer_of`) takes it scaled to the short and to the long end of its own prior's
+    period (`Q_NEWCOMER`, `Q_NEWCOMER_LEAVES`: 0.75-1.25 of its median for the
+    model-size prior, 0.85-1.15 for a --rl-profile; the peer's period stands for the
+    median), one view each; the caller takes each member's worse slowdown (`worst`).
+    At its peer's very period a borrowed profile would make the two look like twins,
+    whose steps interleave better than those of two jobs whose periods differ. One view,
+    the group as it is, where no member borrows."""
+    views: list[list[JobSnapshot]] = [[], []]
+    borrows = False
+    for m in members:
+        peer = peer_of(m, members)
+        if peer is None:
+            for v in views:
+                v.append(m)
+            continue
+        borrows = True
+        own = _facts(m)
+        for v, end in zip(views, own.ends, strict=True):
+            v.append(replace(m, profile=peer.scaled(end / own.period)))
+    return [tuple(v) for v in views] if borrows else [tuple(members)]
+
+
+def worst(preds: Sequence[GroupPrediction]) -> GroupPrediction:
+    """Each member's worst slowdown over several predictions of one group."""
+    if len(preds) == 1:
+        return preds[0]
+    return GroupPrediction(tuple(max(s) for s in zip(*(p.slowdowns for p in preds),
+                                                     strict=True)),
+                           min(p.utilisation for p in preds),
+                           max(p.round_s for p in preds), preds[0].extra)
 
 
 def formula(members: Sequence[JobSnapshot]) -> GroupPrediction:
@@ -474,16 +538,19 @@ def formula(members: Sequence[JobSnapshot]) -> GroupPrediction:
 
 
 def predict(members: Sequence[JobSnapshot], steps: int = 6,
-            bound: float | None = None, offsets: Sequence[int] | None = None,
+            bound: float | Sequence[float] | None = None,
+            offsets: Sequence[int] | None = None,
             pool_gpus: int | None = None) -> GroupPrediction:
     """Formula where it holds, else a simulation of the slice policy on the profiles.
 
     The formula holds for one rollout and one gap per step and equal periods (within
     5%); otherwise (unequal periods, several GPU phases per step, groups above two, a
     staggered pool) the members' steps run through the round-robin schedule
-    (`simulate_group`). With `bound`, a group whose load alone exceeds it (sum a_i / P_i
-    > bound: no slicer can serve it) is not simulated. A staggered pool: `pool_gpus`
-    GPUs, member i on GPUs offsets[i] .. offsets[i] + its count - 1.
+    (`simulate_group`). With `bound` (one for all, or one per member), a group whose
+    load alone exceeds every member's (sum a_i / P_i > bound: no slicer can serve it) is
+    not simulated, and a simulation stops once a member is sure to exceed its own. A
+    staggered pool: `pool_gpus` GPUs, member i on GPUs offsets[i] .. offsets[i] + its
+    count - 1.
     """
     f = formula(members)
     fs = [_facts(m) for m in members]
@@ -510,11 +577,12 @@ def predict(members: Sequence[JobSnapshot], steps: int = 6,
         # training cannot overlap the other's training or rollout head
         load = max(load, max((a.whole / a.period + (b.whole + b.head) / b.period
                               for a, b in itertools.permutations(fs, 2)), default=0.0))
-    if bound is not None and load > bound:
+    bounds = per_member(bound, len(members))
+    if bounds is not None and load > max(bounds):
         return GroupPrediction(tuple(max(s, load) for s in f.slowdowns), f.utilisation,
                                f.round_s, f.extra)
     offs = tuple(offsets) if offsets is not None else (0,) * len(members)
-    return GroupPrediction(_simulate_scaled(fs, steps, offs, pool_gpus, bound),
+    return GroupPrediction(_simulate_scaled(fs, steps, offs, pool_gpus, bounds),
                            f.utilisation, f.round_s, f.extra)
 
 
@@ -579,7 +647,7 @@ def _rotated(step: list[tuple[float, int]], at: float) -> list[tuple[float, int]
 
 
 def _simulate_scaled(fs: Sequence[_Facts], steps: int, offsets: Sequence[int],
-                     pool_gpus: int | None, bound: float | None = None,
+                     pool_gpus: int | None, bounds: Sequence[float] | None = None,
                      ) -> tuple[float, ...]:
     # slowdowns do not change when every duration is scaled alike: durations relative to
     # the group's longest step, at 2 significant digits, in a canonical member order, let
@@ -588,7 +656,8 @@ def _simulate_scaled(fs: Sequence[_Facts], steps: int, offsets: Sequence[int],
     keys = [((*x.sets, tuple((ph, float(f"{d / scale:.2g}")) for ph, d in x.segs)), o)
             for x, o in zip(fs, offsets, strict=True)]
     order = sorted(range(len(keys)), key=keys.__getitem__)
-    out = _simulate_cached(tuple(keys[i] for i in order), steps, pool_gpus, bound)
+    out = _simulate_cached(tuple(keys[i] for i in order), steps, pool_gpus,
+                           None if bounds is None else tuple(bounds[i] for i in order))
     res = [1.0] * len(keys)
     for k, i in enumerate(order):
         res[i] = out[k]
@@ -610,20 +679,21 @@ def _remember(cache: OrderedDict[_SimCacheKey, tuple[float, ...]], key: _SimCach
 
 
 def _simulate_cached(key: tuple[tuple[SimKey, int], ...], steps: int,
-                     pool_gpus: int | None, bound: float | None = None,
+                     pool_gpus: int | None, bounds: Sequence[float] | None = None,
                      ) -> tuple[float, ...]:
-    """The group's simulated slowdowns, remembered; with `bound`, possibly a run stopped
-    once a member is sure to exceed it (enough to refuse the group: the only use of a
-    bound), remembered apart and reused for a bound it also exceeds."""
+    """The group's simulated slowdowns, remembered; with `bounds` (per member), possibly
+    a run stopped once a member is sure to exceed its own (enough to refuse the group:
+    the only use of a bound), remembered apart and reused for bounds it also exceeds."""
     ck = (key, steps, pool_gpus)
     got = _SIMULATED.get(ck)
     if got is not None:
         _SIMULATED.move_to_end(ck)
         return got
     over = _OVER.get(ck)
-    if over is not None and bound is not None and max(over) > bound * (1 + CUT_MARGIN):
+    if over is not None and bounds is not None and any(
+            o > b * (1 + CUT_MARGIN) for o, b in zip(over, bounds, strict=True)):
         return over
-    out, whole = simulate_group_within([k for k, _ in key], bound, steps,
+    out, whole = simulate_group_within([k for k, _ in key], bounds, steps,
                                        [o for _, o in key], pool_gpus)
     _remember(_SIMULATED if whole else _OVER, ck, out)
     return out

@@ -148,12 +148,25 @@ def simulate_group(members: Sequence[SimKey], steps: int = 6,
     return simulate_group_within(members, None, steps, offsets, pool_gpus)[0]
 
 
-def simulate_group_within(members: Sequence[SimKey], bound: float | None, steps: int = 6,
+def per_member(bound: float | Sequence[float] | None, n: int) -> list[float] | None:
+    """`bound` as one bound per member of `n` (one number: the same for all)."""
+    if bound is None:
+        return None
+    if isinstance(bound, (int, float)):
+        return [float(bound)] * n
+    if len(bound) != n:
+        raise ValueError(f"{len(bound)} bounds for {n} members")
+    return [float(b) for b in bound]
+
+
+def simulate_group_within(members: Sequence[SimKey], bound: float | Sequence[float] | None,
+                          steps: int = 6,
                           offsets: Sequence[int] | None = None,
                           pool_gpus: int | None = None,
                           ) -> tuple[tuple[float, ...], bool]:
     """`simulate_group`, stopping as soon as some member's slowdown is sure to exceed
-    `bound` (None: never); and whether it ran to the end. Stopped, it gives for that
+    `bound` (None: never; one number for every member, or one per member: each is held
+    to its own); and whether it ran to the end. Stopped, it gives for that
     member a value above `bound` that its slowdown is at least, and 1.0 for the others:
     enough to refuse the group, not a prediction. Why it is sure: a member's work grows
     at most as fast as the clock, so its lag (time minus solo work done) never shrinks,
@@ -171,9 +184,10 @@ def simulate_group_within(members: Sequence[SimKey], bound: float | None, steps:
     # the full run would accept), and the solo work of its finished segments
     whole = ([sum(segs[j][i % lens[j]][3] for i in range(total[j])) for j in range(n)]
              if bound is not None else [])
-    cut_lag = ([(bound * (1 + CUT_MARGIN) - 1.0) * w if w > 0 else math.inf
-                for w in whole]  # (a plan of no work: its slowdown is not bounded)
-               if bound is not None else None)
+    bounds = per_member(bound, n)
+    cut_lag = ([(b * (1 + CUT_MARGIN) - 1.0) * w if w > 0 else math.inf
+                for b, w in zip(bounds, whole, strict=True)]  # (no work: not bounded)
+               if bounds is not None else None)
     done_w = [0.0] * n
     # a tail keeps the lowest GPU it holds where its keep order is ascending (always,
     # unless the pool is staggered): the mask's lowest bit, without the search

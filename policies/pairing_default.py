@@ -66,9 +66,14 @@ it has left: a job that ran alone for most of its run may take a partner that sl
 more than its limit for the rest, as long as its run as a whole stays within it, and a
 newcomer that declared its steps may join it beyond its own limit for the time they
 share (two newcomers that declared theirs likewise, where one is sure to be done
-first: `complementarity.lifetime`). A job that ran so slowly that its run exceeds its limit even alone from now is
-held to that instead (`complementarity.whole_run_limits`): it takes a partner that
-does not make its run worse. Elsewhere (no `--rl-steps`, a job started with no complete
+first: `complementarity.lifetime`). A job that ran so slowly that its run exceeds its
+limit even alone from now is held to that instead (`complementarity.whole_run_limits`):
+it takes a partner that does not make its run worse. A newcomer that gave no
+--rl-profile is predicted with the profile of a group member of its model and GPU
+count (observed, else that member's --rl-profile: `complementarity.peer_of`), scaled
+to the short and the long end of its own prior's period, each member's worse
+slowdown of the two taken (`peer_views`, `worst`); the model-size prior only where no
+member is such a peer. Elsewhere (no `--rl-steps`, a job started with no complete
 step seen, groups of three) it is the predicted slowdown while sharing.
 
 Known limits: large batches are pruned to the `neighbours` nearest jobs by period
@@ -110,6 +115,8 @@ from policies.complementarity import (
     has_tail,
     lifetime,
     limit_of,
+    peer_of,
+    peer_views,
     period_of,
     predict,
     predict_floating,
@@ -118,6 +125,7 @@ from policies.complementarity import (
     split_of,
     unusable,
     whole_run_limits,
+    worst,
 )
 from slurmrl.model import Layout
 
@@ -138,16 +146,8 @@ def _as_peer(job: JobSnapshot, members: Sequence[JobSnapshot]) -> JobSnapshot:
     model and GPU count that has completed the most steps, where there is one (a job of
     the same model beside it says more of it than the model-size prior does); any other
     job as it is. Its whole-run slowdown is still judged on its own progress (none)."""
-    p = job.profile
-    if job.request.profile is not None or (p is not None and p.steps > 0):
-        return job
-    peers = [m for m in members if m.request.model == job.request.model
-             and m.request.gpus == job.request.gpus and m.profile is not None
-             and m.profile.steps > 0]
-    if not peers:
-        return job
-    best = max(peers, key=lambda m: m.profile.steps if m.profile is not None else 0)
-    return replace(job, profile=best.profile)
+    peer = peer_of(job, members, declared=False)
+    return job if peer is None else replace(job, profile=peer)
 
 
 class ComplementaryPairing:
@@ -205,8 +205,16 @@ class ComplementaryPairing:
             return None
         lims = whole_run_limits(members, [(limit if limit is not None else limit_of(m, limits))
                                           / self.margin for m in members])
-        pred = predict(members, bound=allowance(members, lims), offsets=offsets,
-                       pool_gpus=pool_gpus)
+        bound = allowance(members, lims)
+        preds = []
+        # each view must pass (`lifetime` grows with every member's slowdown, so their
+        # worst passes where each does): a group one view refuses is not run in the other
+        for view in peer_views(members):
+            preds.append(predict(view, bound=bound, offsets=offsets, pool_gpus=pool_gpus))
+            for lim, s in zip(lims, lifetime(members, preds[-1].slowdowns), strict=True):
+                if s > lim:
+                    return None
+        pred = worst(preds)
         for lim, s in zip(lims, lifetime(members, pred.slowdowns), strict=True):
             if s > lim:
                 return None

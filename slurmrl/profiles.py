@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from slurmrl.model import GPU_PHASES, Phase, PhasePrior
 
@@ -126,6 +126,12 @@ class Profile:
             q = q_busy if p.needs_gpu else q_gap
             out.append((p, self.per_step(p, q) / counts[p]))
         return tuple(out)
+
+    def scaled(self, factor: float) -> Profile:
+        """The same phases, order and GPU shares, every duration times `factor`."""
+        return replace(self, phases={
+            ph: replace(st, p10=st.p10 * factor, p50=st.p50 * factor, p90=st.p90 * factor,
+                        ewma=st.ewma * factor) for ph, st in self.phases.items()})
 
     def multi_phase(self) -> bool:
         """True when a step holds more than one rollout or more than one gap."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -52,7 +55,37 @@ def test_a_run_stopped_at_a_bound_refuses_only_what_the_whole_run_refuses(
         return
     assert max(full) > bound
     (cut,) = [i for i, s in enumerate(got) if s != 1.0]
-    assert bound < got[cut] <= full[cut]
+    assert bound < got[cut] <= full[cut] + 1e-12  # (two roundings of one quotient)
+
+
+@settings(max_examples=300, deadline=None)
+@given(groups(), st.lists(st.sampled_from([1.0, 1.05, 1.15, 1.5, 2.0, 5.0, math.inf]),
+                          min_size=3, max_size=3))
+def test_a_run_stopped_at_per_member_bounds_refuses_only_what_the_whole_run_refuses(
+        members: list[SimKey], bounds: list[float]) -> None:
+    # each member held to its own bound (pairing's `allowance`): a run stops only once
+    # some member is sure to end above its own, and says which with a true lower bound
+    own = bounds[:len(members)]
+    full = simulate_group(members)
+    got, whole = simulate_group_within(members, own)
+    if whole:
+        assert got == full
+        return
+    assert any(s > b for s, b in zip(full, own, strict=True))
+    (cut,) = [i for i, s in enumerate(got) if s != 1.0]
+    assert own[cut] < got[cut] <= full[cut] + 1e-12
+
+
+def test_bounds_must_be_one_per_member() -> None:
+    busy: SimKey = (0, 2, ((Phase.TRAIN.value, 10.0),))
+    with pytest.raises(ValueError, match="2 bounds for 3 members"):
+        simulate_group_within([busy, busy, busy], [1.5, 1.5])
+    # only the member over its own bound stops the run: the same pair runs to its end
+    # where the member it would stop is allowed any slowdown
+    full = simulate_group([busy, busy])
+    assert simulate_group_within([busy, busy], [math.inf, math.inf]) == (full, True)
+    got, whole = simulate_group_within([busy, busy], [math.inf, 1.15])
+    assert not whole and got[0] == 1.0 and got[1] > 1.15
 
 
 def test_a_clearly_over_bound_pair_stops_early_with_a_member_above_it() -> None:

@@ -10,8 +10,15 @@ from hypothesis import strategies as st
 
 from policies import registry
 from policies.base import Action, ClusterSnapshot, JobSnapshot, PoolSnapshot, SiteLimits, Verdict
-from policies.complementarity import allowance, formula, group_load, lifetime, predict
-from slurmrl.model import Mux, Phase, RlRequest
+from policies.complementarity import (
+    allowance,
+    formula,
+    group_load,
+    lifetime,
+    peer_views,
+    predict,
+)
+from slurmrl.model import Mux, Phase, PhasePrior, RlRequest
 from slurmrl.profiles import profile_from_segments
 
 GiB = 2**30
@@ -376,7 +383,6 @@ def test_two_newcomers_the_longer_shares_only_while_the_shorter_runs() -> None:
 def test_two_newcomers_are_judged_sharing_where_the_prior_cannot_say_which_ends_first() -> None:
     # priors' periods span 0.75-1.25 of their median: 100 and 120 steps of one prior
     # may end in either order, so neither is taken to run alone after the other
-    from slurmrl.model import PhasePrior
     from slurmrl.profiles import profile_from_prior
 
     prior = profile_from_prior(PhasePrior(((Phase.ROLLOUT, 0.5), (Phase.TRAIN, 0.3),
@@ -391,6 +397,46 @@ def test_two_newcomers_are_judged_sharing_where_the_prior_cannot_say_which_ends_
     assert life[0] == 1.3 and life[1] < 1.3
 
 
+def fresh(jid: int, model: str = "Qwen2.5-7B", gpus: int = 8,
+          max_slowdown: float | None = None) -> JobSnapshot:
+    """A job just submitted with no --rl-profile: pairing knows only its model and size."""
+    return JobSnapshot(jid, f"u{jid}", RlRequest(gpus, model, max_slowdown=max_slowdown),
+                       None, float(jid), host_mem_bytes=0)
+
+
+def test_a_newcomer_with_no_profile_is_judged_by_a_running_job_of_its_model() -> None:
+    # the model-size prior makes any 7B job look busy (generation 45%, training 47% of a
+    # 300 s step): beside a running 7B job busy 40% of its 100 s step it would slow that
+    # job almost 4x. It is judged on the running job's phases instead, at 0.75 and 1.25
+    # of its period (the prior's spread), and joins within both members' limits
+    pol = registry.load("pairing", "complementary")
+    limits = SiteLimits(max_slowdown=1.5, default_max_slowdown=1.25)
+    host = running(job(1, 40, 60), steps=None, seen=20, ran_s=2000.0)
+    new = fresh(2, max_slowdown=1.4)
+    assert predict([host, new]).slowdowns[0] > 3
+    fast, slow = peer_views([host, new])
+    assert fast[0] is host and slow[0] is host
+    assert [v[1].profile.period() for v in (fast, slow)] == pytest.approx(  # type: ignore[union-attr]
+        [75.0, 125.0])
+    worse = [max(a, b) for a, b in zip(predict(fast).slowdowns, predict(slow).slowdowns,
+                                       strict=True)]
+    assert worse[0] <= 1.25 < worse[1] <= 1.4
+
+    def placed(newcomer: JobSnapshot) -> Action:
+        return pol.place(snap([newcomer], (PoolSnapshot(7, 8, (host,)),), limits=limits))[0].action
+
+    assert placed(new) is Action.JOIN
+    # its limit of 1.25 (the site's default) is exceeded at 1.25 of the period
+    assert placed(fresh(2)) is Action.OPEN
+    # a job of another model, or with its own --rl-profile, keeps its own prior
+    assert peer_views([host, fresh(2, "Llama-3-70B", max_slowdown=1.4)]) == [
+        (host, fresh(2, "Llama-3-70B", max_slowdown=1.4))]
+    assert placed(fresh(2, "Llama-3-70B", max_slowdown=1.4)) is Action.OPEN
+    told = replace(new, request=replace(new.request, profile=PhasePrior(
+        ((Phase.ROLLOUT, 0.45), (Phase.TRAIN, 0.55)), 300.0)))
+    assert len(peer_views([host, told])) == 1 and placed(told) is Action.OPEN
+
+
 @settings(max_examples=1000, deadline=None)
 @given(left=st.integers(1, 400), seen=st.integers(1, 50), ran=st.floats(0.5, 1.5),
        n_steps=st.integers(1, 400), s_host=st.floats(1.0, 4.0), s_new=st.floats(1.0, 4.0),
@@ -399,8 +445,9 @@ def test_two_newcomers_are_judged_sharing_where_the_prior_cannot_say_which_ends_
 def test_allowance_never_rules_out_shared_slowdowns_the_whole_run_accepts(
         left: int, seen: int, ran: float, n_steps: int, s_host: float, s_new: float,
         lim_host: float, lim_new: float, order: bool) -> None:
-    # `allowance` lets `predict` skip simulating groups whose load exceeds it: it must
-    # not skip one that `lifetime` would accept, whichever member is listed first
+    # `allowance` lets `predict` stop simulating a group once a member is sure to exceed
+    # its bound: it must not stop one that `lifetime` would accept, whichever member is
+    # listed first
     period = 100.0
     host = running(job(1, 70, 30), steps=seen + left, seen=seen, ran_s=seen * period * ran)
     new = newcomer(job(2, 70, 30), n_steps)
@@ -409,14 +456,14 @@ def test_allowance_never_rules_out_shared_slowdowns_the_whole_run_accepts(
         members, shared, lims = members[::-1], shared[::-1], lims[::-1]
     life = lifetime(members, shared)
     if all(x <= lim for x, lim in zip(life, lims, strict=True)):
-        bound = allowance(members, lims)
-        assert bound is None or max(shared) <= bound + 1e-9
+        bounds = allowance(members, lims)
+        assert bounds is None or all(s <= b + 1e-9 for s, b in zip(shared, bounds, strict=True))
     # two newcomers, one of `n_steps` and one of `seen + left` steps
     pair = [newcomer(job(3, 70, 30), seen + left), new]
     life = lifetime(pair, shared)
     if all(x <= lim for x, lim in zip(life, lims, strict=True)):
-        bound = allowance(pair, lims)
-        assert bound is None or max(shared) <= bound + 1e-9
+        bounds = allowance(pair, lims)
+        assert bounds is None or all(s <= b + 1e-9 for s, b in zip(shared, bounds, strict=True))
 
 
 def test_a_pair_with_no_free_gpus_still_joins_an_open_pool() -> None:
