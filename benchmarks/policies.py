@@ -870,10 +870,26 @@ seeds 0-1, steady and bursty), the median period and 0.75 of it gave agentic-too
 and 4.9% saved at p95 1.122 and 1.114, long-cot 3.6% and 3.0% at 1.132 and 1.119,
 polytrace-mix 3.2% and 2.4% at 1.139 and 1.112, 96-98% of jobs within their limit; the
 p10 the rule takes is 0.75 of the median for the model-size prior and 0.85 for a
-`--rl-profile`, and gave 5.1%, 3.1% and 2.4% in that check. A job that has not completed
-a step, declared none or ran past N is judged on its slowdown while sharing. The suite's
-jobs all declare their steps; row `complementary, no --rl-steps` is the same policy
-where none does.
+`--rl-profile`, and gave 5.1%, 3.1% and 2.4% in that check. Two newcomers that both
+declared their steps (a burst's, or jobs queued together for GPUs) are projected so too
+where one is sure to be done first: its N steps at its prior's p90 period (1.25 of the
+median for the model-size prior, 1.15 for a `--rl-profile`: the long end, since the
+longer it stays the longer its partner shares) end before the other's at the p10;
+before commit 34ab57b both were judged on their slowdown while sharing. A job that has
+not completed a step, declared none or ran past N is judged on its slowdown while
+sharing. The suite's jobs all declare their steps; row `complementary, no --rl-steps` is
+the same policy where none does.
+
+Since commit d685b6a a newcomer that gave no `--rl-profile` (half the suite's jobs) is
+predicted, beside a group member of its model and GPU count, on that member's phases
+(observed, else its `--rl-profile`; `complementarity.peer_of`) scaled to the short and
+to the long end of its own prior's period (0.75 and 1.25 of the member's), each
+member's worse slowdown of the two taken (`peer_views`); the model-size prior only
+where no member is such a peer. Its partner's own period would make the two twins, and
+twins interleave better than jobs whose periods differ (tried at it: long-cot ran at
+p95 1.176 at a limit of 1.15 and 1.449 at 1.25; 60 jobs, seeds 0-2, steady and bursty).
+The mean shares of all the jobs of its model (below) are a different prior: the class's,
+not the one job it would run beside, at one period.
 
 Learning the phase shares of a job without `--rl-profile` from the jobs of its model and
 size observed so far (as the tail share is; throwaway patch, not landed) moved the
