@@ -207,8 +207,9 @@ class ComplementaryPairing:
                                           / self.margin for m in members])
         bound = allowance(members, lims)
         preds = []
-        # each view must pass (`lifetime` grows with every member's slowdown, so their
-        # worst passes where each does): a group one view refuses is not run in the other
+        # each view must pass, and then their worst (each member's worse slowdown of the
+        # two, which may come from different views): a group one view refuses is not
+        # simulated in the other
         for view in peer_views(members):
             preds.append(predict(view, bound=bound, offsets=offsets, pool_gpus=pool_gpus))
             for lim, s in zip(lims, lifetime(members, preds[-1].slowdowns), strict=True):
