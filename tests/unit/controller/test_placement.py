@@ -363,3 +363,29 @@ def test_gpus_of_a_job_queued_or_ended_are_free(state: SlurmJobState) -> None:
     other = JobInfo(901, "x", "u", 1, state, partition="other", nodes=("n1",),
                     gpu_indices=(0, 1, 2, 3), gpu_indices_by_node=(("n1", (0, 1, 2, 3)),))
     assert free_gpus([NODE], [other], [], "pools") == {"pools": NODE.gpus}
+
+
+def test_a_newcomer_with_no_profile_joins_on_the_phases_of_a_running_job_of_its_model(
+        tmp_path: Path) -> None:
+    # the controller's snapshot of a job that gave no --rl-profile and has run nothing
+    # carries the model-size prior (a busy step); beside a running job of its model the
+    # pairing judges it on that job's observed phases instead, and it joins
+    store = Store(tmp_path / "c.db")
+    site = load_policies(Config())
+    host = _job(store, 31, 1.0)
+    _steps(store, 31, 0.0, busy=4.0, gap=6.0)
+    pool = PoolRecord(6, 4, "open", 0.0, slurm_job_id=902, partition="pools", nodes=("n1",))
+    members = [job_snapshot(host, "pools", store.observations(31), now=60.0)]
+    pools = [pool_snapshot(pool, members, "pools", 80 << 30, site.limits)]
+    free = free_gpus([NODE], [], [pool], "pools")
+    new = job_snapshot(_job(store, 32, 2.0), "pools")
+    assert new.profile is not None and new.profile.source == "prior"
+    (pl,) = site.pairing.place(cluster_snapshot(60.0, pools, [new], free, site.limits))
+    assert (pl.action, pl.pool_id) == (Action.JOIN, 6)
+    # a job of another model is judged on its own prior: too busy to join
+    other = JobRecord(33, "user33", 1033, RlRequest(4, "Qwen2.5-7B"), JobState.PENDING, 3.0,
+                      partition="drivers")
+    store.add_job(other)
+    (pl,) = site.pairing.place(cluster_snapshot(
+        60.0, pools, [job_snapshot(other, "pools")], free, site.limits))
+    assert pl.action is Action.OPEN
