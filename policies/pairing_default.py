@@ -206,19 +206,24 @@ class ComplementaryPairing:
         lims = whole_run_limits(members, [(limit if limit is not None else limit_of(m, limits))
                                           / self.margin for m in members])
         bound = allowance(members, lims)
-        preds = []
-        # each view must pass, and then their worst (each member's worse slowdown of the
-        # two, which may come from different views): a group one view refuses is not
-        # simulated in the other
+
+        def passes(p: GroupPrediction) -> bool:
+            return all(s <= lim for lim, s in zip(lims, lifetime(members, p.slowdowns),
+                                                  strict=True))
+
+        pred: GroupPrediction | None = None
+        # each view must pass, and then the worst of them (each member's worse slowdown,
+        # which may come from different views; `lifetime` is not monotone where it
+        # changes which newcomer ends first): a group the first view refuses is not
+        # simulated in the second
         for view in peer_views(members):
-            preds.append(predict(view, bound=bound, offsets=offsets, pool_gpus=pool_gpus))
-            for lim, s in zip(lims, lifetime(members, preds[-1].slowdowns), strict=True):
-                if s > lim:
-                    return None
-        pred = worst(preds)
-        for lim, s in zip(lims, lifetime(members, pred.slowdowns), strict=True):
-            if s > lim:
+            got = predict(view, bound=bound, offsets=offsets, pool_gpus=pool_gpus)
+            if not passes(got):
                 return None
+            pred = got if pred is None else worst([pred, got])
+            if pred is not got and not passes(pred):
+                return None
+        assert pred is not None  # peer_views gives one view at least
         return pred if pred.gain() >= self.min_gain * (len(members) - 1) else None
 
     def staggerable(self, a: JobSnapshot, b: JobSnapshot) -> bool:
