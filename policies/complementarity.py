@@ -202,7 +202,7 @@ class _Facts:
     tail: bool  #: its rollout lease shrinks through a tail (held share of its set < 1)
     duty: tuple[float, float]  #: median busy seconds on (rollout set, trainer set) / period
     #: step wall time at the short and long ends of the profile (`Q_NEWCOMER`,
-    #: `Q_NEWCOMER_LEAVES`): a newcomer's length and a borrowed profile's scale
+    #: `Q_NEWCOMER_LONG`): a newcomer's length and a borrowed profile's scale
     ends: tuple[float, float] = (0.0, 0.0)
 
 
@@ -239,7 +239,7 @@ def _facts(job: JobSnapshot) -> _Facts:
                p.per_step(Phase.TRAIN, Q_BUSY) + p.per_step(Phase.SYNC, Q_BUSY),
                p.busy_wall(Q_BUSY), sum(d for ph, d in segs if ph == Phase.ROLLOUT.value),
                tail, (mr / period, mt / period),
-               (p.period(Q_NEWCOMER), p.period(Q_NEWCOMER_LEAVES)))
+               (p.period(Q_NEWCOMER), p.period(Q_NEWCOMER_LONG)))
     if len(_FACTS) > 50_000:
         _FACTS.clear()
     _FACTS[id(job)] = (job, f)
@@ -315,37 +315,19 @@ def progress(job: JobSnapshot) -> tuple[float, float] | None:
 Q_NEWCOMER = 0.1
 
 
-#: ... and the quantile a newcomer's length is taken at where it is the member that
-#: leaves first: the high end, since the longer it stays, the longer its partner shares
-Q_NEWCOMER_LEAVES = 0.9
+#: ... and the long end of a newcomer's prior period (with `Q_NEWCOMER`, the ends a
+#: borrowed profile is scaled to: `peer_views`)
+Q_NEWCOMER_LONG = 0.9
 
 
-def newcomer_length(job: JobSnapshot, leaves: bool = False) -> float | None:
+def newcomer_length(job: JobSnapshot) -> float | None:
     """Solo seconds of a job not yet started that declared `--rl-steps`: its steps at
-    the low end of its prior's period (`Q_NEWCOMER`: a lower bound on its run as far as
-    the prior goes), or with `leaves` at the high end (`Q_NEWCOMER_LEAVES`). None for a
-    job that has started or declared no steps."""
+    the low end of its prior's period (`Q_NEWCOMER`), a lower bound on its run as far as
+    the prior goes. None for a job that has started or declared no steps."""
     n, p = job.request.steps, job.profile
     if n is None or job.running_s > 0 or (p is not None and p.steps > 0):
         return None
-    return n * max(_facts(job).ends[leaves], 1e-9)
-
-
-def _newcomers_first(members: Sequence[JobSnapshot], shared: Sequence[float],
-                     ) -> tuple[int, float] | None:
-    """Two newcomers that both declared their steps: (the one sure to be done first,
-    its wall seconds to its end), where the prior says so even with the leaver at the
-    high end of its period (`Q_NEWCOMER_LEAVES`) and the other at the low end; else
-    None."""
-    lo = [newcomer_length(m) for m in members]
-    hi = [newcomer_length(m, leaves=True) for m in members]
-    if any(x is None for x in (*lo, *hi)):
-        return None
-    for i in (0, 1):
-        end_i = (hi[i] or 0.0) * shared[i]
-        if end_i < (lo[1 - i] or 0.0) * shared[1 - i]:
-            return i, end_i
-    return None
+    return n * max(_facts(job).ends[0], 1e-9)
 
 
 def alone_from_now(job: JobSnapshot) -> float | None:
@@ -381,27 +363,17 @@ def lifetime(members: Sequence[JobSnapshot], shared: Sequence[float]) -> tuple[f
     shares at its predicted slowdown `shared[i]` until the first member whose end is
     known is done, then runs alone. A newcomer that declared its steps
     (`newcomer_length`) likewise shares until then and runs the rest of its run alone;
-    it is not counted as a member that leaves, since its length is only its prior's,
-    except between two newcomers that both declared their steps: where one is sure to
-    be done first even at the high end of its prior's period and the other at the low
-    end (`_newcomers_first`), the other shares until then and runs the rest alone. Any
+    it is not counted as a member that leaves, since its length is only its prior's
+    (two newcomers are judged on their shared slowdowns: a prior's length is too loose
+    to say which is done first, docs/site-policies.md). Any
     other member (no `--rl-steps`, started with no complete step, past N) is judged on
     its shared slowdown: its run may last any time at that rate. Pairs only: a group of
     three is not alone once one member leaves, so larger groups are judged on their
     shared slowdowns.
     """
     prog = [progress(m) for m in members]
-    if len(members) != 2:
+    if len(members) != 2 or all(p is None for p in prog):
         return tuple(shared)
-    if all(p is None for p in prog):
-        both = _newcomers_first(members, shared)
-        if both is None:
-            return tuple(shared)
-        i, end = both
-        stays = list(shared)
-        length, s_other = newcomer_length(members[1 - i]) or 1.0, shared[1 - i]
-        stays[1 - i] = 1.0 + end * (1.0 - 1.0 / s_other) / length
-        return tuple(stays)
     first = min(p[1] * s for p, s in zip(prog, shared, strict=True) if p is not None)
     out = []
     for m, p, s in zip(members, prog, shared, strict=True):
@@ -446,31 +418,20 @@ def allowance(members: Sequence[JobSnapshot], limits: Sequence[float],
     if all(p is not None for p in prog):
         return None
     known = [p[1] for p in prog if p is not None]  # solo seconds each has left
-    # two newcomers (`_newcomers_first`): the one that leaves is done no sooner than its
-    # length at the high end of its prior's period
-    leaves = ([newcomer_length(m, leaves=True) for m in members[::-1]]
-              if len(members) == 2 and not known else [None] * len(members))
     out = []
-    for m, p, lim, other in zip(members, prog, limits, leaves, strict=True):
+    for m, p, lim in zip(members, prog, limits, strict=True):
         if p is not None:  # it ends first: (running + left x s) / (done + left) <= lim
             done, left = p
             out.append((lim * (done + left) - m.running_s) / left)
             continue
-        solo = newcomer_length(m) if known or other is not None else None
+        solo = newcomer_length(m) if known else None
         if solo is None:
             out.append(lim)
             continue
         # ends while sharing: s <= lim; else 1 + first (1 - 1/s) / solo <= lim, where the
         # partner is done no sooner than its work left at slowdown 1 (first >= min(known))
-        room = (lim - 1.0) * solo / (min(known) if known else (other or 1.0))
-        if room >= 1.0:
-            out.append(math.inf)
-            continue
-        most = max(lim, 1.0 / (1.0 - room))
-        # beside a newcomer, it runs alone after it only where that one ends first
-        # (`_newcomers_first`: other x s_other < solo x s with s_other >= 1): never
-        # while its own slowdown stays within `most` if other >= solo x most
-        out.append(lim if other is not None and other >= solo * most else most)
+        room = (lim - 1.0) * solo / min(known)
+        out.append(math.inf if room >= 1.0 else max(lim, 1.0 / (1.0 - room)))
     return tuple(out)
 
 
@@ -496,7 +457,7 @@ def peer_of(job: JobSnapshot, members: Sequence[JobSnapshot],
 def peer_views(members: Sequence[JobSnapshot]) -> list[tuple[JobSnapshot, ...]]:
     """The group as `predict` is to see it: each member that borrows a peer's profile
     (`peer_of`) takes it scaled to the short and to the long end of its own prior's
-    period (`Q_NEWCOMER`, `Q_NEWCOMER_LEAVES`: 0.75-1.25 of its median for the
+    period (`Q_NEWCOMER`, `Q_NEWCOMER_LONG`: 0.75-1.25 of its median for the
     model-size prior, 0.85-1.15 for a --rl-profile; the peer's period stands for the
     median), one view each; the caller takes each member's worse slowdown (`worst`).
     At its peer's very period a borrowed profile would make the two look like twins,

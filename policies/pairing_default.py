@@ -65,8 +65,7 @@ as without it. The slowdown judged is the member's whole run's
 it has left: a job that ran alone for most of its run may take a partner that slows it
 more than its limit for the rest, as long as its run as a whole stays within it, and a
 newcomer that declared its steps may join it beyond its own limit for the time they
-share (two newcomers that declared theirs likewise, where one is sure to be done
-first: `complementarity.lifetime`). A job that ran so slowly that its run exceeds its
+share. A job that ran so slowly that its run exceeds its
 limit even alone from now is held to that instead (`complementarity.whole_run_limits`):
 it takes a partner that does not make its run worse. A newcomer that gave no
 --rl-profile is predicted with the profile of a group member of its model and GPU
@@ -213,9 +212,9 @@ class ComplementaryPairing:
 
         pred: GroupPrediction | None = None
         # each view must pass, and then the worst of them (each member's worse slowdown,
-        # which may come from different views; `lifetime` is not monotone where it
-        # changes which newcomer ends first): a group the first view refuses is not
-        # simulated in the second
+        # which may come from different views: a newcomer's whole run rises with its
+        # partner's slowdown too): a group the first view refuses is not simulated in
+        # the second
         for view in peer_views(members):
             got = predict(view, bound=bound, offsets=offsets, pool_gpus=pool_gpus)
             if not passes(got):
