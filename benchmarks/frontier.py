@@ -409,26 +409,28 @@ limit, its p95 is above 1.00, so such rows read "not beaten":
 How much of this is noise, over seeds 0-2 (steady and bursty, 6 runs a point, standard
 errors in brackets; `python benchmarks/noise.py -w agentic-tools -w polytrace-mix -w
 long-cot --seeds 3` and `python benchmarks/noise.py -w disaggregated -w mixed-sizes
---seeds 3`, the same simulations as this run's and one more seed; 2026-11-27, commit
-d685b6a): on agentic-tools the default saves 31.3% (0.9) at p95 1.210 (0.004) at L =
-1.4, against `greedy`'s 30.2% (1.3) at 1.214 (0.004): a win, by less than the two
-points' standard errors combined. Before commit d685b6a it fell 3.1 points short there
-run by run (standard error 1.5): a loss just beyond two standard errors. What changed:
-a newcomer that gave no `--rl-profile` (half the suite's jobs) was judged on the
-model-size prior, which makes an agentic job, a third of whose step is tool calls and
-reward checks, look as busy as a math job; it is now judged on the phases of the job
-of its model it would join (docs/site-policies.md), and two newcomers that declared
-their steps on their whole runs where one is sure to end first (commit 34ab57b, the
-bursty runs). On polytrace-mix its curve gives 17.2% at `greedy`'s p95 1.422 (0.034)
-(16.0% (1.4) at 1.363 at L = 1.4, 17.9% (0.8) at 1.456 at 1.5), against `greedy`'s
-16.9% (1.9): more than it saves, with no measured limit at or below that p95: a tie, as
-before. On long-cot its curve reads 21.9% at `greedy`'s p95 1.716 (0.028) (18.3% (0.8)
-at 1.472 at L = 1.5, 23.4% (0.6) at 1.822 at 1.75) against 22.4% (1.1): 0.5 points
-short on the curve, run by run 1.5 ahead (standard error 1.6): a tie (1.6 short and 0.1
-before). On disaggregated and mixed-sizes the grid of limits falls either side of
+--seeds 3`, the same simulations as this run's and one more seed; 2026-11-27, at commit
+d685b6a, and for long-cot and polytrace-mix again at commit cf0f69c): on agentic-tools
+the default saves 31.3% (0.9) at p95 1.210 (0.004) at L = 1.4, against `greedy`'s
+30.2% (1.3) at 1.214 (0.004): a win, by less than the two points' standard errors
+combined (the same 6 runs at commit cf0f69c give the same means to the digit). Before
+commit d685b6a it fell 3.1 points short there run by run (standard error 1.5): a loss
+just beyond two standard errors. What changed: a newcomer that gave no `--rl-profile`
+(half the suite's jobs) was judged on the model-size prior, which makes an agentic job,
+a third of whose step is tool calls and reward checks, look as busy as a math job; it
+is now judged on the phases of the job of its model it would join
+(docs/site-policies.md). On polytrace-mix its curve gives 17.2% at `greedy`'s p95 1.422
+(0.034) (15.9% (1.5) at 1.363 at L = 1.4, 17.9% (0.8) at 1.450 at 1.5), against
+`greedy`'s 16.9% (1.9): more than it saves, with no measured limit at or below that
+p95: a tie, as before. On long-cot its curve reads 22.3% at `greedy`'s p95 1.716
+(0.028) (18.0% (1.0) at 1.459 at L = 1.5, 23.4% (0.6) at 1.782 at 1.75) against 22.4%
+(1.1): 0.1 points short on the curve, run by run 1.2 ahead (standard error 1.6): a tie
+(0.5 short with the two-newcomers rule of commits 34ab57b-1579914, 1.6 short and 0.1
+before d685b6a). On disaggregated and mixed-sizes the grid of limits falls either side of
 `random`'s p95; at limits between (per run `slurmrl simulate -w W --jobs 60 --seed S
---arrivals A --max-slowdown L --json`, the same 6 runs, means) the default beats it:
-disaggregated 17.6% at p95 1.420 at L = 1.43 (15.8% at 1.416 at 1.42), against
+--arrivals A --max-slowdown L --json`, the same 6 runs, means; disaggregated again at
+commit cf0f69c) the default beats it:
+disaggregated 17.0% at p95 1.413 at L = 1.43 (15.0% at 1.407 at 1.42), against
 `random`'s 15.1% (0.6) at 1.430 (0.012); mixed-sizes 7.7% at 2.325 at L = 2.25, against
 6.8% (0.3) at 2.523 (0.140). So the default beats `greedy` on agentic-tools and ties it
 on polytrace-mix and long-cot; `random`, `fifo-lock` and `gang` are beaten on every
@@ -437,12 +439,14 @@ interpolation runs along their frontier (above).
 
 What the change cost. Judged on a peer's phases, newcomers pair where the model-size
 prior kept them apart, and some of those pairs run slower than predicted: on long-cot
-the default saves 18.3% at p95 1.472 at L = 1.5 over the three seeds, where before it
-saved 18.1% at 1.420 (the 2-seed table: 94% of jobs within their limit at 1.5, 98%
-before), and at L = 1.3 12.1% at p95 1.352 (11.3% at 1.318 before, a throwaway run of
-the same 6 runs at commit 1ed104a). On disaggregated, whose jobs the model-size prior
+the default saves 18.0% at p95 1.459 at L = 1.5 over the three seeds, where before it
+saved 18.1% at 1.420 (the 2-seed table: 95% of jobs within their limit at 1.5, 98%
+before), and at L = 1.3 11.9% at p95 1.363 (11.3% at 1.318 before, a throwaway run of
+the same 6 runs at commit 1ed104a). With the two-newcomers rule of commits
+34ab57b-1579914 (docs/site-policies.md) it saved 18.3% at 1.472 at 1.5 (94% within).
+On disaggregated, whose jobs the model-size prior
 describes well (generation 44%, training 52% of a step; the prior 45% and 47%), the two
-scaled views are only more pessimistic: 13.4% at p95 1.387 at L = 1.4 where it saved
+scaled views are only more pessimistic: 13.4% at p95 1.386 at L = 1.4 where it saved
 16.8% at 1.412. Taking the peer's profile at its own period instead (one view, the
 pair as twins) made long-cot overshoot (p95 1.176 at a limit of 1.15 and 1.449 at 1.25;
 throwaway patch, seeds 0-2); the peer's observed profile only, not its `--rl-profile`,
