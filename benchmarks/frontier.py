@@ -452,6 +452,23 @@ pair as twins) made long-cot overshoot (p95 1.176 at a limit of 1.15 and 1.449 a
 throwaway patch, seeds 0-2); the peer's observed profile only, not its `--rl-profile`,
 gained agentic-tools less (29.1% at p95 1.202 at L = 1.4).
 
+Where the default puts most jobs over their limit: groups of three at high limits.
+On long-cot at L = 1.75, 92.5% of its jobs end within their limit (seeds 0-2, p95
+1.782); with pools of two only (`max_group = 2`) 95.0% do, at 22.9% saved against 23.4%
+and p95 1.705. Groups of three pay further up (at L = 2.0: long-cot 25.5% against
+23.7% with pairs only, agentic-tools 40.3% against 31.8%, disaggregated 30.1% against
+21.9%; at 3.0 long-cot 28.8% against 23.6%), so they stay. The error is the
+predictor's: in a throwaway probe on `benchmarks/policies.py`'s `_alone` (long-cot jobs
+of seed 0's draw sharing one pool from one instant until the first is done, 30 groups
+each, commit cf0f69c), members of groups of three predicted at 1.3-1.6 ran 0.10 slower
+than predicted (sd 0.09) and those at 1.6-1.9 0.06 slower (sd 0.11), where members of
+pairs predicted at 1.3-1.9 ran 0.04-0.10 faster. Without per-step noise and drift the
+pairs' error nearly vanishes (sd 0.03) and the trios' stays (sd 0.13); without rollout
+tails the trios' drops to sd 0.04. So the predictor's picture of a tail (the rollout on
+its whole set, then on one GPU, at the same mean share) holds for two jobs and not for
+three, where the simulator's tails shrink in steps (G/2, G/4, ..., 1) and partners'
+rollouts start on half a set and grow. Not fixed yet.
+
 Two of the policy's own settings do not turn these verdicts (`python
 benchmarks/what_if.py --what-if-param max_group=2 -w polytrace-mix -w agentic-tools -L
 1.35 -L 1.5 -L 1.75`, and the same with `single=best-fit`; seeds 0-1, at commit a505d24,
