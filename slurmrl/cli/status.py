@@ -299,7 +299,8 @@ def unmatched(jobs: Sequence[dict[str, Any]], ids: Sequence[int] | None,
     seen = {j["job_id"] for j in jobs}
     out = [f"-j {i}: the controller knows no RL job of that id" for i in ids or ()
            if i not in seen]
-    owners = {j.get("user") for j in jobs} | {str(j["uid"]) for j in jobs if "uid" in j}
+    owners = {j.get("user") for j in jobs} | {str(j["uid"]) for j in jobs
+                                              if j.get("uid") is not None}
     out += [f"-u {u}: no such user on this host, and no RL job of theirs" for u in users or ()
             if u not in owners and not _known_user(u)]
     return out

@@ -36,7 +36,7 @@ def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
              hide_user: bool = False, waits: tuple[float, float] | None = None,
              floating: bool = False, dedicated_pool: bool = False) -> dict[str, Any]:
     """A job as the caller may see it: `private` (its owner or an admin) or public;
-    a public view's `user` is null when the site hides other users
+    a public view's `user` and `uid` are null when the site hides other users
     (`controller.hide_other_users`). `waits`: its `Store.lease_waits` entry;
     `floating`: its pool floats (its services have a copy on every window);
     `dedicated_pool`: its pool is its own for good (`--rl-mux=off`, or placed so by
@@ -45,6 +45,9 @@ def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
     out: dict[str, Any] = {
         "job_id": job.job_id,
         "user": None if hide_user and not private else job.user,
+        # beside the name, as squeue shows both to everyone: `status -u UID` matches
+        # jobs by either, and the CLI tells an unmatched entry by them
+        "uid": None if hide_user and not private else job.uid,
         "state": str(job.state),
         # others see the reason's kind only ("PoolPending", "admission refused"): its
         # detail may quote the job's service log (model paths, tracebacks)
@@ -66,7 +69,6 @@ def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
         out.update({
             "name": job.name,
             "partition": job.partition,
-            "uid": job.uid,
             "request": {
                 "gpus": r.gpus, "model": r.model, "mem_bytes": r.mem_bytes, "mux": str(r.mux),
                 "group": r.group, "max_slowdown": r.max_slowdown, "layout": str(r.layout),

@@ -8,6 +8,7 @@ job without bob's name ("-"), `-u rlbob` finds nothing, and the job's public vie
 from __future__ import annotations
 
 import json
+import pwd
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,7 @@ def test_a_site_can_hide_other_users_names(hidden: tuple[bool, ControllerProc], 
     everyone = json.loads(status("--json"))
     seen = [j for j in everyone["jobs"] if j["job_id"] == bob]
     assert seen and seen[0]["user"] == (None if hide else "rlbob")
+    assert seen[0]["uid"] == (None if hide else pwd.getpwnam("rlbob").pw_uid)
 
     # an admin always sees who it is
     as_root = json.loads(status("--json", "-u", "rlbob", user=None))

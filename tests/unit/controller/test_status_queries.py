@@ -102,13 +102,19 @@ def test_status_user_takes_names_and_uids_as_squeue_does(
             _status_cli(r, monkeypatch, asyncio.get_running_loop())
             return answer, await _invoke("-u", users, "-o", "jobid")
 
+    # alice and bob are no users of this host (as on a login node that cannot read the
+    # cluster's directory), whatever users the machine running this test has
+    monkeypatch.setattr("slurmrl.cli.status._known_user", lambda name: False)
     (code, answer), res = asyncio.run(main())
     assert code == 200, answer
     assert [j["job_id"] for j in answer["jobs"]] == listed
+    # each job's owner by name and uid, as squeue shows them to everyone
+    assert {(j["user"], j["uid"]) for j in answer["jobs"]} <= {("alice", 1001),
+                                                               ("bob", 1002)}
     assert res.exit_code == 0, res.output
     assert res.stdout.split()[1:] == [str(j) for j in listed]
-    # alice and bob are no users of this host, but own jobs: not warned of; carol, no
-    # user and no job, is (uid 1003 may be a user here)
+    # alice and bob own jobs: not warned of, by name or uid; carol, no user and no job,
+    # is
     carol = "slurmrl status: warning: -u carol: no such user on this host, and no RL job"
     assert (carol in res.stderr) == ("carol" in users)
     if listed:
