@@ -458,16 +458,23 @@ On long-cot at L = 1.75, 92.5% of its jobs end within their limit (seeds 0-2, p9
 and p95 1.705. Groups of three pay further up (at L = 2.0: long-cot 25.5% against
 23.7% with pairs only, agentic-tools 40.3% against 31.8%, disaggregated 30.1% against
 21.9%; at 3.0 long-cot 28.8% against 23.6%), so they stay. The error is the
-predictor's: in a throwaway probe on `benchmarks/policies.py`'s `_alone` (long-cot jobs
-of seed 0's draw sharing one pool from one instant until the first is done, 30 groups
-each, commit cf0f69c), members of groups of three predicted at 1.3-1.6 ran 0.10 slower
-than predicted (sd 0.09) and those at 1.6-1.9 0.06 slower (sd 0.11), where members of
-pairs predicted at 1.3-1.9 ran 0.04-0.10 faster. Without per-step noise and drift the
-pairs' error nearly vanishes (sd 0.03) and the trios' stays (sd 0.13); without rollout
-tails the trios' drops to sd 0.04. So the predictor's picture of a tail (the rollout on
-its whole set, then on one GPU, at the same mean share) holds for two jobs and not for
+predictor's (`python benchmarks/predictor_error.py --what-if none --what-if no-noise
+--what-if no-tail --what-if one-step-tail`, 8 s, commit cf0f69c: long-cot jobs of seed
+0's draw sharing one pool from one instant until the first is done, 30 groups of two
+and 30 of three): members of groups of three predicted at 1.3-1.6 ran 0.10 slower than
+predicted (sd 0.09) and those at 1.6-1.9 0.06 slower (sd 0.11), where members of pairs
+predicted at 1.3-1.9 ran 0.04-0.10 faster. Without per-step noise and drift the pairs'
+error is within 0.04 on average (sd 0.01-0.04) and the trios' is not (0.05 slower at
+1.3-1.9, sd 0.09-0.11); without rollout tails the trios' is 0.03 slower (sd 0.04); with
+the simulated tail made the one step the predictor pictures (the rollout on its whole
+set, then on one GPU, at the same mean share of the set), 0.04-0.07 faster (sd
+0.06-0.07): pessimistic, as for pairs. So that picture holds for two jobs and not for
 three, where the simulator's tails shrink in steps (G/2, G/4, ..., 1) and partners'
-rollouts start on half a set and grow. Not fixed yet.
+rollouts start on half a set and grow. The same command on agentic-tools and
+polytrace-mix (`-w`) finds trios predicted at 1.0-1.3 0.08 and 0.16 slower (11 and 4
+members measured) and, on polytrace-mix, 0.05-0.08 slower at 1.3-1.9. Not fixed yet: a
+fix would picture a tail in steps (the group simulation's shrink to k GPUs) from a shape
+the profile learns.
 
 Two of the policy's own settings do not turn these verdicts (`python
 benchmarks/what_if.py --what-if-param max_group=2 -w polytrace-mix -w agentic-tools -L
