@@ -203,7 +203,7 @@ class _Facts:
     duty: tuple[float, float]  #: median busy seconds on (rollout set, trainer set) / period
     #: step wall time at the short and long ends of the profile (`Q_NEWCOMER`,
     #: `Q_NEWCOMER_LONG`): a newcomer's length and a borrowed profile's scale
-    ends: tuple[float, float] = (0.0, 0.0)
+    ends: tuple[float, float]
 
 
 #: job snapshot id -> (the snapshot, its facts). Snapshots are immutable, so the facts of
