@@ -37,11 +37,13 @@ from policies.base import JobSnapshot, PoolSnapshot, SiteLimits
 from policies.groupsim import (
     CUT_MARGIN,
     ELASTIC_MIN,
-    NEEDS_GPU,
     TAIL,
     SimKey,
+    needs_gpu,
     per_member,
     simulate_group_within,
+    tail_gpus,
+    tail_stage,
 )
 from slurmrl.model import Layout, Mux, Phase
 from slurmrl.profiles import Profile, prior_for_model, profile_from_prior
@@ -223,13 +225,13 @@ def _facts(job: JobSnapshot) -> _Facts:
     rg, _tg = _sets(job)
     tail = False
     # a rollout that held share s of its G GPUs on average (its lease shrank through the
-    # tail) is scored as x of its time on the whole set and the rest on one GPU, with
-    # s = x + (1 - x) / G: the tail blocks a partner's whole-set phases but not its rollout
+    # tail) is scored in stages at that mean share (`tail_stages`): the tail blocks a
+    # partner's whole-set phases, and its first stages part of a partner's rollout
     for ph, d in p.segments(Q_BUSY, Q_PERIOD):
         share = p.phases[ph].gpu_share if ph in p.phases else 1.0
         if ph is Phase.ROLLOUT and share < 1.0 and rg > 1:
-            x = min(1.0, max(0.0, (share - 1 / rg) / (1 - 1 / rg)))
-            segs += [(ph.value, d * x), (TAIL, d * (1 - x))]
+            (_, x0), *stages = tail_stages(share, rg, p.phases[ph].head_share)
+            segs += [(ph.value, d * x0), *((tail_stage(k), d * x) for k, x in stages if x > 0)]
             tail = True
         else:
             segs.append((ph.value, d))
@@ -237,13 +239,43 @@ def _facts(job: JobSnapshot) -> _Facts:
                p.multi_phase() or tail, (rg if job.request.layout is Layout.DISAGGREGATED else 0,
                                  job.request.gpus), tuple(segs),
                p.per_step(Phase.TRAIN, Q_BUSY) + p.per_step(Phase.SYNC, Q_BUSY),
-               p.busy_wall(Q_BUSY), sum(d for ph, d in segs if ph == Phase.ROLLOUT.value),
+               p.busy_wall(Q_BUSY),
+               sum(d for ph, d in segs if ph == Phase.ROLLOUT.value or (tail_gpus(ph) or 0) > 1),
                tail, (mr / period, mt / period),
                (p.period(Q_NEWCOMER), p.period(Q_NEWCOMER_LONG)))
     if len(_FACTS) > 50_000:
         _FACTS.clear()
     _FACTS[id(job)] = (job, f)
     return f
+
+
+def tail_stages(share: float, gpus: int, head: float | None) -> list[tuple[int, float]]:
+    """A rollout's lease through its tail as (GPUs, share of the rollout's time), at mean
+    share `share` of its set of `gpus`: the whole set for `head` of its time (the share
+    before the lease first shrank, as observed), then the set halving (G/2, G/4, ..., as
+    the lease frees GPUs whenever half the remaining sequences are done), each halving
+    above one GPU for the same time, and one GPU for the rest; the halvings' time is
+    what gives the mean share. Where `head` is not known (a prior), or does not fit the
+    share (more of the set than its mean held), or the set has no halving above one GPU:
+    one step, the whole set for x, then one GPU, with share = x + (1 - x) / G."""
+    s = min(1.0, max(1 / gpus, share))
+    ks = []
+    k = gpus // 2
+    while k > 1:
+        ks.append(k)
+        k //= 2
+    x = (s - 1 / gpus) / (1 - 1 / gpus) if gpus > 1 else 1.0
+    if head is None or not ks or not 0.0 <= head <= x:
+        return [(gpus, x), (1, 1 - x)]
+    m, big = len(ks), sum(ks) / gpus
+    # s = head + e * big + (1 - head - m * e) / G, solved for e, each halving's time
+    e = (s - head - (1 - head) / gpus) / (big - m / gpus)
+    if head + m * e <= 1.0:
+        return [(gpus, head), *((k, e) for k in ks), (1, 1 - head - m * e)]
+    # the halvings alone would hold more than the mean share left: no time on one GPU,
+    # the set held longer (head raised) so that the mean share holds
+    x = (s - big / m) / (1 - big / m)
+    return [(gpus, x), *((k, (1 - x) / m) for k in ks), (1, 0.0)]
 
 
 def unusable(job: JobSnapshot) -> str | None:
@@ -268,7 +300,8 @@ def unusable(job: JobSnapshot) -> str | None:
         for ph, st in job.profile.phases.items():
             fields += [("profile", f"{ph.value} duration", x) for x in (st.p10, st.p50, st.p90)]
             fields += [("profile", f"{ph.value} count per step", st.per_step),
-                       ("profile", f"{ph.value} GPU share", st.gpu_share)]
+                       ("profile", f"{ph.value} GPU share", st.gpu_share),
+                       ("profile", f"{ph.value} head share", st.head_share)]
     elif r.profile is not None:
         fields += [("--rl-profile", "step time", r.profile.step_s)]
         fields += [("--rl-profile", f"{ph.value} share", x) for ph, x in r.profile.shares]
@@ -572,8 +605,9 @@ def predict_floating(members: Sequence[JobSnapshot], windows: int,
     # one step per member as (seconds, GPUs needed): a tail on one GPU (packed) or its
     # window (held), a gap on none
     # (a profile of no duration at all: one instant gap, not an empty step)
-    steps_of = [[(d, 0 if not NEEDS_GPU[ph] else (tail if ph == TAIL else g))
-                 for ph, d in x.segs if d > 0] or [(1e-9, 0)] for x in fs]
+    steps_of = [[(d, 0 if not needs_gpu(ph) else (g if tail_gpus(ph) is None else tail))
+                 for ph, d in _one_step_tail(x.segs, g) if d > 0] or [(1e-9, 0)]
+                for x in fs]
     reps = [max(1, min(200, int(horizon / max(x.period, 1e-9)) + 1)) for x in fs]
     outs = []
     # members out of phase (each from i/n of its step, as members that joined at
@@ -592,6 +626,28 @@ def predict_floating(members: Sequence[JobSnapshot], windows: int,
     return GroupPrediction(sl, min(1.0, busy / windows), max(x.period for x in fs),
                            float(windows - 1))
 
+
+
+def _one_step_tail(segs: Sequence[tuple[str, float]], g: int) -> list[tuple[str, float]]:
+    """A step's segments with each rollout's tail stages (`tail_stages`) pictured as one
+    step at the same mean share of the set: the whole set, then one GPU. A floating pool's
+    tail moves once, to the fewest GPUs it needs (`floatsim`), not at every halving."""
+    out: list[tuple[str, float]] = []
+    whole = tail = 0.0
+    for ph, d in [*segs, ("", 0.0)]:
+        k = tail_gpus(ph)
+        if k is not None and out and out[-1][0] == Phase.ROLLOUT.value:
+            # k GPUs for d: (k - 1) / (g - 1) of it on the set, the rest on one GPU
+            a = (k - 1) / (g - 1) if g > 1 else 1.0
+            whole, tail = whole + d * a, tail + d * (1 - a)
+            continue
+        if whole or tail:
+            out[-1] = (out[-1][0], out[-1][1] + whole)
+            out.append((TAIL, tail))
+            whole = tail = 0.0
+        if ph:
+            out.append((ph, d))
+    return out
 
 
 def _rotated(step: list[tuple[float, int]], at: float) -> list[tuple[float, int]]:

@@ -21,24 +21,28 @@ Two implementations with the same semantics:
   checks that both give identical slowdowns.
 
 As in the simulator: a rollout starts on at least half its set (`ELASTIC_MIN`) and runs
-slower by set/granted; a `tail` segment after it keeps only the lowest GPU of its lease
-(the lease shrinks; the rest go to whoever waits); a disaggregated member's sync holds
-its trainer set only (its rollout engine loads the new weights when next activated); a
-member whose next phase runs on exactly the GPUs it holds (train -> sync) switches its
-lease to it (`LeaseTable.switch`, once per lease) instead of queueing again: on the
-whole pool always, on part of it where no member waiting for those GPUs has waited a
-larger share of its time (`LeaseTable.can_switch`).
+slower by set/granted, and takes the rest of its set as it frees where no waiter asks
+for it (`LeaseTable.grow`, as the controller's `Lease.grow`; the simulator's designed
+grow queues a second lease instead), re-timed at its new speed; `tail` segments after it
+shrink its lease in stages (`tail_stage`: to k GPUs, the rest going to whoever waits;
+`tail` alone is one GPU), as a rollout's lease halves through its tail
+(`complementarity.tail_stages` pictures them from the job's profile); a disaggregated
+member's sync holds its trainer set only (its rollout engine loads the new weights when
+next activated); a member whose next phase runs on exactly the GPUs it holds (train ->
+sync) switches its lease to it (`LeaseTable.switch`, once per lease) instead of queueing
+again: on the whole pool always, on part of it where no member waiting for those GPUs
+has waited a larger share of its time (`LeaseTable.can_switch`).
 
 A staggered pool (`offsets`, `pool_gpus`): each member's masks are shifted to its
 window, and a shrinking tail keeps the GPU the other windows cover least, as
 `LeaseTable.shrink` does with the members' windows.
 
-Known limits: no growth back to the whole set (the simulator grows a rollout; this is
-pessimistic for a rollout started small); the tail is one step to one GPU, not G/2,
-G/4, ...; one pending request per member; every member starts its step at once, and
-which cycle round-robin then settles into depends on that start (two trainings that
-queue behind each other stay so; members offset by a reward gap may each train beside
-the other's tail), so a pair that starts otherwise may run better than predicted.
+Known limits: one pending request per member; a rollout grows only onto GPUs free and
+asked for by no waiter (the simulator's designed grow queues for them: this is
+pessimistic where a partner waits); every member starts its step at once, and which
+cycle round-robin then settles into depends on that start (two trainings that queue
+behind each other stay so; members offset by a reward gap may each train beside the
+other's tail), so a pair that starts otherwise may run better than predicted.
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ from slurmrl.model import Phase
 SimKey = tuple[int, int, tuple[tuple[str, float], ...]]
 
 #: pseudo-phase of a key: the rollout's tail, on one GPU of the set it was granted (the
-#: lease shrinks to its lowest GPU; the rest go to whoever waits)
+#: lease shrinks to its lowest GPU; the rest go to whoever waits); `tail_stage(k)` is a
+#: stage of it on k GPUs
 TAIL = "tail"
 #: a rollout starts on at least this share of its set (as the simulator's default)
 ELASTIC_MIN = 0.5
@@ -64,6 +69,27 @@ STARVED = 1e6
 #: whether a key's phase (or the tail pseudo-phase) holds GPUs
 NEEDS_GPU = {p.value: p.needs_gpu for p in Phase}
 NEEDS_GPU[TAIL] = True
+
+
+def tail_stage(k: int) -> str:
+    """The pseudo-phase of a rollout's tail on k >= 1 GPUs of its set (`TAIL` for one)."""
+    if k < 1:
+        raise ValueError(f"a tail stage keeps at least one GPU, got {k}")
+    return TAIL if k == 1 else f"{TAIL}:{k}"
+
+
+def tail_gpus(ph: str) -> int | None:
+    """The GPUs a tail stage keeps (`tail_stage`), or None for any other phase."""
+    if ph == TAIL:
+        return 1
+    if ph.startswith(TAIL + ":"):
+        return int(ph[len(TAIL) + 1:])
+    return None
+
+
+def needs_gpu(ph: str) -> bool:
+    """Whether a key's phase (a tail stage included) holds GPUs."""
+    return tail_gpus(ph) is not None or NEEDS_GPU[ph]
 
 GAP, REQUEST, SHRINK = 0, 1, 2
 #: how far over `bound` a member's sure lower bound must be before a run stops early
@@ -81,9 +107,10 @@ def _plan(members: Sequence[SimKey], steps: int, offsets: Sequence[int],
         train = full if rg == 0 else full & ~roll
         out: list[tuple[int, int, int, float]] = []
         for ph, d in step:
-            if ph == TAIL:
-                if out and out[-1][1] and out[-1][0] == REQUEST:
-                    out.append((SHRINK, out[-1][1], 1, d))
+            k = tail_gpus(ph)
+            if k is not None:
+                if out and out[-1][1] and out[-1][0] in (REQUEST, SHRINK):
+                    out.append((SHRINK, out[-1][1], k, d))
                 else:  # no rollout before it: a gap
                     out.append((GAP, 0, 0, d))
             elif not NEEDS_GPU[ph]:
@@ -182,7 +209,7 @@ def simulate_group_within(members: Sequence[SimKey], bound: float | Sequence[flo
     # with a bound, per member: its whole plan's solo work, the lag beyond which it is
     # sure to end above the bound (a hair over it: rounding must never refuse a group
     # the full run would accept), and the solo work of its finished segments
-    whole = ([sum(segs[j][i % lens[j]][3] for i in range(total[j])) for j in range(n)]
+    whole = ([total[j] // lens[j] * sum(x[3] for x in segs[j]) for j in range(n)]
              if bound is not None else [])
     bounds = per_member(bound, n)
     cut_lag = ([(b * (1 + CUT_MARGIN) - 1.0) * w if w > 0 else math.inf
@@ -201,7 +228,11 @@ def simulate_group_within(members: Sequence[SimKey], bound: float | Sequence[flo
     granted_at = [0.0] * n  # ... and when the lease held now was granted
     waiting: dict[int, tuple[float, float, int, int, int]] = {}  # j -> order key, mask, min
     timers: list[tuple[float, int, int]] = []
-    running: list[tuple[float, float] | None] = [None] * n  # (start, length) of a timer
+    # (start, length) of a member's running segment: the share of it done at t is
+    # (t - start) / length (a rollout that grew is re-timed: its start moved back)
+    running: list[tuple[float, float] | None] = [None] * n
+    tok = [0] * n  # the seq of each member's live timer (a grown rollout's old one is stale)
+    partial: set[int] = set()  # members running a rollout on part of its set
     push, pop = heapq.heappush, heapq.heappop
     seq = 0
     rid = 0
@@ -225,7 +256,9 @@ def simulate_group_within(members: Sequence[SimKey], bound: float | Sequence[flo
                 seq += 1
                 # a rollout granted part of its set runs slower by set/granted
                 d = segs[j][pos[j] % lens[j]][3] * mask.bit_count() / max(1, got)
-                running[j] = (now, d)
+                running[j], tok[j] = (now, d), seq
+                if avail != mask:
+                    partial.add(j)
                 push(timers, (now + d, seq, j))
             else:
                 reserved |= mask
@@ -242,14 +275,58 @@ def simulate_group_within(members: Sequence[SimKey], bound: float | Sequence[flo
             schedule(now)
             return
         if kind == SHRINK and held[j]:
-            h = held[j]
-            low = h & -h if lowest[j] else 1 << next(g for g in keep_order[j] if h >> g & 1)
-            held[j] = low
-            if h != low and waiting:  # the freed GPUs go to waiters first, as
-                schedule(now)  # LeaseTable.shrink does
+            shrink(j, need, now)
         seq += 1
-        running[j] = (now, d)
+        running[j], tok[j] = (now, d), seq
         push(timers, (now + d, seq, j))
+
+    def shrink(j: int, need: int, now: float) -> None:
+        """The member's lease keeps `need` of its GPUs (`LeaseTable.shrink`)."""
+        h = held[j]
+        if need == 1 and lowest[j]:
+            kept = h & -h
+        elif need >= h.bit_count():
+            kept = h
+        else:  # its first `need` GPUs in keep order
+            kept = 0
+            for g in keep_order[j]:
+                if h >> g & 1:
+                    kept |= 1 << g
+                    need -= 1
+                    if not need:
+                        break
+        held[j] = kept
+        if h != kept and waiting:  # the freed GPUs go to waiters first, as
+            schedule(now)  # LeaseTable.shrink does
+
+    def grow(now: float) -> None:
+        """Rollouts granted part of their set take the rest of it where free and asked
+        for by no waiter (`LeaseTable.grow`), member by member, and run faster."""
+        nonlocal seq
+        free = full
+        for m in held:
+            free &= ~m
+        for w in waiting.values():
+            free &= ~w[3]
+        if not free:
+            return
+        for j in sorted(partial) if len(partial) > 1 else list(partial):
+            _, mask, _, d = segs[j][pos[j] % lens[j]]
+            run = running[j]
+            add = mask & free & ~held[j]
+            if run is None or not add:
+                continue
+            done = (now - run[0]) / run[1] if run[1] > 0 else 1.0
+            held[j] |= add
+            free &= ~add
+            if held[j] == mask:
+                partial.discard(j)
+            length = d * mask.bit_count() / held[j].bit_count()
+            seq += 1
+            running[j], tok[j] = (now - done * length, length), seq
+            push(timers, (now + (1.0 - done) * length, seq, j))
+            if not free:
+                return
 
     def waited(k: int, now: float) -> float:  # LeaseTable.waited_share
         w = wait_s[k] + (now - waiting[k][1] if k in waiting else 0.0)
@@ -264,8 +341,13 @@ def simulate_group_within(members: Sequence[SimKey], bound: float | Sequence[flo
 
     for j in range(n):
         start(j, 0.0)
+    if partial:
+        grow(0.0)
     while timers:
-        now, _, j = pop(timers)
+        now, s, j = pop(timers)
+        if s != tok[j]:
+            continue  # a grown rollout's first timer
+        partial.discard(j)
         p = pos[j] = pos[j] + 1
         running[j] = None
         if p >= total[j]:
@@ -275,22 +357,33 @@ def simulate_group_within(members: Sequence[SimKey], bound: float | Sequence[flo
             if now - done_w[j] > cut_lag[j]:
                 return tuple(1.0 + (now - done_w[j]) / whole[j] if i == j else 1.0
                              for i in range(n)), False
-        nxt, nmask, _, nd = segs[j][p % lens[j]]
+        nxt, nmask, nneed, nd = segs[j][p % lens[j]]
         if nxt == REQUEST and held[j] == nmask and may_switch(j, nmask, now):
             # its next phase runs on the GPUs it holds: LeaseTable.switch
             held_s[j] += now - granted_at[j]
             granted_at[j] = last_grant[j] = now
             switched[j] = True
             seq += 1
-            running[j] = (now, nd)
+            running[j], tok[j] = (now, nd), seq
             push(timers, (now + nd, seq, j))
+            if partial:
+                grow(now)
             continue
         if held[j] and nxt != SHRINK:
             held_s[j] += now - granted_at[j]
             held[j] = 0
             if waiting:
                 schedule(now)
-        start(j, now)
+        if nxt == REQUEST:
+            start(j, now)
+        else:  # a gap or a tail stage (`start`, inline: most segments are)
+            if nxt == SHRINK and held[j]:
+                shrink(j, nneed, now)
+            seq += 1
+            running[j], tok[j] = (now, nd), seq
+            push(timers, (now + nd, seq, j))
+        if partial:
+            grow(now)
     return (1.0,) * n, True
 
 
@@ -312,6 +405,7 @@ def simulate_group_table(members: Sequence[SimKey], steps: int = 6,
     running: list[tuple[float, float] | None] = [None] * n
     timers: list[tuple[float, int, int]] = []
     seq = 0
+    tok = [0] * n
     lease_of: dict[int, int] = {}
 
     def on_events(events: Sequence[object], now: float) -> None:
@@ -323,8 +417,26 @@ def simulate_group_table(members: Sequence[SimKey], steps: int = 6,
                 mask = sum(1 << g for g in ev.lease.gpus)
                 _, want, _, d = segs[j][pos[j] % len(segs[j])]
                 seq += 1
-                running[j] = (now, _run_time(want, mask, d))
+                running[j], tok[j] = (now, _run_time(want, mask, d)), seq
                 heapq.heappush(timers, (now + _run_time(want, mask, d), seq, j))
+
+    def grow(now: float) -> None:
+        nonlocal seq
+        for j in range(n):
+            kind, want, _, d = segs[j][pos[j] % len(segs[j])]
+            run = running[j]
+            if kind != REQUEST or run is None or j not in lease_of:
+                continue
+            events = table.grow(lease_of[j], [g for g in range(gpus) if want >> g & 1], now)
+            if not events:
+                continue
+            lease = table.lease(lease_of[j])
+            assert lease is not None
+            done = (now - run[0]) / run[1] if run[1] > 0 else 1.0
+            length = _run_time(want, sum(1 << g for g in lease.gpus), d)
+            seq += 1
+            running[j], tok[j] = (now - done * length, length), seq
+            heapq.heappush(timers, (now + (1.0 - done) * length, seq, j))
 
     def start(j: int, now: float) -> None:
         nonlocal seq
@@ -335,19 +447,24 @@ def simulate_group_table(members: Sequence[SimKey], steps: int = 6,
             _, events = table.request(j, Phase.ROLLOUT, wanted, now, min_gpus=need)
             on_events(events, now)
         elif kind == SHRINK and j in lease_of:
-            on_events(table.shrink(lease_of[j], 1, now), now)
+            lease = table.lease(lease_of[j])
+            size = len(lease.gpus) if lease is not None else need
+            on_events(table.shrink(lease_of[j], min(need, size), now), now)
             seq += 1
-            running[j] = (now, d)
+            running[j], tok[j] = (now, d), seq
             heapq.heappush(timers, (now + d, seq, j))
         else:
             seq += 1
-            running[j] = (now, d)
+            running[j], tok[j] = (now, d), seq
             heapq.heappush(timers, (now + d, seq, j))
 
     for j in range(n):
         start(j, 0.0)
+    grow(0.0)
     while timers:
-        now, _, j = heapq.heappop(timers)
+        now, s, j = heapq.heappop(timers)
+        if s != tok[j]:
+            continue
         pos[j] += 1
         running[j] = None
         if pos[j] >= total[j]:
@@ -358,8 +475,10 @@ def simulate_group_table(members: Sequence[SimKey], steps: int = 6,
             if table.can_switch(lease_of[j], wanted, now):
                 _, events = table.switch(lease_of.pop(j), Phase.ROLLOUT, wanted, now)
                 on_events(events, now)
+                grow(now)
                 continue
         if j in lease_of and nxt != SHRINK:
             on_events(table.release(lease_of.pop(j), now), now)
         start(j, now)
+        grow(now)
     return (1.0,) * n

@@ -65,6 +65,10 @@ class PhaseStats:
     p90: float
     ewma: float  #: exponentially weighted mean, follows drift fastest
     gpu_share: float = 1.0  #: mean share of its GPU set the phase's lease held (tail shrink)
+    #: mean share of its GPU set's time the phase's lease held before it first shrank
+    #: (set-equivalent, as `gpu_share`: the rollout before its tail); None where not
+    #: observed
+    head_share: float | None = None
 
     def quantile(self, q: float) -> float:
         """Duration at quantile q in [0, 1], interpolated between p10, p50 and p90."""
@@ -185,6 +189,7 @@ class ProfileBuilder:
     _durations: dict[Phase, deque[float]] = field(default_factory=dict)
     _ewma: dict[Phase, float] = field(default_factory=dict)
     _share: dict[Phase, float] = field(default_factory=dict)
+    _head: dict[Phase, float] = field(default_factory=dict)
     _counts: dict[Phase, int] = field(default_factory=dict)
     #: per phase: its occurrences in each of the last `window` complete steps (a phase
     #: that stops recurring leaves the profile as the window moves on)
@@ -220,24 +225,34 @@ class ProfileBuilder:
         """Phase observations seen so far."""
         return sum(self._counts.values())
 
-    def observe(self, phase: Phase, start: float, end: float, gpu_share: float = 1.0) -> None:
+    def observe(self, phase: Phase, start: float, end: float, gpu_share: float = 1.0,
+                head_share: float | None = None) -> None:
         """One interval of `phase` (a GPU phase's lease, or a gap).
 
         `gpu_share` is the mean fraction of the phase's GPU set the lease held (below 1
         when it shrank through the rollout's tail); busy time is counted as
         `(end - start) * gpu_share`, the set-equivalent time a partner cannot use, while
-        the period keeps the wall time.
+        the period keeps the wall time. `head_share`, where known, is the part of
+        `gpu_share` held before the lease first shrank (all of it where it never did):
+        with `gpu_share` it says how the tail gave the set back
+        (`policies.complementarity.tail_stages`).
         """
         if end < start:
             raise ValueError(f"{phase} observation ends ({end}) before it starts ({start})")
         if not 0.0 < gpu_share <= 1.0:
             raise ValueError(f"gpu_share must be in (0, 1], got {gpu_share}")
+        if head_share is not None and not 0.0 <= head_share <= 1.0:
+            raise ValueError(f"head_share must be in [0, 1], got {head_share}")
         d = end - start
         gpu = phase.needs_gpu
         if gpu:
             prev_share = self._share.get(phase)
             self._share[phase] = (gpu_share if prev_share is None
                                   else prev_share + self.alpha * (gpu_share - prev_share))
+            if head_share is not None:
+                prev_head = self._head.get(phase)
+                self._head[phase] = (head_share if prev_head is None
+                                     else prev_head + self.alpha * (head_share - prev_head))
         # a new step starts at a rollout that follows a train/sync
         if phase is Phase.ROLLOUT and self._current_trained:
             self._last_shape = tuple(self._current)
@@ -272,10 +287,10 @@ class ProfileBuilder:
 
     def observe_lease(
         self, phase: Phase, requested_at: float, granted_at: float, released_at: float,
-        gpu_share: float = 1.0,
+        gpu_share: float = 1.0, head_share: float | None = None,
     ) -> None:
-        """A GPU phase's lease (`gpu_share`: see `observe`); the time since the previous
-        release is an idle gap.
+        """A GPU phase's lease (`gpu_share`, `head_share`: see `observe`); the time since
+        the previous release is an idle gap.
 
         Waiting for the lease (granted - requested) is contention, neither busy nor gap.
         """
@@ -283,7 +298,7 @@ class ProfileBuilder:
         if (last is not None and requested_at > last
                 and (not self._current or self._current[-1].needs_gpu)):
             self.observe(Phase.IDLE, last, requested_at)
-        self.observe(phase, granted_at, released_at, gpu_share)
+        self.observe(phase, granted_at, released_at, gpu_share, head_share)
 
     def _prior_stats(self, phase: Phase, share: float, step: float) -> PhaseStats:
         d = share * step
@@ -320,7 +335,7 @@ class ProfileBuilder:
                 else:
                     p10, p50, p90 = _quantiles(self._durations[phase])
                 phases[phase] = PhaseStats(phase, n, per_step, p10, p50, p90, self._ewma[phase],
-                                           self._share.get(phase, 1.0))
+                                           self._share.get(phase, 1.0), self._head.get(phase))
                 used_obs = True
             elif (prior_ok and prior is not None and step is not None
                   and prior.share(phase) > 0):

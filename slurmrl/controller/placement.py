@@ -224,8 +224,9 @@ class JobHistory:
                 start = o.requested_at if o.requested_at is not None else o.granted_at
                 self._count_gaps(until=start)
                 self.begun = start if self.begun is None else min(self.begun, start)
-                b.observe_lease(o.phase, start, o.granted_at, o.released_at,
-                                _held_share(self.job, o))
+                share = _held_share(self.job, o)
+                b.observe_lease(o.phase, start, o.granted_at, o.released_at, share,
+                                _head_share(self.job, o, share))
                 self._off_from = max(self._off_from or o.released_at, o.released_at)
             elif self._off_from is not None:  # (none before its first phase)
                 self._gaps.append(o)
@@ -283,6 +284,17 @@ def _held_share(job: JobRecord, o: ObservationRecord) -> float:
     if not isinstance(gpu_s, int | float) or full <= 0:
         return 1.0
     return min(1.0, max(1e-6, gpu_s / full))
+
+
+def _head_share(job: JobRecord, o: ObservationRecord, share: float) -> float:
+    """The part of `share` (`_held_share`) the lease held before it first gave GPUs
+    back (a rollout before its tail; all of it where it never did)."""
+    head_s = o.detail.get("head_gpu_s")
+    assert o.granted_at is not None and o.released_at is not None
+    full = (o.released_at - o.granted_at) * len(job.request.gpus_for(o.phase))
+    if not isinstance(head_s, int | float) or full <= 0:
+        return share
+    return min(share, max(0.0, head_s / full))
 
 
 def job_snapshot(job: JobRecord, partition: str,

@@ -825,6 +825,7 @@ class LeaseScheduler:
             self._whole.discard(lease.lease_id)
             known = len(lease.gpus) * (at - lease.granted_at)
         gpu_s = self.store.lease_ended(lease.lease_id, state, at, reason, gpu_s=known)
+        head = None if known is not None else self.store.head_gpu_seconds(lease.lease_id)
         self.store.add_ledger(job_id=lease.job_id, lease_id=lease.lease_id, pool_id=pool_id,
                               gpu_seconds=gpu_s, at=at)
         busy = timing.get("busy_s") if timing else None
@@ -833,7 +834,8 @@ class LeaseScheduler:
             requested_at=lease.requested_at, granted_at=lease.granted_at, released_at=at,
             busy_s=float(busy) if isinstance(busy, int | float) else None,
             gpus=len(lease.gpus), detail={"state": str(state), "reason": reason,
-                                          **(timing or {}), "gpu_s": gpu_s})
+                                          **(timing or {}), "gpu_s": gpu_s,
+                                          **({} if head is None else {"head_gpu_s": head})})
         self._pool_of_request.pop(lease.lease_id, None)
 
         def counted() -> None:

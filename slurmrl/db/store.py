@@ -548,6 +548,20 @@ class Store:
             ).fetchone()
         return float(row[0] or 0.0)
 
+    def head_gpu_seconds(self, lease_id: int) -> float | None:
+        """GPU-seconds an ended lease held before it first gave GPUs back (a rollout
+        before its tail), or None where it never did (it held all it had to its end)."""
+        row = self.conn.execute(
+            "SELECT MIN(g.end_at), MAX(g.end_at) FROM lease_gpus g WHERE g.lease_id = ?",
+            (lease_id,)).fetchone()
+        first, last = row
+        if first is None or first >= last:
+            return None
+        row = self.conn.execute(
+            "SELECT SUM(MIN(end_at, ?) - start_at) FROM lease_gpus WHERE lease_id = ? AND "
+            "start_at < ?", (first, lease_id, first)).fetchone()
+        return float(row[0] or 0.0)
+
     def held_gpu_seconds(self, lease_ids: Sequence[int], now: float) -> dict[int, float]:
         """GPU-seconds each of the (held) `lease_ids` has held up to `now`: its holds of
         each GPU, as `lease_ended` will sum them."""

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 def start(sim: Simulation, pool: Pool, run: JobRun, t: float, granted: int) -> None:
     """The rollout's first lease was granted (`granted` GPUs); work starts at `t`."""
-    run.roll_f, run.roll_t, run.roll_i = 0.0, t, 0
+    run.roll_f, run.roll_t, run.roll_i, run.roll_head_gpu_s = 0.0, t, 0, None
     run.roll_need = len(sim._gpus_for(run, Phase.ROLLOUT))
     run.roll_gpus = granted
     roll_schedule(sim, run)
@@ -162,6 +162,8 @@ def on_roll(sim: Simulation, data: tuple[int, int, int]) -> None:
     run.roll_need = keep
     if keep < run.held_n:
         # the tail thins: give back grown GPUs first, then shrink the first lease
+        if run.roll_head_gpu_s is None:
+            run.roll_head_gpu_s = run.seg_gpu_s + (sim.now - run.held_since) * run.held_n
         stop_growing(sim, pool, run)
         if run.lease_id is not None and keep < run.held_n:
             if pool.windows is not None and sim.cfg.pack_tails:

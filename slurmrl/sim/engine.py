@@ -163,6 +163,8 @@ class JobRun:
     roll_i: int = 0
     roll_token: int = 0
     roll_gpus: int = 0  #: GPUs working on it (grown ones count once activated)
+    #: GPU-seconds its rollout's lease held before it first gave GPUs back (the tail)
+    roll_head_gpu_s: float | None = None
     solo_s: float = 0.0
     window: range | None = None  #: floating pools: the window it held last
     _profile: Profile | None = None
@@ -813,7 +815,12 @@ class Simulation:
                 self._handle(pool, pool.table.release(lid, self.now))
             set_gpu_s = max(1e-12, (self.now - run.seg_start) * len(self._gpus_for(run, phase)))
             share = min(1.0, max(1e-6, run.seg_gpu_s / set_gpu_s))
-            run.builder.observe(phase, run.seg_start, self.now, share)
+            head = None
+            if phase is Phase.ROLLOUT:  # set-equivalent share held before the tail
+                head = (share if run.roll_head_gpu_s is None else
+                        min(share, max(0.0, run.roll_head_gpu_s / set_gpu_s)))
+                run.roll_head_gpu_s = None
+            run.builder.observe(phase, run.seg_start, self.now, share, head)
             learned = run.builder.observed_share(phase)
             if phase is Phase.ROLLOUT and learned is not None and self.cfg.learn_priors:
                 self.site.record_share(jid, run.job.model, run.job.rollout_gpus, learned)

@@ -8,7 +8,10 @@ while they share, or the default policy admits pairs that break users' limits.
 
 from __future__ import annotations
 
+import pytest
+
 from policies import complementarity, registry
+from policies.base import Action, ClusterSnapshot, Placement, PoolMode, SiteLimits
 from slurmrl.model import Layout, Phase
 from slurmrl.sim.engine import SimConfig, Simulation
 from slurmrl.sim.workload import Segment, SimJob
@@ -69,3 +72,50 @@ def test_members_of_unequal_lengths_are_measured_over_the_common_horizon() -> No
     whole = shared().run()
     own = (whole.runs[2].finished_at or 0.0) / whole.runs[2].solo_s
     assert own < 0.75 * horizon[1]  # diluted by the steps it ran alone
+
+
+class OneGroup:
+    """Every job into one pool opened for all of them at once (one provisional id)."""
+
+    name = "one-group"
+    mode = PoolMode.LEASE
+
+    def place(self, snapshot: ClusterSnapshot) -> list[Placement]:
+        return [Placement(j.job_id, Action.OPEN, -1, j.request.gpus) for j in snapshot.waiting]
+
+
+#: a heavy-tailed rollout on 8 GPUs: half the set free after 11% of it, 6 GPUs after 18%,
+#: 7 after 26% (`slurmrl.sim.workload.tail_points("heavy", 8)`, rounded)
+HEAVY = ((0.11, 4), (0.18, 2), (0.26, 1))
+
+
+@pytest.mark.parametrize("spec", [
+    [(30, 200.0, 40.0, 60.0)] * 3,
+    [(30, 300.0, 30.0, 30.0)] * 3,
+])
+def test_three_jobs_whose_tails_halve_are_not_predicted_faster_than_they_run(
+        spec: list[tuple[int, float, float, float]]) -> None:
+    # three rollout-heavy jobs in one pool of 8, each rollout's lease halving through its
+    # tail: a partner's rollout starts on the half a shrinking tail frees and runs at half
+    # speed. Pictured as one step (the whole set, then one GPU, at the same mean share)
+    # the worst member was predicted 4-6% faster than it ran, and groups of three put
+    # jobs over their limits; pictured in halves, from the share of the set each lease
+    # held before it first shrank, it is not
+    jobs = [SimJob(i + 1, "c", f"u{i + 1}", 0.0, "Qwen2.5-7B", 7e9, 8, Layout.COLOCATED, 8,
+                   ((Segment(Phase.ROLLOUT, roll), Segment(Phase.REWARD, gap / 2),
+                     Segment(Phase.TRAIN, train), Segment(Phase.IDLE, gap / 2)),) * steps,
+                   HEAVY, None, None, False)
+            for i, (steps, roll, train, gap) in enumerate(spec)]
+    sim = Simulation(jobs, SimConfig(gpus=8, limits=SiteLimits(max_jobs_per_pool=3)),
+                     OneGroup(), lambda: registry.load("slice", "round-robin"),
+                     registry.load("admission", "site-limits"))
+    sim.run(until=lambda s: any(r.finished_at is not None for r in s.runs.values()))
+    runs = [sim.runs[j.job_id] for j in jobs]
+    # they shared one pool from the start
+    assert [sorted(m.job.job_id for m in p.history) for p in sim.pools.values()] == [[1, 2, 3]]
+    assert all(r.placed_at == 0.0 for r in runs)
+    measured = max(sim.now / sim.work_done(r) for r in runs)
+    complementarity.clear_caches()
+    predicted = complementarity.predict([sim._snapshot(r) for r in runs]).max_slowdown
+    assert measured > 1.3  # they did slow each other
+    assert 0.98 * measured <= predicted <= 1.1 * measured, (predicted, measured)

@@ -301,7 +301,9 @@ def test_cli_max_slowdown_lets_users_trade_slowdown_for_savings() -> None:
     # at the suite's 1.15 few agentic pairs fit; users accepting 1.5 share more and save
     assert loose["shared_pools"] > strict["shared_pools"]
     assert loose["savings"] > strict["savings"] + 0.1
-    assert loose["slowdown_p95"] > strict["slowdown_p95"]
+    # and the typical job runs slower for it (of 16 jobs, the p95 is the slowest one or
+    # two, which the few pairs at 1.15 may have made as slow)
+    assert loose["slowdown_p50"] > strict["slowdown_p50"] + 0.05
     res = CliRunner().invoke(simulate, ["--max-slowdown", "0.9"])
     assert res.exit_code == 2 and "--max-slowdown" in res.output
 
@@ -555,15 +557,15 @@ def test_newcomers_pair_on_the_phases_of_the_jobs_of_their_model(
         ) -> None:
     # long-cot at its users' 1.15 (in staggered pools, so on an NVL72 rack: 72 GPUs in
     # one NVLink domain). With the designed prior (a rollout holds 55% of its set) few
-    # pairs were predicted to fit: 9% saved. A newcomer that gave no --rl-profile is
-    # judged on the phases of the job of its model it would join (observed, else that
-    # job's --rl-profile), so it pairs with or without the rollout share learned from
-    # the site's jobs (which alone had saved 15%)
+    # pairs were predicted to fit: 9% saved (7.8% since tails are pictured in halves). A
+    # newcomer that gave no --rl-profile is judged on the phases of the job of its model
+    # it would join (observed, else that job's --rl-profile), so it pairs with or
+    # without the rollout share learned from the site's jobs (14.1% and 11.5% saved)
     w = load("long-cot")
     jobs, cfg = generate(w, 0, "steady", 30), replace(config_for(w), gpus_per_node=72)
     for c in (cfg, replace(cfg, learn_priors=False)):
         r = run_jobs(jobs, c)
-        assert r.metrics.shared_pools >= 10 and r.metrics.savings > 0.15
+        assert r.metrics.shared_pools >= 10 and r.metrics.savings > 0.10
         slow = [((run.finished_at or 0.0) - (run.placed_at or 0.0)) / run.solo_s
                 for run in r.sim.runs.values()]
         assert sum(s <= 1.15 for s in slow) >= 0.9 * len(slow)

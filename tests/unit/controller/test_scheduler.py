@@ -499,3 +499,35 @@ async def test_a_reader_waiting_on_a_request_does_not_keep_it_queued_for_a_gone_
     assert rec is not None and rec.state is LeaseState.CANCELLED
     with pytest.raises(RequestEnded):
         await reader
+
+
+@run
+async def test_a_rollout_that_shrank_is_profiled_with_how_long_it_held_its_set_first(
+        ) -> None:
+    # each rollout holds both GPUs for 10 s, then its tail keeps one for 20 s: it held
+    # two thirds of its set on average, one third before it first gave a GPU back. The
+    # profile says both, and so the pairing pictures its tail in steps
+    # (`complementarity.tail_stages`), not as the whole set then one GPU
+    from slurmrl.controller.placement import job_snapshot
+
+    store, _, clock = _setup()
+    s = _sched(store, clock)
+    for _ in range(4):
+        a = s.request(_job(store, 1), Phase.ROLLOUT)
+        clock.now += 10
+        s.shrink(_job(store, 1), a.request_id, 1)
+        clock.now += 20
+        s.release(_job(store, 1), a.request_id, {})
+        t = s.request(_job(store, 1), Phase.TRAIN)
+        clock.now += 5
+        s.release(_job(store, 1), t.request_id, {})
+    rollouts = [o for o in store.observations(1) if o.phase is Phase.ROLLOUT]
+    assert [o.detail["head_gpu_s"] for o in rollouts] == [20.0] * 4
+    assert [o.detail["gpu_s"] for o in rollouts] == [40.0] * 4
+    trains = [o for o in store.observations(1) if o.phase is Phase.TRAIN]
+    assert all("head_gpu_s" not in o.detail for o in trains)  # never shrank
+    prof = job_snapshot(_job(store, 1), "pools", store.observations(1)).profile
+    assert prof is not None and prof.source != "prior"
+    roll = prof.phases[Phase.ROLLOUT]
+    assert roll.gpu_share == pytest.approx(2 / 3) and roll.head_share == pytest.approx(1 / 3)
+    assert prof.phases[Phase.TRAIN].head_share == pytest.approx(1.0)

@@ -14,11 +14,12 @@ from policies.groupsim import (
     simulate_group,
     simulate_group_table,
     simulate_group_within,
+    tail_stage,
 )
 from slurmrl.model import Phase
 
 PHASES = [*(p.value for p in (Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC, Phase.REWARD, Phase.IDLE)),
-          TAIL]
+          TAIL, tail_stage(2), tail_stage(4), tail_stage(3)]
 
 
 @st.composite

@@ -17,6 +17,7 @@ from policies.complementarity import (
     lifetime,
     peer_views,
     predict,
+    tail_stages,
 )
 from slurmrl.model import Mux, Phase, PhasePrior, RlRequest
 from slurmrl.profiles import profile_from_segments
@@ -556,3 +557,26 @@ def test_the_sites_cap_bounds_a_user_who_accepts_more() -> None:
     lax = SiteLimits(max_slowdown=3.0, default_max_slowdown=1.25)
     out = by_job(registry.load("pairing", "complementary").place(snap([a, b], limits=lax)))
     assert out[1].pool_id == out[2].pool_id  # type: ignore[attr-defined]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([2, 3, 4, 6, 8, 16]), st.floats(0.0, 1.0),
+       st.one_of(st.none(), st.floats(0.0, 1.0)))
+def test_a_tail_is_pictured_by_halves_at_the_share_its_lease_held(
+        gpus: int, share: float, head: float | None) -> None:
+    stages = tail_stages(share, gpus, head)
+    ks = [k for k, _ in stages]
+    # the whole set, then halvings, down to one GPU; each for a share of the rollout
+    assert ks[0] == gpus and ks[-1] == 1 and ks == sorted(ks, reverse=True)
+    assert all(x >= -1e-12 for _, x in stages)
+    assert sum(x for _, x in stages) == pytest.approx(1.0)
+    # at the mean share of the set the lease held (at least one GPU's)
+    mean = sum(k * x for k, x in stages) / gpus
+    assert mean == pytest.approx(min(1.0, max(1 / gpus, share)), abs=1e-9)
+    x = (mean - 1 / gpus) / (1 - 1 / gpus)
+    if head is None or head > x + 1e-12 or gpus < 4:
+        # not known (a prior), more than the share allows, or no halving above one GPU:
+        # one step, the whole set then one GPU
+        assert len(stages) == 2
+    else:  # the set for as long as it was observed to hold it before the tail
+        assert stages[0][1] == pytest.approx(head) or stages[-1][1] == 0.0

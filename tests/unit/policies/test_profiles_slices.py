@@ -71,6 +71,21 @@ def test_shrunk_rollout_counts_less_busy_but_keeps_its_wall_time() -> None:
     assert p.busy() == pytest.approx(60.0)
 
 
+def test_a_rollouts_share_held_before_its_tail_is_learned_beside_its_mean_share() -> None:
+    b = ProfileBuilder()
+    for i in range(4):
+        # the set for the first 20% of the rollout, then a tail on few GPUs
+        b.observe(Phase.ROLLOUT, i * 100.0, i * 100.0 + 80.0, gpu_share=0.4, head_share=0.2)
+        b.observe(Phase.TRAIN, i * 100.0 + 80.0, i * 100.0 + 100.0)
+    roll = b.build().phases[Phase.ROLLOUT]
+    assert roll.gpu_share == pytest.approx(0.4) and roll.head_share == pytest.approx(0.2)
+    assert b.build().phases[Phase.TRAIN].head_share is None  # never said
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="head_share must be in"):
+            b.observe(Phase.ROLLOUT, 400.0, 480.0, gpu_share=0.4, head_share=bad)
+    assert b.build().phases[Phase.ROLLOUT].n == 4  # the bad ones changed nothing
+
+
 def test_observe_lease_infers_gaps_and_rejects_bad_times() -> None:
     b = ProfileBuilder()
     b.observe_lease(Phase.ROLLOUT, 0.0, 1.0, 11.0)
