@@ -13,8 +13,9 @@ predicted slowdown's range. Negative: the group ran slower than predicted.
 
 What-ifs, to find where an error comes from: `no-noise` drops every job's per-step noise
 and drift; `no-tail` also its rollout tail (the rollout holds its set to the end);
-`one-step-tail` keeps noise and drift off and gives the simulated rollout the tail the
-predictor pictures (its whole set, then one GPU, at the same mean share of the set).
+`one-step-tail` keeps noise and drift off and gives the simulated rollout a tail of one
+step (its whole set, then one GPU, at the same mean share of the set: how the predictor
+pictured every tail before commit b4096f2; it now pictures the halves it learns).
 Prints a Markdown table; writes nothing (docs/benchmarks.md quotes it).
 """
 
@@ -61,8 +62,8 @@ def workload(name: str, what_if: str) -> Workload:
 
 
 def one_step(job: SimJob) -> SimJob:
-    """The job with the tail the predictor pictures: its whole rollout set for a share x
-    of the rollout, then one GPU, holding the same mean share of the set."""
+    """The job with a tail of one step: its whole rollout set for a share x of the
+    rollout, then one GPU, holding the same mean share of the set."""
     g = job.rollout_gpus
     if not job.tail or g <= 1:
         return job
