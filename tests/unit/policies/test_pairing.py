@@ -580,3 +580,23 @@ def test_a_tail_is_pictured_by_halves_at_the_share_its_lease_held(
         assert len(stages) == 2
     else:  # the set for as long as it was observed to hold it before the tail
         assert stages[0][1] == pytest.approx(head) or stages[-1][1] == 0.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([4, 8, 16]), st.floats(0.0, 0.99), st.floats(0.0, 1.0))
+def test_a_floating_pool_pictures_a_halving_tail_as_one_move_at_its_share(
+        gpus: int, share: float, head: float) -> None:
+    # a floating pool's tail moves once, to one GPU (`floatsim`): the halves are folded
+    # into the whole set and one GPU at the same mean share, the picture before halves
+    from policies.complementarity import _one_step_tail
+    from policies.groupsim import TAIL, tail_stage
+
+    (_, x0), *rest = tail_stages(share, gpus, head)
+    segs = [("reward", 5.0), ("rollout", 100.0 * x0),
+            *((tail_stage(k), 100.0 * x) for k, x in rest if x > 0), ("train", 20.0)]
+    out = _one_step_tail(segs, gpus)
+    assert [ph for ph, _ in out] == ["reward", "rollout", TAIL, "train"]
+    s = min(1.0, max(1 / gpus, share))
+    x = (s - 1 / gpus) / (1 - 1 / gpus)
+    assert out[1][1] == pytest.approx(100.0 * x, abs=1e-6)
+    assert out[2][1] == pytest.approx(100.0 * (1 - x), abs=1e-6)
