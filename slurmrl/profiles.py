@@ -246,13 +246,9 @@ class ProfileBuilder:
         d = end - start
         gpu = phase.needs_gpu
         if gpu:
-            prev_share = self._share.get(phase)
-            self._share[phase] = (gpu_share if prev_share is None
-                                  else prev_share + self.alpha * (gpu_share - prev_share))
+            self._follow(self._share, phase, gpu_share)
             if head_share is not None:
-                prev_head = self._head.get(phase)
-                self._head[phase] = (head_share if prev_head is None
-                                     else prev_head + self.alpha * (head_share - prev_head))
+                self._follow(self._head, phase, head_share)
         # a new step starts at a rollout that follows a train/sync
         if phase is Phase.ROLLOUT and self._current_trained:
             self._last_shape = tuple(self._current)
@@ -273,11 +269,15 @@ class ProfileBuilder:
         if buf is None:  # (not setdefault: that built a deque at every observation)
             buf = self._durations[phase] = deque(maxlen=self.window)
         buf.append(d)
-        prev = self._ewma.get(phase)
-        self._ewma[phase] = d if prev is None else prev + self.alpha * (d - prev)
+        self._follow(self._ewma, phase, d)
         self._counts[phase] = self._counts.get(phase, 0) + 1
         if gpu:
             self._last_release = end
+
+    def _follow(self, means: dict[Phase, float], phase: Phase, x: float) -> None:
+        """Move the phase's moving mean in `means` towards `x` (weight `alpha`)."""
+        prev = means.get(phase)
+        means[phase] = x if prev is None else prev + self.alpha * (x - prev)
 
     def observed_share(self, phase: Phase) -> float | None:
         """The phase's learned GPU share once `min_obs` leases were seen, else None."""

@@ -275,12 +275,16 @@ def profile_of(job: JobRecord, observations: Iterable[ObservationRecord]) -> Pro
     return JobHistory(job).feed(observations).profile()
 
 
+def _set_gpu_s(job: JobRecord, o: ObservationRecord) -> float:
+    """GPU-seconds the lease's phase set offers over the lease's life."""
+    assert o.granted_at is not None and o.released_at is not None
+    return (o.released_at - o.granted_at) * len(job.request.gpus_for(o.phase))
+
+
 def _held_share(job: JobRecord, o: ObservationRecord) -> float:
     """The mean share of its phase's GPU set a lease held (below 1 when it shrank: the
     GPU-seconds the ledger charged it over its set's for the lease's life)."""
-    gpu_s = o.detail.get("gpu_s")
-    assert o.granted_at is not None and o.released_at is not None
-    full = (o.released_at - o.granted_at) * len(job.request.gpus_for(o.phase))
+    gpu_s, full = o.detail.get("gpu_s"), _set_gpu_s(job, o)
     if not isinstance(gpu_s, int | float) or full <= 0:
         return 1.0
     return min(1.0, max(1e-6, gpu_s / full))
@@ -289,9 +293,7 @@ def _held_share(job: JobRecord, o: ObservationRecord) -> float:
 def _head_share(job: JobRecord, o: ObservationRecord, share: float) -> float:
     """The part of `share` (`_held_share`) the lease held before it first gave GPUs
     back (a rollout before its tail; all of it where it never did)."""
-    head_s = o.detail.get("head_gpu_s")
-    assert o.granted_at is not None and o.released_at is not None
-    full = (o.released_at - o.granted_at) * len(job.request.gpus_for(o.phase))
+    head_s, full = o.detail.get("head_gpu_s"), _set_gpu_s(job, o)
     if not isinstance(head_s, int | float) or full <= 0:
         return share
     return min(share, max(0.0, head_s / full))
