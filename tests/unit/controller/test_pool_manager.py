@@ -170,6 +170,16 @@ class JoinFirst:
                 else Placement(j.job_id, Action.JOIN, pool) for j in snap.waiting]
 
 
+async def drain(pools: SlurmPools) -> None:
+    """Wait until the pool manager's tasks, and those they start, are done."""
+    while pools._tasks:
+        await asyncio.gather(*list(pools._tasks), return_exceptions=True)
+        # a task just done leaves the set in its done callback, run by the loop after
+        # it; on Python 3.12 a gather of done tasks returns without yielding to the
+        # loop, so without this the while spun on that task forever (seen on 3.12)
+        await asyncio.sleep(0)
+
+
 @dataclass
 class Site:
     c: Controller
@@ -180,8 +190,7 @@ class Site:
 
     async def settle(self) -> None:
         """Wait until the pool manager has nothing left to do (placements included)."""
-        while self.pools._tasks:
-            await asyncio.gather(*list(self.pools._tasks), return_exceptions=True)
+        await drain(self.pools)
 
     async def until(self, cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -834,8 +843,7 @@ async def test_a_pool_lost_while_the_controller_was_down_is_closed_at_start(
         2 * (node_failed_at - lease.granted_at))  # type: ignore[operator]
     # a job registering now gets a pool that runs
     await c.register(BOB, 22, ENV)
-    while pools._tasks:
-        await asyncio.gather(*list(pools._tasks), return_exceptions=True)
+    await drain(pools)
     job = c.store.job(22)
     assert job is not None and job.state is JobState.RUNNING and job.pool_id != lost_pool
     await c.stop()
