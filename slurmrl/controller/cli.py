@@ -150,12 +150,17 @@ async def check_listen(cfg: Config) -> None:
             srv = await loop.create_server(asyncio.Protocol, cc.host, port,
                                            reuse_address=True, start_serving=False)
         except OSError as exc:
+            why: object = exc.strerror or exc
+            if exc.errno is None and not isinstance(exc, socket.gaierror):
+                # Python 3.12.3+ and 3.13 skip each address that is not this machine's
+                # (EADDRNOTAVAIL) and, with none left, raise "could not bind on any
+                # address" with no errno; 3.11 raises the EADDRNOTAVAIL itself
+                why = os.strerror(errno.EADDRNOTAVAIL)
             host_wrong = (isinstance(exc, socket.gaierror)
-                          or exc.errno == errno.EADDRNOTAVAIL)
+                          or exc.errno in (errno.EADDRNOTAVAIL, None))
             bad = "controller.host" if host_wrong else key
             raise ConfigError(cfg.source_of(bad), bad,
-                              f"cannot listen on {cc.host}:{port}: {exc.strerror or exc}"
-                              ) from None
+                              f"cannot listen on {cc.host}:{port}: {why}") from None
         srv.close()
         await srv.wait_closed()
 

@@ -71,6 +71,7 @@ def test_an_address_not_this_machines_stops_it_before_the_db_exists(tmp_path: Pa
     res = CliRunner().invoke(controller, ["--config", str(site)])
     assert res.exit_code == 1
     assert f"{site}: controller.host: cannot listen on 192.0.2.1:6829: " in res.output
+    assert "cannot assign requested address" in res.output.lower()
     assert not db_dir.exists()
 
 
