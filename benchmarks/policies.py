@@ -887,7 +887,7 @@ Since commit d685b6a a newcomer that gave no `--rl-profile` (half the suite's jo
 predicted, beside a group member of its model and GPU count, on that member's phases
 (observed, else its `--rl-profile`; `complementarity.peer_of`) scaled to the short and
 to the long end of its own prior's period (0.75 and 1.25 of the member's), each
-member's worse slowdown of the two taken (`peer_views`); the model-size prior only
+member's worse slowdown of the two taken (`newcomer_views`); the model-size prior only
 where no member is such a peer. Its partner's own period would make the two twins, and
 twins interleave better than jobs whose periods differ (tried at it: long-cot ran at
 p95 1.176 at a limit of 1.15 and 1.449 at 1.25; 60 jobs, seeds 0-2, steady and bursty).

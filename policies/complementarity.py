@@ -349,7 +349,7 @@ Q_NEWCOMER = 0.1
 
 
 #: ... and the long end of a newcomer's prior period (with `Q_NEWCOMER`, the ends a
-#: borrowed profile is scaled to: `peer_views`)
+#: borrowed profile or a --rl-profile is scaled to: `newcomer_views`)
 Q_NEWCOMER_LONG = 0.9
 
 
@@ -487,28 +487,33 @@ def peer_of(job: JobSnapshot, members: Sequence[JobSnapshot],
     return profile_of(told[0]) if told else None
 
 
-def peer_views(members: Sequence[JobSnapshot]) -> list[tuple[JobSnapshot, ...]]:
-    """The group as `predict` is to see it: each member that borrows a peer's profile
-    (`peer_of`) takes it scaled to the short and to the long end of its own prior's
-    period (`Q_NEWCOMER`, `Q_NEWCOMER_LONG`: 0.75-1.25 of its median for the
-    model-size prior, 0.85-1.15 for a --rl-profile; the peer's period stands for the
-    median), one view each; the caller takes each member's worse slowdown (`worst`).
-    At its peer's very period a borrowed profile would make the two look like twins,
-    whose steps interleave better than those of two jobs whose periods differ. One view,
-    the group as it is, where no member borrows."""
+def newcomer_views(members: Sequence[JobSnapshot]) -> list[tuple[JobSnapshot, ...]]:
+    """The group as `predict` is to see it: a member whose period is only a guess, a
+    newcomer whose phases are a peer's (`peer_of`) or its own --rl-profile, is seen at
+    the short and at the long end of its prior's period (`Q_NEWCOMER`,
+    `Q_NEWCOMER_LONG`: 0.75-1.25 of its median for the model-size prior, 0.85-1.15 for
+    a --rl-profile; a peer's period stands for the median), one view each; the caller
+    takes each member's worse slowdown (`worst`). At one stated period a borrowed
+    profile would make the two look like twins, whose steps interleave better than
+    those of two jobs whose periods differ, and a --rl-profile's period is the user's
+    estimate: taken at its word, pairs of them ran over their limits (on the suite's
+    long-cot 10% of jobs at a limit of 1.3, docs/benchmarks.md). One view, the group as
+    it is, where every member's period is observed or a model-size prior's."""
     views: list[list[JobSnapshot]] = [[], []]
-    borrows = False
+    guessed = False
     for m in members:
-        peer = peer_of(m, members)
-        if peer is None:
+        seen = m.profile is not None and m.profile.steps > 0
+        phases = peer_of(m, members) or (
+            profile_of(m) if m.request.profile is not None and not seen else None)
+        if phases is None:
             for v in views:
                 v.append(m)
             continue
-        borrows = True
+        guessed = True
         own = _facts(m)
         for v, end in zip(views, own.ends, strict=True):
-            v.append(replace(m, profile=peer.scaled(end / own.period)))
-    return [tuple(v) for v in views] if borrows else [tuple(members)]
+            v.append(replace(m, profile=phases.scaled(end / own.period)))
+    return [tuple(v) for v in views] if guessed else [tuple(members)]
 
 
 def worst(preds: Sequence[GroupPrediction]) -> GroupPrediction:

@@ -71,8 +71,10 @@ it takes a partner that does not make its run worse. A newcomer that gave no
 --rl-profile is predicted with the profile of a group member of its model and GPU
 count (observed, else that member's --rl-profile: `complementarity.peer_of`), scaled
 to the short and the long end of its own prior's period, each member's worse
-slowdown of the two taken (`peer_views`, `worst`); the model-size prior only where no
-member is such a peer. Elsewhere (no `--rl-steps`, a job started with no complete
+slowdown of the two taken (`newcomer_views`, `worst`); the model-size prior only where no
+member is such a peer. A newcomer that gave a --rl-profile is predicted on it at the
+short and the long end of its period likewise (the period is the user's estimate).
+Elsewhere (no `--rl-steps`, a job started with no complete
 step seen, groups of three) it is the predicted slowdown while sharing.
 
 Known limits: large batches are pruned to the `neighbours` nearest jobs by period
@@ -114,8 +116,8 @@ from policies.complementarity import (
     has_tail,
     lifetime,
     limit_of,
+    newcomer_views,
     peer_of,
-    peer_views,
     period_of,
     predict,
     predict_floating,
@@ -215,14 +217,14 @@ class ComplementaryPairing:
         # which may come from different views: a newcomer's whole run rises with its
         # partner's slowdown too): a group the first view refuses is not simulated in
         # the second
-        for view in peer_views(members):
+        for view in newcomer_views(members):
             got = predict(view, bound=bound, offsets=offsets, pool_gpus=pool_gpus)
             if not passes(got):
                 return None
             pred = got if pred is None else worst([pred, got])
             if pred is not got and not passes(pred):
                 return None
-        assert pred is not None  # peer_views gives one view at least
+        assert pred is not None  # newcomer_views gives one view at least
         return pred if pred.gain() >= self.min_gain * (len(members) - 1) else None
 
     def staggerable(self, a: JobSnapshot, b: JobSnapshot) -> bool:

@@ -188,9 +188,9 @@ def test_a_policy_that_raises_is_one_line_naming_it(
     (tmp_path / "siteraises.py").write_text(_RAISES)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(__import__("sys").modules, "siteraises", raising=False)
-    # (4 jobs that accept a slowdown of 3: shared pools, where requests wait together;
+    # (6 jobs that accept a slowdown of 3: shared pools, where requests wait together;
     # a slice policy is asked only to order two or more)
-    res = CliRunner().invoke(cli, ["--jobs", "4", "--max-slowdown", "3", *args])
+    res = CliRunner().invoke(cli, ["--jobs", "6", "--max-slowdown", "3", *args])
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
     assert res.output == f"slurmrl simulate: {says}\n"
 

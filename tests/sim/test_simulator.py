@@ -560,12 +560,15 @@ def test_newcomers_pair_on_the_phases_of_the_jobs_of_their_model(
     # pairs were predicted to fit: 9% saved (7.8% since tails are pictured in halves). A
     # newcomer that gave no --rl-profile is judged on the phases of the job of its model
     # it would join (observed, else that job's --rl-profile), so it pairs with or
-    # without the rollout share learned from the site's jobs (14.1% and 11.5% saved)
+    # without the rollout share learned from the site's jobs (13.5% and 7.7% saved;
+    # 13.4% and 5.0% with the peer rule patched out. 14.1% and 11.5% before a newcomer's
+    # own --rl-profile was judged at both ends of its period, with 6 of 360 jobs over
+    # their limit on seeds 0-2 where 1 is now: docs/benchmarks.md)
     w = load("long-cot")
     jobs, cfg = generate(w, 0, "steady", 30), replace(config_for(w), gpus_per_node=72)
     for c in (cfg, replace(cfg, learn_priors=False)):
         r = run_jobs(jobs, c)
-        assert r.metrics.shared_pools >= 10 and r.metrics.savings > 0.10
+        assert r.metrics.shared_pools >= 10 and r.metrics.savings > 0.065
         slow = [((run.finished_at or 0.0) - (run.placed_at or 0.0)) / run.solo_s
                 for run in r.sim.runs.values()]
         assert sum(s <= 1.15 for s in slow) >= 0.9 * len(slow)

@@ -15,7 +15,7 @@ from policies.complementarity import (
     formula,
     group_load,
     lifetime,
-    peer_views,
+    newcomer_views,
     predict,
     tail_stages,
 )
@@ -404,7 +404,7 @@ def test_a_newcomer_with_no_profile_is_judged_by_a_running_job_of_its_model() ->
     host = running(job(1, 40, 60), steps=None, seen=20, ran_s=2000.0)
     new = fresh(2, max_slowdown=1.4)
     assert predict([host, new]).slowdowns[0] > 3
-    fast, slow = peer_views([host, new])
+    fast, slow = newcomer_views([host, new])
     assert fast[0] is host and slow[0] is host
     assert [v[1].profile.period() for v in (fast, slow)] == pytest.approx(  # type: ignore[union-attr]
         [75.0, 125.0])
@@ -418,13 +418,43 @@ def test_a_newcomer_with_no_profile_is_judged_by_a_running_job_of_its_model() ->
     assert placed(new) is Action.JOIN
     # its limit of 1.25 (the site's default) is exceeded at 1.25 of the period
     assert placed(fresh(2)) is Action.OPEN
-    # a job of another model, or with its own --rl-profile, keeps its own prior
-    assert peer_views([host, fresh(2, "Llama-3-70B", max_slowdown=1.4)]) == [
+    # a job of another model keeps its own prior, seen once
+    assert newcomer_views([host, fresh(2, "Llama-3-70B", max_slowdown=1.4)]) == [
         (host, fresh(2, "Llama-3-70B", max_slowdown=1.4))]
     assert placed(fresh(2, "Llama-3-70B", max_slowdown=1.4)) is Action.OPEN
+    # one with its own --rl-profile is seen on it, not on the peer's phases
     told = replace(new, request=replace(new.request, profile=PhasePrior(
         ((Phase.ROLLOUT, 0.45), (Phase.TRAIN, 0.55)), 300.0)))
-    assert len(peer_views([host, told])) == 1 and placed(told) is Action.OPEN
+    assert [set(v[1].profile.phases) for v in newcomer_views([host, told])] == [  # type: ignore[union-attr]
+        {Phase.ROLLOUT, Phase.TRAIN}] * 2
+    assert placed(told) is Action.OPEN
+
+
+def test_a_newcomers_stated_period_is_judged_at_both_ends() -> None:
+    # a newcomer whose --rl-profile gives the running job's very phases (40% busy, 100 s
+    # steps) would, at its word, interleave with it: the host predicted at 1.15, under
+    # its limit of 1.25. But the period is the user's estimate: at its long end (1.25 x,
+    # the prior's spread) the host runs at 1.30, over 1.25, so the newcomer opens its own
+    # pool; where the host may run at 1.35 both ends fit and it joins
+    host = running(job(1, 40, 60), steps=None, seen=20, ran_s=2000.0)
+    new = fresh(2, max_slowdown=1.4)
+    told = replace(new, request=replace(new.request, profile=PhasePrior(
+        ((Phase.ROLLOUT, 0.2), (Phase.IDLE, 0.3), (Phase.TRAIN, 0.2), (Phase.REWARD, 0.3)),
+        100.0)))
+    assert predict([host, told]).slowdowns[0] == pytest.approx(1.149, abs=0.01)
+    short, long = newcomer_views([host, told])
+    assert short[0] is host and long[0] is host
+    assert [v[1].profile.period() for v in (short, long)] == pytest.approx(  # type: ignore[union-attr]
+        [75.0, 125.0])
+    assert predict(long).slowdowns[0] > 1.25 > predict(short).slowdowns[0]
+    pol = registry.load("pairing", "complementary")
+
+    def placed(default: float) -> Action:
+        limits = SiteLimits(max_slowdown=1.5, default_max_slowdown=default)
+        return pol.place(snap([told], (PoolSnapshot(7, 8, (host,)),), limits=limits))[0].action
+
+    assert placed(1.25) is Action.OPEN
+    assert placed(1.35) is Action.JOIN
 
 
 @settings(max_examples=1000, deadline=None)
