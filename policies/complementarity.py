@@ -510,10 +510,29 @@ def newcomer_views(members: Sequence[JobSnapshot]) -> list[tuple[JobSnapshot, ..
                 v.append(m)
             continue
         guessed = True
-        own = _facts(m)
-        for v, end in zip(views, own.ends, strict=True):
-            v.append(replace(m, profile=phases.scaled(end / own.period)))
+        for v, seen_as in zip(views, _at_ends(m, phases), strict=True):
+            v.append(seen_as)
     return [tuple(v) for v in views] if guessed else [tuple(members)]
+
+
+#: (job snapshot id, profile id) -> (the two, the job at the short and the long end):
+#: one pair of snapshots a job and profile, so their facts are computed once (`_facts`)
+_AT_ENDS: dict[tuple[int, int], tuple[JobSnapshot, Profile, tuple[JobSnapshot, JobSnapshot]]] = {}
+
+
+def _at_ends(job: JobSnapshot, phases: Profile) -> tuple[JobSnapshot, JobSnapshot]:
+    """`job` with `phases` scaled to the short and to the long end of its own prior's
+    period (`_Facts.ends`)."""
+    key = (id(job), id(phases))
+    hit = _AT_ENDS.get(key)
+    if hit is not None and hit[0] is job and hit[1] is phases:
+        return hit[2]
+    own = _facts(job)
+    short, long = (replace(job, profile=phases.scaled(end / own.period)) for end in own.ends)
+    if len(_AT_ENDS) > 50_000:
+        _AT_ENDS.clear()
+    _AT_ENDS[key] = (job, phases, (short, long))
+    return short, long
 
 
 def worst(preds: Sequence[GroupPrediction]) -> GroupPrediction:
@@ -726,3 +745,4 @@ def clear_caches() -> None:
     _FACTS.clear()
     _SIMULATED.clear()
     _OVER.clear()
+    _AT_ENDS.clear()
