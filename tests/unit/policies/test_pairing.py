@@ -17,6 +17,7 @@ from policies.complementarity import (
     lifetime,
     newcomer_views,
     predict,
+    profile_of,
     tail_stages,
 )
 from slurmrl.model import Mux, Phase, PhasePrior, RlRequest
@@ -455,6 +456,12 @@ def test_a_newcomers_stated_period_is_judged_at_both_ends() -> None:
 
     assert placed(1.25) is Action.OPEN
     assert placed(1.35) is Action.JOIN
+    # as the controller and the simulator give it (its prior's profile, no step seen):
+    # the same two views; once it has completed a step its period is observed: one
+    prior_only = replace(told, profile=profile_of(told))
+    assert len(newcomer_views([host, prior_only])) == 2
+    seen = running(prior_only, steps=None, seen=1, ran_s=100.0)
+    assert newcomer_views([host, seen]) == [(host, seen)]
 
 
 @settings(max_examples=1000, deadline=None)
