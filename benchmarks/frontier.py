@@ -484,7 +484,11 @@ long-cot at L = 1.75 the default keeps 94% of its jobs within their limit (seeds
 two only (`max_group = 2`: 23.2% at 1.750, 94%). Before that commit it kept 92.5% (p95
 1.782; 95.0% with pairs only, at 22.9% against 23.4%). Groups of three pay further up
 (at L = 2.0: long-cot 26.2% against 23.6% with pairs only, agentic-tools 40.2% against
-31.2%, disaggregated 29.6% against 22.1%), so they stay. The error was the predictor's
+31.2%, disaggregated 29.6% against 22.1%), so they stay. Re-run at commit 70c2a23 (the
+same command, 70 s): long-cot at 1.75 saves 23.1% at p95 1.728 with 96% of jobs within
+their limit (pairs only 23.4% at 1.697, 96%), and at 2.0 24.1% either way, at p95 1.934
+against 1.780 with pairs only: on long-cot groups of three no longer pay; agentic-tools
+at 2.0 39.3% against 31.4%, disaggregated 28.1% against 21.7%. The error was the predictor's
 (`python benchmarks/predictor_error.py --what-if none --what-if no-noise --what-if
 no-tail --what-if one-step-tail`, 8 s: long-cot jobs of seed 0's draw sharing one pool
 from one instant until the first is done, 30 groups of two and 30 of three). It
