@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from policies import floatsim
@@ -487,48 +487,87 @@ def peer_of(job: JobSnapshot, members: Sequence[JobSnapshot],
     return profile_of(told[0]) if told else None
 
 
-def newcomer_views(members: Sequence[JobSnapshot]) -> list[tuple[JobSnapshot, ...]]:
+#: steps a running job completes before its period counts among its model's
+#: (`seen_periods`): as many as its own profile takes to replace its prior's phases
+SEEN_MIN_STEPS = 3
+
+#: (model, GPU count) -> (shortest, longest) median step period of the running jobs of
+#: that model and count (`seen_periods`)
+SeenPeriods = Mapping[tuple[str, int], tuple[float, float]]
+
+
+def seen_periods(pools: Iterable[PoolSnapshot]) -> dict[tuple[str, int], tuple[float, float]]:
+    """How far apart the periods of running jobs of one model and GPU count lie: the
+    shortest and longest median step of the pools' members that completed
+    `SEEN_MIN_STEPS` steps. A newcomer that borrows a peer's phases (`peer_of`) knows
+    its model, not its period: jobs of one class differ 2x in step length (the suite
+    draws them from its sources' ranges), more than its model-size prior's spread."""
+    seen: dict[tuple[str, int], tuple[float, float]] = {}
+    for pool in pools:
+        for m in pool.members:
+            if m.profile is None or m.profile.steps < SEEN_MIN_STEPS:
+                continue
+            key, t = (m.request.model, m.request.gpus), m.profile.period(Q_PERIOD)
+            lo, hi = seen.get(key, (t, t))
+            seen[key] = (min(lo, t), max(hi, t))
+    return seen
+
+
+def newcomer_views(members: Sequence[JobSnapshot],
+                   seen: SeenPeriods | None = None) -> list[tuple[JobSnapshot, ...]]:
     """The group as `predict` is to see it: a member whose period is only a guess, a
     newcomer whose phases are a peer's (`peer_of`) or its own --rl-profile, is seen at
-    the short and at the long end of its prior's period (`Q_NEWCOMER`,
-    `Q_NEWCOMER_LONG`: 0.75-1.25 of its median for the model-size prior, 0.85-1.15 for
-    a --rl-profile; a peer's period stands for the median), one view each; the caller
-    takes each member's worse slowdown (`worst`). At one stated period a borrowed
-    profile would make the two look like twins, whose steps interleave better than
-    those of two jobs whose periods differ, and a --rl-profile's period is the user's
-    estimate: taken at its word, pairs of them ran over their limits (on the suite's
-    long-cot 10% of jobs at a limit of 1.3, docs/benchmarks.md). One view, the group as
+    the short and at the long end of its period, one view each; the caller takes each
+    member's worse slowdown (`worst`). The ends: 0.85-1.15 of a --rl-profile's period
+    (`Q_NEWCOMER`, `Q_NEWCOMER_LONG`); for a borrowed profile, 0.75-1.25 of the median
+    of its model-size prior, widened to the periods `seen` of running jobs of its model
+    and GPU count (`seen_periods`). At one stated period a borrowed profile would make
+    the two look like twins, whose steps interleave better than those of two jobs whose
+    periods differ, and a --rl-profile's period is the user's estimate: taken at its
+    word, pairs of them ran over their limits (on the suite's long-cot 10% of jobs at a
+    limit of 1.3), and within the prior's spread, a newcomer twice its peer's period
+    slowed the peer 2.3x at a limit of 1.5 (docs/benchmarks.md). One view, the group as
     it is, where every member's period is observed or a model-size prior's."""
     views: list[list[JobSnapshot]] = [[], []]
     guessed = False
     for m in members:
-        seen = m.profile is not None and m.profile.steps > 0
-        phases = peer_of(m, members) or (
-            profile_of(m) if m.request.profile is not None and not seen else None)
+        seen_steps = m.profile is not None and m.profile.steps > 0
+        phases = peer_of(m, members)
+        own = _facts(m)
+        ends = own.ends
+        if phases is not None:  # the peer's period stands for the median of its prior
+            at = max(phases.period(Q_PERIOD), 1e-9) / own.period
+            ends = (ends[0] * at, ends[1] * at)
+            lo, hi = (seen or {}).get((m.request.model, m.request.gpus), ends)
+            ends = (min(ends[0], lo), max(ends[1], hi))
+        elif m.request.profile is not None and not seen_steps:
+            phases = profile_of(m)
         if phases is None:
             for v in views:
                 v.append(m)
             continue
         guessed = True
-        for v, seen_as in zip(views, _at_ends(m, phases), strict=True):
+        for v, seen_as in zip(views, _at_ends(m, phases, ends), strict=True):
             v.append(seen_as)
     return [tuple(v) for v in views] if guessed else [tuple(members)]
 
 
-#: (job snapshot id, profile id) -> (the two, the job at the short and the long end):
-#: one pair of snapshots a job and profile, so their facts are computed once (`_facts`)
-_AT_ENDS: dict[tuple[int, int], tuple[JobSnapshot, Profile, tuple[JobSnapshot, JobSnapshot]]] = {}
+#: (job snapshot id, profile id, ends) -> (the two, the job at the short and the long
+#: end): one pair of snapshots a job, profile and ends, so their facts are computed once
+#: (`_facts`)
+_AT_ENDS: dict[tuple[int, int, tuple[float, float]],
+               tuple[JobSnapshot, Profile, tuple[JobSnapshot, JobSnapshot]]] = {}
 
 
-def _at_ends(job: JobSnapshot, phases: Profile) -> tuple[JobSnapshot, JobSnapshot]:
-    """`job` with `phases` scaled to the short and to the long end of its own prior's
-    period (`_Facts.ends`)."""
-    key = (id(job), id(phases))
+def _at_ends(job: JobSnapshot, phases: Profile, ends: tuple[float, float],
+             ) -> tuple[JobSnapshot, JobSnapshot]:
+    """`job` with `phases` scaled to the periods `ends` (short, long)."""
+    key = (id(job), id(phases), ends)
     hit = _AT_ENDS.get(key)
     if hit is not None and hit[0] is job and hit[1] is phases:
         return hit[2]
-    own = _facts(job)
-    short, long = (replace(job, profile=phases.scaled(end / own.period)) for end in own.ends)
+    period = max(phases.period(Q_PERIOD), 1e-9)
+    short, long = (replace(job, profile=phases.scaled(end / period)) for end in ends)
     if len(_AT_ENDS) > 50_000:
         _AT_ENDS.clear()
     _AT_ENDS[key] = (job, phases, (short, long))

@@ -70,7 +70,9 @@ limit even alone from now is held to that instead (`complementarity.whole_run_li
 it takes a partner that does not make its run worse. A newcomer that gave no
 --rl-profile is predicted with the profile of a group member of its model and GPU
 count (observed, else that member's --rl-profile: `complementarity.peer_of`), scaled
-to the short and the long end of its own prior's period, each member's worse
+to the short and the long end of its own prior's period, widened to the shortest and
+longest periods of the running jobs of its model and GPU count (`seen_periods`, this
+round's: jobs of one model differ 2x in step length), each member's worse
 slowdown of the two taken (`newcomer_views`, `worst`); the model-size prior only where no
 member is such a peer. A newcomer that gave a --rl-profile is predicted on it at the
 short and the long end of its period likewise (the period is the user's estimate).
@@ -108,6 +110,7 @@ from policies.base import (
 )
 from policies.complementarity import (
     GroupPrediction,
+    SeenPeriods,
     allowance,
     compatible,
     fits_memory,
@@ -121,6 +124,7 @@ from policies.complementarity import (
     period_of,
     predict,
     predict_floating,
+    seen_periods,
     share_key,
     shareable,
     split_of,
@@ -184,6 +188,9 @@ class ComplementaryPairing:
         if floating_members < 1:
             raise ValueError(f"floating_members must be >= 1, got {floating_members}")
         self.floating, self.floating_members = floating, floating_members
+        #: the periods of running jobs by model and GPU count, this round's
+        #: (`complementarity.seen_periods`): the ends a borrowing newcomer is judged at
+        self.periods: SeenPeriods = {}
 
     # -- scoring -------------------------------------------------------------------
     def accepts(self, members: Sequence[JobSnapshot], limits: SiteLimits,
@@ -217,7 +224,7 @@ class ComplementaryPairing:
         # which may come from different views: a newcomer's whole run rises with its
         # partner's slowdown too): a group the first view refuses is not simulated in
         # the second
-        for view in newcomer_views(members):
+        for view in newcomer_views(members, self.periods):
             got = predict(view, bound=bound, offsets=offsets, pool_gpus=pool_gpus)
             if not passes(got):
                 return None
@@ -326,12 +333,12 @@ class ComplementaryPairing:
             placed.update((i, Placement(i, Action.WAIT, reason=f"job {i} cannot be scored: {why}"))
                           for i, why in bad.items())
             return [placed[j.job_id] for j in snapshot.waiting]
+        this = copy.copy(self)  # this round's: the policy object is unchanged
+        this.periods = seen_periods(snapshot.pools)
         if (self.max_load is not None and self.max_load_when == "light-present"
                 and not self.light_present(snapshot)):
-            uncapped = copy.copy(self)  # this round only: the policy object is unchanged
-            uncapped.max_load = None
-            return uncapped._place(snapshot)
-        return self._place(snapshot)
+            this.max_load = None
+        return this._place(snapshot)
 
     def floats(self, job: JobSnapshot, snapshot: ClusterSnapshot) -> bool:
         """Whether the job goes to a floating pool: a colocated job that may share, in a

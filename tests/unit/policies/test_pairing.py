@@ -18,6 +18,7 @@ from policies.complementarity import (
     newcomer_views,
     predict,
     profile_of,
+    seen_periods,
     tail_stages,
 )
 from slurmrl.model import Mux, Phase, PhasePrior, RlRequest
@@ -429,6 +430,42 @@ def test_a_newcomer_with_no_profile_is_judged_by_a_running_job_of_its_model() ->
     assert [set(v[1].profile.phases) for v in newcomer_views([host, told])] == [  # type: ignore[union-attr]
         {Phase.ROLLOUT, Phase.TRAIN}] * 2
     assert placed(told) is Action.OPEN
+
+
+def test_a_borrowing_newcomer_is_judged_at_the_periods_running_jobs_of_its_model_show(
+        ) -> None:
+    # judged on the host's phases at 0.75-1.25 of its 100 s period, the newcomer joins
+    # (the test above). But two running jobs of its model and size take 150 s a step:
+    # the newcomer's own period may be as long, and at 150 s the host runs at 1.44, over
+    # its limit of 1.25, so it opens its own pool
+    pol = registry.load("pairing", "complementary")
+    limits = SiteLimits(max_slowdown=1.5, default_max_slowdown=1.25)
+    host = running(job(1, 40, 60), steps=None, seen=20, ran_s=2000.0)
+    new = fresh(2, max_slowdown=1.4)
+
+    def pool_of(model: str, seen: int) -> PoolSnapshot:
+        slow = [running(job(j, 60, 90), steps=None, seen=seen, ran_s=3000.0) for j in (3, 4)]
+        return PoolSnapshot(8, 8, tuple(replace(m, request=replace(m.request, model=model))
+                                        for m in slow))
+
+    def placed(*others: PoolSnapshot) -> Action:
+        pools = (PoolSnapshot(7, 8, (host,)), *others)
+        return pol.place(snap([new], pools, limits=limits))[0].action
+
+    slow = pool_of("Qwen2.5-7B", 20)
+    assert seen_periods([PoolSnapshot(7, 8, (host,)), slow]) == {
+        ("Qwen2.5-7B", 8): pytest.approx((100.0, 150.0))}
+    short, long = newcomer_views([host, new], seen_periods([slow]))
+    assert [v[1].profile.period() for v in (short, long)] == pytest.approx(  # type: ignore[union-attr]
+        [75.0, 150.0])
+    assert predict(long).slowdowns[0] > 1.4
+    assert placed() is Action.JOIN
+    assert placed(slow) is Action.OPEN
+    # jobs of another model, or that completed fewer than 3 steps, say nothing of its
+    assert placed(pool_of("Llama-3-70B", 20)) is Action.JOIN
+    assert placed(pool_of("Qwen2.5-7B", 2)) is Action.JOIN
+    # and the policy object keeps no round's periods
+    assert pol.periods == {}
 
 
 def test_a_newcomers_stated_period_is_judged_at_both_ends() -> None:
