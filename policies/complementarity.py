@@ -526,10 +526,16 @@ def newcomer_views(members: Sequence[JobSnapshot],
     periods differ, and a --rl-profile's period is the user's estimate: taken at its
     word, pairs of them ran over their limits (on the suite's long-cot 10% of jobs at a
     limit of 1.3), and within the prior's spread, a newcomer twice its peer's period
-    slowed the peer 2.3x at a limit of 1.5 (docs/benchmarks.md). One view, the group as
-    it is, where every member's period is observed or a model-size prior's."""
+    slowed the peer 2.3x at a limit of 1.5 (docs/benchmarks.md). Newcomers that each
+    gave a --rl-profile are seen at opposite ends, the first at the short end where the
+    second is at the long one and the other way round: seen all at one end, the two
+    views were one schedule at two speeds, the same slowdowns, and such pairs ran over
+    the suite's own limit of 1.15 on agentic-tools, where each estimate was off its own
+    way. A borrowed profile keeps to its lender's end. One view, the group as it is,
+    where every member's period is observed or a model-size prior's."""
     views: list[list[JobSnapshot]] = [[], []]
     guessed = False
+    told = 0  #: members seen on their own --rl-profile so far
     for m in members:
         seen_steps = m.profile is not None and m.profile.steps > 0
         phases = peer_of(m, members)
@@ -540,14 +546,17 @@ def newcomer_views(members: Sequence[JobSnapshot],
             ends = (ends[0] * at, ends[1] * at)
             lo, hi = (seen or {}).get((m.request.model, m.request.gpus), ends)
             ends = (min(ends[0], lo), max(ends[1], hi))
-        elif m.request.profile is not None and not seen_steps:
+        flip = False
+        if phases is None and m.request.profile is not None and not seen_steps:
             phases = profile_of(m)
+            flip, told = told % 2 == 1, told + 1
         if phases is None:
             for v in views:
                 v.append(m)
             continue
         guessed = True
-        for v, seen_as in zip(views, _at_ends(m, phases, ends), strict=True):
+        pair = _at_ends(m, phases, ends)
+        for v, seen_as in zip(views, pair[::-1] if flip else pair, strict=True):
             v.append(seen_as)
     return [tuple(v) for v in views] if guessed else [tuple(members)]
 

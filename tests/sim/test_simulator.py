@@ -378,12 +378,16 @@ def test_a_sites_recorded_runs_placed_by_a_policy(tmp_path: Path) -> None:
     bare = recorded_trace(tmp_path / "bare.jsonl", None)
     res = CliRunner().invoke(simulate, ["-w", str(bare), "--json"])
     assert res.exit_code == 0 and json.loads(res.output)["metrics"]["shared_pools"] == 0
-    # ... had they written one matching their runs, they would have shared
+    # ... had they written one matching their runs, they would have shared: in a
+    # staggered pool of 3 GPUs, since the profile read off a run puts its gap after
+    # training, and two newcomers' periods are judged 15% off in opposite directions,
+    # where one window would slow the shorter past its limit
     res = CliRunner().invoke(simulate, ["-w", str(bare), "--json", "--assume-profiles"])
     assert res.exit_code == 0, res.output
     what_if = json.loads(res.output)
     assert what_if["meta"]["assume_profiles"] is True
-    assert what_if["metrics"]["shared_pools"] == 1 and what_if["metrics"]["savings"] > 0.3
+    wm = what_if["metrics"]
+    assert wm["shared_pools"] == 1 and wm["staggered_pools"] == 1 and wm["savings"] > 0.2
     prior = trace_jobs(bare, assume_profiles=True)[0].prior
     assert prior is not None and prior.step_s == pytest.approx(9.0)
     assert dict(prior.shares) == pytest.approx(

@@ -501,6 +501,41 @@ def test_a_newcomers_stated_period_is_judged_at_both_ends() -> None:
     assert newcomer_views([host, seen]) == [(host, seen)]
 
 
+def test_two_newcomers_estimates_are_judged_at_opposite_ends() -> None:
+    # two newcomers whose --rl-profiles give the same phases (40% busy) and 100 s steps
+    # interleave at their word (1.04 at worst). Each period is its user's estimate:
+    # seen both short or both long, the pair was one schedule at two speeds and the two
+    # views agreed. Seen at opposite ends (75 s beside 125 s), the shorter job runs
+    # 1.58x: at a limit of 1.5 each opens a pool of its own, at 1.6 they share one
+    def told(jid: int) -> JobSnapshot:
+        new = fresh(jid)
+        return replace(new, request=replace(new.request, profile=PhasePrior(
+            ((Phase.ROLLOUT, 0.2), (Phase.IDLE, 0.3), (Phase.TRAIN, 0.2),
+             (Phase.REWARD, 0.3)), 100.0)))
+
+    a, b = told(1), told(2)
+    assert predict([replace(a, profile=profile_of(a)),
+                    replace(b, profile=profile_of(b))]).max_slowdown < 1.05
+    views = newcomer_views([a, b])
+    assert [[m.profile.period() for m in v] for v in views] == [  # type: ignore[union-attr]
+        pytest.approx([75.0, 125.0]), pytest.approx([125.0, 75.0])]
+    assert [predict(v).slowdowns for v in views] == [
+        pytest.approx((1.579, 1.012), abs=0.01), pytest.approx((1.012, 1.579), abs=0.01)]
+    pol = registry.load("pairing", "complementary")
+
+    def pools(limit: float) -> set[int | None]:
+        limits = SiteLimits(max_slowdown=1.6, default_max_slowdown=limit)
+        return {p.pool_id for p in pol.place(snap([a, b], limits=limits, node=None))}
+
+    assert len(pools(1.5)) == 2
+    assert len(pools(1.6)) == 1
+    # a third newcomer that gave a profile is seen like the first, at the short end
+    # where the second is at the long one
+    third = newcomer_views([a, b, told(3)])
+    assert [[m.profile.period() for m in v] for v in third] == [  # type: ignore[union-attr]
+        pytest.approx([75.0, 125.0, 75.0]), pytest.approx([125.0, 75.0, 125.0])]
+
+
 @settings(max_examples=1000, deadline=None)
 @given(left=st.integers(1, 400), seen=st.integers(1, 50), ran=st.floats(0.5, 1.5),
        n_steps=st.integers(1, 400), s_host=st.floats(1.0, 4.0), s_new=st.floats(1.0, 4.0),
