@@ -75,7 +75,8 @@ longest periods of the running jobs of its model and GPU count (`seen_periods`, 
 round's: jobs of one model differ 2x in step length), each member's worse
 slowdown of the two taken (`newcomer_views`, `worst`); the model-size prior only where no
 member is such a peer. A newcomer that gave a --rl-profile is predicted on it at the
-short and the long end of its period likewise (the period is the user's estimate).
+short and the long end of its period likewise (the period is the user's estimate), two
+such newcomers at opposite ends.
 Elsewhere (no `--rl-steps`, a job started with no complete
 step seen, groups of three) it is the predicted slowdown while sharing.
 
