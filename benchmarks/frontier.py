@@ -504,8 +504,8 @@ commit 70c2a23's): long-cot saves 15.4% at p95 1.415 at L = 1.5 (17.5% at 1.526)
 1.598 at 1.75 (23.1% at 1.728), above its former curve there (14.7% and 19.5% at those
 p95s, interpolated), and 11.4% at 1.349 at 1.4 (13.8% at 1.378), 1.0 point under it;
 the 2-seed table then kept 97-100% of its jobs within their limit at L = 1.15-1.75
-(93-99% before) and 95% at 2.0 (93%). The cost falls on agentic-tools, 0.2-1.7 points at L = 1.15-1.5 over the
-three seeds (12.8% at p95 1.153 at 1.15, 13.7% at 1.170 before; 20.7% at 1.197 at 1.2,
+(93-99% before) and 95% at 2.0 (93%). The cost falls on agentic-tools, 0.2-1.7 points
+at L = 1.15-1.5 over the three seeds (12.8% at p95 1.153 at 1.15, 13.7% at 1.170 before; 20.7% at 1.197 at 1.2,
 22.4% at 1.198; 30.5% at 1.210 at 1.4, 30.8% at 1.212; the same 6 runs of commit
 70c2a23's code, throwaway), whose predictor is pessimistic (the feasibility table), and math-sync
 (the 2-seed table: 3.3% at p95 1.325 at 1.5, 4.6% at 1.387); polytrace-mix, disaggregated
