@@ -493,31 +493,31 @@ A borrowing newcomer judged at the periods its model's running jobs show (commit
 over seeds 0-2; 93% of jobs within it in the 2-seed table). The worst of the 21 jobs of
 those 6 runs over 1.5 were in pairs opened together of a newcomer that gave a
 `--rl-profile` and one that borrowed it, whose periods differed about 2x (seed 0,
-bursty: a job of 470 s steps beside one of 986 s ran at 2.29, the pair predicted at
-1.40 at worst; throwaway trace). The borrower was judged at 0.75-1.25 of its peer's
-period, the model-size prior's spread, where the suite draws each class's steps over
-about 2x (400-900 s on long-cot; workloads/README.md) and they grow as the policy
-learns. Its ends now reach out to the shortest and the longest median step of the
-running jobs of its model and GPU count that completed 3 steps
-(`complementarity.seen_periods`). Over seeds 0-2 (`noise.py` at commit 1c2608c, against
-commit 70c2a23's): long-cot saves 15.4% at p95 1.415 at L = 1.5 (17.5% at 1.526) and 21.6% at
-1.598 at 1.75 (23.1% at 1.728), above its former curve there (14.7% and 19.5% at those
-p95s, interpolated), and 11.4% at 1.349 at 1.4 (13.8% at 1.378), 1.0 point under it;
-the 2-seed table then kept 97-100% of its jobs within their limit at L = 1.15-1.75
-(93-99% before) and 95% at 2.0 (93%). The cost falls on agentic-tools, 0.2-1.7 points
-at L = 1.15-1.5 over the three seeds (12.8% at p95 1.153 at 1.15, 13.7% at 1.170 before; 20.7% at 1.197 at 1.2,
-22.4% at 1.198; 30.5% at 1.210 at 1.4, 30.8% at 1.212; the same 6 runs of commit
-70c2a23's code, throwaway), whose predictor is pessimistic (the feasibility table), and math-sync
-(the 2-seed table: 3.3% at p95 1.325 at 1.5, 4.6% at 1.387); polytrace-mix, disaggregated
-and mixed-sizes move within 0.7 points. Two other cures of the same pairs, tried at
-commit 70c2a23 (throwaway patches, seeds 0-2), brought long-cot within its limit at
-1.5 too (p95 1.434 and 1.421) but cost agentic-tools 2.6-4.4 points at L = 1.25-1.4:
-borrowing a told peer's profile only once that peer has started, and judging every
-combination of the members' ends (4 views a pair). What it does not reach: mixed-sizes
-still runs over the users' limit at L = 1.75 and 2.0 (p95 1.798 and 2.069 over seeds
-0-2, 1.788 and 2.084 at commit e51e696; 94% of jobs within it in the 2-seed table),
-mostly beside jobs of another model, whose phases no newcomer borrows (15 of the 20 jobs
-over 2.0 in those 6 runs; throwaway count).
+bursty: a job of 470 s steps beside one of 986 s ran at 2.29, the pair predicted at 1.40
+at worst; throwaway trace). The borrower was judged at 0.75-1.25 of its peer's period,
+the model-size prior's spread, where the suite draws each class's steps over about 2x
+(400-900 s on long-cot; workloads/README.md) and they grow as the policy learns. Its
+ends now reach out to the shortest and the longest median step of the running jobs of
+its model and GPU count that completed 3 steps (`complementarity.seen_periods`). Over
+seeds 0-2 (`noise.py` at commit 1c2608c, against commit 70c2a23's): long-cot saves 15.4%
+at p95 1.415 at L = 1.5 (17.5% at 1.526) and 21.6% at 1.598 at 1.75 (23.1% at 1.728),
+above its former curve there (14.7% and 19.5% at those p95s, interpolated), and 11.4% at
+1.349 at 1.4 (13.8% at 1.378), 1.0 point under it; the 2-seed table then kept 97-100% of
+its jobs within their limit at L = 1.15-1.75 (93-99% before) and 95% at 2.0 (93%). The
+cost falls on agentic-tools, 0.2-1.7 points at L = 1.15-1.5 over the three seeds (12.8%
+at p95 1.153 at 1.15, 13.7% at 1.170 before; 20.7% at 1.197 at 1.2, 22.4% at 1.198;
+30.5% at 1.210 at 1.4, 30.8% at 1.212; the same 6 runs of commit 70c2a23's code,
+throwaway), whose predictor is pessimistic (the feasibility table), and math-sync (the
+2-seed table: 3.3% at p95 1.325 at 1.5, 4.6% at 1.387); polytrace-mix, disaggregated and
+mixed-sizes move within 0.7 points. Two other cures of the same pairs, tried at commit
+70c2a23 (throwaway patches, seeds 0-2), brought long-cot within its limit at 1.5 too
+(p95 1.434 and 1.421) but cost agentic-tools 2.6-4.4 points at L = 1.25-1.4: borrowing a
+told peer's profile only once that peer has started, and judging every combination of
+the members' ends (4 views a pair). What it does not reach: mixed-sizes still runs over
+the users' limit at L = 1.75 and 2.0 (p95 1.798 and 2.069 over seeds 0-2, 1.788 and
+2.084 at commit e51e696; 94% of jobs within it in the 2-seed table), mostly beside jobs
+of another model, whose phases no newcomer borrows (15 of the 20 jobs over 2.0 in those
+6 runs; throwaway count).
 
 Two newcomers' own estimates at opposite ends (commit e51e696). A group of newcomers
 that each gave a `--rl-profile` was seen all at the short or all at the long end of the
