@@ -95,8 +95,8 @@ cluster-down:
 # (under the lock no other run's jobs can be there).
 WITH_CLUSTER = set -e; $(TAKE_LOCK); \
 	trap '$(SLURMRL) dev-cluster down --state-dir $(STATE) 9>&- || true' EXIT; \
-	trap 'kill -TERM $$child 2>/dev/null || true; wait $$child 2>/dev/null || true; \
-	      exit 143' INT TERM; \
+	trap 'trap "" INT TERM; kill -TERM $$child 2>/dev/null || true; \
+	      wait $$child 2>/dev/null || true; exit 143' INT TERM; \
 	$(SLURMRL) dev-cluster up --cancel-jobs --state-dir $(STATE) 9>&- & child=$$!; \
 	wait $$child; \
 	SLURMRL_DEV_STATE=$(STATE) $(1) 9>&- & child=$$!; wait $$child
