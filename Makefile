@@ -91,6 +91,8 @@ cluster-down:
 # waited for, so that the shell takes the signal at once, ends it, and then stops the
 # cluster; a foreground command would hold the traps until it returned). All of it holds
 # the lock, taken before the traps are set: a run still waiting for it stops nothing.
+# The INT/TERM trap first ignores both: make forwards the TERM a CI timeout sends the
+# group, and a second TERM inside the trap made dash skip the EXIT trap.
 # `up --cancel-jobs` clears the queue of jobs left by a run killed before its `down`
 # (under the lock no other run's jobs can be there).
 WITH_CLUSTER = set -e; $(TAKE_LOCK); \
