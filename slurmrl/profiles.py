@@ -143,20 +143,31 @@ class Profile:
                 or sum(1 for p in self.shape if not p.needs_gpu) > 1)
 
 
+#: a 7B model's step, seconds: the middle of verl's Qwen2.5-Math-7B DAPO steps, 356 s on
+#: 128 GPUs to 790 s on 32 (shared/research/rl-workloads.md)
+PRIOR_STEP_7B_S = (356.0 + 790.0) / 2
+
+
 def prior_for_model(model: str, gpus: int) -> PhasePrior:
     """A prior step for a model with no --rl-profile: default shares, period by size.
 
-    Step periods grow with model size (verl: 7B DAPO 356-790 s; 30B-A3B 498 s); the
-    `tiny` backend steps in seconds. A rough prior: it is replaced by observations.
+    The period grows with the parameters each token passes through, as the square
+    root of their multiple of 7B (a job of a larger model gets more GPUs, so its step
+    grows less than its size), from `PRIOR_STEP_7B_S`; a mixture of experts counts its
+    active parameters (`active_param_count`): verl's Qwen3-30B-A3B steps in 498 s, in
+    the 7B's range, not twice it. The `tiny` backend steps in seconds. A rough prior:
+    it is replaced by observations. (It took 300 s for a 7B and total parameters until
+    the prior periods on the suite were found below their sources' ranges: a 7B's at
+    0.84 of its shortest published step; docs/benchmarks.md.)
     """
-    from slurmrl.gpu.estimate import parse_param_count
+    from slurmrl.gpu.estimate import active_param_count
 
     try:
-        params = parse_param_count(model)
+        params = active_param_count(model)
     except ValueError:
         params = 7_000_000_000
     billions = params / 1e9
-    step = 5.0 if billions < 0.01 else 300.0 * max(1.0, billions / 7.0) ** 0.5
+    step = 5.0 if billions < 0.01 else PRIOR_STEP_7B_S * max(1.0, billions / 7.0) ** 0.5
     return PhasePrior(DEFAULT_SHARES, step)
 
 

@@ -17,11 +17,11 @@ state_dict) a service of the model must accept.
 
 Known limits: activations are not estimated (they depend on batch and sequence length;
 pass them as `extra_bytes`); names are parsed for a size like "7B", "1.5b", "125M",
-"30B-A3B" (total, not active, parameters), never "4k" (a context length); mixtures
-written "8x7B" are refused. The 1 GiB overhead is a small model's on one GPU: with
-tensor parallelism the CUDA graphs and NCCL buffers can take up to ~7 GiB per GPU
-(shared/research/resident-models.md), which this does not count; such jobs should
-declare `--rl-mem`.
+"30B-A3B" (total, not active, parameters: `active_param_count` reads the active ones),
+never "4k" (a context length); mixtures written "8x7B" are refused. The 1 GiB overhead
+is a small model's on one GPU: with tensor parallelism the CUDA graphs and NCCL buffers
+can take up to ~7 GiB per GPU (shared/research/resident-models.md), which this does not
+count; such jobs should declare `--rl-mem`.
 """
 
 from __future__ import annotations
@@ -55,6 +55,20 @@ def parse_param_count(model: str | int) -> int:
             "parameters or a name with a size such as '7B' (or declare --rl-mem)"
         )
     return int(float(match.group(1)) * _UNIT[match.group(2).lower()])
+
+
+#: a mixture of experts' active parameters in its name: "Qwen3-30B-A3B" (3B of 30B)
+_ACTIVE = re.compile(r"(?<=[-_])A(\d+(?:\.\d+)?)([mbt])(?![a-z0-9])", re.IGNORECASE)
+
+
+def active_param_count(model: str | int) -> int:
+    """Parameters each token passes through: a mixture of experts' active ones where
+    its name gives them ("Qwen3-30B-A3B": 3B), else all of them (`parse_param_count`)."""
+    if isinstance(model, str):
+        match = _ACTIVE.search(model.rsplit("/", 1)[-1])
+        if match is not None:
+            return int(float(match.group(1)) * _UNIT[match.group(2).lower()])
+    return parse_param_count(model)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from slurmrl.gpu import (
     estimate_model_memory,
     parse_param_count,
 )
-from slurmrl.gpu.estimate import GiB
+from slurmrl.gpu.estimate import GiB, active_param_count
 
 
 def test_no_gpu_mode_is_clean_with_real_pynvml() -> None:
@@ -164,6 +164,20 @@ def test_descendant_pids_finds_a_real_child() -> None:
 )
 def test_parameter_counts_from_names(name: str | int, params: int) -> None:
     assert parse_param_count(name) == params
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("Qwen/Qwen3-30B-A3B", 3_000_000_000),  # a mixture of experts: its active ones
+        ("Qwen3-235B-A22B-Instruct", 22_000_000_000),
+        ("Qwen2.5-7B", 7_000_000_000),  # dense: all of them
+        ("ABC-7B", 7_000_000_000),  # an "A" that starts a name is no active count
+        (12345, 12345),
+    ],
+)
+def test_active_parameters_of_a_mixture_of_experts(name: str | int, params: int) -> None:
+    assert active_param_count(name) == params
 
 
 # a context length in the name ("4k", "128k") was read as the size: Phi-3-mini a 4,000

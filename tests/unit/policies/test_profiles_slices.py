@@ -147,6 +147,14 @@ def test_model_size_prior_grows_with_the_model() -> None:
     assert small.step_s is not None and big.step_s is not None and big.step_s > small.step_s
 
 
+def test_model_size_prior_periods_lie_in_the_published_ranges() -> None:
+    # verl (shared/research/rl-workloads.md): a 7B DAPO step 356-790 s, Qwen3-30B-A3B's
+    # 498 s; the prior took 300 s for a 7B and 621 s for the 30B-A3B (its total size)
+    seven, moe = prior_for_model("Qwen2.5-7B", 8).step_s, prior_for_model("Qwen3-30B-A3B", 8).step_s
+    assert seven is not None and 356.0 <= seven <= 790.0
+    assert moe is not None and 356.0 <= moe <= 790.0 and moe == pytest.approx(seven)
+
+
 def test_bounded_slowdown_serves_the_member_that_waited_most() -> None:
     table = LeaseTable(1, range(2), BoundedSlowdownSlice(), lease_timeout_s=1e9)
     table.set_member(1, 1.1)
