@@ -181,52 +181,53 @@ Means over {seeds} seeds x (steady, bursty), max over runs.
 
 {table}
 
-Reading (re-measured on 2026-11-27 at commit e51e696, the default policy picturing a
+Reading (re-measured on 2026-11-27 at commit d3af4b3, the default policy picturing a
 rollout's tail in halves learned from its leases, judging a newcomer with no
 `--rl-profile` on its peer's phases, widened to the periods its model's running jobs
-show, and one with a `--rl-profile` at both ends of the period it gave, two such at
-opposite ends, on the suite as corrected at commit 1134820: at 1.15 every workload
-saves 0.5-11.0% as designed;
+show, else on a model-size prior within its sources' ranges, and one with a
+`--rl-profile` at both ends of the period it gave, two such at opposite ends, on the
+suite as corrected at commit 1134820: at 1.15 every workload saves 0.5-12.2% as
+designed;
 every job declares its steps, `--rl-steps`). The controller rows learn no prior from
 other jobs, as the controller (since commit 35eaeec):
 - **Judging a newcomer on its peer's phases narrowed the gap at 1.5**: a newcomer that
   gave no `--rl-profile` is predicted on the observed phases of the pool member of its
   model and size (commit d685b6a), which the controller rows use as the designed one
-  does. One engine (`controller today`) saves 24.6% on agentic-tools at 1.5 (18.6% in
-  this section's run before that change) and 7.4% on polytrace-mix (6.4%); long-cot
+  does. One engine (`controller today`) saves 24.9% on agentic-tools at 1.5 (18.6% in
+  this section's run before that change) and 7.2% on polytrace-mix (6.4%); long-cot
   (0.0%, 1.0% before) and math-sync (0.0%, 1.6%) stay where a whole-set rollout leaves
-  no room. At 1.15 the gap stays: agentic-tools 3.7-6.5% on the controller rows against
-  11.0% designed, polytrace-mix 1.1-3.1% against 4.0%.
+  no room. At 1.15 the gap stays: agentic-tools 4.8-7.8% on the controller rows against
+  12.2% designed, polytrace-mix 1.4-3.9% against 4.6%.
 - **Replicas consolidating their tail recover most of the designed system's
-  savings**: at 1.5, agentic-tools 28.7% (designed 30.4%), polytrace-mix 14.7% (18.8%),
-  long-cot 11.0% (15.2%) and math-sync 2.4% (3.3%), where one engine saves 24.6%,
-  7.4%, 0.0% and 0.0%. What is left is the rounding of the tail to whole replicas and
+  savings**: at 1.5, agentic-tools 28.8% (designed 30.7%), polytrace-mix 14.9% (18.0%),
+  long-cot 10.8% (14.4%) and math-sync 2.6% (3.9%), where one engine saves 24.9%,
+  7.2%, 0.0% and 0.0%. What is left is the rounding of the tail to whole replicas and
   the priors: a new job is placed on the controller's prior (its rollout holds its whole
   set) until its own leases show its tail, where the designed row's new jobs start from
   their peers' observed share. The rounds' prefills are not priced here. The controller
   does this with `round_tokens` and `job.phase("rollout", min_gpus=G/2)`
   (docs/pools.md); the simulator measures it, no real rollout has shown it (the `tiny`
   model's rounds take milliseconds).
-- **Growing back as the controller does adds up to 1.2 points**: math-sync 3.4% at 1.5
-  (2.4% without, p95 1.396 -> 1.345), long-cot 12.2% (11.0%, p95 1.381 -> 1.365),
-  polytrace-mix 15.2% (14.7%, p95 1.404 -> 1.374); agentic-tools 28.6% (28.7%) and
-  disaggregated 21.2% (21.3%) barely move.
+- **Growing back as the controller does adds up to 1.3 points**: math-sync 3.9% at 1.5
+  (2.6% without, p95 1.396 -> 1.345), long-cot 11.9% (10.8%, p95 1.381 -> 1.365),
+  polytrace-mix 15.5% (14.9%, p95 1.469 -> 1.442); agentic-tools 28.7% (28.8%) and
+  disaggregated 21.2% (21.4%) barely move.
 - **Without moving sequences, replicas free GPUs late**: with 1-GPU replicas of a
   `heavy` tail the first GPU frees after ~41% of the rollout and the last-but-one after
   ~82% (`replica_tail_points("heavy", 8, 1)`), where a consolidated tail is down to half
   the set after 11% and to one GPU after 26% (`tail_points("heavy", 8)`); on math tails
   the replicas end within ~20% of each other. Growing without rounds (`replicas +
-  grow`) saves 26.9% on agentic-tools at 1.5 (one engine 24.6%), 10.5% on
-  polytrace-mix (7.4%), 2.4% on long-cot (0.0%).
-- **Growing adds up to 2.4 points** over replicas alone (polytrace-mix at 1.5; 1.8 on
-  agentic-tools, 1.6 on long-cot). Started on half the set without growing or moving
+  grow`) saves 27.0% on agentic-tools at 1.5 (one engine 24.9%), 9.8% on
+  polytrace-mix (7.2%), 2.4% on long-cot (0.0%).
+- **Growing adds up to 2.2 points** over replicas alone (polytrace-mix at 1.5; 1.6 on
+  agentic-tools and long-cot). Started on half the set without growing or moving
   sequences, a rollout runs at half speed to its end (measured in an earlier revision
   with the `replicas` row so: disaggregated at 1.15, 3.8% at p95 1.41, max 1.83), hence
   the whole set for replicas without rounds (the controller grows those only while
   micro-batches wait unstarted, which the row's even split does not model).
 - **Disaggregated is the exception**: there every controller row saves about what the
-  designed one does, or more at a higher p95 (1.15: 4.1-4.5% at p95 1.135-1.146 against
-  4.0% at 1.119; 1.5: 20.9-21.9% against 21.5%). Its jobs' rollout and training sets
+  designed one does, or more at a higher p95 (1.15: 4.8-5.0% at p95 1.138-1.158 against
+  4.8% at 1.131; 1.5: 20.9-22.0% against 21.5%). Its jobs' rollout and training sets
   are apart, the tail matters less than the pairing, and on the controller's priors the
   policy forms more pairs than the designed row's learned ones allow; measured, not tuned.
 Staggered pools would widen the gap where a pool of G + 1 fits one node (none on the
