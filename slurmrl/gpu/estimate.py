@@ -54,6 +54,11 @@ def parse_param_count(model: str | int) -> int:
             f"cannot infer the parameter count of model {model!r}: give a number of "
             "parameters or a name with a size such as '7B' (or declare --rl-mem)"
         )
+    return _count(match)
+
+
+def _count(match: re.Match[str]) -> int:
+    """The parameters a `_SIZE` or `_ACTIVE` match names."""
     return int(float(match.group(1)) * _UNIT[match.group(2).lower()])
 
 
@@ -67,7 +72,7 @@ def active_param_count(model: str | int) -> int:
     if isinstance(model, str):
         match = _ACTIVE.search(model.rsplit("/", 1)[-1])
         if match is not None:
-            return int(float(match.group(1)) * _UNIT[match.group(2).lower()])
+            return _count(match)
     return parse_param_count(model)
 
 
