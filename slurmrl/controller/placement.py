@@ -26,9 +26,9 @@ and Slurm, so both call the same objects with the same kind of input:
   refused), with a reason naming the value.
 
 Known limits: free GPUs are summed over nodes while a pool needs all its GPUs on one
-node, so a fragmented partition may be over-estimated; the pool then stays pending in
-Slurm and is refused after `slurm.step_launch_timeout_s`, as before. Per-GPU memory is
-the pool manager's assumed `gpu_memory_bytes`, not an NVML reading.
+node, so a fragmented partition may be over-estimated; the pool manager then submits
+no pool that no node has room for, and the job waits (`SlurmPools._no_room`). Per-GPU
+memory is the pool manager's assumed `gpu_memory_bytes`, not an NVML reading.
 """
 
 from __future__ import annotations

@@ -16,8 +16,10 @@ run every service as `slurmrl`; checked on the dev cluster (root's
 `srun --jobid=<slurmrl's job>` is refused with "Access/permission denied"). Keep users
 out of the pool partition with `AllowGroups=root` (site-configs/slurm.conf.fragment).
 
-Known limits: single-node pools (one node's GPUs); a pool that Slurm keeps pending
-(partition full) is cancelled after `start_timeout_s` rather than queued.
+Known limits: single-node pools (one node's GPUs). A pool is opened only where a node
+of the partition has its GPUs free (`SlurmPools._no_room`); one that Slurm still keeps
+pending (another job took them first) is cancelled after `start_timeout_s`
+(`PoolPending`), and its job waits to be placed again.
 """
 
 from __future__ import annotations
@@ -92,6 +94,12 @@ ACCOUNTING_SKEW_S = 60.0
 
 class PoolError(RuntimeError):
     """A pool could not be opened (refused, failed or never started)."""
+
+
+class PoolPending(PoolError):
+    """Slurm kept a pool pending (or did not answer) until the start timeout: it was
+    cancelled, and the job it was for waits to be placed again rather than refused
+    (another user's job may have taken the GPUs between the check and the submit)."""
 
 
 @dataclass(frozen=True)
@@ -234,8 +242,8 @@ class PoolAllocator:
                                     f"{reason}")
                 last = f"{info.state}, reason {info.reason or 'none'}"
             if time.monotonic() >= deadline:
-                raise PoolError(f"pool job {job_id} not running after "
-                                f"{self.start_timeout_s:g} s ({last}); cancelled it")
+                raise PoolPending(f"pool job {job_id} not running after "
+                                  f"{self.start_timeout_s:g} s ({last}); cancelled it")
             time.sleep(self.poll_s)
 
     def recorded(self, slurm_job_id: int) -> None:
@@ -845,7 +853,9 @@ class SlurmPools:
                 return
             dedicated = pl.action is Action.DEDICATED or job.request.mux is Mux.OFF
             size = max(pl.gpus or 0, gpus[-1] + 1)
-            target = await self._open_pool(job, size, dedicated=dedicated)
+            target = await self._open_or_wait(job, size, dedicated=dedicated)
+            if target is None:
+                return
             if pl.action is Action.OPEN and pl.pool_id is not None and not dedicated:
                 new[pl.pool_id] = target
         self._mark_placing(target.pool_id, job.job_id)
@@ -930,7 +940,9 @@ class SlurmPools:
             if reason is not None:
                 await c.end_job(job.job_id, JobState.FAILED, f"admission refused: {reason}")
                 return
-            target = await self._open_pool(job, g, floating=True)
+            target = await self._open_or_wait(job, g, floating=True)
+            if target is None:
+                return
             if pl.action is Action.OPEN and pl.pool_id is not None:
                 new[pl.pool_id] = target
             self._mark_placing(target.pool_id, job.job_id)
@@ -1207,16 +1219,61 @@ class SlurmPools:
                 if isinstance(g, int) and not isinstance(g, bool)]
         return max(gens, default=None)
 
-    async def _free_by_node(self) -> dict[str, int] | None:
-        """GPUs Slurm could still allocate on each node of the pool partition (as the
-        pairing snapshot counts them); None when Slurm is unreachable."""
+    async def _node_gpus(self) -> dict[str, tuple[int, int]] | None:
+        """(GPUs Slurm could still allocate, GPUs in all) on each node of the pool
+        partition, free ones as the pairing snapshot counts them; None when Slurm is
+        unreachable."""
         c = self.c
         try:
             nodes, running = await asyncio.to_thread(lambda: (c.slurm.nodes(), c.slurm.jobs()))
         except SlurmError:
             return None
         part, pools = c.config.slurm.pool_partition, c.store.pools(open_only=True)
-        return {n.name: free_gpus([n], running, pools, part)[part] for n in nodes}
+        return {n.name: (free_gpus([n], running, pools, part)[part], n.gpus)
+                for n in nodes if part in n.partitions}
+
+    async def _free_by_node(self) -> dict[str, int] | None:
+        """GPUs Slurm could still allocate on each node of the pool partition (as the
+        pairing snapshot counts them); None when Slurm is unreachable."""
+        got = await self._node_gpus()
+        return None if got is None else {n: free for n, (free, _) in got.items()}
+
+    async def _no_room(self, gpus: int) -> str | None:
+        """Why a pool of `gpus` GPUs would not start now: no node of the pool partition
+        has that many free, where one has that many in all. The pairing policy sees the
+        partition's free GPUs summed over its nodes, and a pool needs all of its GPUs
+        on one node: a fragmented partition (4 free on each of two nodes, 8 asked) would
+        keep the pool pending in Slurm. None where a node has them free, where none has
+        that many at all (Slurm refuses the pool, and the job with Slurm's reason), or
+        where Slurm cannot be asked (left to Slurm)."""
+        room = await self._node_gpus()
+        if not room or not any(total >= gpus for _, total in room.values()):
+            return None
+        most = max(free for free, _ in room.values())
+        if most >= gpus:
+            return None
+        return (f"no node of partition {self.c.config.slurm.pool_partition!r} has {gpus} "
+                f"GPUs free (at most {most} on one)")
+
+    async def _open_or_wait(self, job: JobRecord, gpus: int, *, dedicated: bool = False,
+                            floating: bool = False) -> PoolRecord | None:
+        """`_open_pool`, or None where the job waits to be placed again instead, its
+        reason saying why (`PoolPending: ...`): no node has the GPUs free (`_no_room`),
+        or Slurm kept the pool pending until the start timeout (`PoolPending`: another
+        job took the GPUs first; the allocation was cancelled). The next round (a job's
+        registration or end, every reconcile) places it anew."""
+        why = await self._no_room(gpus)
+        if why is None:
+            try:
+                return await self._open_pool(job, gpus, dedicated=dedicated, floating=floating)
+            except PoolPending as exc:
+                why = f"Slurm did not start its pool: {exc}"
+        reason = f"PoolPending: {why}"
+        now = self.c.store.job(job.job_id)
+        if now is not None and not now.state.terminal and now.reason != reason:
+            log.info("job %d waits: %s", job.job_id, why)
+            self.c.store.update_job(job.job_id, reason=reason)
+        return None
 
     async def _launch_on_windows(self, job: JobRecord, pool: PoolRecord,
                                  windows: Sequence[WindowRecord],

@@ -565,6 +565,74 @@ except Exception as exc:
 '''
 
 
+def test_a_job_waits_while_no_node_has_its_gpus_free_and_runs_once_one_has(
+    shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
+) -> None:
+    """On partition `spread` (Slurm nodes n2 and n3 of 2 GPUs each), another user's
+    batch jobs hold one GPU of each node: the partition has 2 GPUs free, but a pool
+    needs all its GPUs on one node. An RL job of --rl-gpus=2 waits, PoolPending with
+    the reason, which its user sees in `slurmrl status`, and no pool is submitted for
+    it, even past the pool start timeout (before, the pool was submitted, Slurm kept it
+    pending, and at the timeout it was cancelled and the job refused). Once one of the
+    other jobs ends, the RL job's pool opens on that node and its driver runs."""
+    import json
+
+    from slurmrl.db import Store
+    from tests.integration.controller_harness import VENV_PY
+
+    blockers: list[int] = []
+    for node in ("n2", "n3"):
+        sub = jobs.sbatch(["-p", "spread", "--gres=gpu:1", f"--nodelist={node}",  # type: ignore[attr-defined]
+                           "--time=15", "--output=/dev/null", "--wrap=sleep 900"],
+                          user="rlbob")
+        assert sub.returncode == 0 and sub.job_id, sub.stderr
+        blockers.append(sub.job_id)
+    _wait(lambda: all(jobs.state(b) == "RUNNING" for b in blockers), 60,  # type: ignore[attr-defined]
+          "the other user's jobs to run")
+    ctl = _pool_controller(shared_tmp, slurm_env, run_dir,
+                           SLURMRL_SLURM__POOL_PARTITION="spread",
+                           SLURMRL_SLURM__STEP_LAUNCH_TIMEOUT_S="20")
+    ids: dict[str, int] = {}
+    try:
+        driver = shared_tmp / "frag_driver.py"
+        driver.write_text(POOL_DRIVER.format(python=VENV_PY))
+        driver.chmod(0o755)
+        out = shared_tmp / "rlalice-frag.out"
+        sub = jobs.sbatch(["--rl-gpus=2", "--rl-model=tiny", f"--output={out}",  # type: ignore[attr-defined]
+                           "--time=15", f"--wrap={driver} {ctl.url}"], user="rlalice")
+        assert sub.returncode == 0 and sub.job_id, sub.stderr
+        ids["rlalice"] = job_id = sub.job_id
+        store = Store(ctl.db)
+        want = "PoolPending: no node of partition 'spread' has 2 GPUs free (at most 1 on one)"
+        _wait(lambda: (j := store.job(job_id)) is not None and j.reason == want, 90,
+              "the job to wait for room", lambda: read(ctl.log)[-4000:])
+        seen = jobs.run([VENV_PY, "-m", "slurmrl.cli.main", "status", "--controller",  # type: ignore[attr-defined]
+                         ctl.url, "--json", "-j", str(job_id)], user="rlalice")
+        assert seen.returncode == 0, seen.stderr
+        (shown,) = json.loads(seen.stdout)["jobs"]
+        assert (shown["state"], shown["reason"]) == ("PD", want), shown
+        # past the pool start timeout: still waiting, never refused, no pool asked for
+        time.sleep(25)
+        job = store.job(job_id)
+        assert job is not None and job.state.value == "PD" and job.pool_id is None, job
+        assert store.pools() == []
+        queued = jobs.run(["squeue", "-h", "-p", "spread", "-n", "slurmrl-pool",  # type: ignore[attr-defined]
+                           "-o", "%i"])
+        assert queued.returncode == 0 and queued.stdout.split() == [], queued.stdout
+        # n3's other job ends: the next round opens the RL job's pool there
+        jobs.cancel_and_wait([blockers[1]])  # type: ignore[attr-defined]
+        _wait(lambda: len(_rounds(out)) >= 2, 120, "the driver to run in its pool",
+              lambda: read(out) + read(ctl.log)[-4000:])
+        job = store.job(job_id)
+        assert job is not None and job.pool_id is not None and job.reason == ""
+        pool = store.pool(job.pool_id)
+        assert pool is not None and pool.nodes == ("n3",) and pool.gpus == 2
+        assert "ERROR" not in read(out), read(out)
+    finally:
+        _end_drivers_and_pools(jobs, ids, ctl, run_dir)
+        jobs.cancel_and_wait(blockers)  # type: ignore[attr-defined]
+
+
 def test_disaggregated_sync_holds_the_trainer_set_and_stages_into_a_parked_rollout(
     shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
 ) -> None:

@@ -26,7 +26,13 @@ from slurmrl.auth.tokens import mint_secret
 from slurmrl.config import Config
 from slurmrl.config.schema import LimitsConfig, ServicesConfig
 from slurmrl.controller.core import Controller
-from slurmrl.controller.pools import PoolLoss, SlurmPool, SlurmPools
+from slurmrl.controller.pools import (
+    PoolError,
+    PoolLoss,
+    PoolPending,
+    SlurmPool,
+    SlurmPools,
+)
 from slurmrl.controller.residency import footprints_for_job
 from slurmrl.controller.services import ServiceLaunchError, ServiceSpec
 from slurmrl.controller.validate import RpcError
@@ -959,6 +965,99 @@ async def test_an_action_given_as_a_string_is_its_member_and_any_other_waits(
     assert bad == ([] if action != "bogus" else [
         "pairing policy 'says' gave job 7 the action 'bogus', none of join, open, "
         "dedicated, wait: it waits"])
+    await site.c.stop()
+
+
+def _two_half_taken_nodes(site: Site) -> None:
+    """The pool partition: nodes n1 and n2 of 2 GPUs each, another user's job holding
+    one GPU of each (2 GPUs free in the partition, at most 1 on one node)."""
+    site.slurm.nodes = lambda: [  # type: ignore[method-assign]
+        NodeInfo(n, "MIXED", 2, 16, 64000, ("pools",)) for n in ("n1", "n2")]
+    for job_id, node in ((50, "n1"), (51, "n2")):
+        site.slurm.running[job_id] = JobInfo(
+            job_id, "other", "carol", 1003, SlurmJobState.RUNNING, partition="pools",
+            nodes=(node,), gpu_indices=(0,), gpu_indices_by_node=((node, (0,)),))
+
+
+@run
+async def test_a_job_waits_while_no_node_has_its_gpus_free_and_runs_once_one_has(
+        tmp_path: Path) -> None:
+    # a pool needs all its GPUs on one node: with 2 free in the partition but 1 on
+    # each node, Slurm would keep a pool of 2 pending (before, it was cancelled at the
+    # start timeout and the job refused); the job waits, told why, and nothing is
+    # submitted
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE})
+    _two_half_taken_nodes(site)
+    await site.c.register(ALICE, 7, ENV)
+    await site.settle()
+    job = site.job(7)
+    assert (job.state, job.pool_id) == (JobState.PENDING, None)
+    assert job.reason == ("PoolPending: no node of partition 'pools' has 2 GPUs free "
+                          "(at most 1 on one)")
+    assert site.allocator.running == set()
+    await site.pools.reconcile()  # still no room: it still waits, nothing submitted
+    await site.settle()
+    assert site.job(7).state is JobState.PENDING and site.allocator.running == set()
+    # the other user's job on n2 ends: the next round opens the job's pool
+    del site.slurm.running[51]
+    await site.pools.reconcile()
+    await site.settle()
+    job = site.job(7)
+    assert job.state is JobState.RUNNING and job.pool_id is not None and job.reason == ""
+    assert site.allocator.running == {101}
+    await site.c.stop()
+
+
+@run
+async def test_a_pool_slurm_keeps_pending_past_the_start_timeout_leaves_its_job_waiting(
+        tmp_path: Path) -> None:
+    # Slurm said a node had the GPUs, but another job took them before the pool's
+    # turn: the allocator cancels it at the start timeout, and the job is not refused
+    # but waits to be placed again
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE})
+    opened = site.allocator.open
+    tries: list[int] = []
+
+    def pending_once(gpus: int, label: str = "") -> SlurmPool:
+        tries.append(gpus)
+        if len(tries) == 1:
+            raise PoolPending("pool job 101 not running after 60 s (PENDING, reason "
+                              "Resources); cancelled it")
+        return opened(gpus, label)
+
+    site.allocator.open = pending_once  # type: ignore[method-assign]
+    await site.c.register(ALICE, 7, ENV)
+    await site.settle()
+    job = site.job(7)
+    assert (job.state, job.pool_id) == (JobState.PENDING, None)
+    assert job.reason == ("PoolPending: Slurm did not start its pool: pool job 101 not "
+                          "running after 60 s (PENDING, reason Resources); cancelled it")
+    await site.pools.reconcile()
+    await site.settle()
+    job = site.job(7)
+    assert job.state is JobState.RUNNING and job.pool_id is not None and tries == [2, 2]
+    await site.c.stop()
+
+
+@run
+async def test_a_pool_larger_than_any_node_is_left_to_slurm_which_refuses_it(
+        tmp_path: Path) -> None:
+    # no node of the partition has 8 GPUs at all: not a wait for room (it would never
+    # come) but Slurm's refusal, which ends the job with Slurm's reason
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE})
+    site.slurm.nodes = lambda: [  # type: ignore[method-assign]
+        NodeInfo(n, "IDLE", 4, 16, 64000, ("pools",)) for n in ("n1", "n2")]
+
+    def refuse(gpus: int, label: str = "") -> SlurmPool:
+        raise PoolError(f"Slurm refused a pool of {gpus} GPUs in partition 'pools': "
+                        "sbatch: error: Requested node configuration is not available")
+
+    site.allocator.open = refuse  # type: ignore[method-assign]
+    await site.c.register(ALICE, 7, {**ENV, "SLURMRL_GPUS": "8"})
+    await site.settle()
+    job = site.job(7)
+    assert job.state is JobState.FAILED
+    assert "Requested node configuration is not available" in job.reason
     await site.c.stop()
 
 

@@ -583,11 +583,23 @@ async def test_a_floating_pool_takes_no_fixed_member(tmp_path: Path) -> None:
 async def test_a_node_without_room_for_a_window_is_not_asked_for_one(tmp_path: Path) -> None:
     site = await _site(Store(tmp_path / "c.db"))
     # the pool's node has 2 GPUs in all, held by the pool's first window: Slurm would
-    # keep a second window pending until the start timeout, so none is asked for
-    site.slurm.nodes = lambda: [NodeInfo("n1", "MIXED", 2, 8, 64000, ("pools",))]  # type: ignore[method-assign]
+    # keep a second window pending until the start timeout, so none is asked for; nor
+    # a pool of bob's own, which no node has room for either: bob waits, told why
+    nodes = [NodeInfo("n1", "MIXED", 2, 8, 64000, ("pools",))]
+    site.slurm.nodes = lambda: list(nodes)  # type: ignore[method-assign]
     await site.register(ALICE, 7)
     await site.register(BOB, 8)
     a, b = site.job(7), site.job(8)
+    assert a.state is JobState.RUNNING
+    assert b.state is JobState.PENDING and b.pool_id is None
+    assert b.reason == ("PoolPending: no node of partition 'pools' has 2 GPUs free "
+                        "(at most 0 on one)")
+    assert [node for _, _, node in site.allocator.opened] == [None]
+    # a node with room comes up: the next round places bob in a pool of his own
+    nodes.append(NodeInfo("n2", "IDLE", 2, 8, 64000, ("pools",)))
+    await site.pools.reconcile()
+    await site.settle()
+    b = site.job(8)
     assert b.state is JobState.RUNNING and b.pool_id not in (None, a.pool_id)
     assert [node for _, _, node in site.allocator.opened] == [None, None]
     await site.c.stop()
