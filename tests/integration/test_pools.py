@@ -633,6 +633,89 @@ def test_a_job_waits_while_no_node_has_its_gpus_free_and_runs_once_one_has(
         jobs.cancel_and_wait(blockers)  # type: ignore[attr-defined]
 
 
+def _workers_of(allocation: int) -> list[int]:
+    """Pids of slurmrl service workers running in Slurm allocation `allocation`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if b"slurmrl.worker" in cmd and f"SLURM_JOB_ID={allocation}".encode() in env:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_a_controller_killed_while_a_jobs_services_launch_places_it_anew_after_a_restart(
+    shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
+) -> None:
+    """The controller is `kill -9`ed while an RL job's services are being launched into
+    the pool opened for it (a service record still `starting`, the job not placed yet),
+    and restarted on the same DB. The job is not lost: it is placed anew and its driver
+    runs. Nothing of the interrupted launch is left: the pool opened for it (no member)
+    is cancelled, with any worker its steps had started, and no step or allocation of
+    it runs on."""
+    from slurmrl.db import Store
+    from tests.integration.controller_harness import VENV_PY
+
+    ctl = _pool_controller(shared_tmp, slurm_env, run_dir)
+    ids: dict[str, int] = {}
+    try:
+        driver = shared_tmp / "crash_driver.py"
+        driver.write_text(POOL_DRIVER.format(python=VENV_PY))
+        driver.chmod(0o755)
+        out = shared_tmp / "rlalice-crash.out"
+        sub = jobs.sbatch(["--rl-gpus=2", "--rl-model=tiny", f"--output={out}",  # type: ignore[attr-defined]
+                           "--time=15", f"--wrap={driver} {ctl.url}"], user="rlalice")
+        assert sub.returncode == 0 and sub.job_id, sub.stderr
+        ids["rlalice"] = job_id = sub.job_id
+        store = Store(ctl.db)
+
+        def launching() -> bool:
+            job = store.job(job_id)
+            return (job is not None and job.pool_id is None
+                    and any(s.state == "starting" for s in store.services(job_id=job_id)))
+
+        deadline = time.monotonic() + 90
+        while not launching():
+            assert time.monotonic() < deadline, "the job's services never seen launching:\n" \
+                + read(ctl.log)[-4000:]
+            time.sleep(0.02)
+        ctl.kill9()
+        (old,) = store.pools()
+        assert old.slurm_job_id is not None and old.state == "open"
+        interrupted = {s.service_id for s in store.services(job_id=job_id)}
+        ctl.start()
+
+        # the job is placed anew and its driver runs in its (new) pool
+        _wait(lambda: len(_rounds(out)) >= 3, 150, "the driver to run after the restart",
+              lambda: read(out) + read(ctl.log)[-6000:])
+        assert "ERROR" not in read(out) and all(r["same"] for r in _rounds(out)), read(out)
+        job = store.job(job_id)
+        assert job is not None and job.state.value == "R" and job.pool_id is not None
+        assert job.pool_id != old.pool_id
+        live = store.services(job_id=job_id, live_only=True)
+        assert sorted(s.role for s in live) == ["rollout", "trainer"]
+        assert not interrupted & {s.service_id for s in live}
+        # the interrupted launch's pool is closed and its allocation gone, with any
+        # worker it had started; no step of it runs anywhere
+        _wait(lambda: (p := store.pool(old.pool_id)) is not None and p.state == "closed",
+              60, "the interrupted launch's pool to close", lambda: read(ctl.log)[-4000:])
+        _wait(lambda: jobs.state(old.slurm_job_id) in (None, "CANCELLED", "COMPLETED"),  # type: ignore[attr-defined]
+              60, f"allocation {old.slurm_job_id} to end")
+        _wait(lambda: _workers_of(old.slurm_job_id or 0) == [], 60,
+              "the interrupted launch's workers to end")
+        steps = jobs.run(["squeue", "-h", "-s", "-o", "%j"])  # type: ignore[attr-defined]
+        assert steps.returncode == 0
+        assert not [n for n in steps.stdout.split()
+                    if any(n.startswith(f"slurmrl-{sid}-") for sid in interrupted)], steps.stdout
+    finally:
+        _end_drivers_and_pools(jobs, ids, ctl, run_dir)
+
+
 def test_disaggregated_sync_holds_the_trainer_set_and_stages_into_a_parked_rollout(
     shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
 ) -> None:
