@@ -146,6 +146,12 @@ class ClusterSnapshot:
     #: span nodes: the controller's `slurm.floating_across_nodes`, the simulator's
     #: `SimConfig.floating_across_nodes`)
     floating_max_gpus: Mapping[str, int] = field(default_factory=dict)
+    #: partition -> the GPUs Slurm could still allocate on each of its nodes (absent:
+    #: not known, the partition's `free_gpus` alone count). A pool takes all of its
+    #: GPUs from one node, so with 4 free on each of two nodes no pool of 8 opens. The
+    #: controller reads them from Slurm; the simulator has no nodes beyond a pool's
+    #: bound and tells none. Policies count them through `policies.free.FreeGpus`
+    free_node_gpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 class Action(StrEnum):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode
+from policies.free import FreeGpus
 
 
 class DedicatedPairing:
@@ -15,13 +15,13 @@ class DedicatedPairing:
     mode = PoolMode.LEASE
 
     def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:
-        free = defaultdict(int, snapshot.free_gpus)
+        free = FreeGpus(snapshot)
         out = []
         for job in snapshot.waiting:
             g = job.request.gpus
-            if free[job.partition] >= g:
-                free[job.partition] -= g
+            if free.take(job.partition, g):
                 out.append(Placement(job.job_id, Action.DEDICATED, None, g, 1.0, "dedicated"))
             else:
-                out.append(Placement(job.job_id, Action.WAIT, reason="no free GPUs"))
+                out.append(Placement(job.job_id, Action.WAIT,
+                                     reason=free.why_not(job.partition, g)))
         return out

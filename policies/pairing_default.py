@@ -133,6 +133,7 @@ from policies.complementarity import (
     whole_run_limits,
     worst,
 )
+from policies.free import FreeGpus
 from slurmrl.model import Layout
 
 #: graph node kinds: (JOB, job id), (POOL, pool id). Integers, not strings: a string's
@@ -383,7 +384,7 @@ class ComplementaryPairing:
         pred = predict_floating([job, job, job], 2, pack_tails=False, in_step=False)
         return max(pred.slowdowns) <= limit_of(job, limits) / self.margin
 
-    def _floating_round(self, snapshot: ClusterSnapshot, free: defaultdict[str, int],
+    def _floating_round(self, snapshot: ClusterSnapshot, free: FreeGpus,
                         ids: Iterator[int], memo: dict[tuple[object, ...], GroupPrediction],
                         ) -> Callable[[JobSnapshot], Placement | None]:
         """Places one job at a time in floating pools, those of `snapshot` and those it
@@ -417,7 +418,7 @@ class ComplementaryPairing:
                                                 for m in group], floating=True)
                 windows = size[0] // g
                 for w in (windows, windows + 1):
-                    if (w > len(group) or (w - windows) * g > free[part]
+                    if (w > len(group) or (w > windows and not free.fits(part, g))
                             or (bound is not None and w * g > bound)):
                         break
                     key = (*(m.job_id for m in group), w)
@@ -437,7 +438,8 @@ class ComplementaryPairing:
             if best is not None:
                 (added, _), pid, w, pred = best
                 size, members, snap = pools[pid]
-                free[part] -= added * g
+                if added:
+                    free.take(part, g)
                 size[0] = w * g
                 members.append(job)
                 return Placement(
@@ -447,9 +449,8 @@ class ComplementaryPairing:
             if not snapshot.packs_tails.get(part, False) and not self._floating_pays(job,
                                                                                    limits):
                 return None  # placed as with fixed windows
-            if free[part] < g:
-                return Placement(job.job_id, Action.WAIT, reason="no free GPUs")
-            free[part] -= g
+            if not free.take(part, g):
+                return Placement(job.job_id, Action.WAIT, reason=free.why_not(part, g))
             pid = next(ids)
             pools[pid] = ([g], [job], None)
             return Placement(job.job_id, Action.OPEN, pid, g, 1.0,
@@ -459,13 +460,13 @@ class ComplementaryPairing:
 
     def _place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:
         limits = snapshot.limits
-        free = defaultdict(int, snapshot.free_gpus)
+        free = FreeGpus(snapshot)
         first_id = min([-1, *(p.pool_id - 1 for p in snapshot.pools)])
         ids = itertools.count(first_id, -1)  #: provisional ids of the pools opened
         memo: dict[tuple[object, ...], GroupPrediction] = {}
         # which jobs float: those a round of floating jobs alone would place (the rest
         # are placed as with fixed windows, and matched with the jobs that do not float)
-        trial = self._floating_round(snapshot, defaultdict(int, snapshot.free_gpus),
+        trial = self._floating_round(snapshot, FreeGpus(snapshot),
                                      itertools.count(first_id, -1), memo)
         floats = {j.job_id for j in snapshot.waiting
                   if self.floats(j, snapshot) and trial(j) is not None}
@@ -515,19 +516,18 @@ class ComplementaryPairing:
         return [out[j.job_id] for j in snapshot.waiting]
 
     def _open_pair(self, a: JobSnapshot, b: JobSnapshot, pred: GroupPrediction, size: int,
-                   limits: SiteLimits, free: defaultdict[str, int], ids: Iterator[int],
+                   limits: SiteLimits, free: FreeGpus, ids: Iterator[int],
                    ) -> tuple[Placement, ...]:
         """The placements of a matched pair in a new pool of `size` GPUs, if they are free
         (none else); where a staggered pool's are not but its members' G are, and the
         pair is accepted on one window of G, that pool."""
         g, part = a.request.gpus, a.partition
-        if g <= free[part] < size:
+        if free.fits(part, g) and not free.fits(part, size):
             same = self.accepts((a, b), limits)
             if same is not None:
                 pred, size = same, g
-        if free[part] < size:
+        if not free.take(part, size):
             return ()
-        free[part] -= size
         pool_id = next(ids)
         how = "paired" if size == g else f"paired in a staggered pool of {size} GPUs"
         return tuple(Placement(j.job_id, Action.OPEN, pool_id, size, s,
@@ -536,7 +536,7 @@ class ComplementaryPairing:
                      for j, s, off in zip((a, b), pred.slowdowns, (0, size - g), strict=True))
 
     def _place_one(self, job: JobSnapshot, join: tuple[int, GroupPrediction, int] | None,
-                   snapshot: ClusterSnapshot, free: defaultdict[str, int],
+                   snapshot: ClusterSnapshot, free: FreeGpus,
                    ids: Iterator[int]) -> Placement:
         """A job not paired this round: it joins the pool it was matched to (`join`),
         else opens one alone (runs dedicated with `--rl-mux=off`), else waits."""
@@ -546,11 +546,10 @@ class ComplementaryPairing:
                              "joins a complementary pool", gpu_offset=off)
         g = job.request.gpus
         size = self._alone_size(job, snapshot.limits, snapshot.node_gpus.get(job.partition))
-        if g <= free[job.partition] < size:
+        if free.fits(job.partition, g) and not free.fits(job.partition, size):
             size = g  # no room for a staggered pool: one of its own size, not a wait
-        if free[job.partition] < size:
-            return Placement(job.job_id, Action.WAIT, reason="no free GPUs")
-        free[job.partition] -= size
+        if not free.take(job.partition, size):
+            return Placement(job.job_id, Action.WAIT, reason=free.why_not(job.partition, g))
         if shareable(job):
             return Placement(job.job_id, Action.OPEN, next(ids), size, 1.0,
                              "no complementary partner yet: opens a pool alone")

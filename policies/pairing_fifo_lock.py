@@ -13,7 +13,6 @@ shrink, no per-GPU-set sharing) under FIFO slicing.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from policies.base import (
@@ -26,6 +25,7 @@ from policies.base import (
     SiteLimits,
 )
 from policies.complementarity import compatible, fits_memory, shareable
+from policies.free import FreeGpus
 
 #: a policy's own condition for `job` to share with `mate` (in `pool`; None: a new one)
 Fits = Callable[[JobSnapshot, JobSnapshot, PoolSnapshot | None], bool]
@@ -43,7 +43,7 @@ def pair_in_arrival_order(snapshot: ClusterSnapshot, fits: Fits | None = None,
     """Fixed pairs in arrival order (the module's docstring), with `fits` as an extra
     condition on each pair; shared by `fifo-lock` and `gang`."""
     limits = snapshot.limits
-    free = defaultdict(int, snapshot.free_gpus)
+    free = FreeGpus(snapshot)
     pairs = limits.max_jobs_per_pool >= 2
     pools = sorted(snapshot.pools, key=lambda p: p.pool_id)
     taken: set[int] = set()
@@ -67,10 +67,9 @@ def pair_in_arrival_order(snapshot: ClusterSnapshot, fits: Fits | None = None,
                 out.append(Placement(job.job_id, Action.OPEN, mate[1].pool_id, g,
                                      reason=f"{reason}: with job {mate[0].job_id}"))
                 continue
-        if free[job.partition] < g:
-            out.append(Placement(job.job_id, Action.WAIT, reason="no free GPUs"))
+        if not free.take(job.partition, g):
+            out.append(Placement(job.job_id, Action.WAIT, reason=free.why_not(job.partition, g)))
             continue
-        free[job.partition] -= g
         if shareable(job):
             pl = Placement(job.job_id, Action.OPEN, -1 - len(out), g, reason="alone")
             alone.append((job, pl))

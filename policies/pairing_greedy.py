@@ -11,11 +11,11 @@ matching, no slowdown prediction, no matching across the batch.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Sequence
 
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode
 from policies.complementarity import compatible, fits_memory, profile_of
+from policies.free import FreeGpus
 from policies.rounds import RoundPools
 
 
@@ -31,7 +31,7 @@ class GreedyPairing:
         self.max_duty, self.max_group = max_duty, max_group
 
     def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:
-        free = defaultdict(int, snapshot.free_gpus)
+        free = FreeGpus(snapshot)
         pools = RoundPools(snapshot, min(self.max_group, snapshot.limits.max_jobs_per_pool))
         out = []
         for job in snapshot.waiting:
@@ -44,9 +44,9 @@ class GreedyPairing:
                 out.append(pools.add(fit, job, "first fit"))
                 continue
             g = job.request.gpus
-            if free[job.partition] < g:
-                out.append(Placement(job.job_id, Action.WAIT, reason="no free GPUs"))
+            if not free.take(job.partition, g):
+                out.append(Placement(job.job_id, Action.WAIT,
+                                     reason=free.why_not(job.partition, g)))
                 continue
-            free[job.partition] -= g
             out.append(pools.open(job, -1 - len(out), "alone"))
         return out

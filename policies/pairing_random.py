@@ -10,11 +10,11 @@ snapshot gives the same placements. Known limit: no un-pairing (a job never migr
 from __future__ import annotations
 
 import random
-from collections import defaultdict
 from collections.abc import Sequence
 
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode
 from policies.complementarity import compatible, fits_memory
+from policies.free import FreeGpus
 from policies.rounds import RoundPools
 
 
@@ -28,7 +28,7 @@ class RandomPairing:
         self.seed, self.max_group = seed, max_group
 
     def place(self, snapshot: ClusterSnapshot) -> Sequence[Placement]:
-        free = defaultdict(int, snapshot.free_gpus)
+        free = FreeGpus(snapshot)
         pools = RoundPools(snapshot, min(self.max_group, snapshot.limits.max_jobs_per_pool))
         out = []
         for job in snapshot.waiting:
@@ -37,13 +37,14 @@ class RandomPairing:
                      if all(compatible(job, m) is None for m in c.members)
                      and fits_memory([*c.members, job], c.pool, snapshot.limits) is None]
             # Gandiva packs with probability 1/2 when it can, as a coin flip per job
-            if cands and rng.random() < 0.5 + 0.5 * (free[job.partition] < job.request.gpus):
+            full = not free.fits(job.partition, job.request.gpus)
+            if cands and rng.random() < 0.5 + 0.5 * full:
                 out.append(pools.add(rng.choice(cands), job, "random"))
                 continue
             g = job.request.gpus
-            if free[job.partition] < g:
-                out.append(Placement(job.job_id, Action.WAIT, reason="no free GPUs"))
+            if not free.take(job.partition, g):
+                out.append(Placement(job.job_id, Action.WAIT,
+                                     reason=free.why_not(job.partition, g)))
                 continue
-            free[job.partition] -= g
             out.append(pools.open(job, -1 - len(out), "random: alone"))
         return out

@@ -16,6 +16,10 @@ and Slurm, so both call the same objects with the same kind of input:
 - free GPUs per partition are the GPUs of the partition's usable nodes minus what is
   allocated on them: the GPUs Slurm lists for running jobs (any partition: nodes are
   shared), plus the controller's own open pools Slurm listed without GPUs;
+- and per node too (`node_free_gpus`, `ClusterSnapshot.free_node_gpus`): a pool takes
+  all of its GPUs from one node, so the policies open none that no node has room for
+  (`policies.free.FreeGpus`), and the pool manager checks again before it submits one
+  (`SlurmPools._no_room`: a site policy may not count nodes);
 - a pool is `closed` where the pairing policy's groups are fixed
   (`policies.base.fixed_group`) and it has had that many members, ended ones included,
   as the simulator marks it (`closed_because`); the pool manager's join guard refuses
@@ -25,10 +29,8 @@ and Slurm, so both call the same objects with the same kind of input:
   at ERROR naming the policy and taken as the safe outcome (the job waits; the job is
   refused), with a reason naming the value.
 
-Known limits: free GPUs are summed over nodes while a pool needs all its GPUs on one
-node, so a fragmented partition may be over-estimated; the pool manager then submits
-no pool that no node has room for, and the job waits (`SlurmPools._no_room`). Per-GPU
-memory is the pool manager's assumed `gpu_memory_bytes`, not an NVML reading.
+Known limits: per-GPU memory is the pool manager's assumed `gpu_memory_bytes`, not an
+NVML reading.
 """
 
 from __future__ import annotations
@@ -348,6 +350,33 @@ def free_gpus(nodes: Sequence[NodeInfo], running: Sequence[JobInfo],
     return {partition: max(0, sum(usable.values()) - used)}
 
 
+def node_free_gpus(nodes: Sequence[NodeInfo], running: Sequence[JobInfo],
+                   own_pools: Sequence[PoolRecord], partition: str) -> dict[str, int]:
+    """GPUs Slurm could still allocate on each node of `partition`, counted as
+    `free_gpus` counts them (0 on a node it cannot use). An own pool Slurm listed
+    without GPUs counts on its node; one with no node known counts on none (the
+    partition's total still counts it: `policies.free.FreeGpus` holds a pool to both)."""
+    mine = [n for n in nodes if partition in n.partitions]
+    used = {n.name: 0 for n in mine}
+    seen = set()
+    for j in running:
+        if j.state.terminal or j.state in _QUEUED:
+            continue
+        by_node = dict(j.gpu_indices_by_node) or (
+            {j.nodes[0]: j.gpu_indices} if j.nodes and j.gpu_indices else {})
+        if by_node:
+            seen.add(j.job_id)
+        for n, g in by_node.items():
+            if n in used:
+                used[n] += len(g)
+    for pool in own_pools:
+        if pool.state == "open" and pool.slurm_job_id not in seen and pool.nodes \
+                and pool.nodes[0] in used:
+            used[pool.nodes[0]] += pool.gpus
+    return {n.name: 0 if any(flag in n.state.upper() for flag in _UNUSABLE)
+            else max(0, n.gpus - used[n.name]) for n in mine}
+
+
 def node_gpus(nodes: Sequence[NodeInfo], partition: str) -> dict[str, int]:
     """{partition: GPUs of its largest node}; empty if it has none."""
     most = max((n.gpus for n in nodes if partition in n.partitions), default=0)
@@ -360,16 +389,19 @@ def cluster_snapshot(now: float, pools: Sequence[PoolSnapshot],
                      gpu_mem: dict[str, int] | None = None,
                      floating: dict[str, bool] | None = None,
                      packs_tails: dict[str, bool] | None = None,
-                     floating_max_gpus: dict[str, int] | None = None) -> ClusterSnapshot:
+                     floating_max_gpus: dict[str, int] | None = None,
+                     free_nodes: dict[str, tuple[int, ...]] | None = None) -> ClusterSnapshot:
     """`waiting` oldest first, as the policies expect; `nodes`: GPUs per node;
     `gpu_mem`: memory per GPU, in bytes; `floating`: whether pools may float;
     `packs_tails`: whether floating pools pack rollout tails; `floating_max_gpus`: the
-    most GPUs a floating pool may hold (all by partition)."""
+    most GPUs a floating pool may hold; `free_nodes`: each node's free GPUs (all by
+    partition)."""
     order = sorted(waiting, key=lambda j: (j.submitted_at, j.job_id))
     return ClusterSnapshot(now, tuple(pools), tuple(order), dict(free), limits, nodes or {},
                            gpu_mem or {}, floating=floating or {},
                            packs_tails=packs_tails or {},
-                           floating_max_gpus=floating_max_gpus or {})
+                           floating_max_gpus=floating_max_gpus or {},
+                           free_node_gpus=free_nodes or {})
 
 
 async def controller_snapshot(
@@ -407,12 +439,13 @@ async def controller_snapshot(
         nodes, running = await asyncio.to_thread(lambda: (c.slurm.nodes(), c.slurm.jobs()))
         free = free_gpus(nodes, running, open_pools, part)
         per_node = node_gpus(nodes, part)
+        free_nodes = {part: tuple(node_free_gpus(nodes, running, open_pools, part).values())}
     except SlurmError as exc:
         # Slurm unreachable: assume room for everyone; opening the pool then fails with
         # Slurm's own error, as it did before pairing asked
         log.warning("cannot read free GPUs from Slurm (%s); assuming enough", exc)
         free = {part: sum(j.request.gpus for j in waiting)}
-        per_node = {}
+        per_node, free_nodes = {}, {}
     waiting_snaps = [snap(j) for j in waiting]
     c.histories.keep(seen)  # an ended job's history goes
     return cluster_snapshot(now, pools, waiting_snaps, free, limits, per_node,
@@ -422,7 +455,8 @@ async def controller_snapshot(
                             # a floating pool's windows share one node (`_grow`),
                             # unless they may span nodes
                             per_node if c.config.slurm.floating_pools
-                            and not c.config.slurm.floating_across_nodes else None)
+                            and not c.config.slurm.floating_across_nodes else None,
+                            free_nodes)
 
 
 def packs_tails(config: Config) -> bool:

@@ -43,7 +43,7 @@ from policies.complementarity import compatible
 from slurmrl.controller.placement import (
     closed_because,
     controller_snapshot,
-    free_gpus,
+    node_free_gpus,
     placement_of,
 )
 from slurmrl.controller.residency import (
@@ -1228,9 +1228,9 @@ class SlurmPools:
             nodes, running = await asyncio.to_thread(lambda: (c.slurm.nodes(), c.slurm.jobs()))
         except SlurmError:
             return None
-        part, pools = c.config.slurm.pool_partition, c.store.pools(open_only=True)
-        return {n.name: (free_gpus([n], running, pools, part)[part], n.gpus)
-                for n in nodes if part in n.partitions}
+        part = c.config.slurm.pool_partition
+        free = node_free_gpus(nodes, running, c.store.pools(open_only=True), part)
+        return {n.name: (free[n.name], n.gpus) for n in nodes if part in n.partitions}
 
     async def _free_by_node(self) -> dict[str, int] | None:
         """GPUs Slurm could still allocate on each node of the pool partition (as the
@@ -1240,12 +1240,14 @@ class SlurmPools:
 
     async def _no_room(self, gpus: int) -> str | None:
         """Why a pool of `gpus` GPUs would not start now: no node of the pool partition
-        has that many free, where one has that many in all. The pairing policy sees the
-        partition's free GPUs summed over its nodes, and a pool needs all of its GPUs
-        on one node: a fragmented partition (4 free on each of two nodes, 8 asked) would
-        keep the pool pending in Slurm. None where a node has them free, where none has
-        that many at all (Slurm refuses the pool, and the job with Slurm's reason), or
-        where Slurm cannot be asked (left to Slurm)."""
+        has that many free, where one has that many in all. A pool needs all of its GPUs
+        on one node: on a fragmented partition (4 free on each of two nodes, 8 asked)
+        Slurm would keep it pending. The shipped pairing policies count each node's
+        free GPUs (`policies.free.FreeGpus`); a site's may count the partition's total
+        alone, and Slurm's may have changed since the round's snapshot. None where a
+        node has them free, where none has that many at all (Slurm refuses the pool,
+        and the job with Slurm's reason), or where Slurm cannot be asked (left to
+        Slurm)."""
         room = await self._node_gpus()
         if not room or not any(total >= gpus for _, total in room.values()):
             return None

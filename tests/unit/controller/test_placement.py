@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from policies.base import Action, Verdict
+from policies.base import Action, JobSnapshot, Verdict
 from policies.registry import UnknownPolicy
 from slurmrl.config import Config
 from slurmrl.config.schema import LimitsConfig, PoliciesConfig
@@ -24,6 +24,7 @@ from slurmrl.controller.placement import (
     free_gpus,
     job_snapshot,
     load_policies,
+    node_free_gpus,
     node_gpus,
     pool_snapshot,
 )
@@ -363,6 +364,36 @@ def test_gpus_of_a_job_queued_or_ended_are_free(state: SlurmJobState) -> None:
     other = JobInfo(901, "x", "u", 1, state, partition="other", nodes=("n1",),
                     gpu_indices=(0, 1, 2, 3), gpu_indices_by_node=(("n1", (0, 1, 2, 3)),))
     assert free_gpus([NODE], [other], [], "pools") == {"pools": NODE.gpus}
+
+
+def test_each_nodes_free_gpus_are_counted_and_a_pool_no_node_has_room_for_waits() -> None:
+    # two pool nodes of 8 GPUs: another job holds 4 on n1 and 2 on n2, our pool (Slurm
+    # lists it without GPUs) 4 on n2; a drained node's GPUs are not free; a node of
+    # another partition is not counted
+    n2 = NodeInfo("n2", "MIXED", 8, 16, 64000, ("pools",))
+    drained = NodeInfo("n3", "IDLE+DRAIN", 8, 16, 64000, ("pools",))
+    elsewhere = NodeInfo("n4", "IDLE", 8, 16, 64000, ("drivers",))
+    other = JobInfo(901, "x", "u", 1, SlurmJobState.RUNNING, partition="other",
+                    nodes=("n1", "n2"), gpu_indices=(0, 1, 2, 3),
+                    gpu_indices_by_node=(("n1", (0, 1, 2, 3)), ("n2", (6, 7))))
+    pool = PoolRecord(5, 4, "open", 0.0, slurm_job_id=900, partition="pools", nodes=("n2",))
+    nodes = [NODE, n2, drained, elsewhere]
+    assert node_free_gpus(nodes, [other], [pool], "pools") == {"n1": 4, "n2": 2, "n3": 0}
+    free = free_gpus(nodes, [other], [pool], "pools")
+    assert free == {"pools": 6}
+    # the default policy opens no pool of 6 that no node has room for: the job waits,
+    # told why, and a younger job of 4 that fits n1 opens
+    site = load_policies(Config())
+    big = JobSnapshot(41, "u41", RlRequest(6, "tiny", mux=Mux.OFF), None, 1.0)
+    small = JobSnapshot(42, "u42", RlRequest(4, "tiny", mux=Mux.OFF), None, 2.0)
+    snap = cluster_snapshot(0.0, [], [big, small], free, site.limits,
+                            free_nodes={"pools": tuple(node_free_gpus(
+                                nodes, [other], [pool], "pools").values())})
+    by_id = {pl.job_id: pl for pl in site.pairing.place(snap)}
+    assert by_id[41].action is Action.WAIT
+    assert by_id[41].reason == ("no node of partition 'pools' has 6 GPUs free (at most "
+                                "4 on one)")
+    assert by_id[42].action is Action.DEDICATED
 
 
 def test_a_newcomer_with_no_profile_joins_on_the_phases_of_a_running_job_of_its_model(
