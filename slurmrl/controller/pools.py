@@ -772,6 +772,9 @@ class SlurmPools:
                        if j.pool_id is None and not j.state.terminal]
             if not waiting:
                 return
+            waiting = await self._refuse_larger_than_nodes(waiting)
+            if not waiting:
+                return
             await self._refresh_node_memory()
             # the budgets the join guard holds each pool (and a new one) to, told to the
             # policy too (its own limits say none: the site config's 0 means "from the
@@ -804,6 +807,27 @@ class SlurmPools:
                 except Exception as exc:  # refuse this job, keep placing others
                     log.exception("placing job %d failed", rec.job_id)
                     await c.end_job(rec.job_id, JobState.FAILED, f"refused: {exc}")
+
+    async def _refuse_larger_than_nodes(self, waiting: list[JobRecord]) -> list[JobRecord]:
+        """The waiting jobs some node of the pool partition could hold; the others are
+        ended, refused with the reason: a pool's GPUs are one node's, so no pool of more
+        GPUs than the largest node has could ever start (Slurm would refuse it, and a
+        policy counting each node's free GPUs would leave the job waiting for good).
+        Where Slurm cannot be asked, or lists no node of the partition, all of them."""
+        room = await self._node_gpus()
+        if not room:
+            return waiting
+        largest = max(total for _, total in room.values())
+        part = self.c.config.slurm.pool_partition
+        keep = []
+        for job in waiting:
+            if job.request.gpus <= largest:
+                keep.append(job)
+                continue
+            await self.c.end_job(job.job_id, JobState.FAILED, (
+                f"refused: --rl-gpus={job.request.gpus} is more than any node of partition "
+                f"{part!r} has (the largest has {largest}); a pool's GPUs are one node's"))
+        return keep
 
     async def _enact(self, job: JobRecord, pl: Placement, new: dict[int, PoolRecord]) -> None:
         """Carry out one placement: join, open (shared or dedicated), or wait."""

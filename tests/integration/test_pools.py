@@ -611,6 +611,16 @@ def test_a_job_waits_while_no_node_has_its_gpus_free_and_runs_once_one_has(
         assert seen.returncode == 0, seen.stderr
         (shown,) = json.loads(seen.stdout)["jobs"]
         assert (shown["state"], shown["reason"]) == ("PD", want), shown
+        # a job of 3 GPUs, more than any node of the partition has, is refused at once
+        big = jobs.sbatch(["--rl-gpus=3", "--rl-model=tiny", "--output=/dev/null",  # type: ignore[attr-defined]
+                           "--time=15", f"--wrap={driver} {ctl.url}"], user="rlbob")
+        assert big.returncode == 0 and big.job_id, big.stderr
+        ids["rlbob"] = big.job_id
+        _wait(lambda: (j := store.job(big.job_id or 0)) is not None and j.state.value == "F",
+              60, "the 3-GPU job to be refused", lambda: read(ctl.log)[-4000:])
+        assert store.job(big.job_id).reason == (  # type: ignore[union-attr]
+            "refused: --rl-gpus=3 is more than any node of partition 'spread' has (the "
+            "largest has 2); a pool's GPUs are one node's")
         # past the pool start timeout: still waiting, never refused, no pool asked for
         time.sleep(25)
         job = store.job(job_id)

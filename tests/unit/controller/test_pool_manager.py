@@ -21,13 +21,13 @@ import pytest
 from _loop import run
 from _steps import FakeSteps
 
+from policies import registry
 from policies.base import Action, ClusterSnapshot, Placement, PoolMode
 from slurmrl.auth.tokens import mint_secret
 from slurmrl.config import Config
 from slurmrl.config.schema import LimitsConfig, ServicesConfig
 from slurmrl.controller.core import Controller
 from slurmrl.controller.pools import (
-    PoolError,
     PoolLoss,
     PoolPending,
     SlurmPool,
@@ -1039,25 +1039,26 @@ async def test_a_pool_slurm_keeps_pending_past_the_start_timeout_leaves_its_job_
     await site.c.stop()
 
 
+@pytest.mark.parametrize("pairing", ["join-first", "complementary"])
 @run
-async def test_a_pool_larger_than_any_node_is_left_to_slurm_which_refuses_it(
-        tmp_path: Path) -> None:
-    # no node of the partition has 8 GPUs at all: not a wait for room (it would never
-    # come) but Slurm's refusal, which ends the job with Slurm's reason
+async def test_a_job_larger_than_every_node_is_refused_with_the_reason(
+        tmp_path: Path, pairing: str) -> None:
+    # no node of the partition has 8 GPUs at all: no pool of 8 could ever start (Slurm
+    # would refuse it, and a policy that counts each node's free GPUs would leave the
+    # job waiting for good): the job is refused, told why, and nothing is submitted
     site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE})
+    if pairing != "join-first":
+        site.c.policies = replace(site.c.policies,
+                                  pairing=registry.load("pairing", pairing))
     site.slurm.nodes = lambda: [  # type: ignore[method-assign]
         NodeInfo(n, "IDLE", 4, 16, 64000, ("pools",)) for n in ("n1", "n2")]
-
-    def refuse(gpus: int, label: str = "") -> SlurmPool:
-        raise PoolError(f"Slurm refused a pool of {gpus} GPUs in partition 'pools': "
-                        "sbatch: error: Requested node configuration is not available")
-
-    site.allocator.open = refuse  # type: ignore[method-assign]
     await site.c.register(ALICE, 7, {**ENV, "SLURMRL_GPUS": "8"})
     await site.settle()
     job = site.job(7)
     assert job.state is JobState.FAILED
-    assert "Requested node configuration is not available" in job.reason
+    assert job.reason == ("refused: --rl-gpus=8 is more than any node of partition "
+                          "'pools' has (the largest has 4); a pool's GPUs are one node's")
+    assert site.allocator.running == set() and site.allocator.next == 101
     await site.c.stop()
 
 
