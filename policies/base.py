@@ -116,6 +116,22 @@ class SiteLimits:
 
 
 @dataclass(frozen=True)
+class NodeFree:
+    """One node's GPUs Slurm could still allocate: `free` of them, and the node's GPUs by
+    GRES type (`types`: (type, count) pairs, "" for GPUs of no type)."""
+
+    free: int
+    types: tuple[tuple[str, int], ...] = ()
+
+    def free_of(self, gpu_type: str | None) -> int:
+        """Free GPUs of `gpu_type` (None: of any): the free ones, but no more than it has
+        of that type (on a node of several types, which ones are free is not known)."""
+        if gpu_type is None:
+            return self.free
+        return min(self.free, sum(n for t, n in self.types if t == gpu_type))
+
+
+@dataclass(frozen=True)
 class ClusterSnapshot:
     """Everything pairing needs, at one instant."""
 
@@ -148,10 +164,11 @@ class ClusterSnapshot:
     floating_max_gpus: Mapping[str, int] = field(default_factory=dict)
     #: partition -> the GPUs Slurm could still allocate on each of its nodes (absent:
     #: not known, the partition's `free_gpus` alone count). A pool takes all of its
-    #: GPUs from one node, so with 4 free on each of two nodes no pool of 8 opens. The
-    #: controller reads them from Slurm; the simulator has no nodes beyond a pool's
-    #: bound and tells none. Policies count them through `policies.free.FreeGpus`
-    free_node_gpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    #: GPUs from one node (of the job's `gpu_type`, where it names one), so with 4 free
+    #: on each of two nodes no pool of 8 opens. The controller reads them from Slurm;
+    #: the simulator has no nodes beyond a pool's bound and tells none. Policies count
+    #: them through `policies.free.FreeGpus`
+    free_node_gpus: Mapping[str, tuple[NodeFree, ...]] = field(default_factory=dict)
 
 
 class Action(StrEnum):

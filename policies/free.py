@@ -1,17 +1,29 @@
 """The free GPUs one pairing round hands out to the pools it opens.
 
-Slurm allocates a pool all of its GPUs on one node (`--gres=gpu:N`, one task), so a
-round may open a pool of N only where some node still has N free: with 4 free on each
-of two nodes, the partition has 8 free but no pool of 8 starts. Where the snapshot says
-each node's free GPUs (`ClusterSnapshot.free_node_gpus`: the controller, from Slurm),
-each pool takes its GPUs from one node, best fit; where it does not (the simulator,
-which has no nodes beyond a pool's bound), the partition's total alone counts, as a
+Slurm allocates a pool all of its GPUs on one node (`--gres=gpu[:TYPE]:N`, one task),
+so a round may open a pool of N only where some node still has N free, of the job's GPU
+type where it names one (`--rl-gpus=TYPE:N`): with 4 free on each of two nodes, the
+partition has 8 free but no pool of 8 starts. Where the snapshot says each node's free
+GPUs (`ClusterSnapshot.free_node_gpus`: the controller, from Slurm), each pool takes
+its GPUs from one node, best fit; where it does not (the simulator, which has no nodes
+beyond a pool's bound, nor GPU types), the partition's total alone counts, as a
 scheduler of one large node would.
 """
 
 from __future__ import annotations
 
-from policies.base import ClusterSnapshot
+from dataclasses import dataclass
+
+from policies.base import ClusterSnapshot, JobSnapshot
+
+
+@dataclass
+class _Node:
+    free: int
+    types: dict[str, int]  #: GPUs of each type not taken this round
+
+    def free_of(self, gpu_type: str | None) -> int:
+        return self.free if gpu_type is None else min(self.free, self.types.get(gpu_type, 0))
 
 
 class FreeGpus:
@@ -19,33 +31,46 @@ class FreeGpus:
 
     def __init__(self, snapshot: ClusterSnapshot) -> None:
         self._total = dict(snapshot.free_gpus)
-        self._nodes = {p: list(v) for p, v in snapshot.free_node_gpus.items()}
+        self._nodes = {p: [_Node(n.free, dict(n.types)) for n in nodes]
+                       for p, nodes in snapshot.free_node_gpus.items()}
 
-    def fits(self, partition: str, gpus: int) -> bool:
-        """Whether a pool of `gpus` GPUs could open in `partition` now."""
-        if self._total.get(partition, 0) < gpus:
-            return False
-        nodes = self._nodes.get(partition)
-        return nodes is None or any(f >= gpus for f in nodes)
+    def _candidates(self, job: JobSnapshot, gpus: int) -> list[_Node] | None:
+        """The nodes a pool of `gpus` GPUs of the job's type could open on; None where
+        the snapshot gives no nodes."""
+        nodes = self._nodes.get(job.partition)
+        if nodes is None:
+            return None
+        return [n for n in nodes if n.free_of(job.gpu_type) >= gpus]
 
-    def take(self, partition: str, gpus: int) -> bool:
-        """Take `gpus` GPUs for a pool (or a floating pool's window) opened this round,
-        from the node with the fewest free that has them (best fit: larger holes stay
-        for larger pools). False, taking nothing, where they do not fit."""
-        if not self.fits(partition, gpus):
+    def fits(self, job: JobSnapshot, gpus: int) -> bool:
+        """Whether a pool of `gpus` GPUs (of the job's type) could open for `job` now."""
+        if self._total.get(job.partition, 0) < gpus:
             return False
-        self._total[partition] -= gpus
-        nodes = self._nodes.get(partition)
-        if nodes is not None:
-            at = min((i for i, f in enumerate(nodes) if f >= gpus), key=nodes.__getitem__)
-            nodes[at] -= gpus
+        fit = self._candidates(job, gpus)
+        return fit is None or bool(fit)
+
+    def take(self, job: JobSnapshot, gpus: int) -> bool:
+        """Take `gpus` GPUs for a pool (or a floating pool's window) opened this round for
+        `job`, from the node with the fewest free that has them (best fit: larger holes
+        stay for larger pools). False, taking nothing, where they do not fit."""
+        if not self.fits(job, gpus):
+            return False
+        self._total[job.partition] -= gpus
+        fit = self._candidates(job, gpus)
+        if fit:
+            node = min(fit, key=lambda n: n.free_of(job.gpu_type))
+            node.free -= gpus
+            if job.gpu_type is not None:
+                node.types[job.gpu_type] -= gpus
         return True
 
-    def why_not(self, partition: str, gpus: int) -> str:
-        """Why a pool of `gpus` GPUs does not fit (`fits` is False): the reason its job
+    def why_not(self, job: JobSnapshot, gpus: int) -> str:
+        """Why a pool of `gpus` GPUs does not fit (`fits` is False): the reason `job`
         waits with."""
-        nodes = self._nodes.get(partition)
-        if nodes is None or self._total.get(partition, 0) < gpus:
+        nodes = self._nodes.get(job.partition)
+        if nodes is None or self._total.get(job.partition, 0) < gpus:
             return "no free GPUs"
-        return (f"no node of partition {partition!r} has {gpus} GPUs free (at most "
-                f"{max(nodes, default=0)} on one)")
+        most = max((n.free_of(job.gpu_type) for n in nodes), default=0)
+        of = "" if job.gpu_type is None else f" of type {job.gpu_type!r}"
+        return (f"no node of partition {job.partition!r} has {gpus} GPUs{of} free (at most "
+                f"{most} on one)")

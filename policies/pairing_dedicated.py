@@ -19,9 +19,9 @@ class DedicatedPairing:
         out = []
         for job in snapshot.waiting:
             g = job.request.gpus
-            if free.take(job.partition, g):
+            if free.take(job, g):
                 out.append(Placement(job.job_id, Action.DEDICATED, None, g, 1.0, "dedicated"))
             else:
                 out.append(Placement(job.job_id, Action.WAIT,
-                                     reason=free.why_not(job.partition, g)))
+                                     reason=free.why_not(job, g)))
         return out

@@ -418,7 +418,7 @@ class ComplementaryPairing:
                                                 for m in group], floating=True)
                 windows = size[0] // g
                 for w in (windows, windows + 1):
-                    if (w > len(group) or (w > windows and not free.fits(part, g))
+                    if (w > len(group) or (w > windows and not free.fits(job, g))
                             or (bound is not None and w * g > bound)):
                         break
                     key = (*(m.job_id for m in group), w)
@@ -439,7 +439,7 @@ class ComplementaryPairing:
                 (added, _), pid, w, pred = best
                 size, members, snap = pools[pid]
                 if added:
-                    free.take(part, g)
+                    free.take(job, g)
                 size[0] = w * g
                 members.append(job)
                 return Placement(
@@ -449,8 +449,8 @@ class ComplementaryPairing:
             if not snapshot.packs_tails.get(part, False) and not self._floating_pays(job,
                                                                                    limits):
                 return None  # placed as with fixed windows
-            if not free.take(part, g):
-                return Placement(job.job_id, Action.WAIT, reason=free.why_not(part, g))
+            if not free.take(job, g):
+                return Placement(job.job_id, Action.WAIT, reason=free.why_not(job, g))
             pid = next(ids)
             pools[pid] = ([g], [job], None)
             return Placement(job.job_id, Action.OPEN, pid, g, 1.0,
@@ -521,12 +521,12 @@ class ComplementaryPairing:
         """The placements of a matched pair in a new pool of `size` GPUs, if they are free
         (none else); where a staggered pool's are not but its members' G are, and the
         pair is accepted on one window of G, that pool."""
-        g, part = a.request.gpus, a.partition
-        if free.fits(part, g) and not free.fits(part, size):
+        g = a.request.gpus
+        if free.fits(a, g) and not free.fits(a, size):
             same = self.accepts((a, b), limits)
             if same is not None:
                 pred, size = same, g
-        if not free.take(part, size):
+        if not free.take(a, size):
             return ()
         pool_id = next(ids)
         how = "paired" if size == g else f"paired in a staggered pool of {size} GPUs"
@@ -546,10 +546,10 @@ class ComplementaryPairing:
                              "joins a complementary pool", gpu_offset=off)
         g = job.request.gpus
         size = self._alone_size(job, snapshot.limits, snapshot.node_gpus.get(job.partition))
-        if free.fits(job.partition, g) and not free.fits(job.partition, size):
+        if free.fits(job, g) and not free.fits(job, size):
             size = g  # no room for a staggered pool: one of its own size, not a wait
-        if not free.take(job.partition, size):
-            return Placement(job.job_id, Action.WAIT, reason=free.why_not(job.partition, g))
+        if not free.take(job, size):
+            return Placement(job.job_id, Action.WAIT, reason=free.why_not(job, g))
         if shareable(job):
             return Placement(job.job_id, Action.OPEN, next(ids), size, 1.0,
                              "no complementary partner yet: opens a pool alone")

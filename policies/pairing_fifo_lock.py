@@ -67,8 +67,8 @@ def pair_in_arrival_order(snapshot: ClusterSnapshot, fits: Fits | None = None,
                 out.append(Placement(job.job_id, Action.OPEN, mate[1].pool_id, g,
                                      reason=f"{reason}: with job {mate[0].job_id}"))
                 continue
-        if not free.take(job.partition, g):
-            out.append(Placement(job.job_id, Action.WAIT, reason=free.why_not(job.partition, g)))
+        if not free.take(job, g):
+            out.append(Placement(job.job_id, Action.WAIT, reason=free.why_not(job, g)))
             continue
         if shareable(job):
             pl = Placement(job.job_id, Action.OPEN, -1 - len(out), g, reason="alone")

@@ -44,9 +44,9 @@ class GreedyPairing:
                 out.append(pools.add(fit, job, "first fit"))
                 continue
             g = job.request.gpus
-            if not free.take(job.partition, g):
+            if not free.take(job, g):
                 out.append(Placement(job.job_id, Action.WAIT,
-                                     reason=free.why_not(job.partition, g)))
+                                     reason=free.why_not(job, g)))
                 continue
             out.append(pools.open(job, -1 - len(out), "alone"))
         return out

@@ -37,14 +37,14 @@ class RandomPairing:
                      if all(compatible(job, m) is None for m in c.members)
                      and fits_memory([*c.members, job], c.pool, snapshot.limits) is None]
             # Gandiva packs with probability 1/2 when it can, as a coin flip per job
-            full = not free.fits(job.partition, job.request.gpus)
+            full = not free.fits(job, job.request.gpus)
             if cands and rng.random() < 0.5 + 0.5 * full:
                 out.append(pools.add(rng.choice(cands), job, "random"))
                 continue
             g = job.request.gpus
-            if not free.take(job.partition, g):
+            if not free.take(job, g):
                 out.append(Placement(job.job_id, Action.WAIT,
-                                     reason=free.why_not(job.partition, g)))
+                                     reason=free.why_not(job, g)))
                 continue
             out.append(pools.open(job, -1 - len(out), "random: alone"))
         return out

@@ -8,7 +8,8 @@ messages (tests/data/directives.toml is checked against both).
 The environment contract (set only for RL jobs, i.e. jobs submitted with --rl-gpus):
 
 =====================  ===========================================================
-SLURMRL_GPUS           always; integer 1..1024
+SLURMRL_GPUS           always; integer 1..1024 (the N of --rl-gpus=[TYPE:]N)
+SLURMRL_GPU_TYPE       if --rl-gpus named a GPU type; the TYPE as written
 SLURMRL_MUX            always; auto | on | off (default auto)
 SLURMRL_LAYOUT         always; colocated | disaggregated (default colocated)
 SLURMRL_ROLLOUT_GPUS   disaggregated only; rollout set size R, 1 <= R < GPUS
@@ -99,11 +100,33 @@ def _int(text: str, lo: int, hi: int) -> int | None:
     return value if lo <= value <= hi else None
 
 
+#: a GPU type as Slurm's GRES names it (`gpu:h100:8`): a letter, then letters, digits,
+#: '_', '.', '-'; 64 characters at most
+_GPU_TYPE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+GPUS_EXPECTED = ("expected N or TYPE:N (N an integer 1..1024, TYPE a GPU type: a letter, "
+                 "then up to 63 of [A-Za-z0-9_.-]), e.g. 8 or h100:8")
+
+
+def parse_gpus_spec(value: str) -> tuple[str | None, int]:
+    """`--rl-gpus=[TYPE:]N`, as Slurm's `--gpus=[type:]N`: (TYPE or None, N)."""
+    gpu_type, colon, count = value.rpartition(":")
+    gpus = _int(count, 1, GPUS_MAX)
+    if gpus is None or (colon and not _GPU_TYPE_RE.fullmatch(gpu_type)):
+        raise DirectiveError(f"--rl-gpus={shown(value)}: {GPUS_EXPECTED}")
+    return (gpu_type if colon else None), gpus
+
+
 def parse_gpus(value: str) -> int:
-    gpus = _int(value, 1, GPUS_MAX)
-    if gpus is None:
-        raise DirectiveError(f"--rl-gpus={shown(value)}: expected an integer 1..1024")
-    return gpus
+    """The N of `--rl-gpus=[TYPE:]N` (`parse_gpus_spec`)."""
+    return parse_gpus_spec(value)[1]
+
+
+def parse_gpu_type(value: str) -> str:
+    """`SLURMRL_GPU_TYPE`: the TYPE of `--rl-gpus=TYPE:N`."""
+    if not _GPU_TYPE_RE.fullmatch(value):
+        raise DirectiveError(f"SLURMRL_GPU_TYPE={shown(value)}: expected a GPU type: a "
+                             "letter, then up to 63 of [A-Za-z0-9_.-]")
+    return value
 
 
 def _model_ok(s: str) -> bool:
@@ -239,7 +262,7 @@ def parse_layout(value: str) -> tuple[Layout, int | None]:
 
 
 def _build(gpus: int | None, given: Mapping[str, str], rollout: int | None,
-           mem_bytes: int | None = None) -> RlRequest:
+           mem_bytes: int | None = None, gpu_type: str | None = None) -> RlRequest:
     """Cross-option checks (the plugin's init_post_opt) and the request."""
     if gpus is None:
         for option in OPTION_ENV:
@@ -276,6 +299,7 @@ def _build(gpus: int | None, given: Mapping[str, str], rollout: int | None,
         layout=layout,
         rollout_gpus=r,
         steps=parse_steps(given["rl-steps"]) if "rl-steps" in given else None,
+        gpu_type=gpu_type,
     )
 
 
@@ -294,8 +318,9 @@ def parse_options(options: Mapping[str, str]) -> RlRequest:
     # Each value first, so the message is about the value as the plugin's would be.
     for option, value in options.items():
         _PARSERS[option](value)
-    gpus = parse_gpus(options["rl-gpus"]) if "rl-gpus" in options else None
-    return _build(gpus, options, None)
+    gpu_type, gpus = (parse_gpus_spec(options["rl-gpus"]) if "rl-gpus" in options
+                      else (None, None))
+    return _build(gpus, options, None, gpu_type=gpu_type)
 
 
 def parse_env(env: Mapping[str, str]) -> RlRequest:
@@ -316,7 +341,9 @@ def parse_env_full(env: Mapping[str, str]) -> Directives:
     try:
         for option, value in given.items():
             _PARSERS[option](value)
-        gpus = parse_gpus(given["rl-gpus"])
+        gpu_type, gpus = parse_gpus_spec(given["rl-gpus"])
+        if "SLURMRL_GPU_TYPE" in env:
+            gpu_type = parse_gpu_type(env["SLURMRL_GPU_TYPE"])
         mem = _env_mem(env.get("SLURMRL_MEM"))
         rollout = None
         if "SLURMRL_ROLLOUT_GPUS" in env:
@@ -326,7 +353,7 @@ def parse_env_full(env: Mapping[str, str]) -> Directives:
                     f"SLURMRL_ROLLOUT_GPUS={shown(env['SLURMRL_ROLLOUT_GPUS'])}: "
                     "expected an integer 1..1023"
                 )
-        request = _build(gpus, given, rollout, mem)
+        request = _build(gpus, given, rollout, mem, gpu_type)
     except DirectiveError as exc:
         raise DirectiveError(f"job environment: {exc}") from None
     controller = env.get("SLURMRL_CONTROLLER") or None

@@ -110,6 +110,9 @@ class RlRequest:
     #: `--rl-steps`: training steps the job will run (None: not declared). Pairing uses it
     #: to project a running job's slowdown over its whole run (policies/complementarity.py)
     steps: int | None = None
+    #: `--rl-gpus=TYPE:N`: the GPU type its pool's GPUs must be (Slurm's GRES type, as in
+    #: `--gres=gpu:TYPE:N`); None: any
+    gpu_type: str | None = None
 
     def gpu_sets(self) -> dict[str, tuple[int, ...]]:
         """Job-local GPU sets by name: `all` (colocated) or `rollout` + `trainer`."""

@@ -34,6 +34,7 @@
 SPANK_PLUGIN(slurmrl, 1);
 
 #define GPUS_MAX 1024L
+#define GPU_TYPE_MAX 64
 #define MODEL_MAX 255
 #define GROUP_MAX 64
 #define PROFILE_MAX 256
@@ -53,6 +54,7 @@ static char controller[URL_MAX + 1];
 static int debug;
 
 static long gpus;           /* 0: not given */
+static char gpu_type[GPU_TYPE_MAX + 1]; /* --rl-gpus=TYPE:N's TYPE; "": any */
 static char model[MODEL_MAX + 1];
 static unsigned long long mem_bytes;  /* 0: not given */
 static char mux[8];
@@ -127,12 +129,38 @@ static int parse_int(const char *s, long lo, long hi, long *out)
 	return 0;
 }
 
+/* A GPU type as Slurm's GRES names it: a letter, then up to 63 of [A-Za-z0-9_.-]. */
+static int gpu_type_ok(const char *s, size_t len)
+{
+	size_t i;
+
+	if (len == 0 || len > GPU_TYPE_MAX || !isalpha((unsigned char)s[0]))
+		return 0;
+	for (i = 1; i < len; i++)
+		if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '.' && s[i] != '-')
+			return 0;
+	return 1;
+}
+
+/* --rl-gpus=[TYPE:]N, as Slurm's --gpus=[type:]N. */
 static int opt_gpus(int val, const char *arg, int remote)
 {
+	const char *colon = strrchr(arg, ':');
+	const char *count = colon ? colon + 1 : arg;
+
 	(void)val; (void)remote;
-	if (parse_int(arg, 1, GPUS_MAX, &gpus) < 0) {
-		slurm_error("slurmrl: --rl-gpus=%s: expected an integer 1..1024", shown(arg));
+	if (parse_int(count, 1, GPUS_MAX, &gpus) < 0 ||
+	    (colon && !gpu_type_ok(arg, (size_t)(colon - arg)))) {
+		gpus = 0;
+		slurm_error("slurmrl: --rl-gpus=%s: expected N or TYPE:N (N an integer 1..1024, "
+			    "TYPE a GPU type: a letter, then up to 63 of [A-Za-z0-9_.-]), e.g. 8 "
+			    "or h100:8", shown(arg));
 		return -1;
+	}
+	gpu_type[0] = '\0';
+	if (colon) {
+		memcpy(gpu_type, arg, (size_t)(colon - arg));
+		gpu_type[colon - arg] = '\0';
 	}
 	return 0;
 }
@@ -363,8 +391,8 @@ static int opt_steps(int val, const char *arg, int remote)
 }
 
 static struct spank_option options[] = {
-	{ "rl-gpus", "N", "slurmrl: GPUs of this RL job (1..1024); makes the job an RL job",
-	  1, OPT_GPUS, opt_gpus },
+	{ "rl-gpus", "[TYPE:]N", "slurmrl: GPUs of this RL job (1..1024), of GPU type TYPE if "
+	  "given; makes the job an RL job", 1, OPT_GPUS, opt_gpus },
 	{ "rl-model", "NAME|PATH", "slurmrl: model name or absolute path", 1, OPT_MODEL,
 	  opt_model },
 	{ "rl-mem", "SIZE", "slurmrl: GPU memory per GPU the job's resident models need "
@@ -482,7 +510,7 @@ static void option_var(char *var, size_t size, const char *prefix, const char *n
 
 /* The variables an RL job's directives reach its batch script and steps by. */
 static const char *const contract_vars[] = {
-	"SLURMRL_GPUS", "SLURMRL_MUX", "SLURMRL_LAYOUT", "SLURMRL_ROLLOUT_GPUS", "SLURMRL_MODEL",
+	"SLURMRL_GPUS", "SLURMRL_GPU_TYPE", "SLURMRL_MUX", "SLURMRL_LAYOUT", "SLURMRL_ROLLOUT_GPUS", "SLURMRL_MODEL",
 	"SLURMRL_MEM", "SLURMRL_GROUP", "SLURMRL_MAX_SLOWDOWN", "SLURMRL_PROFILE",
 	"SLURMRL_STEPS", "SLURMRL_CONTROLLER", NULL
 };
@@ -667,6 +695,7 @@ static int export_all(spank_t sp, setenv_f set, const char *how)
 		return set == spank_setenv ? forget_inherited(sp, 1) : 0;
 	snprintf(gpus_s, sizeof(gpus_s), "%ld", gpus);
 	vars[n].name = "SLURMRL_GPUS"; vars[n++].value = gpus_s;
+	if (gpu_type[0]) { vars[n].name = "SLURMRL_GPU_TYPE"; vars[n++].value = gpu_type; }
 	vars[n].name = "SLURMRL_MUX"; vars[n++].value = mux[0] ? mux : "auto";
 	vars[n].name = "SLURMRL_LAYOUT"; vars[n++].value = layout[0] ? layout : "colocated";
 	if (strcmp(layout, "disaggregated") == 0) {

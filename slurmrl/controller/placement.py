@@ -48,6 +48,7 @@ from policies.base import (
     AdmissionPolicy,
     ClusterSnapshot,
     JobSnapshot,
+    NodeFree,
     PairingPolicy,
     Placement,
     PoolMode,
@@ -312,8 +313,8 @@ def job_snapshot(job: JobRecord, partition: str,
     # are the driver's (a `time.monotonic()` stamp there made a job decades old)
     running = 0.0 if now is None or h.begun is None else max(0.0, now - h.begun)
     return JobSnapshot(job.job_id, job.user, job.request, h.profile(),
-                       job.registered_at, partition, running_s=running,
-                       submit_partition=job.partition or None)
+                       job.registered_at, partition, gpu_type=job.request.gpu_type,
+                       running_s=running, submit_partition=job.partition or None)
 
 
 def pool_snapshot(pool: PoolRecord, members: Sequence[JobSnapshot], partition: str,
@@ -390,7 +391,8 @@ def cluster_snapshot(now: float, pools: Sequence[PoolSnapshot],
                      floating: dict[str, bool] | None = None,
                      packs_tails: dict[str, bool] | None = None,
                      floating_max_gpus: dict[str, int] | None = None,
-                     free_nodes: dict[str, tuple[int, ...]] | None = None) -> ClusterSnapshot:
+                     free_nodes: dict[str, tuple[NodeFree, ...]] | None = None,
+                     ) -> ClusterSnapshot:
     """`waiting` oldest first, as the policies expect; `nodes`: GPUs per node;
     `gpu_mem`: memory per GPU, in bytes; `floating`: whether pools may float;
     `packs_tails`: whether floating pools pack rollout tails; `floating_max_gpus`: the
@@ -439,7 +441,10 @@ async def controller_snapshot(
         nodes, running = await asyncio.to_thread(lambda: (c.slurm.nodes(), c.slurm.jobs()))
         free = free_gpus(nodes, running, open_pools, part)
         per_node = node_gpus(nodes, part)
-        free_nodes = {part: tuple(node_free_gpus(nodes, running, open_pools, part).values())}
+        by_name = {n.name: n for n in nodes}
+        free_nodes = {part: tuple(
+            NodeFree(f, by_name[name].gpu_types)
+            for name, f in node_free_gpus(nodes, running, open_pools, part).items())}
     except SlurmError as exc:
         # Slurm unreachable: assume room for everyone; opening the pool then fails with
         # Slurm's own error, as it did before pairing asked

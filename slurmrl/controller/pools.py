@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from policies.base import Action, JobSnapshot, Placement
+from policies.base import Action, JobSnapshot, NodeFree, Placement
 from policies.complementarity import compatible
 from slurmrl.controller.placement import (
     closed_because,
@@ -69,7 +69,7 @@ from slurmrl.db.readings import add_lease_reading
 from slurmrl.leases import LeaseError
 from slurmrl.leases.types import Lease
 from slurmrl.model import JobState, Mux, Phase, Residency
-from slurmrl.slurm import BatchSpec, JobInfo, SlurmBackend, SlurmError, SlurmJobState
+from slurmrl.slurm import BatchSpec, JobInfo, NodeInfo, SlurmBackend, SlurmError, SlurmJobState
 from slurmrl.slurm.devices import detect, step_devices
 from slurmrl.worker.handle import CONTROL_TIMEOUT_S, ServiceError, ServiceHandle
 
@@ -177,13 +177,15 @@ class PoolAllocator:
         self._unrecorded: set[int] = set()
         self._submitting = threading.Lock()
 
-    def spec(self, gpus: int, label: str = "", node: str | None = None) -> BatchSpec:
-        """The batch job a pool of `gpus` GPUs is (`open` submits it; doctor tests it)."""
+    def spec(self, gpus: int, label: str = "", node: str | None = None,
+             gpu_type: str | None = None) -> BatchSpec:
+        """The batch job a pool of `gpus` GPUs (of `gpu_type`, where given: Slurm's GRES
+        type) is (`open` submits it; doctor tests it)."""
         if gpus < 1:
             raise ValueError(f"a pool needs at least one GPU, got {gpus}")
         return BatchSpec(
             command=("sleep", "infinity"), partition=self.partition,
-            name=POOL_NAME, gpus=gpus, cpus=max(1, self.cpus_per_gpu * gpus),
+            name=POOL_NAME, gpus=gpus, gpu_type=gpu_type, cpus=max(1, self.cpus_per_gpu * gpus),
             mem_mb=self.mem_per_gpu_mb * gpus,
             time_limit_min=self.time_limit_min,
             comment=" ".join(x for x in (POOL_COMMENT, self.tag, label) if x),
@@ -193,10 +195,11 @@ class PoolAllocator:
             extra_args=("--no-requeue",) if node is None
             else ("--no-requeue", f"--nodelist={node}"))
 
-    def open(self, gpus: int, label: str = "", node: str | None = None) -> SlurmPool:
+    def open(self, gpus: int, label: str = "", node: str | None = None,
+             gpu_type: str | None = None) -> SlurmPool:
         """Submit a pool of `gpus` GPUs (on `node`, where named: a floating pool's next
-        window) and return it once Slurm runs it."""
-        spec = self.spec(gpus, label, node)
+        window; of `gpu_type`, where given) and return it once Slurm runs it."""
+        spec = self.spec(gpus, label, node, gpu_type)
         with self._submitting:
             try:
                 job_id = self.slurm.submit(spec)
@@ -810,23 +813,32 @@ class SlurmPools:
 
     async def _refuse_larger_than_nodes(self, waiting: list[JobRecord]) -> list[JobRecord]:
         """The waiting jobs some node of the pool partition could hold; the others are
-        ended, refused with the reason: a pool's GPUs are one node's, so no pool of more
-        GPUs than the largest node has could ever start (Slurm would refuse it, and a
-        policy counting each node's free GPUs would leave the job waiting for good).
-        Where Slurm cannot be asked, or lists no node of the partition, all of them."""
-        room = await self._node_gpus()
+        ended, refused with the reason: a pool's GPUs are one node's (of the job's GPU
+        type, where it names one), so no pool of more GPUs than the largest node has of
+        them could ever start (Slurm would refuse it, and a policy counting each node's
+        free GPUs would leave the job waiting for good). Where Slurm cannot be asked,
+        or lists no node of the partition, all of them."""
+        room = await self._node_room()
         if not room:
             return waiting
-        largest = max(total for _, total in room.values())
         part = self.c.config.slurm.pool_partition
         keep = []
         for job in waiting:
-            if job.request.gpus <= largest:
+            g, kind = job.request.gpus, job.request.gpu_type
+            largest = max(n.gpus_of(kind) for n, _ in room)
+            if g <= largest:
                 keep.append(job)
                 continue
-            await self.c.end_job(job.job_id, JobState.FAILED, (
-                f"refused: --rl-gpus={job.request.gpus} is more than any node of partition "
-                f"{part!r} has (the largest has {largest}); a pool's GPUs are one node's"))
+            if kind is not None and largest == 0:
+                types = sorted({t for n, _ in room for t, _ in n.gpu_types if t})
+                why = (f"no node of partition {part!r} has GPUs of type {kind!r} (its "
+                       f"types: {', '.join(types) or 'none named'})")
+            else:
+                of = "" if kind is None else f" of type {kind!r}"
+                why = (f"--rl-gpus={'' if kind is None else kind + ':'}{g} is more than any "
+                       f"node of partition {part!r} has{of} (the largest has {largest}); "
+                       "a pool's GPUs are one node's")
+            await self.c.end_job(job.job_id, JobState.FAILED, f"refused: {why}")
         return keep
 
     async def _enact(self, job: JobRecord, pl: Placement, new: dict[int, PoolRecord]) -> None:
@@ -899,7 +911,8 @@ class SlurmPools:
         """A pool of `gpus` GPUs opened for `job`: allocated, then recorded (the
         allocation is `PoolAllocator.tagged` as a stray only once recorded)."""
         assert self.allocator is not None
-        opened = await asyncio.to_thread(self.allocator.open, gpus, f"for job {job.job_id}")
+        opened = await asyncio.to_thread(self.allocator.open, gpus, f"for job {job.job_id}",
+                                         gpu_type=job.request.gpu_type)
         try:
             return self.c.open_pool(gpus=opened.gpus, slurm_job_id=opened.slurm_job_id,
                                     partition=opened.partition, nodes=opened.nodes,
@@ -1085,8 +1098,11 @@ class SlurmPools:
                 return False
             node = fits[0][1]
         try:
+            kinds = {m.request.gpu_type for m in c.store.jobs(active=True,
+                                                               pool_id=pool.pool_id)}
             opened = await asyncio.to_thread(self.allocator.open, g,
-                                             f"window of pool {pool.pool_id}", node)
+                                             f"window of pool {pool.pool_id}", node,
+                                             gpu_type=min(kinds, key=str) if kinds else None)
         except (PoolError, SlurmError) as exc:
             log.warning("pool %d: no window of %d GPUs on %s: %s", pool.pool_id, g, node, exc)
             return False
@@ -1243,10 +1259,9 @@ class SlurmPools:
                 if isinstance(g, int) and not isinstance(g, bool)]
         return max(gens, default=None)
 
-    async def _node_gpus(self) -> dict[str, tuple[int, int]] | None:
-        """(GPUs Slurm could still allocate, GPUs in all) on each node of the pool
-        partition, free ones as the pairing snapshot counts them; None when Slurm is
-        unreachable."""
+    async def _node_room(self) -> list[tuple[NodeInfo, NodeFree]] | None:
+        """Each node of the pool partition, with the GPUs Slurm could still allocate
+        there (as the pairing snapshot counts them); None when Slurm is unreachable."""
         c = self.c
         try:
             nodes, running = await asyncio.to_thread(lambda: (c.slurm.nodes(), c.slurm.jobs()))
@@ -1254,32 +1269,35 @@ class SlurmPools:
             return None
         part = c.config.slurm.pool_partition
         free = node_free_gpus(nodes, running, c.store.pools(open_only=True), part)
-        return {n.name: (free[n.name], n.gpus) for n in nodes if part in n.partitions}
+        return [(n, NodeFree(free[n.name], n.gpu_types)) for n in nodes
+                if part in n.partitions]
 
     async def _free_by_node(self) -> dict[str, int] | None:
         """GPUs Slurm could still allocate on each node of the pool partition (as the
         pairing snapshot counts them); None when Slurm is unreachable."""
-        got = await self._node_gpus()
-        return None if got is None else {n: free for n, (free, _) in got.items()}
+        room = await self._node_room()
+        return None if room is None else {n.name: f.free for n, f in room}
 
-    async def _no_room(self, gpus: int) -> str | None:
-        """Why a pool of `gpus` GPUs would not start now: no node of the pool partition
-        has that many free, where one has that many in all. A pool needs all of its GPUs
-        on one node: on a fragmented partition (4 free on each of two nodes, 8 asked)
-        Slurm would keep it pending. The shipped pairing policies count each node's
-        free GPUs (`policies.free.FreeGpus`); a site's may count the partition's total
-        alone, and Slurm's may have changed since the round's snapshot. None where a
-        node has them free, where none has that many at all (Slurm refuses the pool,
-        and the job with Slurm's reason), or where Slurm cannot be asked (left to
+    async def _no_room(self, gpus: int, gpu_type: str | None = None) -> str | None:
+        """Why a pool of `gpus` GPUs (of `gpu_type`, where given) would not start now: no
+        node of the pool partition has that many free, where one has that many in all.
+        A pool needs all of its GPUs on one node: on a fragmented partition (4 free on
+        each of two nodes, 8 asked) Slurm would keep it pending. The shipped pairing
+        policies count each node's free GPUs (`policies.free.FreeGpus`); a site's may
+        count the partition's total alone, and Slurm's may have changed since the
+        round's snapshot. None where a node has them free, where none has that many at
+        all (`_refuse_larger_than_nodes` refuses such jobs first; else Slurm refuses the
+        pool, and the job with Slurm's reason), or where Slurm cannot be asked (left to
         Slurm)."""
-        room = await self._node_gpus()
-        if not room or not any(total >= gpus for _, total in room.values()):
+        room = await self._node_room()
+        if not room or not any(n.gpus_of(gpu_type) >= gpus for n, _ in room):
             return None
-        most = max(free for free, _ in room.values())
+        most = max(f.free_of(gpu_type) for _, f in room)
         if most >= gpus:
             return None
+        of = "" if gpu_type is None else f" of type {gpu_type!r}"
         return (f"no node of partition {self.c.config.slurm.pool_partition!r} has {gpus} "
-                f"GPUs free (at most {most} on one)")
+                f"GPUs{of} free (at most {most} on one)")
 
     async def _open_or_wait(self, job: JobRecord, gpus: int, *, dedicated: bool = False,
                             floating: bool = False) -> PoolRecord | None:
@@ -1288,7 +1306,7 @@ class SlurmPools:
         or Slurm kept the pool pending until the start timeout (`PoolPending`: another
         job took the GPUs first; the allocation was cancelled). The next round (a job's
         registration or end, every reconcile) places it anew."""
-        why = await self._no_room(gpus)
+        why = await self._no_room(gpus, job.request.gpu_type)
         if why is None:
             try:
                 return await self._open_pool(job, gpus, dedicated=dedicated, floating=floating)

@@ -31,6 +31,7 @@ def request_to_json(req: RlRequest) -> str:
             "layout": str(req.layout),
             "rollout_gpus": req.rollout_gpus,
             "steps": req.steps,
+            "gpu_type": req.gpu_type,
         },
         sort_keys=True,
     )
@@ -55,6 +56,7 @@ def request_from_json(text: str) -> RlRequest:
         layout=Layout(d.get("layout", "colocated")),
         rollout_gpus=d.get("rollout_gpus"),
         steps=d.get("steps"),  # absent in records written before --rl-steps
+        gpu_type=d.get("gpu_type"),  # absent in records written before GPU types
     )
 
 

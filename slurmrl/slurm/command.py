@@ -170,7 +170,8 @@ class CommandBackend:
         }
         a += [f"{k}={v}" for k, v in opt.items() if v is not None]
         if spec.gpus:
-            a.append(f"--gres=gpu:{spec.gpus}")
+            kind = f"gpu:{spec.gpu_type}" if spec.gpu_type else "gpu"
+            a.append(f"--gres={kind}:{spec.gpus}")
         a += list(spec.extra_args)
         return a
 

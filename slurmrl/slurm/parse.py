@@ -130,6 +130,21 @@ def gpu_count_from_gres(text: str) -> int:
     return total
 
 
+def gpu_types_from_gres(text: str) -> tuple[tuple[str, int], ...]:
+    """A node's GPUs by type from its GRES string: `gpu:a100:2(S:0),gpu:v100:1` gives
+    (("a100", 2), ("v100", 1)); `gpu:4` gives (("", 4)) (no type)."""
+    out: dict[str, int] = {}
+    for item in re.split(r",(?![^()]*\))", text or ""):
+        parts = re.sub(r"\(.*?\)", "", item.strip()).split(":")
+        if parts[0] != "gpu":
+            continue
+        kind = parts[1] if len(parts) == 3 or (len(parts) == 2 and not parts[1].isdigit()) \
+            else ""
+        count = int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+        out[kind] = out.get(kind, 0) + count
+    return tuple(out.items())
+
+
 def _exit(value: Any) -> tuple[int | None, int | None]:
     """(return code, signal) from every exit-code shape Slurm has used."""
     if value is None:
@@ -255,6 +270,7 @@ def node_from_json(n: Mapping[str, Any]) -> NodeInfo:
         name=_str(n.get("name")),
         state=state,
         gpus=gpu_count_from_gres(_str(n.get("gres"))),
+        gpu_types=gpu_types_from_gres(_str(n.get("gres"))),
         cpus=int(unwrap_number(n.get("cpus")) or 0),
         memory_mb=int(unwrap_number(n.get("real_memory")) or 0),
         partitions=tuple(str(p) for p in (n.get("partitions") or [])),
@@ -280,6 +296,7 @@ def nodes_from_sinfo_group(g: Mapping[str, Any]) -> list[NodeInfo]:
             name=str(name),
             state=_state_str(node.get("state")),
             gpus=gpu_count_from_gres(_str(gres.get("total"))),
+            gpu_types=gpu_types_from_gres(_str(gres.get("total"))),
             cpus=int(unwrap_number(cpus.get("maximum")) or 0),
             memory_mb=int(unwrap_number(mem.get("maximum")) or 0),
             partitions=(part_name,) if part_name else (),
@@ -308,7 +325,7 @@ def nodes_from_json(doc: Any) -> list[NodeInfo]:
                     parts = tuple(dict.fromkeys(old.partitions + n.partitions))
                     merged[n.name] = NodeInfo(
                         old.name, old.state, old.gpus, old.cpus, old.memory_mb, parts,
-                        old.address or n.address,
+                        old.address or n.address, old.gpu_types,
                     )
         return list(merged.values())
     raise SlurmParseError("sinfo --json: neither a 'nodes' nor a 'sinfo' array")
@@ -435,6 +452,7 @@ def node_from_scontrol(line: str) -> NodeInfo:
         name=kv["NodeName"],
         state=kv.get("State", "UNKNOWN").upper(),
         gpus=gpu_count_from_gres(_str(kv.get("Gres"))),
+        gpu_types=gpu_types_from_gres(_str(kv.get("Gres"))),
         cpus=int(kv.get("CPUTot", "0") or 0),
         memory_mb=int(kv.get("RealMemory", "0") or 0),
         partitions=tuple(p for p in _str(kv.get("Partitions")).split(",") if p),

@@ -106,7 +106,8 @@ class PyslurmBackend:
             "standard_error": spec.error, "working_directory": spec.workdir,
         }
         if spec.gpus:
-            desc["gres_per_node"] = {"gpu": spec.gpus}
+            desc["gres_per_node"] = {f"gpu:{spec.gpu_type}" if spec.gpu_type else "gpu":
+                                     spec.gpus}
         # the sbatch options slurmrl itself passes, as the description's attributes;
         # pyslurm takes no argv (`load_sbatch_options` reads a script's #SBATCH lines),
         # so any other option is refused rather than silently dropped
@@ -159,11 +160,14 @@ class PyslurmBackend:
         for n in loaded.values():
             gres = n.configured_gres or {}
             gpus = sum(int(v) for k, v in gres.items() if str(k).startswith("gpu"))
+            # {"gpu:a100": 2} or {"gpu": 4}: (type, count), "" for GPUs of no type
+            kinds = tuple((str(k).partition(":")[2], int(v)) for k, v in gres.items()
+                          if str(k) == "gpu" or str(k).startswith("gpu:"))
             out.append(NodeInfo(
                 name=n.name, state=str(n.state).upper(), gpus=gpus,
                 cpus=int(n.total_cpus or 0), memory_mb=int(n.real_memory or 0),
                 partitions=tuple(n.partitions or ()),
-                address=str(getattr(n, "address", "") or ""),
+                address=str(getattr(n, "address", "") or ""), gpu_types=kinds,
             ))
         return out
 

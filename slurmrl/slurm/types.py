@@ -157,6 +157,7 @@ class BatchSpec:
     partition: str | None = None
     name: str | None = None
     gpus: int | None = None  #: --gres=gpu:N
+    gpu_type: str | None = None  #: with `gpus`: --gres=gpu:TYPE:N
     cpus: int | None = None  #: --cpus-per-task
     mem_mb: int | None = None  #: --mem (MiB); 0 = all of the node's memory
     time_limit_min: int | None = None  #: --time in minutes; None = partition default
@@ -232,6 +233,15 @@ class NodeInfo:
     partitions: tuple[str, ...] = ()
     #: NodeAddr: where Slurm itself reaches the node's slurmd ("" where not reported)
     address: str = ""
+    #: its GPUs by GRES type, (type, count) pairs ("" for GPUs of no type): what a job's
+    #: `--gres=gpu:TYPE:N` may take there (`gpu_types_from_gres`)
+    gpu_types: tuple[tuple[str, int], ...] = ()
+
+    def gpus_of(self, gpu_type: str | None) -> int:
+        """GPUs of `gpu_type` it has (None: any, all of them)."""
+        if gpu_type is None:
+            return self.gpus
+        return sum(n for t, n in self.gpu_types if t == gpu_type)
 
 
 @dataclass(frozen=True)

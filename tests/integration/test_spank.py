@@ -87,13 +87,13 @@ def test_sbatch_lines_in_a_script_work(jobs: JobFactory) -> None:
 def test_malformed_sbatch_line_in_a_script_fails(jobs: JobFactory) -> None:
     sub = jobs.sbatch([], script="#!/bin/bash\n#SBATCH --rl-gpus=lots\ntrue\n")
     assert sub.returncode != 0
-    assert "--rl-gpus=lots: expected an integer 1..1024" in sub.stderr
+    assert "--rl-gpus=lots: expected N or TYPE:N (N an integer 1..1024" in sub.stderr
 
 
 def test_srun_rejects_a_malformed_value(jobs: JobFactory) -> None:
     proc = jobs.run(["srun", "--rl-gpus=abc", "true"])
     assert proc.returncode != 0
-    assert "--rl-gpus=abc: expected an integer 1..1024" in proc.stderr
+    assert "--rl-gpus=abc: expected N or TYPE:N (N an integer 1..1024" in proc.stderr
 
 
 def test_srun_steps_get_the_env_too(jobs: JobFactory) -> None:
@@ -230,5 +230,6 @@ def test_option_without_value_swallows_the_next_word_and_fails(jobs: JobFactory)
     sub = jobs.sbatch([f"--job-name={name}", "--rl-gpus", "--rl-model=tiny", "--wrap",
                        "true"])
     assert sub.returncode != 0
-    assert "slurmrl: --rl-gpus=--rl-model=tiny: expected an integer 1..1024" in sub.stderr
+    assert ("slurmrl: --rl-gpus=--rl-model=tiny: expected N or TYPE:N (N an integer "
+            "1..1024") in sub.stderr
     assert jobs.jobs_named(name) == []

@@ -71,6 +71,13 @@ def test_everything_case_fills_every_field() -> None:
     assert req.steps == 500
 
 
+def test_a_gpu_type_is_the_part_before_the_count() -> None:
+    req = parse_options({"rl-gpus": "a100:4"})
+    assert (req.gpus, req.gpu_type) == (4, "a100")
+    assert parse_options({"rl-gpus": "4"}).gpu_type is None
+    assert parse_env({"SLURMRL_GPUS": "4", "SLURMRL_GPU_TYPE": "a100"}) == req
+
+
 def test_defaults_when_only_gpus_is_given() -> None:
     req = parse_env({"SLURMRL_GPUS": "2"})
     assert (req.model, req.mux, req.layout, req.rollout_gpus, req.steps) == (
@@ -121,6 +128,8 @@ def test_env_of_a_non_rl_job_is_refused() -> None:
     ({"SLURMRL_GPUS": "2", "SLURMRL_ROLLOUT_GPUS": "abc"}, "SLURMRL_ROLLOUT_GPUS=abc"),
     ({"SLURMRL_GPUS": "2", "SLURMRL_STEPS": "0"},
      "job environment: --rl-steps=0: expected a whole number 1..10000000"),
+    ({"SLURMRL_GPUS": "2", "SLURMRL_GPU_TYPE": "h100;rm"},
+     "job environment: SLURMRL_GPU_TYPE=h100;rm: expected a GPU type"),
 ])
 def test_forged_environment_is_revalidated(env: dict[str, str], fragment: str) -> None:
     with pytest.raises(DirectiveError) as info:

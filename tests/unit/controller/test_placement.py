@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from policies.base import Action, JobSnapshot, Verdict
+from policies.base import Action, JobSnapshot, NodeFree, Verdict
 from policies.registry import UnknownPolicy
 from slurmrl.config import Config
 from slurmrl.config.schema import LimitsConfig, PoliciesConfig
@@ -387,7 +387,7 @@ def test_each_nodes_free_gpus_are_counted_and_a_pool_no_node_has_room_for_waits(
     big = JobSnapshot(41, "u41", RlRequest(6, "tiny", mux=Mux.OFF), None, 1.0)
     small = JobSnapshot(42, "u42", RlRequest(4, "tiny", mux=Mux.OFF), None, 2.0)
     snap = cluster_snapshot(0.0, [], [big, small], free, site.limits,
-                            free_nodes={"pools": tuple(node_free_gpus(
+                            free_nodes={"pools": tuple(NodeFree(f) for f in node_free_gpus(
                                 nodes, [other], [pool], "pools").values())})
     by_id = {pl.job_id: pl for pl in site.pairing.place(snap)}
     assert by_id[41].action is Action.WAIT

@@ -80,8 +80,10 @@ class FakeAllocator:
         self.next = first
         self.closed: list[int] = []
         self.running: set[int] = set()
+        self.asked: list[tuple[int, str | None]] = []  #: (GPUs, GPU type) of each pool
 
-    def open(self, gpus: int, label: str = "") -> SlurmPool:
+    def open(self, gpus: int, label: str = "", gpu_type: str | None = None) -> SlurmPool:
+        self.asked.append((gpus, gpu_type))
         self.next += 1
         self.running.add(self.next - 1)
         return SlurmPool(self.next - 1, "pools", "n1", ("n1",), tuple(range(gpus)))
@@ -742,7 +744,7 @@ async def test_a_pools_services_name_its_gpus_as_the_nodes_steps_see_them(
     site = await _site(Store(tmp_path / "c.db"), cfg, jobs={1: ALICE})
     opened = site.allocator.open
 
-    def on_gpus_2_3(gpus: int, label: str = "") -> SlurmPool:
+    def on_gpus_2_3(gpus: int, label: str = "", gpu_type: str | None = None) -> SlurmPool:
         pool = opened(gpus, label)
         return replace(pool, gpu_indices=tuple(range(2, 2 + gpus)))
 
@@ -1018,12 +1020,12 @@ async def test_a_pool_slurm_keeps_pending_past_the_start_timeout_leaves_its_job_
     opened = site.allocator.open
     tries: list[int] = []
 
-    def pending_once(gpus: int, label: str = "") -> SlurmPool:
+    def pending_once(gpus: int, label: str = "", gpu_type: str | None = None) -> SlurmPool:
         tries.append(gpus)
         if len(tries) == 1:
             raise PoolPending("pool job 101 not running after 60 s (PENDING, reason "
                               "Resources); cancelled it")
-        return opened(gpus, label)
+        return opened(gpus, label, gpu_type)
 
     site.allocator.open = pending_once  # type: ignore[method-assign]
     await site.c.register(ALICE, 7, ENV)
@@ -1059,6 +1061,66 @@ async def test_a_job_larger_than_every_node_is_refused_with_the_reason(
     assert job.reason == ("refused: --rl-gpus=8 is more than any node of partition "
                           "'pools' has (the largest has 4); a pool's GPUs are one node's")
     assert site.allocator.running == set() and site.allocator.next == 101
+    await site.c.stop()
+
+
+def _typed_nodes(site: Site) -> None:
+    """The pool partition: n1 with 4 a100 GPUs, n2 with 8 h100, all free."""
+    site.slurm.nodes = lambda: [  # type: ignore[method-assign]
+        NodeInfo("n1", "IDLE", 4, 16, 64000, ("pools",), gpu_types=(("a100", 4),)),
+        NodeInfo("n2", "IDLE", 8, 16, 64000, ("pools",), gpu_types=(("h100", 8),))]
+
+
+@pytest.mark.parametrize("pairing", ["join-first", "complementary"])
+@run
+async def test_a_typed_jobs_pool_asks_slurm_for_its_gpu_type(tmp_path: Path,
+                                                             pairing: str) -> None:
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE, 8: BOB})
+    if pairing != "join-first":
+        site.c.policies = replace(site.c.policies, pairing=registry.load("pairing", pairing))
+    _typed_nodes(site)
+    await site.c.register(ALICE, 7, {**ENV, "SLURMRL_GPUS": "6", "SLURMRL_GPU_TYPE": "h100",
+                                     "SLURMRL_MUX": "off"})
+    await site.settle()
+    assert site.job(7).state is JobState.RUNNING
+    assert site.job(7).request.gpu_type == "h100"  # kept in the DB
+    assert site.allocator.asked == [(6, "h100")]
+    # no node has 6 a100 GPUs: refused, naming the largest node of that type; no node
+    # has any v100: refused, naming the types there are
+    await site.c.register(BOB, 8, {**ENV, "SLURMRL_GPUS": "6", "SLURMRL_GPU_TYPE": "a100"})
+    await site.settle()
+    assert site.job(8).reason == (
+        "refused: --rl-gpus=a100:6 is more than any node of partition 'pools' has of "
+        "type 'a100' (the largest has 4); a pool's GPUs are one node's")
+    site.slurm.add(9, BOB)
+    await site.c.register(BOB, 9, {**ENV, "SLURMRL_GPU_TYPE": "v100"})
+    await site.settle()
+    assert site.job(9).reason == ("refused: no node of partition 'pools' has GPUs of type "
+                                  "'v100' (its types: a100, h100)")
+    assert site.allocator.asked == [(6, "h100")]
+    await site.c.stop()
+
+
+@run
+async def test_a_typed_job_waits_while_the_nodes_of_its_type_are_busy(tmp_path: Path) -> None:
+    # a site policy that counts the partition's total alone opens a pool of 4 h100
+    # where n2's h100 are all taken: the pool manager submits nothing, the job waits
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE})
+    _typed_nodes(site)
+    site.slurm.running[50] = JobInfo(
+        50, "other", "carol", 1003, SlurmJobState.RUNNING, partition="pools", nodes=("n2",),
+        gpu_indices=tuple(range(8)), gpu_indices_by_node=(("n2", tuple(range(8))),))
+    await site.c.register(ALICE, 7, {**ENV, "SLURMRL_GPUS": "4", "SLURMRL_GPU_TYPE": "h100"})
+    await site.settle()
+    job = site.job(7)
+    assert (job.state, job.reason) == (JobState.PENDING, (
+        "PoolPending: no node of partition 'pools' has 4 GPUs of type 'h100' free (at most "
+        "0 on one)"))
+    assert site.allocator.asked == []
+    del site.slurm.running[50]
+    await site.pools.reconcile()
+    await site.settle()
+    assert site.job(7).state is JobState.RUNNING and site.allocator.asked == [(4, "h100")]
     await site.c.stop()
 
 

@@ -60,7 +60,8 @@ class FakeAllocator:
         self.lost: set[int] = set()
         self.refuse_on_node = False
 
-    def open(self, gpus: int, label: str = "", node: str | None = None) -> SlurmPool:
+    def open(self, gpus: int, label: str = "", node: str | None = None,
+             gpu_type: str | None = None) -> SlurmPool:
         if self.refuse_on_node and node is not None:
             raise PoolError("pool job 999 not running after 60 s (PENDING, Resources)")
         self.next += 1
@@ -1098,7 +1099,8 @@ async def test_a_pools_gpu_seconds_count_each_window_from_its_allocation_to_its_
     cancelled: dict[int, float] = {}
 
     class Timed(FakeAllocator):
-        def open(self, gpus: int, label: str = "", node: str | None = None) -> SlurmPool:
+        def open(self, gpus: int, label: str = "", node: str | None = None,
+                 gpu_type: str | None = None) -> SlurmPool:
             got = super().open(gpus, label, node)
             running[got.slurm_job_id] = clock[0]
             return got

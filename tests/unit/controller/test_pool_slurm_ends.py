@@ -172,7 +172,8 @@ async def _join_while_the_only_member_ends(site: floating.Site, error: Exception
     entered, go = threading.Event(), threading.Event()
     real = site.allocator.open
 
-    def window_fails(gpus: int, label: str = "", node: str | None = None) -> SlurmPool:
+    def window_fails(gpus: int, label: str = "", node: str | None = None,
+                     gpu_type: str | None = None) -> SlurmPool:
         if node is None:  # a pool of its own
             return real(gpus, label, node)
         entered.set()

@@ -12,23 +12,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies import registry
-from policies.base import Action, ClusterSnapshot, JobSnapshot, Placement, SiteLimits
+from policies.base import Action, ClusterSnapshot, JobSnapshot, NodeFree, Placement, SiteLimits
 from policies.free import FreeGpus
 from slurmrl.model import Mux, RlRequest
 
 POLICIES = ["complementary", "dedicated", "random", "greedy", "fifo-lock", "gang"]
 
 
-def job(jid: int, gpus: int, mux: Mux = Mux.AUTO) -> JobSnapshot:
-    return JobSnapshot(jid, f"u{jid}", RlRequest(gpus, "Qwen2.5-7B", mux=mux), None,
-                       float(jid))
+def job(jid: int, gpus: int, mux: Mux = Mux.AUTO, gpu_type: str | None = None,
+        ) -> JobSnapshot:
+    return JobSnapshot(jid, f"u{jid}", RlRequest(gpus, "Qwen2.5-7B", mux=mux,
+                                                 gpu_type=gpu_type), None,
+                       float(jid), gpu_type=gpu_type)
 
 
-def snap(waiting: Sequence[JobSnapshot], nodes: tuple[int, ...] | None,
+def snap(waiting: Sequence[JobSnapshot], nodes: tuple[int | NodeFree, ...] | None,
          total: int | None = None) -> ClusterSnapshot:
-    free = sum(nodes) if total is None and nodes is not None else total or 0
+    given = () if nodes is None else tuple(
+        n if isinstance(n, NodeFree) else NodeFree(n) for n in nodes)
+    free = sum(n.free for n in given) if total is None else total
     return ClusterSnapshot(0.0, (), tuple(waiting), {"pools": free}, SiteLimits(),
-                           free_node_gpus={} if nodes is None else {"pools": nodes})
+                           free_node_gpus={} if nodes is None else {"pools": given})
 
 
 def place(name: str, s: ClusterSnapshot) -> dict[int, Placement]:
@@ -36,24 +40,43 @@ def place(name: str, s: ClusterSnapshot) -> dict[int, Placement]:
 
 
 def test_a_pool_takes_its_gpus_from_the_node_that_fits_it_best() -> None:
+    j = job(1, 1)
     free = FreeGpus(snap([], (4, 2, 8)))
-    assert free.fits("pools", 8) and not free.fits("pools", 9)
-    assert free.take("pools", 2)  # from the node of 2, not a larger hole
-    assert free.fits("pools", 8) and free.take("pools", 8)
+    assert free.fits(j, 8) and not free.fits(j, 9)
+    assert free.take(j, 2)  # from the node of 2, not a larger hole
+    assert free.fits(j, 8) and free.take(j, 8)
     # left: 4 on the first node, none on the others
-    assert not free.fits("pools", 8) and free.fits("pools", 4)
-    assert free.why_not("pools", 8) == "no free GPUs"  # not 8 in the whole partition
+    assert not free.fits(j, 8) and free.fits(j, 4)
+    assert free.why_not(j, 8) == "no free GPUs"  # not 8 in the whole partition
     free = FreeGpus(snap([], (4, 2, 8)))
-    assert free.take("pools", 8)  # 6 free are left, at most 4 on one node
-    assert free.why_not("pools", 5) == ("no node of partition 'pools' has 5 GPUs free "
-                                        "(at most 4 on one)")
-    assert not free.take("pools", 5)  # a refused take takes nothing
-    assert free.take("pools", 4) and free.take("pools", 2) and not free.fits("pools", 1)
+    assert free.take(j, 8)  # 6 free are left, at most 4 on one node
+    assert free.why_not(j, 5) == ("no node of partition 'pools' has 5 GPUs free "
+                                  "(at most 4 on one)")
+    assert not free.take(j, 5)  # a refused take takes nothing
+    assert free.take(j, 4) and free.take(j, 2) and not free.fits(j, 1)
     # without nodes (the simulator): the partition's total alone
     free = FreeGpus(snap([], None, total=8))
-    assert free.take("pools", 5) and free.fits("pools", 3) and not free.fits("pools", 4)
-    assert free.why_not("pools", 4) == "no free GPUs"
-    assert not FreeGpus(snap([], None, total=8)).fits("other", 1)
+    assert free.take(j, 5) and free.fits(j, 3) and not free.fits(j, 4)
+    assert free.why_not(j, 4) == "no free GPUs"
+    other = JobSnapshot(2, "u2", RlRequest(1, "tiny"), None, 2.0, partition="other")
+    assert not FreeGpus(snap([], None, total=8)).fits(other, 1)
+
+
+def test_a_typed_pool_takes_gpus_of_its_type_only() -> None:
+    # n1: 4 a100 free; n2: 8 h100, 6 free; n3: 2 a100 and 2 h100, 3 free
+    nodes = (NodeFree(4, (("a100", 4),)), NodeFree(6, (("h100", 8),)),
+             NodeFree(3, (("a100", 2), ("h100", 2))))
+    a100, h100, any_ = job(1, 1, gpu_type="a100"), job(2, 1, gpu_type="h100"), job(3, 1)
+    free = FreeGpus(snap([], nodes))
+    assert free.fits(a100, 4) and not free.fits(a100, 5) and free.fits(h100, 6)
+    assert not free.fits(job(4, 1, gpu_type="v100"), 1)
+    assert free.why_not(a100, 5) == ("no node of partition 'pools' has 5 GPUs of type "
+                                     "'a100' free (at most 4 on one)")
+    assert free.take(a100, 2)  # best fit: the mixed node's 2 a100, not n1's 4
+    assert free.fits(a100, 4)  # n1's 4 stay whole
+    assert free.take(a100, 4) and not free.fits(a100, 1)  # n1's, then none left
+    assert free.fits(h100, 1)  # the mixed node keeps 1 free GPU, an h100
+    assert free.fits(any_, 6) and free.take(any_, 6) and not free.fits(h100, 2)
 
 
 @pytest.mark.parametrize("name", POLICIES)

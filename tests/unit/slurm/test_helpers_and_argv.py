@@ -51,6 +51,15 @@ def test_node_gpu_counts(gres: str, n: int) -> None:
     assert p.gpu_count_from_gres(gres) == n
 
 
+@pytest.mark.parametrize(("gres", "types"), [
+    ("gpu:4", (("", 4),)), ("gpu:a100:2(S:0),gpu:v100:1", (("a100", 2), ("v100", 1))),
+    ("gpu:h100_80gb:8(S:0-1)", (("h100_80gb", 8),)), ("gpu:a:1,gpu:a:2", (("a", 3),)),
+    ("gpu", (("", 1),)), ("gpu:tesla", (("tesla", 1),)), ("nic:2", ()), ("(null)", ()),
+])
+def test_node_gpus_by_type(gres: str, types: tuple[tuple[str, int], ...]) -> None:
+    assert p.gpu_types_from_gres(gres) == types
+
+
 @pytest.mark.parametrize(("text", "minutes"), [
     ("UNLIMITED", None), ("1-02:03:00", 1563), ("01:00:00", 60), ("05:30", 6), ("7", 7),
     # sbatch's day forms: D-HH is days and hours, D-HH:MM days, hours and minutes
@@ -106,6 +115,9 @@ def test_sbatch_argv_is_a_list_with_every_option_and_passthrough_directives() ->
                 "--output=/tmp/o"):
         assert opt in argv
     assert argv[-2:] == ["--rl-gpus=2", "--hold"]
+    # a GPU type: Slurm's typed GRES
+    typed = CommandBackend().sbatch_argv(BatchSpec(command=("true",), gpus=8, gpu_type="h100"))
+    assert "--gres=gpu:h100:8" in typed and "--gres=gpu:8" not in typed
 
 
 def test_uid_of_unknown_user_is_a_clear_error() -> None:

@@ -33,7 +33,8 @@ EXPECTED_JOBS = [
     JobInfo(106, "killed", "alice", 1001, S.CANCELLED, "", "drivers", ("localhost",), (), (),
             1700000000.0, 1700000010.0, "", "localhost", None, 9, 10),
 ]
-EXPECTED_NODE = NodeInfo("localhost", "MIXED", 4, 8, 16000, ("drivers", "pools"), "127.0.0.1")
+EXPECTED_NODE = NodeInfo("localhost", "MIXED", 4, 8, 16000, ("drivers", "pools"), "127.0.0.1",
+                         (("", 4),))
 
 
 def load(version: str, name: str) -> object:

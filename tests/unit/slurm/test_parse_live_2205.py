@@ -76,7 +76,8 @@ def test_node_from_sinfo_json_and_scontrol_agree() -> None:
     from_json = p.nodes_from_json(json.loads((D / "sinfo.json").read_text()))
     from_text = [p.node_from_scontrol(r)
                  for r in p.records((D / "scontrol_show_node.txt").read_text())]
-    want = NodeInfo("localhost", "MIXED", 4, 16, 16000, ("drivers", "pools"), "127.0.0.1")
+    want = NodeInfo("localhost", "MIXED", 4, 16, 16000, ("drivers", "pools"), "127.0.0.1",
+                    (("", 4),))
     assert from_json == from_text == [want]
 
 
