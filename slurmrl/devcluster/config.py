@@ -9,7 +9,8 @@ pools), on ports of its own (16817, 16818, 16838-: not Slurm's defaults, so a si
 Slurm on the machine is not in the way). Beside it, two small nodes `n2` and `n3` (one
 slurmd each, `slurmd -N`, on their own ports of 127.0.0.1) make a third partition,
 `spread`: a pool whose windows must go to two Slurm nodes (floating pools across nodes)
-runs there.
+runs there. Their GPUs have a GRES type each (`fake_a` on n2, `fake_b` on n3), so
+`--rl-gpus=TYPE:N` runs there too; a request of no type takes either.
 
 Known limits: every node is this machine (`spread` emulates two nodes: their processes
 share one kernel and filesystem); `config_overrides` makes the nodes advertise more CPUs
@@ -45,9 +46,16 @@ class ClusterLayout:
     slurmd_port: int = 16818
     spread_nodes: tuple[str, ...] = ("n2", "n3")  #: the `spread` partition's nodes
     spread_gpus: int = 2  #: fake GPUs of each spread node
+    #: the GRES type of each spread node's GPUs (`Gres=gpu:TYPE:N`), in node order
+    spread_gpu_types: tuple[str, ...] = ("fake_a", "fake_b")
     spread_cpus: int = 8
     spread_memory_mb: int = 4000
     spread_port: int = 16838  #: the first spread node's slurmd port; the next, +1, ...
+
+    def __post_init__(self) -> None:
+        if len(self.spread_gpu_types) != len(self.spread_nodes):
+            raise ValueError(f"spread_gpu_types {self.spread_gpu_types} names a GPU type "
+                             f"for each of spread_nodes {self.spread_nodes}, one each")
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -184,7 +192,8 @@ def render_slurm_conf(layout: ClusterLayout) -> str:
         *(
             f"NodeName={node} NodeAddr=127.0.0.1 "
             f"Port={layout.spread_port + i} CPUs={layout.spread_cpus} "
-            f"RealMemory={layout.spread_memory_mb} Gres=gpu:{layout.spread_gpus} State=UNKNOWN"
+            f"RealMemory={layout.spread_memory_mb} "
+            f"Gres=gpu:{layout.spread_gpu_types[i]}:{layout.spread_gpus} State=UNKNOWN"
             for i, node in enumerate(layout.spread_nodes)
         ),
         # after the others: Slurm 22.05 refuses a node defined after `localhost`
@@ -214,7 +223,9 @@ def render_gres_conf(layout: ClusterLayout) -> str:
         first = layout.first_gpu(node)
         files = (f"{layout.dev}/nvidia[{first}-{first + n - 1}]" if n > 1
                  else str(layout.gpu_device(first)))
-        lines.append(f"NodeName={node} Name=gpu File={files}")
+        kind = ("" if node == NODE_NAME
+                else f" Type={layout.spread_gpu_types[layout.spread_nodes.index(node)]}")
+        lines.append(f"NodeName={node} Name=gpu{kind} File={files}")
     return "\n".join(lines) + "\n"
 
 

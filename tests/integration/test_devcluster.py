@@ -6,6 +6,7 @@ Other integration tests share this cluster, so every test here leaves it up and 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,7 +47,9 @@ def test_status_shows_daemons_and_both_partitions(dev_cluster: DevCluster) -> No
     assert "controller UP" in proc.stdout
     assert "drivers*" in proc.stdout and "pools" in proc.stdout
     assert "gpu:4" in proc.stdout
-    assert "spread up 2 " in proc.stdout and "n[2-3]" in proc.stdout
+    # the spread nodes' GPUs have a GRES type each: sinfo lists a line each
+    assert re.search(r"^spread up 1 \S+ gpu:fake_a:2 n2$", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^spread up 1 \S+ gpu:fake_b:2 n3$", proc.stdout, re.M), proc.stdout
     for node in ("localhost", "n2", "n3"):
         assert f"node       {node} " in proc.stdout
 

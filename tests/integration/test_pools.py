@@ -643,6 +643,51 @@ def test_a_job_waits_while_no_node_has_its_gpus_free_and_runs_once_one_has(
         jobs.cancel_and_wait(blockers)  # type: ignore[attr-defined]
 
 
+def test_a_job_asking_for_a_gpu_type_gets_a_pool_of_that_type(
+    shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
+) -> None:
+    """On partition `spread`, whose nodes' GPUs have a GRES type each (n2 `fake_a`, n3
+    `fake_b`): an RL job of `--rl-gpus=fake_b:2` gets its pool on n3, as Slurm's typed
+    GRES (`--gres=gpu:fake_b:2`), and its driver runs there; one asking for a type no
+    node has is refused at once, told the types there are."""
+    from slurmrl.db import Store
+    from tests.integration.controller_harness import VENV_PY
+
+    ctl = _pool_controller(shared_tmp, slurm_env, run_dir,
+                           SLURMRL_SLURM__POOL_PARTITION="spread")
+    ids: dict[str, int] = {}
+    try:
+        driver = shared_tmp / "typed_driver.py"
+        driver.write_text(POOL_DRIVER.format(python=VENV_PY))
+        driver.chmod(0o755)
+        out = shared_tmp / "rlalice-typed.out"
+        sub = jobs.sbatch(["--rl-gpus=fake_b:2", "--rl-model=tiny", f"--output={out}",  # type: ignore[attr-defined]
+                           "--time=15", f"--wrap={driver} {ctl.url}"], user="rlalice")
+        assert sub.returncode == 0 and sub.job_id, sub.stderr
+        ids["rlalice"] = sub.job_id
+        nosuch = jobs.sbatch(["--rl-gpus=nosuch:1", "--rl-model=tiny", "--output=/dev/null",  # type: ignore[attr-defined]
+                              "--time=15", f"--wrap={driver} {ctl.url}"], user="rlbob")
+        assert nosuch.returncode == 0 and nosuch.job_id, nosuch.stderr
+        ids["rlbob"] = nosuch.job_id
+        store = Store(ctl.db)
+        _wait(lambda: len(_rounds(out)) >= 2, 120, "the typed job's driver to run",
+              lambda: read(out) + read(ctl.log)[-4000:])
+        job = store.job(sub.job_id)
+        assert job is not None and job.request.gpu_type == "fake_b" and job.pool_id
+        pool = store.pool(job.pool_id)
+        assert pool is not None and pool.nodes == ("n3",) and pool.slurm_job_id
+        shown = jobs.run(["scontrol", "-d", "show", "job", str(pool.slurm_job_id)])  # type: ignore[attr-defined]
+        assert "gpu:fake_b:2" in shown.stdout, shown.stdout
+        _wait(lambda: (j := store.job(nosuch.job_id or 0)) is not None
+              and j.state.value == "F", 60, "the job of an unknown type to be refused",
+              lambda: read(ctl.log)[-4000:])
+        assert store.job(nosuch.job_id).reason == (  # type: ignore[union-attr]
+            "refused: no node of partition 'spread' has GPUs of type 'nosuch' (its types: "
+            "fake_a, fake_b)")
+    finally:
+        _end_drivers_and_pools(jobs, ids, ctl, run_dir)
+
+
 def _workers_of(allocation: int) -> list[int]:
     """Pids of slurmrl service workers running in Slurm allocation `allocation`."""
     pids = []

@@ -170,7 +170,7 @@ def test_a_job_submitted_from_inside_an_rl_job_takes_none_of_its_directives(
 
 def test_help_lists_the_directives(jobs: JobFactory) -> None:
     proc = jobs.run(["sbatch", "--help"])
-    for option in ("--rl-gpus=N", "--rl-model=NAME|PATH", "--rl-mem=SIZE", "--rl-mux",
+    for option in ("--rl-gpus=[TYPE:]N", "--rl-model=NAME|PATH", "--rl-mem=SIZE", "--rl-mux",
                    "--rl-group=NAME", "--rl-max-slowdown=X", "--rl-profile=SPEC",
                    "--rl-layout", "--rl-steps=N"):
         assert option in proc.stdout
