@@ -69,7 +69,9 @@ JOB_FIELDS: dict[str, Field] = {
     "user": ("USER", 9, False, lambda j: j["user"] or "-"),  # null: hidden by the site
     "name": ("NAME", 14, False, lambda j: j.get("name") or "-"),
     "pool": ("POOL", 5, True, lambda j: f"p{j['pool_id']}" if j["pool_id"] else "-"),
-    "gpus": ("GPUS", 4, True, lambda j: str(j["gpus"])),
+    # --rl-gpus as written: `h100:8` where the job named a GPU type
+    "gpus": ("GPUS", 4, True, lambda j: (f"{j['gpu_type']}:" if j.get("gpu_type") else "")
+             + str(j["gpus"])),
     "layout": ("LAYOUT", 6, False, lambda j: j["layout"][:5]),
     "st": ("ST", 2, False, lambda j: j["state"]),
     "phase": ("PHASE", 8, False, lambda j: j.get("phase") or "-"),

@@ -55,6 +55,7 @@ def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
         "pool_id": job.pool_id,
         "group_id": job.group_id,
         "gpus": job.request.gpus,
+        "gpu_type": job.request.gpu_type,  # --rl-gpus=TYPE:N's (null: any), as squeue's gres
         "layout": str(job.request.layout),
         "phase": job.phase,
         "registered_at": job.registered_at,
@@ -72,7 +73,7 @@ def job_view(job: JobRecord, *, private: bool, gpu_s: float | None, now: float,
             "request": {
                 "gpus": r.gpus, "model": r.model, "mem_bytes": r.mem_bytes, "mux": str(r.mux),
                 "group": r.group, "max_slowdown": r.max_slowdown, "layout": str(r.layout),
-                "rollout_gpus": r.rollout_gpus, "steps": r.steps,
+                "rollout_gpus": r.rollout_gpus, "steps": r.steps, "gpu_type": r.gpu_type,
                 "profile": None if r.profile is None else {
                     "shares": {str(p): s for p, s in r.profile.shares},
                     "step_s": r.profile.step_s},

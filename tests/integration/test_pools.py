@@ -678,6 +678,10 @@ def test_a_job_asking_for_a_gpu_type_gets_a_pool_of_that_type(
         assert pool is not None and pool.nodes == ("n3",) and pool.slurm_job_id
         shown = jobs.run(["scontrol", "-d", "show", "job", str(pool.slurm_job_id)])  # type: ignore[attr-defined]
         assert "gpu:fake_b:2" in shown.stdout, shown.stdout
+        row = jobs.run([VENV_PY, "-m", "slurmrl.cli.main", "status", "--controller",  # type: ignore[attr-defined]
+                        ctl.url, "-h", "-j", str(sub.job_id), "-o", "jobid,gpus"],
+                       user="rlalice")
+        assert row.stdout.split() == [str(sub.job_id), "fake_b:2"], row.stdout + row.stderr
         _wait(lambda: (j := store.job(nosuch.job_id or 0)) is not None
               and j.state.value == "F", 60, "the job of an unknown type to be refused",
               lambda: read(ctl.log)[-4000:])

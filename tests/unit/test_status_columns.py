@@ -99,3 +99,10 @@ def test_a_cell_cannot_carry_control_characters_to_the_readers_terminal() -> Non
     out = render([view], [JOB_FIELDS["jobid"], JOB_FIELDS["reason"]], header=False)
     assert out == "      7 done\\x1b[2J\\x0d\\x0a     8 root  fake row\\x9b"
     assert "\n" not in out and "\x1b" not in out
+
+
+def test_gpus_show_the_gpu_type_a_job_asked_for() -> None:
+    gpus = JOB_FIELDS["gpus"][3]
+    assert gpus({"gpus": 8, "gpu_type": "h100"}) == "h100:8"
+    assert gpus({"gpus": 8, "gpu_type": None}) == "8"
+    assert gpus({"gpus": 2}) == "2"  # a controller before GPU types sends none
