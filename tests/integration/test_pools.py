@@ -410,6 +410,22 @@ def _submit_drivers(jobs: object, shared_tmp: Path, ctl: ControllerProc, templat
     return outs
 
 
+def _one_driver(jobs: object, shared_tmp: Path, ctl: ControllerProc, tag: str,
+                rl_args: list[str], user: str = "rlalice") -> tuple[int, Path]:
+    """One RL job of `user` running POOL_DRIVER against `ctl`: its Slurm job id and its
+    output file."""
+    from tests.integration.controller_harness import VENV_PY
+
+    driver = shared_tmp / f"{tag}_driver.py"
+    driver.write_text(POOL_DRIVER.format(python=VENV_PY))
+    driver.chmod(0o755)
+    out = shared_tmp / f"{user}-{tag}.out"
+    sub = jobs.sbatch([*rl_args, f"--output={out}", "--time=15",  # type: ignore[attr-defined]
+                       f"--wrap={driver} {ctl.url}"], user=user)
+    assert sub.returncode == 0 and sub.job_id, sub.stderr
+    return sub.job_id, out
+
+
 def _end_drivers_and_pools(jobs: object, ids: dict[str, int], ctl: ControllerProc,
                            run_dir: Path) -> None:
     """End the drivers, then the pools (a stopped controller leaves its pools running,
@@ -594,14 +610,9 @@ def test_a_job_waits_while_no_node_has_its_gpus_free_and_runs_once_one_has(
                            SLURMRL_SLURM__STEP_LAUNCH_TIMEOUT_S="20")
     ids: dict[str, int] = {}
     try:
-        driver = shared_tmp / "frag_driver.py"
-        driver.write_text(POOL_DRIVER.format(python=VENV_PY))
-        driver.chmod(0o755)
-        out = shared_tmp / "rlalice-frag.out"
-        sub = jobs.sbatch(["--rl-gpus=2", "--rl-model=tiny", f"--output={out}",  # type: ignore[attr-defined]
-                           "--time=15", f"--wrap={driver} {ctl.url}"], user="rlalice")
-        assert sub.returncode == 0 and sub.job_id, sub.stderr
-        ids["rlalice"] = job_id = sub.job_id
+        job_id, out = _one_driver(jobs, shared_tmp, ctl, "frag",
+                                  ["--rl-gpus=2", "--rl-model=tiny"])
+        ids["rlalice"] = job_id
         store = Store(ctl.db)
         want = "PoolPending: no node of partition 'spread' has 2 GPUs free (at most 1 on one)"
         _wait(lambda: (j := store.job(job_id)) is not None and j.reason == want, 90,
@@ -612,13 +623,12 @@ def test_a_job_waits_while_no_node_has_its_gpus_free_and_runs_once_one_has(
         (shown,) = json.loads(seen.stdout)["jobs"]
         assert (shown["state"], shown["reason"]) == ("PD", want), shown
         # a job of 3 GPUs, more than any node of the partition has, is refused at once
-        big = jobs.sbatch(["--rl-gpus=3", "--rl-model=tiny", "--output=/dev/null",  # type: ignore[attr-defined]
-                           "--time=15", f"--wrap={driver} {ctl.url}"], user="rlbob")
-        assert big.returncode == 0 and big.job_id, big.stderr
-        ids["rlbob"] = big.job_id
-        _wait(lambda: (j := store.job(big.job_id or 0)) is not None and j.state.value == "F",
+        big, _ = _one_driver(jobs, shared_tmp, ctl, "frag3", ["--rl-gpus=3", "--rl-model=tiny"],
+                             user="rlbob")
+        ids["rlbob"] = big
+        _wait(lambda: (j := store.job(big)) is not None and j.state.value == "F",
               60, "the 3-GPU job to be refused", lambda: read(ctl.log)[-4000:])
-        assert store.job(big.job_id).reason == (  # type: ignore[union-attr]
+        assert store.job(big).reason == (  # type: ignore[union-attr]
             "refused: --rl-gpus=3 is more than any node of partition 'spread' has (the "
             "largest has 2); a pool's GPUs are one node's")
         # past the pool start timeout: still waiting, never refused, no pool asked for
@@ -657,35 +667,28 @@ def test_a_job_asking_for_a_gpu_type_gets_a_pool_of_that_type(
                            SLURMRL_SLURM__POOL_PARTITION="spread")
     ids: dict[str, int] = {}
     try:
-        driver = shared_tmp / "typed_driver.py"
-        driver.write_text(POOL_DRIVER.format(python=VENV_PY))
-        driver.chmod(0o755)
-        out = shared_tmp / "rlalice-typed.out"
-        sub = jobs.sbatch(["--rl-gpus=fake_b:2", "--rl-model=tiny", f"--output={out}",  # type: ignore[attr-defined]
-                           "--time=15", f"--wrap={driver} {ctl.url}"], user="rlalice")
-        assert sub.returncode == 0 and sub.job_id, sub.stderr
-        ids["rlalice"] = sub.job_id
-        nosuch = jobs.sbatch(["--rl-gpus=nosuch:1", "--rl-model=tiny", "--output=/dev/null",  # type: ignore[attr-defined]
-                              "--time=15", f"--wrap={driver} {ctl.url}"], user="rlbob")
-        assert nosuch.returncode == 0 and nosuch.job_id, nosuch.stderr
-        ids["rlbob"] = nosuch.job_id
+        typed, out = _one_driver(jobs, shared_tmp, ctl, "typed",
+                                 ["--rl-gpus=fake_b:2", "--rl-model=tiny"])
+        nosuch, _ = _one_driver(jobs, shared_tmp, ctl, "nosuch",
+                                ["--rl-gpus=nosuch:1", "--rl-model=tiny"], user="rlbob")
+        ids.update(rlalice=typed, rlbob=nosuch)
         store = Store(ctl.db)
         _wait(lambda: len(_rounds(out)) >= 2, 120, "the typed job's driver to run",
               lambda: read(out) + read(ctl.log)[-4000:])
-        job = store.job(sub.job_id)
+        job = store.job(typed)
         assert job is not None and job.request.gpu_type == "fake_b" and job.pool_id
         pool = store.pool(job.pool_id)
         assert pool is not None and pool.nodes == ("n3",) and pool.slurm_job_id
         shown = jobs.run(["scontrol", "-d", "show", "job", str(pool.slurm_job_id)])  # type: ignore[attr-defined]
         assert "gpu:fake_b:2" in shown.stdout, shown.stdout
         row = jobs.run([VENV_PY, "-m", "slurmrl.cli.main", "status", "--controller",  # type: ignore[attr-defined]
-                        ctl.url, "-h", "-j", str(sub.job_id), "-o", "jobid,gpus"],
+                        ctl.url, "-h", "-j", str(typed), "-o", "jobid,gpus"],
                        user="rlalice")
-        assert row.stdout.split() == [str(sub.job_id), "fake_b:2"], row.stdout + row.stderr
-        _wait(lambda: (j := store.job(nosuch.job_id or 0)) is not None
+        assert row.stdout.split() == [str(typed), "fake_b:2"], row.stdout + row.stderr
+        _wait(lambda: (j := store.job(nosuch)) is not None
               and j.state.value == "F", 60, "the job of an unknown type to be refused",
               lambda: read(ctl.log)[-4000:])
-        assert store.job(nosuch.job_id).reason == (  # type: ignore[union-attr]
+        assert store.job(nosuch).reason == (  # type: ignore[union-attr]
             "refused: no node of partition 'spread' has GPUs of type 'nosuch' (its types: "
             "fake_a, fake_b)")
     finally:
@@ -718,19 +721,13 @@ def test_a_controller_killed_while_a_jobs_services_launch_places_it_anew_after_a
     is cancelled, with any worker its steps had started, and no step or allocation of
     it runs on."""
     from slurmrl.db import Store
-    from tests.integration.controller_harness import VENV_PY
 
     ctl = _pool_controller(shared_tmp, slurm_env, run_dir)
     ids: dict[str, int] = {}
     try:
-        driver = shared_tmp / "crash_driver.py"
-        driver.write_text(POOL_DRIVER.format(python=VENV_PY))
-        driver.chmod(0o755)
-        out = shared_tmp / "rlalice-crash.out"
-        sub = jobs.sbatch(["--rl-gpus=2", "--rl-model=tiny", f"--output={out}",  # type: ignore[attr-defined]
-                           "--time=15", f"--wrap={driver} {ctl.url}"], user="rlalice")
-        assert sub.returncode == 0 and sub.job_id, sub.stderr
-        ids["rlalice"] = job_id = sub.job_id
+        job_id, out = _one_driver(jobs, shared_tmp, ctl, "crash",
+                                  ["--rl-gpus=2", "--rl-model=tiny"])
+        ids["rlalice"] = job_id
         store = Store(ctl.db)
 
         def launching() -> bool:
