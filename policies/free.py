@@ -21,9 +21,14 @@ from policies.base import ClusterSnapshot, JobSnapshot
 class _Node:
     free: int
     types: dict[str, int]  #: GPUs of each type not taken this round
+    size: dict[str, int]  #: GPUs of each type in all
+    held: bool = False  #: held for an older job that waits for room (`wait`)
 
     def free_of(self, gpu_type: str | None) -> int:
         return self.free if gpu_type is None else min(self.free, self.types.get(gpu_type, 0))
+
+    def size_of(self, gpu_type: str | None) -> int:
+        return sum(self.size.values()) if gpu_type is None else self.size.get(gpu_type, 0)
 
 
 class FreeGpus:
@@ -31,8 +36,9 @@ class FreeGpus:
 
     def __init__(self, snapshot: ClusterSnapshot) -> None:
         self._total = dict(snapshot.free_gpus)
-        self._nodes = {p: [_Node(n.free, dict(n.types)) for n in nodes]
+        self._nodes = {p: [_Node(n.free, dict(n.types), dict(n.types)) for n in nodes]
                        for p, nodes in snapshot.free_node_gpus.items()}
+        self._holding: set[str] = set()  #: partitions where a node is held
 
     def _candidates(self, job: JobSnapshot, gpus: int) -> list[_Node] | None:
         """The nodes a pool of `gpus` GPUs of the job's type could open on; None where
@@ -40,7 +46,7 @@ class FreeGpus:
         nodes = self._nodes.get(job.partition)
         if nodes is None:
             return None
-        return [n for n in nodes if n.free_of(job.gpu_type) >= gpus]
+        return [n for n in nodes if not n.held and n.free_of(job.gpu_type) >= gpus]
 
     def fits(self, job: JobSnapshot, gpus: int) -> bool:
         """Whether a pool of `gpus` GPUs (of the job's type) could open for `job` now."""
@@ -64,13 +70,30 @@ class FreeGpus:
                 node.types[job.gpu_type] -= gpus
         return True
 
+    def wait(self, job: JobSnapshot, gpus: int) -> str:
+        """`job` waits, its pool of `gpus` GPUs not fitting (`fits` is False): the reason
+        it waits with. The first job of a partition that waits for room in a round (the
+        oldest, where the policy places jobs oldest first) holds the node nearest to
+        having room for it, one with `gpus` GPUs of its type in all and the most free:
+        no younger job's pool takes GPUs there this round, so younger, smaller jobs do
+        not keep filling the node it waits for (as Slurm's backfill holds a node for
+        its highest-priority pending job). Other Slurm jobs still may: its pool is not
+        in Slurm's queue."""
+        why = self.why_not(job, gpus)
+        nodes = self._nodes.get(job.partition)
+        if nodes is not None and job.partition not in self._holding:
+            could = [n for n in nodes if not n.held and n.size_of(job.gpu_type) >= gpus]
+            if could:
+                max(could, key=lambda n: n.free_of(job.gpu_type)).held = True
+                self._holding.add(job.partition)
+        return why
+
     def why_not(self, job: JobSnapshot, gpus: int) -> str:
-        """Why a pool of `gpus` GPUs does not fit (`fits` is False): the reason `job`
-        waits with."""
+        """Why a pool of `gpus` GPUs does not fit (`fits` is False)."""
         nodes = self._nodes.get(job.partition)
         if nodes is None or self._total.get(job.partition, 0) < gpus:
             return "no free GPUs"
-        most = max((n.free_of(job.gpu_type) for n in nodes), default=0)
+        most = max((n.free_of(job.gpu_type) for n in nodes if not n.held), default=0)
         of = "" if job.gpu_type is None else f" of type {job.gpu_type!r}"
         return (f"no node of partition {job.partition!r} has {gpus} GPUs{of} free (at most "
                 f"{most} on one)")

@@ -23,5 +23,5 @@ class DedicatedPairing:
                 out.append(Placement(job.job_id, Action.DEDICATED, None, g, 1.0, "dedicated"))
             else:
                 out.append(Placement(job.job_id, Action.WAIT,
-                                     reason=free.why_not(job, g)))
+                                     reason=free.wait(job, g)))
         return out

@@ -450,7 +450,7 @@ class ComplementaryPairing:
                                                                                    limits):
                 return None  # placed as with fixed windows
             if not free.take(job, g):
-                return Placement(job.job_id, Action.WAIT, reason=free.why_not(job, g))
+                return Placement(job.job_id, Action.WAIT, reason=free.wait(job, g))
             pid = next(ids)
             pools[pid] = ([g], [job], None)
             return Placement(job.job_id, Action.OPEN, pid, g, 1.0,
@@ -549,7 +549,7 @@ class ComplementaryPairing:
         if free.fits(job, g) and not free.fits(job, size):
             size = g  # no room for a staggered pool: one of its own size, not a wait
         if not free.take(job, size):
-            return Placement(job.job_id, Action.WAIT, reason=free.why_not(job, g))
+            return Placement(job.job_id, Action.WAIT, reason=free.wait(job, g))
         if shareable(job):
             return Placement(job.job_id, Action.OPEN, next(ids), size, 1.0,
                              "no complementary partner yet: opens a pool alone")

@@ -68,7 +68,7 @@ def pair_in_arrival_order(snapshot: ClusterSnapshot, fits: Fits | None = None,
                                      reason=f"{reason}: with job {mate[0].job_id}"))
                 continue
         if not free.take(job, g):
-            out.append(Placement(job.job_id, Action.WAIT, reason=free.why_not(job, g)))
+            out.append(Placement(job.job_id, Action.WAIT, reason=free.wait(job, g)))
             continue
         if shareable(job):
             pl = Placement(job.job_id, Action.OPEN, -1 - len(out), g, reason="alone")

@@ -46,7 +46,7 @@ class GreedyPairing:
             g = job.request.gpus
             if not free.take(job, g):
                 out.append(Placement(job.job_id, Action.WAIT,
-                                     reason=free.why_not(job, g)))
+                                     reason=free.wait(job, g)))
                 continue
             out.append(pools.open(job, -1 - len(out), "alone"))
         return out

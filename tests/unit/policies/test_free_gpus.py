@@ -130,3 +130,37 @@ def test_the_pools_a_round_opens_fit_the_nodes_free_gpus(
     assert _packs(sorted(opened.values(), reverse=True), tuple(nodes)), (nodes, out)
     # every job left waiting is told why
     assert all(p.reason for p in out.values() if p.action is Action.WAIT)
+
+
+def test_the_oldest_job_waiting_for_room_holds_the_node_nearest_to_it() -> None:
+    # n1: 6 of its 8 GPUs free, n2: 4 of 8, n3: 7 of 7 (too small for 8 ever)
+    nodes = (NodeFree(6, (("", 8),)), NodeFree(4, (("", 8),)), NodeFree(7, (("", 7),)))
+    free = FreeGpus(snap([], nodes))
+    old, young = job(1, 8), job(2, 6)
+    assert not free.fits(old, 8)
+    assert free.wait(old, 8) == ("no node of partition 'pools' has 8 GPUs free (at most "
+                                 "7 on one)")
+    # n1 is held for it (n3, with more free, can never hold 8): a younger job of 6 may
+    # take n3's but not n1's; one of 4 takes n2's
+    assert free.take(young, 6) and not free.fits(job(3, 6), 6)
+    assert free.why_not(job(3, 6), 6) == ("no node of partition 'pools' has 6 GPUs free "
+                                          "(at most 4 on one)")
+    assert free.take(job(4, 4), 4)  # n2's; n3 has 1 left, n1's 6 are held
+    assert free.fits(job(5, 1), 1) and not free.fits(job(5, 2), 2)
+    # one node held a partition a round: a second job waiting holds none
+    free = FreeGpus(snap([], nodes))
+    free.wait(old, 8)
+    free.wait(job(6, 8), 8)
+    assert free.take(job(7, 4), 4) and free.take(job(8, 7), 7)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_younger_jobs_leave_the_node_an_older_one_waits_for(name: str) -> None:
+    # the oldest job needs 8 GPUs: n1 has 6 of its 8 free, n2 4 of its 8. Without the
+    # hold, the 6-GPU job would fill n1 and the 8-GPU one wait on for it to drain
+    nodes = (NodeFree(6, (("", 8),)), NodeFree(4, (("", 8),)))
+    waiting = [job(1, 8, Mux.OFF), job(2, 6, Mux.OFF), job(3, 4, Mux.OFF)]
+    out = place(name, snap(waiting, nodes))
+    assert [out[j].action for j in (1, 2, 3)] == [Action.WAIT, Action.WAIT, Action.DEDICATED]
+    assert out[2].reason == ("no node of partition 'pools' has 6 GPUs free (at most 4 on "
+                             "one)")
