@@ -122,6 +122,7 @@ class NodeFree:
 
     free: int
     types: tuple[tuple[str, int], ...] = ()
+    name: str = ""  #: the node's Slurm name ("" where not known)
 
     def free_of(self, gpu_type: str | None) -> int:
         """Free GPUs of `gpu_type` (None: of any): the free ones, but no more than it has

@@ -22,6 +22,7 @@ class _Node:
     free: int
     types: dict[str, int]  #: GPUs of each type not taken this round
     size: dict[str, int]  #: GPUs of each type in all
+    name: str = ""
     held: bool = False  #: held for an older job that waits for room (`wait`)
 
     def free_of(self, gpu_type: str | None) -> int:
@@ -36,9 +37,10 @@ class FreeGpus:
 
     def __init__(self, snapshot: ClusterSnapshot) -> None:
         self._total = dict(snapshot.free_gpus)
-        self._nodes = {p: [_Node(n.free, dict(n.types), dict(n.types)) for n in nodes]
+        self._nodes = {p: [_Node(n.free, dict(n.types), dict(n.types), n.name) for n in nodes]
                        for p, nodes in snapshot.free_node_gpus.items()}
-        self._holding: set[str] = set()  #: partitions where a node is held
+        #: partition -> (the job a node is held for, that node's name)
+        self._holding: dict[str, tuple[int, str]] = {}
 
     def _candidates(self, job: JobSnapshot, gpus: int) -> list[_Node] | None:
         """The nodes a pool of `gpus` GPUs of the job's type could open on; None where
@@ -84,9 +86,16 @@ class FreeGpus:
         if nodes is not None and job.partition not in self._holding:
             could = [n for n in nodes if not n.held and n.size_of(job.gpu_type) >= gpus]
             if could:
-                max(could, key=lambda n: n.free_of(job.gpu_type)).held = True
-                self._holding.add(job.partition)
+                node = max(could, key=lambda n: n.free_of(job.gpu_type))
+                node.held = True
+                self._holding[job.partition] = (job.job_id, node.name)
         return why
+
+    def held(self, partition: str) -> tuple[int, str] | None:
+        """(the job, the node's name) of the node held in `partition` this round, if any:
+        whoever opens the round's pools keeps the younger jobs' off it (the controller
+        passes Slurm `--exclude`)."""
+        return self._holding.get(partition)
 
     def why_not(self, job: JobSnapshot, gpus: int) -> str:
         """Why a pool of `gpus` GPUs does not fit (`fits` is False)."""

@@ -443,7 +443,7 @@ async def controller_snapshot(
         per_node = node_gpus(nodes, part)
         by_name = {n.name: n for n in nodes}
         free_nodes = {part: tuple(
-            NodeFree(f, by_name[name].gpu_types)
+            NodeFree(f, by_name[name].gpu_types, name)
             for name, f in node_free_gpus(nodes, running, open_pools, part).items())}
     except SlurmError as exc:
         # Slurm unreachable: assume room for everyone; opening the pool then fails with

@@ -38,8 +38,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from policies.base import Action, JobSnapshot, NodeFree, Placement
+from policies.base import Action, ClusterSnapshot, JobSnapshot, NodeFree, Placement
 from policies.complementarity import compatible
+from policies.free import FreeGpus
 from slurmrl.controller.placement import (
     closed_because,
     controller_snapshot,
@@ -178,9 +179,10 @@ class PoolAllocator:
         self._submitting = threading.Lock()
 
     def spec(self, gpus: int, label: str = "", node: str | None = None,
-             gpu_type: str | None = None) -> BatchSpec:
+             gpu_type: str | None = None, exclude: str | None = None) -> BatchSpec:
         """The batch job a pool of `gpus` GPUs (of `gpu_type`, where given: Slurm's GRES
-        type) is (`open` submits it; doctor tests it)."""
+        type; on `node`, or on any node but `exclude`, where given) is (`open` submits
+        it; doctor tests it)."""
         if gpus < 1:
             raise ValueError(f"a pool needs at least one GPU, got {gpus}")
         return BatchSpec(
@@ -192,14 +194,16 @@ class PoolAllocator:
             output="/dev/null",
             # never requeued: a pool that went back to the queue lost its services, and
             # its job id would come back on other GPUs
-            extra_args=("--no-requeue",) if node is None
-            else ("--no-requeue", f"--nodelist={node}"))
+            extra_args=("--no-requeue",
+                        *(() if node is None else (f"--nodelist={node}",)),
+                        *(() if exclude is None else (f"--exclude={exclude}",))))
 
     def open(self, gpus: int, label: str = "", node: str | None = None,
-             gpu_type: str | None = None) -> SlurmPool:
+             gpu_type: str | None = None, exclude: str | None = None) -> SlurmPool:
         """Submit a pool of `gpus` GPUs (on `node`, where named: a floating pool's next
-        window; of `gpu_type`, where given) and return it once Slurm runs it."""
-        spec = self.spec(gpus, label, node, gpu_type)
+        window; of `gpu_type`, where given; not on `exclude`, where named: a node held
+        for an older job) and return it once Slurm runs it."""
+        spec = self.spec(gpus, label, node, gpu_type, exclude)
         with self._submitting:
             try:
                 job_id = self.slurm.submit(spec)
@@ -377,6 +381,32 @@ class HandoffTiming:
     activate_s: float
     parked: tuple[tuple[int, str], ...]
     activated: tuple[tuple[int, str], ...]
+
+
+def _held_node(snap: ClusterSnapshot, placements: Sequence[Placement],
+               ) -> tuple[int, str] | None:
+    """The node a round holds for its oldest job waiting for room, and that job:
+    the round's pools replayed oldest first through `FreeGpus` (each new pool's GPUs
+    taken as the policy took them), the first waiting job that does not fit then
+    waits there (`FreeGpus.wait`). The pools opened for younger jobs in the round
+    go elsewhere (`--exclude`), so that Slurm, which picks each pool's node, does
+    not fill the node the policy kept for it. None where nothing is held."""
+    by_job = {pl.job_id: pl for pl in reversed(placements)}  # a job's first counts
+    free = FreeGpus(snap)
+    opened: set[int] = set()
+    for job in snap.waiting:
+        pl = by_job.get(job.job_id)
+        action = str(getattr(pl, "action", ""))
+        g = job.request.gpus
+        if action in (Action.OPEN, Action.DEDICATED) and pl is not None:
+            if pl.pool_id is None or pl.pool_id not in opened:
+                free.take(job, pl.gpus or g)
+                if pl.pool_id is not None:
+                    opened.add(pl.pool_id)
+        elif action == Action.WAIT and not free.fits(job, g):
+            free.wait(job, g)
+            return free.held(job.partition)
+    return None
 
 
 class SlurmPools:
@@ -795,6 +825,10 @@ class SlurmPools:
                               c.policies.pairing.name, job.job_id)
             by_id = {j.job_id: j for j in waiting}
             new: dict[int, PoolRecord] = {}  # provisional (negative) pool id -> opened pool
+            held = _held_node(snap, placements)
+            younger = ({j.job_id for j in snap.waiting[[x.job_id for x in snap.waiting]
+                                                       .index(held[0]) + 1:]}
+                       if held is not None else set())
             for pl in placements:
                 rec = by_id.pop(pl.job_id, None)  # one placement a job: the policy's first
                 if rec is None:
@@ -806,7 +840,8 @@ class SlurmPools:
                                   "ignored", c.policies.pairing.name, pl.job_id)
                     continue
                 try:
-                    await self._enact(rec, pl, new)
+                    await self._enact(rec, pl, new, held[1] if held and held[1]
+                                      and rec.job_id in younger else None)
                 except Exception as exc:  # refuse this job, keep placing others
                     log.exception("placing job %d failed", rec.job_id)
                     await c.end_job(rec.job_id, JobState.FAILED, f"refused: {exc}")
@@ -841,8 +876,11 @@ class SlurmPools:
             await self.c.end_job(job.job_id, JobState.FAILED, f"refused: {why}")
         return keep
 
-    async def _enact(self, job: JobRecord, pl: Placement, new: dict[int, PoolRecord]) -> None:
-        """Carry out one placement: join, open (shared or dedicated), or wait."""
+    async def _enact(self, job: JobRecord, pl: Placement, new: dict[int, PoolRecord],
+                     avoid: str | None = None) -> None:
+        """Carry out one placement: join, open (shared or dedicated), or wait. `avoid`:
+        a node held for an older job that waits (`_held_node`): a pool opened for this
+        one goes elsewhere."""
         assert self.allocator is not None
         c = self.c
         if self._ended(job.job_id):  # since the snapshot the policy placed it from
@@ -867,7 +905,7 @@ class SlurmPools:
                       pl.pool_id, " (a provisional id: jobs share a new pool by OPENs "
                       "of the same id)" if (pl.pool_id or 0) < 0 else "")
         if self._floats(job, pl):
-            await self._enact_floating(job, pl, new)
+            await self._enact_floating(job, pl, new, avoid)
             return
         # a staggered pool: the job runs on the pool's GPUs from its placement's offset
         gpus = tuple(range(pl.gpu_offset, pl.gpu_offset + job.request.gpus))
@@ -889,7 +927,7 @@ class SlurmPools:
                 return
             dedicated = pl.action is Action.DEDICATED or job.request.mux is Mux.OFF
             size = max(pl.gpus or 0, gpus[-1] + 1)
-            target = await self._open_or_wait(job, size, dedicated=dedicated)
+            target = await self._open_or_wait(job, size, dedicated=dedicated, avoid=avoid)
             if target is None:
                 return
             if pl.action is Action.OPEN and pl.pool_id is not None and not dedicated:
@@ -907,12 +945,13 @@ class SlurmPools:
             await self._close_if_empty(target.pool_id)
 
     async def _open_pool(self, job: JobRecord, gpus: int, *, dedicated: bool = False,
-                         floating: bool = False) -> PoolRecord:
-        """A pool of `gpus` GPUs opened for `job`: allocated, then recorded (the
-        allocation is `PoolAllocator.tagged` as a stray only once recorded)."""
+                         floating: bool = False, avoid: str | None = None) -> PoolRecord:
+        """A pool of `gpus` GPUs opened for `job` (on any node but `avoid`): allocated,
+        then recorded (the allocation is `PoolAllocator.tagged` as a stray only once
+        recorded)."""
         assert self.allocator is not None
         opened = await asyncio.to_thread(self.allocator.open, gpus, f"for job {job.job_id}",
-                                         gpu_type=job.request.gpu_type)
+                                         gpu_type=job.request.gpu_type, exclude=avoid)
         try:
             return self.c.open_pool(gpus=opened.gpus, slurm_job_id=opened.slurm_job_id,
                                     partition=opened.partition, nodes=opened.nodes,
@@ -933,7 +972,7 @@ class SlurmPools:
                 and pl.action in (Action.JOIN, Action.OPEN) and job.request.mux is not Mux.OFF)
 
     async def _enact_floating(self, job: JobRecord, pl: Placement,
-                              new: dict[int, PoolRecord]) -> None:
+                              new: dict[int, PoolRecord], avoid: str | None = None) -> None:
         """Join a floating pool (adding windows up to the placement's size), or open one
         of one window; the job's services run on every window, handed off until its
         first grant."""
@@ -977,7 +1016,7 @@ class SlurmPools:
             if reason is not None:
                 await c.end_job(job.job_id, JobState.FAILED, f"admission refused: {reason}")
                 return
-            target = await self._open_or_wait(job, g, floating=True)
+            target = await self._open_or_wait(job, g, floating=True, avoid=avoid)
             if target is None:
                 return
             if pl.action is Action.OPEN and pl.pool_id is not None:
@@ -1278,7 +1317,8 @@ class SlurmPools:
         room = await self._node_room()
         return None if room is None else {n.name: f.free for n, f in room}
 
-    async def _no_room(self, gpus: int, gpu_type: str | None = None) -> str | None:
+    async def _no_room(self, gpus: int, gpu_type: str | None = None,
+                       avoid: str | None = None) -> str | None:
         """Why a pool of `gpus` GPUs (of `gpu_type`, where given) would not start now: no
         node of the pool partition has that many free, where one has that many in all.
         A pool needs all of its GPUs on one node: on a fragmented partition (4 free on
@@ -1292,7 +1332,7 @@ class SlurmPools:
         room = await self._node_room()
         if not room or not any(n.gpus_of(gpu_type) >= gpus for n, _ in room):
             return None
-        most = max(f.free_of(gpu_type) for _, f in room)
+        most = max((f.free_of(gpu_type) for n, f in room if n.name != avoid), default=0)
         if most >= gpus:
             return None
         of = "" if gpu_type is None else f" of type {gpu_type!r}"
@@ -1300,16 +1340,18 @@ class SlurmPools:
                 f"GPUs{of} free (at most {most} on one)")
 
     async def _open_or_wait(self, job: JobRecord, gpus: int, *, dedicated: bool = False,
-                            floating: bool = False) -> PoolRecord | None:
+                            floating: bool = False, avoid: str | None = None,
+                            ) -> PoolRecord | None:
         """`_open_pool`, or None where the job waits to be placed again instead, its
         reason saying why (`PoolPending: ...`): no node has the GPUs free (`_no_room`),
         or Slurm kept the pool pending until the start timeout (`PoolPending`: another
         job took the GPUs first; the allocation was cancelled). The next round (a job's
         registration or end, every reconcile) places it anew."""
-        why = await self._no_room(gpus, job.request.gpu_type)
+        why = await self._no_room(gpus, job.request.gpu_type, avoid)
         if why is None:
             try:
-                return await self._open_pool(job, gpus, dedicated=dedicated, floating=floating)
+                return await self._open_pool(job, gpus, dedicated=dedicated, floating=floating,
+                                             avoid=avoid)
             except PoolPending as exc:
                 why = f"Slurm did not start its pool: {exc}"
         reason = f"PoolPending: {why}"

@@ -116,6 +116,8 @@ class PyslurmBackend:
                 desc["is_requeueable"] = False
             elif arg.startswith("--nodelist="):
                 desc["required_nodes"] = arg.partition("=")[2]
+            elif arg.startswith("--exclude="):
+                desc["excluded_nodes"] = arg.partition("=")[2]
             else:
                 raise SlurmError(f"the pyslurm backend cannot pass sbatch option {arg!r}: "
                                  "use the command backend (slurm.backend = \"command\")")

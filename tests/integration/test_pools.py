@@ -653,6 +653,58 @@ def test_a_job_waits_while_no_node_has_its_gpus_free_and_runs_once_one_has(
         jobs.cancel_and_wait(blockers)  # type: ignore[attr-defined]
 
 
+def test_a_younger_job_leaves_the_node_an_older_one_waits_for(
+    shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
+) -> None:
+    """On partition `spread` (n2, n3 of 2 GPUs), another user's jobs hold one GPU of
+    each node. An RL job of 2 GPUs waits for room and holds n2 (the first node nearest
+    to having room); a younger RL job of 1 GPU then gets its pool on n3, not on n2,
+    whose free GPU it would take otherwise (best fit, n2 first). Once n2's other job
+    ends, the older RL job's pool opens there."""
+    from slurmrl.db import Store
+
+    blockers: list[int] = []
+    for node in ("n2", "n3"):
+        sub = jobs.sbatch(["-p", "spread", "--gres=gpu:1", f"--nodelist={node}",  # type: ignore[attr-defined]
+                           "--time=15", "--output=/dev/null", "--wrap=sleep 900"],
+                          user="rlbob")
+        assert sub.returncode == 0 and sub.job_id, sub.stderr
+        blockers.append(sub.job_id)
+    _wait(lambda: all(jobs.state(b) == "RUNNING" for b in blockers), 60,  # type: ignore[attr-defined]
+          "the other user's jobs to run")
+    ctl = _pool_controller(shared_tmp, slurm_env, run_dir,
+                           SLURMRL_SLURM__POOL_PARTITION="spread")
+    ids: dict[str, int] = {}
+    try:
+        store = Store(ctl.db)
+        old, old_out = _one_driver(jobs, shared_tmp, ctl, "old",
+                                   ["--rl-gpus=2", "--rl-model=tiny", "--rl-mux=off"])
+        ids["rlalice"] = old
+        _wait(lambda: (j := store.job(old)) is not None and j.reason.startswith(
+            "PoolPending: no node"), 90, "the older job to wait for room",
+            lambda: read(ctl.log)[-4000:])
+        young, young_out = _one_driver(jobs, shared_tmp, ctl, "young",
+                                       ["--rl-gpus=1", "--rl-model=tiny", "--rl-mux=off"],
+                                       user="rlbob")
+        ids["rlbob"] = young
+        _wait(lambda: len(_rounds(young_out)) >= 2, 120, "the younger job to run",
+              lambda: read(young_out) + read(ctl.log)[-4000:])
+        placed = store.job(young)
+        assert placed is not None and placed.pool_id is not None
+        pool = store.pool(placed.pool_id)
+        assert pool is not None and pool.nodes == ("n3",), pool
+        assert store.job(old).pool_id is None  # type: ignore[union-attr]
+        jobs.cancel_and_wait([blockers[0]])  # type: ignore[attr-defined]
+        _wait(lambda: len(_rounds(old_out)) >= 2, 120, "the older job to run on n2",
+              lambda: read(old_out) + read(ctl.log)[-4000:])
+        job = store.job(old)
+        assert job is not None and job.pool_id is not None
+        assert store.pool(job.pool_id).nodes == ("n2",)  # type: ignore[union-attr]
+    finally:
+        _end_drivers_and_pools(jobs, ids, ctl, run_dir)
+        jobs.cancel_and_wait(blockers)  # type: ignore[attr-defined]
+
+
 def test_a_job_asking_for_a_gpu_type_gets_a_pool_of_that_type(
     shared_tmp: Path, slurm_env: dict[str, str], jobs: object, run_dir: Path,
 ) -> None:

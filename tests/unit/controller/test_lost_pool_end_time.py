@@ -106,7 +106,8 @@ class _LostAllocator:
     def recorded(self, slurm_job_id: int) -> None:
         pass
 
-    def open(self, gpus: int, label: str = "", gpu_type: str | None = None) -> Any:
+    def open(self, gpus: int, label: str = "", gpu_type: str | None = None,
+             exclude: str | None = None) -> Any:
         raise AssertionError("nothing to place")
 
 

@@ -81,9 +81,12 @@ class FakeAllocator:
         self.closed: list[int] = []
         self.running: set[int] = set()
         self.asked: list[tuple[int, str | None]] = []  #: (GPUs, GPU type) of each pool
+        self.excluded: list[str | None] = []  #: the node each pool was kept off
 
-    def open(self, gpus: int, label: str = "", gpu_type: str | None = None) -> SlurmPool:
+    def open(self, gpus: int, label: str = "", gpu_type: str | None = None,
+             exclude: str | None = None) -> SlurmPool:
         self.asked.append((gpus, gpu_type))
+        self.excluded.append(exclude)
         self.next += 1
         self.running.add(self.next - 1)
         return SlurmPool(self.next - 1, "pools", "n1", ("n1",), tuple(range(gpus)))
@@ -744,7 +747,8 @@ async def test_a_pools_services_name_its_gpus_as_the_nodes_steps_see_them(
     site = await _site(Store(tmp_path / "c.db"), cfg, jobs={1: ALICE})
     opened = site.allocator.open
 
-    def on_gpus_2_3(gpus: int, label: str = "", gpu_type: str | None = None) -> SlurmPool:
+    def on_gpus_2_3(gpus: int, label: str = "", gpu_type: str | None = None,
+             exclude: str | None = None) -> SlurmPool:
         pool = opened(gpus, label)
         return replace(pool, gpu_indices=tuple(range(2, 2 + gpus)))
 
@@ -1020,7 +1024,8 @@ async def test_a_pool_slurm_keeps_pending_past_the_start_timeout_leaves_its_job_
     opened = site.allocator.open
     tries: list[int] = []
 
-    def pending_once(gpus: int, label: str = "", gpu_type: str | None = None) -> SlurmPool:
+    def pending_once(gpus: int, label: str = "", gpu_type: str | None = None,
+             exclude: str | None = None) -> SlurmPool:
         tries.append(gpus)
         if len(tries) == 1:
             raise PoolPending("pool job 101 not running after 60 s (PENDING, reason "
@@ -1121,6 +1126,31 @@ async def test_a_typed_job_waits_while_the_nodes_of_its_type_are_busy(tmp_path: 
     await site.pools.reconcile()
     await site.settle()
     assert site.job(7).state is JobState.RUNNING and site.allocator.asked == [(4, "h100")]
+    await site.c.stop()
+
+
+@run
+async def test_a_younger_jobs_pool_is_kept_off_the_node_held_for_an_older_one(
+        tmp_path: Path) -> None:
+    # n1: 6 of its 8 GPUs free, n2: 4 of 8 (another user's jobs hold the rest). The older
+    # job needs 8: it waits, and the round holds n1 for it; the younger job of 4 fits
+    # either node, and Slurm picks the node: its pool is submitted with --exclude=n1
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE, 8: BOB})
+    site.c.policies = replace(site.c.policies, pairing=registry.load("pairing", "complementary"))
+    site.slurm.nodes = lambda: [  # type: ignore[method-assign]
+        NodeInfo(n, "MIXED", 8, 16, 64000, ("pools",), gpu_types=(("", 8),))
+        for n in ("n1", "n2")]
+    for job_id, node, used in ((50, "n1", (0, 1)), (51, "n2", (0, 1, 2, 3))):
+        site.slurm.running[job_id] = JobInfo(
+            job_id, "other", "carol", 1003, SlurmJobState.RUNNING, partition="pools",
+            nodes=(node,), gpu_indices=used, gpu_indices_by_node=((node, used),))
+    await site.c.register(ALICE, 7, {**ENV, "SLURMRL_GPUS": "8", "SLURMRL_MUX": "off"})
+    await site.settle()
+    await site.c.register(BOB, 8, {**ENV, "SLURMRL_GPUS": "4", "SLURMRL_MUX": "off"})
+    await site.settle()
+    assert site.job(7).state is JobState.PENDING
+    assert site.job(8).state is JobState.RUNNING
+    assert (site.allocator.asked, site.allocator.excluded) == ([(4, None)], ["n1"])
     await site.c.stop()
 
 

@@ -61,7 +61,8 @@ class FakeAllocator:
         self.refuse_on_node = False
 
     def open(self, gpus: int, label: str = "", node: str | None = None,
-             gpu_type: str | None = None) -> SlurmPool:
+             gpu_type: str | None = None,
+             exclude: str | None = None) -> SlurmPool:
         if self.refuse_on_node and node is not None:
             raise PoolError("pool job 999 not running after 60 s (PENDING, Resources)")
         self.next += 1
@@ -1100,7 +1101,8 @@ async def test_a_pools_gpu_seconds_count_each_window_from_its_allocation_to_its_
 
     class Timed(FakeAllocator):
         def open(self, gpus: int, label: str = "", node: str | None = None,
-                 gpu_type: str | None = None) -> SlurmPool:
+                 gpu_type: str | None = None,
+             exclude: str | None = None) -> SlurmPool:
             got = super().open(gpus, label, node)
             running[got.slurm_job_id] = clock[0]
             return got

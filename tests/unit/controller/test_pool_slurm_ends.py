@@ -173,7 +173,8 @@ async def _join_while_the_only_member_ends(site: floating.Site, error: Exception
     real = site.allocator.open
 
     def window_fails(gpus: int, label: str = "", node: str | None = None,
-                     gpu_type: str | None = None) -> SlurmPool:
+                     gpu_type: str | None = None,
+             exclude: str | None = None) -> SlurmPool:
         if node is None:  # a pool of its own
             return real(gpus, label, node)
         entered.set()

@@ -19,7 +19,7 @@ from slurmrl.slurm import BatchSpec, SlurmError
 ATTRIBUTES = {"script", "name", "partitions", "cpus_per_task", "memory_per_node", "account",
               "time_limit", "user_id", "group_id", "comment", "standard_output",
               "standard_error", "working_directory", "gres_per_node", "is_requeueable",
-              "required_nodes", "environment"}
+              "required_nodes", "excluded_nodes", "environment"}
 
 
 class JobSubmitDescription:
@@ -59,6 +59,14 @@ def test_a_pool_is_submitted_to_its_partition_on_its_node_never_requeued(backend
     assert backend.submit(spec) == 42
     (d,) = JobSubmitDescription.submitted
     assert (d.partitions, d.required_nodes, d.is_requeueable) == ("pools", "gpu007", False)
+
+
+def test_a_pool_kept_off_a_node_is_excluded_from_it_as_its_typed_gres(backend: Any) -> None:
+    spec = BatchSpec(command=("sleep", "infinity"), partition="pools", name="slurmrl-pool",
+                     gpus=4, gpu_type="h100", extra_args=("--no-requeue", "--exclude=gpu003"))
+    assert backend.submit(spec) == 42
+    (d,) = JobSubmitDescription.submitted
+    assert (d.excluded_nodes, d.gres_per_node) == ("gpu003", {"gpu:h100": 4})
 
 
 def test_an_sbatch_option_it_cannot_express_is_refused_not_dropped(backend: Any) -> None:
