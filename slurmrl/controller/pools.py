@@ -825,7 +825,12 @@ class SlurmPools:
                               c.policies.pairing.name, job.job_id)
             by_id = {j.job_id: j for j in waiting}
             new: dict[int, PoolRecord] = {}  # provisional (negative) pool id -> opened pool
-            held = _held_node(snap, placements)
+            try:
+                held = _held_node(snap, placements)
+            except Exception:  # a site policy's odd placement: hold nothing this round
+                log.exception("pairing policy %r: no node held this round",
+                              c.policies.pairing.name)
+                held = None
             younger = ({j.job_id for j in snap.waiting[[x.job_id for x in snap.waiting]
                                                        .index(held[0]) + 1:]}
                        if held is not None else set())

@@ -1154,6 +1154,37 @@ async def test_a_younger_jobs_pool_is_kept_off_the_node_held_for_an_older_one(
     await site.c.stop()
 
 
+class OddSize:
+    """A site policy's slip: job 7's pool size given as a string."""
+
+    name = "odd-size"
+    mode = PoolMode.LEASE
+
+    def place(self, snap: ClusterSnapshot) -> list[Placement]:
+        return [Placement(j.job_id, Action.OPEN, -j.job_id,
+                          "2" if j.job_id == 7 else j.request.gpus)  # type: ignore[arg-type]
+                for j in snap.waiting]
+
+
+@run
+async def test_a_placement_of_an_odd_size_fails_its_job_and_the_round_goes_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # the round's replay for the node it holds (`_held_node`) and the job's own
+    # placement both meet the string: job 7 is refused, job 8 is placed
+    site = await _site(Store(tmp_path / "c.db"), jobs={7: ALICE, 8: BOB})
+    site.c.policies = replace(site.c.policies, pairing=OddSize())
+    _two_half_taken_nodes(site)
+    site.slurm.nodes = lambda: [  # type: ignore[method-assign]
+        NodeInfo(n, "MIXED", 2, 16, 64000, ("pools",), gpu_types=(("", 2),))
+        for n in ("n1", "n2")]
+    await site.c.register(ALICE, 7, {**ENV, "SLURMRL_GPUS": "1"})
+    await site.c.register(BOB, 8, {**ENV, "SLURMRL_GPUS": "1"})
+    await site.settle()
+    assert site.job(7).state is JobState.FAILED and site.job(8).state is JobState.RUNNING
+    assert any("no node held this round" in r.getMessage() for r in caplog.records)
+    await site.c.stop()
+
+
 class JoinsNowhere:
     """A site policy's slip: every job told to join pool `pool_id`, which is none."""
 
