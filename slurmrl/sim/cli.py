@@ -152,6 +152,11 @@ def _refusals(pairing: str, refused: list[tuple[int, int, str]]) -> list[str]:
               help="with --floating: a floating pool's windows may span nodes, as the "
                    "controller's with slurm.floating_across_nodes (without, a pool holds "
                    "at most --gpus-per-node GPUs)")
+@click.option("--nodes", "on_nodes", is_flag=True,
+              help="what-if: the cluster's GPUs are nodes of --gpus-per-node, and a pool "
+                   "takes all of its GPUs from one node, as the controller's pools (the "
+                   "policy told each node's free GPUs; a job larger than a node is "
+                   "refused); without, one bag of GPUs. Not with --floating")
 @click.option("--max-jobs-per-pool", "max_jobs_per_pool", type=click.IntRange(1, 1000),
               default=None, help="what-if: the site's max_jobs_per_pool (default: the "
                                  "workload's)")
@@ -182,7 +187,7 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
              admission: str,
              seed: int, n_jobs: int | None, load_scale: float, max_slowdown: float | None,
              gpus_per_node: int | None, floating: bool, held_tails: bool,
-             floating_across_nodes: bool, max_jobs_per_pool: int | None,
+             floating_across_nodes: bool, on_nodes: bool, max_jobs_per_pool: int | None,
              park_always: bool, parked_host_mem: str | None,
              declare_steps: bool, assume_profiles: bool,
              replay_path: str | None, param_args: tuple[str, ...], no_check: bool,
@@ -221,7 +226,8 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
                  if ctx.get_parameter_source(p) is not ParameterSource.DEFAULT}
         if replay_path is not None and (
                 given or max_slowdown is not None or params or gpus_per_node is not None
-                or floating or max_jobs_per_pool is not None or not declare_steps or no_check
+                or floating or on_nodes or max_jobs_per_pool is not None
+                or not declare_steps or no_check
                 or park_always or host_mem is not None
                 or ctx.get_parameter_source("admission") is not ParameterSource.DEFAULT):
             raise click.UsageError("--replay runs a trace's jobs as recorded, in their "
@@ -230,6 +236,9 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
         if (held_tails or floating_across_nodes) and not floating:
             raise click.UsageError("--held-tails and --floating-across-nodes describe "
                                    "floating pools: add --floating")
+        if on_nodes and floating:
+            raise click.UsageError("--nodes lays pools out on nodes; a floating pool's "
+                                   "windows are laid out by --floating itself: give one")
         if assume_profiles and (replay_path is not None or not _is_trace(workload)):
             raise click.UsageError("--assume-profiles applies to a recorded trace given "
                                    "as -w FILE.jsonl")
@@ -262,7 +271,8 @@ def simulate(workload: str, arrivals: str, pairing: str, slice_name: str | None,
                                            gpus_per_node, declare_steps, assume_profiles,
                                            not no_check, as_json, params, floating,
                                            max_jobs_per_pool, held_tails,
-                                           floating_across_nodes, park_always, host_mem)
+                                           floating_across_nodes, park_always, host_mem,
+                                           on_nodes)
         meta["wall_s"] = f"{time.perf_counter() - t0:.3f}"
     except SliceConflict as exc:
         raise click.UsageError(str(exc)) from None
@@ -297,7 +307,8 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
          quiet: bool, params: dict[str, dict[str, Any]], floating: bool = False,
          max_jobs_per_pool: int | None = None, held_tails: bool = False,
          across_nodes: bool = False, park_always: bool = False,
-         host_mem: int | None = None) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+         host_mem: int | None = None, on_nodes: bool = False,
+         ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     from slurmrl.sim.runner import config_for, run_jobs, trace_config, with_max_slowdown
     from slurmrl.sim.workload import generate, load
 
@@ -322,7 +333,7 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
                   floating_across_nodes=across_nodes)
     if max_jobs_per_pool is not None:
         cfg = replace(cfg, limits=replace(cfg.limits, max_jobs_per_pool=max_jobs_per_pool))
-    cfg = replace(cfg, park_always=park_always)
+    cfg = replace(cfg, park_always=park_always, nodes=on_nodes)
     if host_mem is not None:
         cfg = replace(cfg, host_mem_per_pool_bytes=host_mem,
                       limits=replace(cfg.limits, parked_host_mem_bytes=host_mem))
@@ -333,7 +344,7 @@ def _run(workload: str, arrivals: str, pairing: str, slice_name: str, admission:
                  else "held" if held_tails else "packed",
                  "floating_across_nodes": across_nodes if floating else None,
                  "max_jobs_per_pool": cfg.limits.max_jobs_per_pool,
-                 "park_always": park_always,
+                 "park_always": park_always, "nodes": on_nodes,
                  "parked_host_mem_bytes": cfg.host_mem_per_pool_bytes,
                  **({"params": params} if params else {})})
     if quiet or not sys.stderr.isatty():

@@ -87,6 +87,7 @@ from policies.base import (
     AdmissionPolicy,
     ClusterSnapshot,
     JobSnapshot,
+    NodeFree,
     PairingPolicy,
     Placement,
     PoolMode,
@@ -199,6 +200,7 @@ class Pool:
     next_gpu: int = 0  #: the id past its newest GPU: an added window's are later ones
     gang_holder: JobRun | None = None
     gang_since: float = 0.0
+    node: int | None = None  #: the node it is on (`SimConfig.nodes`), else None
     gang_token: int = 0
 
     def allocated_gpu_s(self) -> float:
@@ -256,6 +258,12 @@ class SimConfig:
     #: all of a GPU's memory); False: where the members' models fit GPU memory together
     #: it costs a context switch (`costs.switch_s`), the designed system's price
     park_always: bool = False
+    #: the cluster's GPUs are nodes of `gpus_per_node` (the last one the remainder), and
+    #: a pool takes all of its GPUs from one node, best fit, as the controller's pools
+    #: (one Slurm allocation on one node each); the policy is told each node's free
+    #: GPUs (`ClusterSnapshot.free_node_gpus`), and a job larger than every node is
+    #: refused. False: one bag of GPUs (the suite's figures). Not with `floating`
+    nodes: bool = False
 
 
 def window_layout(start: int, count: int, g: int, node: int) -> list[range]:
@@ -304,6 +312,15 @@ class Simulation:
             raise SimError(f"site_prior must be None, 'shares' or 'profile', got "
                            f"{config.site_prior!r}")
         self.free = config.gpus
+        if config.nodes and config.floating:
+            raise SimError("SimConfig.nodes and floating pools do not go together (a "
+                           "floating pool's windows are laid out on nodes of their own)")
+        #: each node's free GPUs (`SimConfig.nodes`), else None
+        self.node_free: list[int] | None = None
+        if config.nodes:
+            whole, rest = divmod(config.gpus, config.gpus_per_node)
+            self.node_free = [config.gpus_per_node] * whole + ([rest] if rest else [])
+        self.node_size = list(self.node_free or ())
         self.pools: dict[int, Pool] = {}
         self.closed: list[Pool] = []
         self.waiting: list[JobRun] = []
@@ -416,6 +433,13 @@ class Simulation:
         if run.job.gpus > self.cfg.gpus:  # admitted, but no pool could ever hold it
             raise SimError(f"job {job_id} needs {run.job.gpus} GPUs, the cluster has "
                            f"{self.cfg.gpus}")
+        if self.node_size and run.job.gpus > max(self.node_size):
+            # a pool is one node's GPUs: refused, as the controller refuses it
+            run.admitted, run.reject_reason = False, (
+                f"--rl-gpus={run.job.gpus} is more than any node has (the largest has "
+                f"{max(self.node_size)}); a pool's GPUs are one node's")
+            self._left -= 1
+            return
         run.dedicated = verdict.verdict is Verdict.DEDICATED
         self.waiting.append(run)
         self._want_pairing()
@@ -442,7 +466,11 @@ class Simulation:
                                {PARTITION: self.cfg.floating},
                                {PARTITION: self.cfg.pack_tails},
                                {} if self.cfg.floating_across_nodes
-                               else {PARTITION: self.cfg.gpus_per_node})
+                               else {PARTITION: self.cfg.gpus_per_node},
+                               {} if self.node_free is None else {PARTITION: tuple(
+                                   NodeFree(f, (("", n),), f"n{i}") for i, (f, n)
+                                   in enumerate(zip(self.node_free, self.node_size,
+                                                    strict=True)))})
         jobs = {j.job_id: j for j in itertools.chain(snap.waiting, *(p.members for p in pools))}
         try:  # a list: a generator would be spent by the check below
             placements = list(self.pairing.place(snap))
@@ -481,7 +509,7 @@ class Simulation:
                 continue
             if pool is None:
                 size = max(pl.gpus or 0, pl.gpu_offset + run.job.gpus)
-                if self.free < size:
+                if self.free < size or self._node_for(size) is None:
                     still.append(run)  # the policy over-allocated: Slurm would queue it
                     continue
                 pool = self._open(size, pl.action is Action.DEDICATED or run.dedicated, run,
@@ -585,7 +613,22 @@ class Simulation:
                     sizes=[(self.now, gpus)], windows=windows)
         self.pools[pid] = pool
         self.free -= gpus
+        if self.node_free is not None:
+            on = self._node_for(gpus)
+            if on is None:
+                raise SimError(f"no node has {gpus} GPUs free for pool {pid}")
+            pool.node = on
+            self.node_free[on] -= gpus
         return pool
+
+    def _node_for(self, gpus: int) -> int | None:
+        """The node a new pool of `gpus` GPUs goes to: the one with the fewest free that
+        has them (best fit, as `policies.free.FreeGpus` counts them); None where none
+        has (without `SimConfig.nodes`: 0, one bag of GPUs)."""
+        if self.node_free is None:
+            return 0
+        fit = [i for i, f in enumerate(self.node_free) if f >= gpus]
+        return min(fit, key=self.node_free.__getitem__) if fit else None
 
     def _resize(self, pool: Pool, gpus: int) -> None:
         pool.gpu_s += pool.gpus * (self.now - pool.sized_at)
@@ -854,6 +897,8 @@ class Simulation:
             del self.pools[pool.pool_id]
             self.closed.append(pool)
             self.free += pool.gpus
+            if self.node_free is not None and pool.node is not None:
+                self.node_free[pool.node] += pool.gpus
         self._want_pairing()
 
     # -- gang ----------------------------------------------------------------------
