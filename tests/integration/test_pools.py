@@ -426,6 +426,21 @@ def _one_driver(jobs: object, shared_tmp: Path, ctl: ControllerProc, tag: str,
     return sub.job_id, out
 
 
+def _one_gpu_taken_on_each_spread_node(jobs: object) -> list[int]:
+    """Another user's batch job on one GPU of each of `spread`'s nodes (n2, n3), running:
+    their Slurm job ids, n2's first."""
+    blockers: list[int] = []
+    for node in ("n2", "n3"):
+        sub = jobs.sbatch(["-p", "spread", "--gres=gpu:1", f"--nodelist={node}",  # type: ignore[attr-defined]
+                           "--time=15", "--output=/dev/null", "--wrap=sleep 900"],
+                          user="rlbob")
+        assert sub.returncode == 0 and sub.job_id, sub.stderr
+        blockers.append(sub.job_id)
+    _wait(lambda: all(jobs.state(b) == "RUNNING" for b in blockers), 60,  # type: ignore[attr-defined]
+          "the other user's jobs to run")
+    return blockers
+
+
 def _end_drivers_and_pools(jobs: object, ids: dict[str, int], ctl: ControllerProc,
                            run_dir: Path) -> None:
     """End the drivers, then the pools (a stopped controller leaves its pools running,
@@ -596,15 +611,7 @@ def test_a_job_waits_while_no_node_has_its_gpus_free_and_runs_once_one_has(
     from slurmrl.db import Store
     from tests.integration.controller_harness import VENV_PY
 
-    blockers: list[int] = []
-    for node in ("n2", "n3"):
-        sub = jobs.sbatch(["-p", "spread", "--gres=gpu:1", f"--nodelist={node}",  # type: ignore[attr-defined]
-                           "--time=15", "--output=/dev/null", "--wrap=sleep 900"],
-                          user="rlbob")
-        assert sub.returncode == 0 and sub.job_id, sub.stderr
-        blockers.append(sub.job_id)
-    _wait(lambda: all(jobs.state(b) == "RUNNING" for b in blockers), 60,  # type: ignore[attr-defined]
-          "the other user's jobs to run")
+    blockers = _one_gpu_taken_on_each_spread_node(jobs)
     ctl = _pool_controller(shared_tmp, slurm_env, run_dir,
                            SLURMRL_SLURM__POOL_PARTITION="spread",
                            SLURMRL_SLURM__STEP_LAUNCH_TIMEOUT_S="20")
@@ -663,15 +670,7 @@ def test_a_younger_job_leaves_the_node_an_older_one_waits_for(
     ends, the older RL job's pool opens there."""
     from slurmrl.db import Store
 
-    blockers: list[int] = []
-    for node in ("n2", "n3"):
-        sub = jobs.sbatch(["-p", "spread", "--gres=gpu:1", f"--nodelist={node}",  # type: ignore[attr-defined]
-                           "--time=15", "--output=/dev/null", "--wrap=sleep 900"],
-                          user="rlbob")
-        assert sub.returncode == 0 and sub.job_id, sub.stderr
-        blockers.append(sub.job_id)
-    _wait(lambda: all(jobs.state(b) == "RUNNING" for b in blockers), 60,  # type: ignore[attr-defined]
-          "the other user's jobs to run")
+    blockers = _one_gpu_taken_on_each_spread_node(jobs)
     ctl = _pool_controller(shared_tmp, slurm_env, run_dir,
                            SLURMRL_SLURM__POOL_PARTITION="spread")
     ids: dict[str, int] = {}
