@@ -200,9 +200,12 @@ def check_spank(s: Settings) -> CheckResult:
 
 
 def evaluate_pool(name: str, part: PartitionInfo | None,
-                  node_gpus: Sequence[int], time_limit: str = "") -> CheckResult:
+                  node_gpus: Sequence[int], time_limit: str = "",
+                  max_gpus_per_job: int | None = None) -> CheckResult:
     """Judge the pool partition: exists, UP, has GPUs (GRES), lets a pool run as long as
-    `[slurm] pool_time_limit` asks, closed to ordinary users."""
+    `[slurm] pool_time_limit` asks, closed to ordinary users, and has a node as large as
+    `[limits] max_gpus_per_job` (a pool is one node's GPUs: a job the site admits but no
+    node holds is refused when it is placed)."""
     from slurmrl.slurm.parse import parse_time_limit
 
     check = "pool-partition"
@@ -220,6 +223,13 @@ def evaluate_pool(name: str, part: PartitionInfo | None,
                            f"nodes ({part.nodes})", "configure GresTypes=gpu, gres.conf and "
                            "Gres=gpu:N on the pool nodes")
     summary = f"partition {name} UP, {len(node_gpus)} node(s), {gpus} GPU(s)"
+    first = ""  #: a remedy to give before any other
+    if max_gpus_per_job is not None and max_gpus_per_job > max(node_gpus):
+        summary += (f"; [limits] max_gpus_per_job = {max_gpus_per_job} is more than its "
+                    f"largest node's {max(node_gpus)} GPUs: jobs of "
+                    f"{max(node_gpus) + 1}-{max_gpus_per_job} GPUs are admitted, then "
+                    "refused (a pool is one node's GPUs)")
+        first = f"set [limits] max_gpus_per_job = {max(node_gpus)}; "
     asked, most = parse_time_limit(time_limit), parse_time_limit(part.max_time)
     if asked == 0:  # "0", "0:0", "0-0": sbatch --time=0 asks for no limit at all
         asked, time_limit = None, f"{time_limit} (no limit, as sbatch reads a time of 0)"
@@ -233,20 +243,23 @@ def evaluate_pool(name: str, part: PartitionInfo | None,
             part.allow_accounts.upper() in ("ALL", "")):
         return CheckResult(check, Level.WARN, summary + "; AllowGroups=ALL and "
                            "AllowAccounts=ALL: any user may submit to it, unless its "
-                           "AllowQos restricts them", "restrict it: AllowGroups=root (the "
-                           "controller submits pools as root; users never do)")
+                           "AllowQos restricts them", first + "restrict it: "
+                           "AllowGroups=root (the controller submits pools as root; users "
+                           "never do)")
     # a pool gets --time=pool_time_limit, else the partition's DefaultTime, else MaxTime
     ends = asked if time_limit else parse_time_limit(part.default_time) or most
     if ends is not None:
         return CheckResult(check, Level.WARN, summary + f"; each pool ends after {ends} "
                            "min: a job whose own time limit is longer joins none (its "
                            "members would be cancelled with it) and opens its own",
-                           f"set [slurm] pool_time_limit = 0 (no limit; the controller "
-                           f"cancels a pool once empty) and MaxTime=UNLIMITED on {name}")
-    return CheckResult(check, Level.OK, summary + f"; AllowGroups={part.allow_groups}"
+                           first + "set [slurm] pool_time_limit = 0 (no limit; the "
+                           f"controller cancels a pool once empty) and MaxTime=UNLIMITED "
+                           f"on {name}")
+    return CheckResult(check, Level.WARN if first else Level.OK,
+                       summary + f"; AllowGroups={part.allow_groups}"
                        + (f" AllowAccounts={part.allow_accounts}"
                           if part.allow_accounts.upper() not in ("ALL", "") else "")
-                       + (" RootOnly" if part.root_only else ""))
+                       + (" RootOnly" if part.root_only else ""), first.rstrip("; "))
 
 
 def check_pool(s: Settings) -> CheckResult:
@@ -261,7 +274,8 @@ def check_pool(s: Settings) -> CheckResult:
     except SlurmError as exc:
         return CheckResult("pool-partition", Level.FAIL, f"cannot read partition {name}: "
                            f"{exc}", "make Slurm reachable first (see the slurm check)")
-    return evaluate_pool(name, part, nodes, s.config.slurm.pool_time_limit)
+    return evaluate_pool(name, part, nodes, s.config.slurm.pool_time_limit,
+                         s.config.limits.max_gpus_per_job)
 
 
 def check_pool_submit(s: Settings) -> CheckResult:

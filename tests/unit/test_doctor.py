@@ -354,6 +354,25 @@ def test_a_pool_partition_allow_accounts_restricts_is_not_open_to_all() -> None:
                                  "submit to it, unless its AllowQos restricts them")
 
 
+def test_a_site_limit_above_the_largest_pool_node_is_warned_of() -> None:
+    # a pool is one node's GPUs: with nodes of 4 and up to 8 GPUs a job admitted, jobs of
+    # 5-8 GPUs would be admitted and then refused at placement
+    over = evaluate_pool("pools", _part(), [4, 4], max_gpus_per_job=8)
+    assert over.level is Level.WARN
+    assert over.detail == ("partition pools UP, 2 node(s), 8 GPU(s); [limits] "
+                           "max_gpus_per_job = 8 is more than its largest node's 4 GPUs: "
+                           "jobs of 5-8 GPUs are admitted, then refused (a pool is one "
+                           "node's GPUs); AllowGroups=root")
+    assert over.remedy == "set [limits] max_gpus_per_job = 4"
+    assert evaluate_pool("pools", _part(), [4, 8], max_gpus_per_job=8).level is Level.OK
+    # beside another warning, its remedy comes first
+    both = evaluate_pool("pools", _part(allow_groups="ALL"), [4], max_gpus_per_job=8)
+    assert both.level is Level.WARN and both.remedy.startswith(
+        "set [limits] max_gpus_per_job = 4; restrict it: AllowGroups=root")
+    assert both.detail.endswith("any user may submit to it, unless its AllowQos restricts "
+                                "them")
+
+
 # -- reviewed faults ---------------------------------------------------------------------
 
 
