@@ -331,37 +331,17 @@ def pool_snapshot(pool: PoolRecord, members: Sequence[JobSnapshot], partition: s
                         offsets=tuple(offsets), floating=pool.floating)
 
 
-def free_gpus(nodes: Sequence[NodeInfo], running: Sequence[JobInfo],
-              own_pools: Sequence[PoolRecord], partition: str) -> dict[str, int]:
-    """GPUs Slurm could still allocate in `partition` (conservative, see module doc)."""
-    usable = {n.name: n.gpus for n in nodes if partition in n.partitions
-              and not any(flag in n.state.upper() for flag in _UNUSABLE)}
-    used, seen = 0, set()
-    for j in running:
-        if j.state.terminal or j.state in _QUEUED:  # else its GPUs are allocated still
-            continue
-        by_node = dict(j.gpu_indices_by_node) or (
-            {j.nodes[0]: j.gpu_indices} if j.nodes and j.gpu_indices else {})
-        if by_node:
-            seen.add(j.job_id)
-        used += sum(len(g) for n, g in by_node.items() if n in usable)
-    # our pools whose GPUs Slurm did not list (an older squeue) count at their size
-    used += sum(p.gpus for p in own_pools if p.state == "open" and p.slurm_job_id not in seen
-                and (not p.nodes or p.nodes[0] in usable))
-    return {partition: max(0, sum(usable.values()) - used)}
-
-
-def node_free_gpus(nodes: Sequence[NodeInfo], running: Sequence[JobInfo],
-                   own_pools: Sequence[PoolRecord], partition: str) -> dict[str, int]:
-    """GPUs Slurm could still allocate on each node of `partition`, counted as
-    `free_gpus` counts them (0 on a node it cannot use). An own pool Slurm listed
-    without GPUs counts on its node; one with no node known counts on none (the
-    partition's total still counts it: `policies.free.FreeGpus` holds a pool to both)."""
-    mine = [n for n in nodes if partition in n.partitions]
-    used = {n.name: 0 for n in mine}
+def _used_gpus(nodes: Sequence[NodeInfo], running: Sequence[JobInfo],
+               own_pools: Sequence[PoolRecord], partition: str,
+               ) -> tuple[dict[str, int], int]:
+    """GPUs allocated on each node of `partition` (the GPUs Slurm lists for running jobs,
+    any partition's: nodes are shared; our open pools Slurm listed without GPUs, an
+    older squeue, at their size on their node), and those of our pools with no node
+    known, which count against the partition but no node."""
+    used = {n.name: 0 for n in nodes if partition in n.partitions}
     seen = set()
     for j in running:
-        if j.state.terminal or j.state in _QUEUED:
+        if j.state.terminal or j.state in _QUEUED:  # else its GPUs are allocated still
             continue
         by_node = dict(j.gpu_indices_by_node) or (
             {j.nodes[0]: j.gpu_indices} if j.nodes and j.gpu_indices else {})
@@ -370,12 +350,38 @@ def node_free_gpus(nodes: Sequence[NodeInfo], running: Sequence[JobInfo],
         for n, g in by_node.items():
             if n in used:
                 used[n] += len(g)
+    nowhere = 0
     for pool in own_pools:
-        if pool.state == "open" and pool.slurm_job_id not in seen and pool.nodes \
-                and pool.nodes[0] in used:
+        if pool.state != "open" or pool.slurm_job_id in seen:
+            continue
+        if not pool.nodes:
+            nowhere += pool.gpus
+        elif pool.nodes[0] in used:
             used[pool.nodes[0]] += pool.gpus
-    return {n.name: 0 if any(flag in n.state.upper() for flag in _UNUSABLE)
-            else max(0, n.gpus - used[n.name]) for n in mine}
+    return used, nowhere
+
+
+def _usable(node: NodeInfo) -> bool:
+    return not any(flag in node.state.upper() for flag in _UNUSABLE)
+
+
+def free_gpus(nodes: Sequence[NodeInfo], running: Sequence[JobInfo],
+              own_pools: Sequence[PoolRecord], partition: str) -> dict[str, int]:
+    """GPUs Slurm could still allocate in `partition` (conservative, see module doc)."""
+    used, nowhere = _used_gpus(nodes, running, own_pools, partition)
+    usable = [n for n in nodes if partition in n.partitions and _usable(n)]
+    return {partition: max(0, sum(n.gpus - used[n.name] for n in usable) - nowhere)}
+
+
+def node_free_gpus(nodes: Sequence[NodeInfo], running: Sequence[JobInfo],
+                   own_pools: Sequence[PoolRecord], partition: str) -> dict[str, int]:
+    """GPUs Slurm could still allocate on each node of `partition`, counted as
+    `free_gpus` counts them (0 on a node it cannot use). An own pool with no node known
+    counts on none (the partition's total still counts it: `policies.free.FreeGpus`
+    holds a pool to both)."""
+    used, _ = _used_gpus(nodes, running, own_pools, partition)
+    return {n.name: max(0, n.gpus - used[n.name]) if _usable(n) else 0
+            for n in nodes if partition in n.partitions}
 
 
 def node_gpus(nodes: Sequence[NodeInfo], partition: str) -> dict[str, int]:

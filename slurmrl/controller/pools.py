@@ -858,19 +858,23 @@ class SlurmPools:
         them could ever start (Slurm would refuse it, and a policy counting each node's
         free GPUs would leave the job waiting for good). Where Slurm cannot be asked,
         or lists no node of the partition, all of them."""
-        room = await self._node_room()
+        part = self.c.config.slurm.pool_partition
+        try:  # the nodes' sizes only: no job list is read for this
+            room = [n for n in await asyncio.to_thread(self.c.slurm.nodes)
+                    if part in n.partitions]
+        except SlurmError:
+            return waiting
         if not room:
             return waiting
-        part = self.c.config.slurm.pool_partition
         keep = []
         for job in waiting:
             g, kind = job.request.gpus, job.request.gpu_type
-            largest = max(n.gpus_of(kind) for n, _ in room)
+            largest = max(n.gpus_of(kind) for n in room)
             if g <= largest:
                 keep.append(job)
                 continue
             if kind is not None and largest == 0:
-                types = sorted({t for n, _ in room for t, _ in n.gpu_types if t})
+                types = sorted({t for n in room for t, _ in n.gpu_types if t})
                 why = (f"no node of partition {part!r} has GPUs of type {kind!r} (its "
                        f"types: {', '.join(types) or 'none named'})")
             else:
